@@ -1,0 +1,356 @@
+"""The policy core: ``step(state, event) -> (state, outputs)``.
+
+Pure and deterministic: no clock (time is the events' ts), no I/O, no randomness.
+The faust app (live) and the replay engine (offline) both drive this function, so a
+backtest decides exactly what the live system decided. Outputs are derived events
+and *unsigned* commands; the driver signs commands and publishes both.
+
+`state` is owned by the caller and updated in place (a 16,384-rank run is too big
+to copy per event); it is also returned, so call sites read as a fold.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+
+from ...schemas import (
+    Abort,
+    CheckpointValidated,
+    Command,
+    Derived,
+    Envelope,
+    HangDetected,
+    Heartbeat,
+    Interruption,
+    InterruptionCause,
+    InterruptionRecovered,
+    RankExit,
+    Reason,
+    ReasonCode,
+    RunStarted,
+    StepTiming,
+)
+from .ids import derived_id
+from .policy import CorePolicy
+from .stacks import odd_stack
+from .state import CoreState, OpenInterruption, PendingHang, RankState, RunPhase, RunState
+from .watchdog import is_hung, stall_s
+
+Output = Derived | Command
+
+
+def step(
+    state: CoreState, event: Envelope, policy: CorePolicy, world_size_hint: int | None = None
+) -> tuple[CoreState, list[Output]]:
+    """Apply one telemetry event. `world_size_hint` (from the batch header) sizes a run
+    whose RunStarted has not been seen."""
+    run = state.runs.get(event.run_id)
+    if run is None:
+        run = state.runs[event.run_id] = RunState(event.run_id, world_size=world_size_hint)
+        run.step_times = type(run.step_times)(maxlen=policy.hang.window)
+    if event.event_id in run.seen:
+        run.duplicates += 1
+        return state, []
+    run.seen[event.event_id] = None
+    if len(run.seen) > policy.dedupe_window:
+        run.seen.popitem(last=False)
+    if event.attempt < run.attempt:
+        run.stale += 1
+        return state, []
+    run.first_ts = event.ts if run.first_ts is None else min(run.first_ts, event.ts)
+    run.last_ts = max(run.last_ts, event.ts)
+
+    outputs: list[Output] = []
+    if isinstance(event, RunStarted):
+        outputs += _on_run_started(run, event)
+        return state, outputs
+    if event.attempt > run.attempt:  # the launcher's record is late or lost
+        outputs += _begin_attempt(run, event, resumed_from_step=run.last_validated_step)
+    rank = _rank(run, event)
+    if isinstance(event, StepTiming) and rank is not None:
+        outputs += _on_step(run, rank, event)
+    elif isinstance(event, Heartbeat) and rank is not None:
+        outputs += _on_heartbeat(run, rank, event, policy)
+    elif isinstance(event, CheckpointValidated):
+        run.last_validated_step = max(run.last_validated_step, event.checkpoint_step)
+    elif isinstance(event, RankExit) and rank is not None:
+        outputs += _on_exit(run, rank, event)
+    if run.pending_hang is not None:
+        outputs += _maybe_conclude_hang(run, event.ts, policy)
+    return state, outputs
+
+
+def run_all(
+    events: Iterable[Envelope], policy: CorePolicy, state: CoreState | None = None
+) -> tuple[CoreState, list[Output]]:
+    """Fold a sequence of events (replay, tests)."""
+    state = state if state is not None else CoreState()
+    outputs: list[Output] = []
+    for event in events:
+        state, out = step(state, event, policy)
+        outputs += out
+    return state, outputs
+
+
+# --------------------------------------------------------------------------- handlers
+
+
+def _rank(run: RunState, event: Envelope) -> RankState | None:
+    if event.rank < 0:
+        return None
+    rank = run.ranks.get(event.rank)
+    if rank is None:
+        rank = run.ranks[event.rank] = RankState(node=event.node)
+    rank.last_seen_ts = max(rank.last_seen_ts, event.ts)
+    return rank
+
+
+def _on_run_started(run: RunState, event: RunStarted) -> list[Output]:
+    run.world_size = event.world_size
+    run.ranks_per_node = event.ranks_per_node
+    run.racks = dict(event.racks)
+    if event.attempt > run.attempt or run.phase == RunPhase.STARTING and not run.ranks:
+        return _begin_attempt(run, event, resumed_from_step=event.resumed_from_step)
+    return []
+
+
+def _begin_attempt(run: RunState, event: Envelope, resumed_from_step: int) -> list[Output]:
+    outputs: list[Output] = []
+    if event.attempt > run.attempt and run.phase in (RunPhase.TRAINING, RunPhase.STARTING) and run.ranks:
+        # A new attempt started although the core declared no interruption: the
+        # launcher saw something we did not. Record it so the timeline stays complete.
+        outputs.append(
+            _interruption(
+                run,
+                cause=InterruptionCause.OPERATOR,
+                detected_by="launcher",
+                cause_id=event.event_id,
+                at=event.ts,
+                culprit=-1,
+                reason=Reason(
+                    code=ReasonCode.INTERRUPTION,
+                    text=f"attempt {event.attempt} started while attempt {run.attempt} had no "
+                    "detected interruption",
+                ),
+            )
+        )
+    run.attempt = event.attempt
+    run.ranks = {}
+    run.pending_hang = None
+    run.resumed_from_step = resumed_from_step
+    run.job_step = resumed_from_step
+    run.move_to(RunPhase.STARTING)
+    return outputs
+
+
+def _on_step(run: RunState, rank: RankState, event: StepTiming) -> list[Output]:
+    rank.last_step = max(rank.last_step, event.step)
+    rank.progress_ts = event.ts if rank.progress_ts is None else max(rank.progress_ts, event.ts)
+    rank.compute_s, rank.total_s = event.compute_s, event.total_s
+    outputs: list[Output] = []
+    if event.step > run.job_step:
+        run.job_step = event.step
+        run.step_times.append(event.total_s)  # one sample per job step
+        if event.step > run.high_water_step:
+            run.useful_steps += event.step - max(run.high_water_step, run.resumed_from_step)
+            run.high_water_step = event.step
+    if run.phase == RunPhase.STARTING:
+        run.move_to(RunPhase.TRAINING)
+        if run.open_interruption is not None:
+            opened = run.open_interruption
+            run.open_interruption = None
+            outputs.append(
+                InterruptionRecovered(
+                    event_id=derived_id("interruption_recovered", opened.interruption_id),
+                    run_id=run.run_id,
+                    attempt=run.attempt,
+                    rank=-1,
+                    node="",
+                    step=event.step,
+                    ts=event.ts,
+                    reason=Reason(
+                        code=ReasonCode.RESUMED,
+                        text=f"attempt {run.attempt} completed step {event.step}",
+                    ),
+                    caused_by=[opened.event_id, event.event_id],
+                    interruption_id=opened.interruption_id,
+                    restart_s=max(0.0, event.ts - opened.detected_ts),
+                    resumed_attempt=run.attempt,
+                )
+            )
+    return outputs
+
+
+def _on_heartbeat(run: RunState, rank: RankState, event: Heartbeat, policy: CorePolicy) -> list[Output]:
+    if rank.progress_ts is None:  # first sign of life in this attempt starts its clock
+        rank.progress_ts = event.ts
+    timeout = is_hung(run, rank, event.ts, policy.hang)
+    if timeout is None:
+        return []
+    stalled = stall_s(rank, event.ts)
+    hang = HangDetected(
+        event_id=derived_id("hang_detected", event.event_id),
+        run_id=run.run_id,
+        attempt=run.attempt,
+        rank=event.rank,
+        node=event.node,
+        step=run.job_step,
+        ts=event.ts,
+        reason=Reason(
+            code=ReasonCode.NO_PROGRESS,
+            text=f"rank {event.rank} alive but no step completed for {stalled:.1f}s "
+            f"(timeout {timeout:.1f}s) after step {rank.last_step}",
+        ),
+        caused_by=[event.event_id],
+        last_step=run.job_step,
+        stalled_s=stalled,
+        timeout_s=timeout,
+    )
+    run.pending_hang = PendingHang(hang.event_id, event.ts, run.job_step, event.rank)
+    return [hang, _abort(run, hang, stack_dump=True)]
+
+
+def _on_exit(run: RunState, rank: RankState, event: RankExit) -> list[Output]:
+    rank.exited = True
+    rank.requested_exit = event.requested
+    rank.stack_signature = event.stack_signature
+    if run.phase == RunPhase.INTERRUPTED or run.pending_hang is not None or event.requested:
+        return []  # teardown of an attempt already being handled
+    if event.exit_code == 0 and event.signal is None:
+        if run.world_size and sum(r.exited for r in run.ranks.values()) >= run.world_size:
+            run.move_to(RunPhase.FINISHED)
+        return []
+    how = f"signal {event.signal}" if event.signal is not None else f"exit code {event.exit_code}"
+    interruption = _interruption(
+        run,
+        cause=InterruptionCause.CRASH,
+        detected_by="rank_exit",
+        cause_id=event.event_id,
+        at=event.ts,
+        culprit=event.rank,
+        reason=Reason(
+            code=ReasonCode.RANK_EXITED,
+            text=f"rank {event.rank} on {event.node} died ({how}) at step {rank.last_step}",
+        ),
+    )
+    return [interruption, _abort(run, interruption, stack_dump=False)]
+
+
+def _maybe_conclude_hang(run: RunState, now_ts: float, policy: CorePolicy) -> list[Output]:
+    pending = run.pending_hang
+    assert pending is not None
+    expected = run.world_size or len(run.ranks)
+    answered = {r: s.stack_signature for r, s in run.ranks.items() if s.exited}
+    if len(answered) < expected and now_ts - pending.detected_ts < policy.hang.stack_collect_s:
+        return []
+    verdict = odd_stack(answered)
+    missing = sorted(set(range(expected)) - set(answered))
+    if verdict is not None:
+        culprit = verdict.culprits[0]
+        reason = Reason(
+            code=ReasonCode.ODD_STACK,
+            text=f"rank {culprit} was in {verdict.odd_signature!r} while "
+            f"{len(answered) - len(verdict.culprits)} ranks waited in {verdict.majority_signature!r}",
+        )
+    elif missing:
+        culprit = missing[0]
+        reason = Reason(
+            code=ReasonCode.STACKS_INCOMPLETE,
+            text=f"{len(missing)} rank(s) did not answer the stack-dump abort; first: rank {culprit}",
+        )
+    else:
+        culprit = -1
+        reason = Reason(code=ReasonCode.NO_ODD_STACK, text="all stacks alike; culprit unknown")
+    run.pending_hang = None
+    return [
+        _interruption(
+            run,
+            cause=InterruptionCause.HANG,
+            detected_by="progress_watchdog",
+            cause_id=pending.event_id,
+            at=pending.detected_ts,
+            culprit=culprit,
+            reason=reason,
+        )
+    ]
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def _node_of(run: RunState, rank: int) -> str:
+    state = run.ranks.get(rank)
+    return state.node if state is not None else ""
+
+
+def _interruption(
+    run: RunState,
+    *,
+    cause: InterruptionCause,
+    detected_by: str,
+    cause_id: str,
+    at: float,
+    culprit: int,
+    reason: Reason,
+) -> Interruption:
+    """Declare an interruption (id derived from the event that revealed it)."""
+    checkpoint = max(run.last_validated_step, run.resumed_from_step)
+    lost = run.job_step - checkpoint if checkpoint >= 0 else run.job_step + 1
+    event_id = derived_id("interruption", cause_id)
+    run.move_to(RunPhase.INTERRUPTED)
+    run.interruptions += 1
+    run.open_interruption = OpenInterruption(event_id, event_id, at)
+    return Interruption(
+        event_id=event_id,
+        run_id=run.run_id,
+        attempt=run.attempt,
+        rank=culprit,
+        node=_node_of(run, culprit),
+        step=run.job_step,
+        ts=at,
+        reason=reason,
+        caused_by=[cause_id],
+        interruption_id=event_id,
+        cause=cause,
+        detected_by=detected_by,
+        lost_steps=max(0, lost),
+        last_checkpoint_step=checkpoint,
+    )
+
+
+def _abort(run: RunState, cause: Derived, stack_dump: bool) -> Abort:
+    return Abort(
+        command_id=derived_id("abort", cause.event_id),
+        run_id=run.run_id,
+        attempt=run.attempt,
+        ranks=None,
+        issued_ts=cause.ts,
+        reason=cause.reason,
+        caused_by=[cause.event_id],
+        stack_dump=stack_dump,
+    )
+
+
+# --------------------------------------------------------------------------- views
+
+
+def step_time_summary(run: RunState) -> tuple[float, float, int]:
+    """(p50 total step seconds, max total step seconds, slowest rank by compute time)
+    over the ranks' latest steps; the slowest rank is a value, never a metric label."""
+    live = [(r, s) for r, s in run.ranks.items() if s.last_step >= 0]
+    if not live:
+        return 0.0, 0.0, -1
+    totals = [s.total_s for _, s in live]
+    slowest = max(live, key=lambda item: (item[1].compute_s, -item[0]))[0]
+    return statistics.median(totals), max(totals), slowest
+
+
+def goodput(run: RunState) -> float:
+    """Useful work over wall time: steps that count (never one twice across restarts)
+    times the median step time, over the run's elapsed event time. Issue 4 replaces this
+    with the full C/T + T/2M + R/M accounting."""
+    if run.first_ts is None or run.last_ts <= run.first_ts or not run.step_times:
+        return 0.0
+    useful = run.useful_steps * statistics.median(run.step_times)
+    return max(0.0, min(1.0, useful / (run.last_ts - run.first_ts)))

@@ -1,0 +1,36 @@
+"""Naming a hang's culprit from the ranks' stack dumps: the odd stack out.
+
+In a synchronous job stuck in a collective, every healthy rank waits in the same
+all-reduce; the culprit is somewhere else (a kernel, another collective, I/O).
+So the culprit is the rank whose stack signature belongs to a small minority.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Verdict:
+    culprits: list[int]
+    odd_signature: str
+    majority_signature: str
+
+
+def odd_stack(signatures: dict[int, str], minority_fraction: float = 0.1) -> Verdict | None:
+    """The ranks whose signature is rare (at most `minority_fraction` of ranks, and
+    at least one other signature is shared by a majority), or None when no rank stands out."""
+    if len(signatures) < 2:
+        return None
+    counts = Counter(signatures.values())
+    (majority, majority_n), *rest = counts.most_common()
+    if not rest or majority_n <= len(signatures) / 2:
+        return None
+    limit = max(1, int(minority_fraction * len(signatures)))
+    rare = [sig for sig, n in rest if n <= limit]
+    if not rare:
+        return None
+    odd = min(rare, key=lambda sig: (counts[sig], sig))
+    culprits = sorted(rank for rank, sig in signatures.items() if sig == odd)
+    return Verdict(culprits, odd, majority)

@@ -1,0 +1,102 @@
+"""The core's state: what it knows about each run. Plain data, no behaviour beyond
+bookkeeping; detectors in sibling modules read and update it."""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class RunPhase(StrEnum):
+    """A run attempt's lifecycle (ARCHITECTURE.md: explicit state machines)."""
+
+    STARTING = "starting"  # registered, no step completed yet in this attempt
+    TRAINING = "training"
+    INTERRUPTED = "interrupted"  # an interruption was declared; waiting for the next attempt
+    FINISHED = "finished"
+
+
+#: Allowed lifecycle transitions; anything else is a bug in the core.
+TRANSITIONS: dict[RunPhase, frozenset[RunPhase]] = {
+    RunPhase.STARTING: frozenset({RunPhase.TRAINING, RunPhase.INTERRUPTED, RunPhase.STARTING}),
+    RunPhase.TRAINING: frozenset({RunPhase.INTERRUPTED, RunPhase.FINISHED, RunPhase.STARTING}),
+    RunPhase.INTERRUPTED: frozenset({RunPhase.STARTING}),
+    RunPhase.FINISHED: frozenset({RunPhase.STARTING}),
+}
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+@dataclass
+class RankState:
+    node: str
+    last_step: int = -1
+    #: Emitter-clock ts of the rank's latest completed step (or of its first sign of
+    #: life in this attempt). Compared only with the same rank's later ts: skew-free.
+    progress_ts: float | None = None
+    last_seen_ts: float = 0.0
+    compute_s: float = 0.0
+    total_s: float = 0.0
+    exited: bool = False
+    requested_exit: bool = False
+    stack_signature: str = ""
+
+
+@dataclass
+class PendingHang:
+    """A hang was detected and an abort with stack dump sent; collecting stacks."""
+
+    event_id: str
+    detected_ts: float
+    last_step: int
+    stalled_rank: int
+
+
+@dataclass
+class OpenInterruption:
+    """Declared, waiting for the next attempt's first step to measure restart time."""
+
+    interruption_id: str
+    event_id: str
+    detected_ts: float
+
+
+@dataclass
+class RunState:
+    run_id: str
+    world_size: int | None = None
+    ranks_per_node: int = 1
+    racks: dict[str, str] = field(default_factory=dict)
+    attempt: int = 0
+    phase: RunPhase = RunPhase.STARTING
+    ranks: dict[int, RankState] = field(default_factory=dict)
+    #: Newest completed step of the job in this attempt (max over ranks).
+    job_step: int = -1
+    #: Highest step ever completed in any attempt (for lost-work accounting).
+    high_water_step: int = -1
+    resumed_from_step: int = -1
+    last_validated_step: int = -1
+    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
+    pending_hang: PendingHang | None = None
+    open_interruption: OpenInterruption | None = None
+    interruptions: int = 0
+    first_ts: float | None = None
+    last_ts: float = 0.0
+    #: Steps of useful progress (never counts a step twice across restarts).
+    useful_steps: int = 0
+    seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    duplicates: int = 0
+    stale: int = 0
+
+    def move_to(self, phase: RunPhase) -> None:
+        if phase not in TRANSITIONS[self.phase]:
+            raise IllegalTransition(f"run {self.run_id}: {self.phase} -> {phase} is not allowed")
+        self.phase = phase
+
+
+@dataclass
+class CoreState:
+    runs: dict[str, RunState] = field(default_factory=dict)

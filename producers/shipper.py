@@ -1,0 +1,214 @@
+"""Ships telemetry from a node to Kafka without ever blocking the training step.
+
+Record granularity. One faust worker handles about 17,000 records/s on a 2-core
+machine (shared/NOTES.md), while decoding one event costs ~4 µs. A 16,384-rank run
+at 2 s/step emits ~8,200 step-timing events/s plus heartbeats and stats, i.e. about
+16,000 events/s: one Kafka record per event would saturate a worker. So a shipper
+batches per node and per flush interval: 2,048 nodes flushing once per second are
+~2,000 records/s (about 8 events each), a tenth of one worker's capacity, and the
+decode cost (~65 ms of CPU per second at 16,000 events/s) stays small. Ranks of one
+node share a shipper where they share a process (the simulator, a per-node agent);
+a rank process that has its own shipper should flush every few seconds instead
+(`flush_interval_s`), which keeps the record rate at world_size / interval.
+
+Never blocking. `submit()` appends to a bounded in-memory queue under a lock and
+returns; a background thread encodes, batches and hands records to librdkafka,
+which queues them asynchronously. When the broker is slow or down, the queue
+fills: the oldest events are dropped (the newest heartbeat matters more than an
+old one) and counted. Every submitted event ends in exactly one of the counters
+`delivered`, `dropped` (queue full), or `failed` (librdkafka gave up: timeout or
+error), so the accounting is exact once the shipper is closed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from ..schemas import Envelope, encode, encode_batch
+
+#: Defaults for the librdkafka producer. Idempotence is off by default in
+#: librdkafka; it is what makes its internal retries duplicate-free.
+PRODUCER_DEFAULTS: dict[str, Any] = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "linger.ms": 20,
+    "compression.type": "lz4",
+    "message.timeout.ms": 30_000,
+    "queue.buffering.max.messages": 10_000,
+    "queue.buffering.max.kbytes": 64 * 1024,
+}
+
+
+@dataclass(frozen=True)
+class ShipperConfig:
+    bootstrap: str
+    topic: str
+    flush_interval_s: float = 1.0
+    #: Bound on events held in this process before librdkafka takes them.
+    max_queued_events: int = 100_000
+    #: Most events in one Kafka record.
+    max_batch_events: int = 4_096
+    producer: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ShipperStats:
+    submitted: int = 0
+    delivered: int = 0
+    dropped: int = 0  # our queue was full: oldest events discarded
+    failed: int = 0  # librdkafka reported a delivery error or timeout
+    batches_sent: int = 0
+
+    @property
+    def in_flight(self) -> int:
+        return self.submitted - self.delivered - self.dropped - self.failed
+
+
+class TelemetryShipper:
+    """Batches the events of one run and produces them from a background thread: one
+    Kafka record per node per flush. A real node runs one shipper for its local ranks;
+    the simulator runs one for the whole simulated cluster."""
+
+    def __init__(
+        self,
+        config: ShipperConfig,
+        run_id: str,
+        world_size: int,
+        on_flush: Callable[[], None] | None = None,
+        name: str = "",
+    ) -> None:
+        self.config = config
+        self.run_id = run_id
+        self.world_size = world_size
+        self.producer_id = f"{name or 'shipper'}-{uuid.uuid4().hex[:12]}"
+        self.stats = ShipperStats()
+        self._on_flush = on_flush
+        self._queue: deque[Envelope] = deque()
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._stop = threading.Event()
+        self._producer = Producer(
+            {**PRODUCER_DEFAULTS, **config.producer, "bootstrap.servers": config.bootstrap}
+        )
+        self._thread = threading.Thread(target=self._run, name=f"trainguard-{self.producer_id}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ hot path
+    def submit(self, event: Envelope) -> bool:
+        """Queue one event; O(1), never blocks on I/O. False when an old event was dropped for it."""
+        with self._lock:
+            self.stats.submitted += 1
+            if len(self._queue) >= self.config.max_queued_events:
+                self._queue.popleft()
+                self.stats.dropped += 1
+                self._queue.append(event)
+                return False
+            self._queue.append(event)
+            return True
+
+    # ------------------------------------------------------------------ background
+    def _take(self) -> list[Envelope]:
+        with self._lock:
+            n = min(len(self._queue), self.config.max_batch_events)
+            return [self._queue.popleft() for _ in range(n)]
+
+    def _requeue_front(self, events: list[Envelope]) -> None:
+        """librdkafka's queue is full: put events back, oldest dropped beyond the bound."""
+        with self._lock:
+            room = self.config.max_queued_events - len(self._queue)
+            keep = events[-room:] if room > 0 else []
+            self.stats.dropped += len(events) - len(keep)
+            self._queue.extendleft(reversed(keep))
+
+    def _delivery(self, count: int) -> Callable[[KafkaError | None, Message], None]:
+        def done(err: KafkaError | None, _msg: Message) -> None:
+            with self._lock:
+                if err is None:
+                    self.stats.delivered += count
+                else:
+                    self.stats.failed += count
+
+        return done
+
+    def _ship_once(self) -> None:
+        while events := self._take():
+            by_node: dict[str, list[Envelope]] = {}
+            for event in events:
+                by_node.setdefault(event.node, []).append(event)
+            for i, (node, group) in enumerate(by_node.items()):
+                value = encode_batch(
+                    {
+                        "run_id": self.run_id,
+                        "node": node,
+                        "world_size": self.world_size,
+                        "producer_id": self.producer_id,
+                        "seq": self._seq,
+                    },
+                    (encode(e) for e in group),
+                )
+                try:
+                    self._producer.produce(
+                        self.config.topic,
+                        key=self.run_id.encode(),
+                        value=value,
+                        on_delivery=self._delivery(len(group)),
+                    )
+                except BufferError:
+                    self._requeue_front([e for g in list(by_node.values())[i:] for e in g])
+                    self._producer.poll(0)
+                    return
+                self._seq += 1
+                self.stats.batches_sent += 1
+        self._producer.poll(0)
+
+    def _run(self) -> None:
+        next_flush = time.monotonic()
+        while not self._stop.is_set():
+            if self._on_flush is not None:
+                self._on_flush()
+            self._ship_once()
+            # Fell behind: start the next interval now rather than catch up in a burst.
+            next_flush = max(next_flush + self.config.flush_interval_s, time.monotonic())
+            # poll() serves delivery callbacks while we wait for the next flush.
+            while not self._stop.is_set() and (left := next_flush - time.monotonic()) > 0:
+                self._producer.poll(min(left, 0.05))
+
+    # ------------------------------------------------------------------ lifecycle
+    def flush_now(self, timeout_s: float = 10.0) -> None:
+        """Ship what is queued and wait (bounded) for delivery. Not for the training step."""
+        self._ship_once()
+        self._producer.flush(timeout_s)
+
+    def close(self, timeout_s: float = 10.0) -> ShipperStats:
+        """Stop the thread, ship what is left, wait up to timeout_s; undelivered events
+        left in librdkafka are purged and counted as failed, so the counters add up."""
+        self._stop.set()
+        self._thread.join()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._ship_once()
+            remaining = self._producer.flush(max(0.0, deadline - time.monotonic()))
+            if not self._queue or time.monotonic() >= deadline:
+                break
+        if remaining or self._queue:
+            self._producer.purge()  # purged messages report their error via poll()
+            self._producer.poll(0)
+            self._producer.flush(0)
+            with self._lock:
+                self.stats.dropped += len(self._queue)
+                self._queue.clear()
+        return self.stats
+
+    def __enter__(self) -> TelemetryShipper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,72 @@
+"""The record base classes: every record on a trainguard topic is one of these.
+
+A record's schema is its kind plus a version (``"heartbeat/1"``). The kind and
+version live on the class (``KIND``, ``VERSION``), not in the model's fields; the
+codec writes them into the ``schema`` key on the wire and uses them to pick the
+class when reading (see :mod:`trainguard.schemas.codec`).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: Rank number used by records that concern the whole run, not one rank.
+RUN_LEVEL_RANK = -1
+#: Step number used before the first step has completed.
+NO_STEP = -1
+
+
+class Record(BaseModel):
+    """Base of every wire record: frozen, strict about unknown fields, finite floats."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        allow_inf_nan=False,
+        ser_json_inf_nan="strings",
+    )
+
+    KIND: ClassVar[str]
+    VERSION: ClassVar[int]
+
+    @classmethod
+    def schema_name(cls) -> str:
+        return f"{cls.KIND}/{cls.VERSION}"
+
+
+class Envelope(Record):
+    """The envelope every event carries (ARCHITECTURE.md, Events)."""
+
+    event_id: str = Field(min_length=1, max_length=200, description="Unique; consumers dedupe on it.")
+    run_id: str = Field(min_length=1, max_length=128)
+    attempt: int = Field(ge=0, description="Restart generation of the run; 0 is the first launch.")
+    rank: int = Field(ge=RUN_LEVEL_RANK, description="Global rank, or -1 for a run-level record.")
+    node: str = Field(max_length=128, description="Host name of the emitter ('' when not node-bound).")
+    step: int = Field(ge=NO_STEP, description="Training step the record refers to (-1: none yet).")
+    ts: float = Field(ge=0, description="Emitter clock, seconds since the Unix epoch.")
+
+
+class ReasonCode(StrEnum):
+    """Why a detector or policy produced an output; tests assert on these."""
+
+    NO_PROGRESS = "no_progress"
+    RANK_EXITED = "rank_exited"
+    ODD_STACK = "odd_stack"
+    NO_ODD_STACK = "no_odd_stack"
+    STACKS_INCOMPLETE = "stacks_incomplete"
+    RESUMED = "resumed"
+    INTERRUPTION = "interruption"
+    OPERATOR = "operator"
+
+
+class Reason(Record):
+    """A machine-readable code plus a sentence for humans."""
+
+    KIND: ClassVar[str] = "reason"
+    VERSION: ClassVar[int] = 1
+
+    code: ReasonCode
+    text: str = Field(max_length=2000)

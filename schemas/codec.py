@@ -1,0 +1,223 @@
+"""The one serialisation used everywhere: JSON, one object per record, with a
+``"schema": "<kind>/<version>"`` key.
+
+Reading never raises on bad input: :func:`decode` raises :class:`Rejected` with a
+specific :class:`RejectReason`, and :func:`decode_batch` splits a telemetry batch into
+the good records and the rejected ones, so one bad event never costs its neighbours.
+
+Versions evolve like the eventsourcing library's upcasters: an older record is
+upgraded one version at a time by the functions in :data:`UPCASTERS` until it
+reaches the class's current version; a record newer than this reader knows is
+rejected as UNKNOWN_VERSION (and parked in the dead-letter topic by the caller).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, ClassVar
+
+import orjson
+from pydantic import Field, ValidationError
+
+from .base import Envelope, Record
+from .commands import COMMAND_KINDS, Ack
+from .events import DERIVED_KINDS, TELEMETRY_KINDS
+
+#: One event's JSON may not exceed this; a batch may hold many.
+MAX_RECORD_BYTES = 64 * 1024
+#: A whole Kafka record value (the telemetry topic's max.message.bytes is 8 MiB).
+MAX_BATCH_BYTES = 8 * 1024 * 1024
+
+
+class RejectReason(StrEnum):
+    MALFORMED = "malformed"  # not UTF-8 JSON
+    NOT_AN_OBJECT = "not_an_object"
+    MISSING_SCHEMA = "missing_schema"
+    UNKNOWN_KIND = "unknown_kind"
+    UNKNOWN_VERSION = "unknown_version"
+    INVALID_FIELDS = "invalid_fields"
+    NON_FINITE = "non_finite"
+    RANK_OUT_OF_RANGE = "rank_out_of_range"
+    OVERSIZED = "oversized"
+    WRONG_RECORD_TYPE = "wrong_record_type"  # a valid record on the wrong topic
+    RUN_MISMATCH = "run_mismatch"  # an event inside a batch of another run
+
+
+class Rejected(Exception):
+    """A record that cannot be accepted; `raw` is what to park in the dead-letter topic."""
+
+    def __init__(self, reason: RejectReason, detail: str, raw: bytes = b"") -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+        self.raw = raw
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    reason: RejectReason
+    detail: str
+    raw: bytes
+
+
+class Batch(Record):
+    """The Kafka record value on the telemetry topic: one node's events over one flush
+    interval. Batching per node is what lets one processor keep up with 16,384 ranks
+    (see producers/shipper.py for the arithmetic)."""
+
+    KIND: ClassVar[str] = "batch"
+    VERSION: ClassVar[int] = 1
+
+    run_id: str = Field(min_length=1, max_length=128)
+    node: str = Field(max_length=128)
+    world_size: int = Field(ge=1, le=1_048_576)
+    producer_id: str = Field(min_length=1, max_length=128)
+    seq: int = Field(ge=0, description="Per-producer batch counter (gaps = drops upstream).")
+    records: list[Any] = Field(max_length=1_000_000)
+
+
+def _registry(classes: Iterable[type[Record]]) -> dict[str, type[Record]]:
+    return {cls.KIND: cls for cls in classes}
+
+
+TELEMETRY: dict[str, type[Record]] = _registry(TELEMETRY_KINDS)
+DERIVED: dict[str, type[Record]] = _registry(DERIVED_KINDS)
+COMMANDS: dict[str, type[Record]] = _registry(COMMAND_KINDS)
+ACKS: dict[str, type[Record]] = _registry([Ack])
+ALL: dict[str, type[Record]] = {**TELEMETRY, **DERIVED, **COMMANDS, **ACKS, "batch": Batch}
+
+#: (kind, from_version) -> function that rewrites a from_version dict into from_version + 1.
+UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+
+def encode(record: Record) -> bytes:
+    """JSON bytes of one record with its schema key first.
+
+    pydantic's JSON encoder is used for the body (it writes non-finite floats as
+    "NaN"/"Infinity" strings where a model allows them); the schema key is spliced
+    in front, which is valid because the body is always a non-empty JSON object.
+    """
+    body = record.model_dump_json()
+    return b'{"schema":"' + record.schema_name().encode() + b'",' + body[1:].encode()
+
+
+def encode_batch(batch_header: dict[str, Any], encoded_records: Iterable[bytes]) -> bytes:
+    """A Batch value from already-encoded records (no re-encoding of each event)."""
+    header = orjson.dumps({"schema": Batch.schema_name(), **batch_header})
+    return header[:-1] + b',"records":[' + b",".join(encoded_records) + b"]}"
+
+
+def _split_schema(obj: Any, raw: bytes) -> tuple[str, int]:
+    if not isinstance(obj, dict):
+        raise Rejected(RejectReason.NOT_AN_OBJECT, f"expected a JSON object, got {type(obj).__name__}", raw)
+    schema = obj.get("schema")
+    if not isinstance(schema, str) or "/" not in schema:
+        raise Rejected(RejectReason.MISSING_SCHEMA, "no 'schema' key of the form '<kind>/<version>'", raw)
+    kind, _, version_text = schema.partition("/")
+    if not version_text.isdigit():
+        raise Rejected(RejectReason.MISSING_SCHEMA, f"schema {schema!r} has no integer version", raw)
+    return kind, int(version_text)
+
+
+def decode_obj(obj: Any, registry: dict[str, type[Record]] = ALL, raw: bytes = b"") -> Record:
+    """Validate one parsed JSON object against the registry (upcasting older versions)."""
+    kind, version = _split_schema(obj, raw)
+    cls = registry.get(kind)
+    if cls is None:
+        detail = f"unknown record kind {kind!r}"
+        if kind in ALL:
+            raise Rejected(RejectReason.WRONG_RECORD_TYPE, f"a {kind!r} record does not belong here", raw)
+        raise Rejected(RejectReason.UNKNOWN_KIND, detail, raw)
+    if version > cls.VERSION:
+        raise Rejected(
+            RejectReason.UNKNOWN_VERSION,
+            f"{kind}/{version} is newer than this reader (knows up to {kind}/{cls.VERSION})",
+            raw,
+        )
+    body = {k: v for k, v in obj.items() if k != "schema"}
+    while version < cls.VERSION:
+        upcast = UPCASTERS.get((kind, version))
+        if upcast is None:
+            raise Rejected(RejectReason.UNKNOWN_VERSION, f"no upcaster from {kind}/{version}", raw)
+        body = upcast(body)
+        version += 1
+    try:
+        return cls.model_validate(body)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
+        fields = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in errors[:5])
+        reason = (
+            RejectReason.NON_FINITE
+            if any(e["type"] == "finite_number" for e in errors)
+            else RejectReason.INVALID_FIELDS
+        )
+        raise Rejected(reason, f"{kind}/{version}: {fields}", raw) from None
+
+
+def _loads(raw: bytes, limit: int) -> Any:
+    if len(raw) > limit:
+        raise Rejected(RejectReason.OVERSIZED, f"{len(raw)} bytes exceeds the {limit}-byte limit", raw)
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise Rejected(RejectReason.MALFORMED, f"not valid UTF-8 JSON: {exc}", raw) from None
+
+
+def decode(raw: bytes, registry: dict[str, type[Record]] = ALL) -> Record:
+    """One record from bytes; raises Rejected."""
+    return decode_obj(_loads(raw, MAX_RECORD_BYTES), registry, raw)
+
+
+def check_rank(event: Envelope, world_size: int) -> None:
+    if event.rank >= world_size:
+        raise Rejected(
+            RejectReason.RANK_OUT_OF_RANGE,
+            f"rank {event.rank} is outside world size {world_size} of run {event.run_id}",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedBatch:
+    header: Batch | None
+    events: list[Envelope]
+    rejections: list[Rejection]
+
+
+def decode_batch(raw: bytes, world_size: int | None = None) -> DecodedBatch:
+    """Split a telemetry batch into valid events and rejections, each with its own reason.
+
+    `world_size` is the run's registered size when the caller knows it; otherwise the
+    batch header's. A malformed header rejects the whole value (with its bytes)."""
+    try:
+        obj = _loads(raw, MAX_BATCH_BYTES)
+        kind, _ = _split_schema(obj, raw)
+        if kind != Batch.KIND:
+            # A lone event (not batched) is accepted too: single-record producers exist.
+            event = decode_obj(obj, TELEMETRY, raw)
+            assert isinstance(event, Envelope)
+            if world_size is not None:
+                check_rank(event, world_size)
+            return DecodedBatch(None, [event], [])
+        header = decode_obj(obj, {"batch": Batch}, raw)
+        assert isinstance(header, Batch)
+    except Rejected as rej:
+        return DecodedBatch(None, [], [Rejection(rej.reason, rej.detail, raw)])
+    size = world_size if world_size is not None else header.world_size
+    events: list[Envelope] = []
+    rejections: list[Rejection] = []
+    for item in header.records:
+        try:
+            event = decode_obj(item, TELEMETRY)
+            assert isinstance(event, Envelope)
+            if event.run_id != header.run_id:
+                raise Rejected(
+                    RejectReason.RUN_MISMATCH,
+                    f"event of run {event.run_id} inside a batch of run {header.run_id}",
+                )
+            check_rank(event, size)
+            events.append(event)
+        except Rejected as rej:
+            rejections.append(Rejection(rej.reason, rej.detail, orjson.dumps(item)))
+    return DecodedBatch(header, events, rejections)

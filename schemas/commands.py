@@ -1,0 +1,134 @@
+"""Commands (processors -> ranks) and acknowledgements (ranks -> processors).
+
+A command can stop a thousand-GPU job, so each one is signed with the run's key
+(:mod:`trainguard.schemas.auth`) and carries a `command_id` that the actuator
+executes at most once per rank. Command ids are derived from the decision's cause,
+so a decision re-made after a processor restart has the same id.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import ClassVar
+
+from pydantic import Field
+
+from .base import Reason, Record
+
+
+class Command(Record):
+    command_id: str = Field(min_length=1, max_length=200)
+    run_id: str = Field(min_length=1, max_length=128)
+    attempt: int = Field(ge=0, description="The attempt the command is meant for; others ignore it.")
+    ranks: list[int] | None = Field(default=None, description="Target ranks; None means every rank.")
+    issued_ts: float = Field(ge=0, description="Event time of the decision (not a wall clock).")
+    reason: Reason
+    caused_by: list[str] = Field(default_factory=list, max_length=64)
+    signature: str = Field(default="", max_length=128, description="HMAC-SHA256 hex over the rest.")
+
+    def targets(self, rank: int) -> bool:
+        return self.ranks is None or rank in self.ranks
+
+
+class CheckpointNow(Command):
+    KIND: ClassVar[str] = "checkpoint_now"
+    VERSION: ClassVar[int] = 1
+
+
+class SetCheckpointInterval(Command):
+    KIND: ClassVar[str] = "set_checkpoint_interval"
+    VERSION: ClassVar[int] = 1
+
+    interval_s: float = Field(gt=0)
+
+
+class Abort(Command):
+    """Stop the attempt; with stack_dump, every targeted rank dumps all threads' stacks first."""
+
+    KIND: ClassVar[str] = "abort"
+    VERSION: ClassVar[int] = 1
+
+    stack_dump: bool = True
+
+
+class SkipUpdate(Command):
+    KIND: ClassVar[str] = "skip_update"
+    VERSION: ClassVar[int] = 1
+
+    step: int = Field(ge=0)
+
+
+class RunSelfCheck(Command):
+    KIND: ClassVar[str] = "run_self_check"
+    VERSION: ClassVar[int] = 1
+
+    step: int = Field(ge=0)
+
+
+class EvictRank(Command):
+    """Leave the job at the next checkpoint boundary."""
+
+    KIND: ClassVar[str] = "evict_rank"
+    VERSION: ClassVar[int] = 1
+
+    rank: int = Field(ge=0)
+
+
+class QuarantineNode(Command):
+    KIND: ClassVar[str] = "quarantine_node"
+    VERSION: ClassVar[int] = 1
+
+    node: str = Field(min_length=1, max_length=128)
+
+
+class ResumeFrom(Command):
+    KIND: ClassVar[str] = "resume_from"
+    VERSION: ClassVar[int] = 1
+
+    checkpoint_step: int = Field(ge=0)
+    uri: str = Field(max_length=2000)
+
+
+class Rollback(Command):
+    """Roll back to the clean ancestor: the newest checkpoint at or before the watermark (R6)."""
+
+    KIND: ClassVar[str] = "rollback"
+    VERSION: ClassVar[int] = 1
+
+    checkpoint_step: int = Field(ge=0)
+    uri: str = Field(max_length=2000)
+
+
+COMMAND_KINDS: tuple[type[Command], ...] = (
+    CheckpointNow,
+    SetCheckpointInterval,
+    Abort,
+    SkipUpdate,
+    RunSelfCheck,
+    EvictRank,
+    QuarantineNode,
+    ResumeFrom,
+    Rollback,
+)
+
+
+class AckStatus(StrEnum):
+    EXECUTED = "executed"
+    DUPLICATE = "duplicate"  # already executed on this rank; not run again
+    REFUSED = "refused"  # bad signature, wrong run, stale attempt
+    FAILED = "failed"  # the handler raised
+
+
+class Ack(Record):
+    KIND: ClassVar[str] = "ack"
+    VERSION: ClassVar[int] = 1
+
+    command_id: str = Field(min_length=1, max_length=200)
+    command_kind: str = Field(max_length=64)
+    run_id: str = Field(min_length=1, max_length=128)
+    attempt: int = Field(ge=0)
+    rank: int = Field(ge=-1)
+    node: str = Field(max_length=128)
+    status: AckStatus
+    detail: str = Field(default="", max_length=2000)
+    ts: float = Field(ge=0)

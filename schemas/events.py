@@ -1,0 +1,283 @@
+"""Telemetry events emitted by ranks and launchers, and events derived by processors.
+
+Each class is one schema kind at one version. Telemetry travels on the telemetry
+topic in per-node batches (:class:`~trainguard.schemas.codec.Batch`); derived events
+travel one per record on the events topic.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import ClassVar
+
+from pydantic import ConfigDict, Field
+
+from .base import Envelope, Reason
+
+# --------------------------------------------------------------------------- telemetry
+
+
+class RunStarted(Envelope):
+    """A launcher (or the simulator) registers an attempt of a run before its ranks report."""
+
+    KIND: ClassVar[str] = "run_started"
+    VERSION: ClassVar[int] = 1
+
+    world_size: int = Field(ge=1, le=1_048_576)
+    ranks_per_node: int = Field(ge=1, le=1024)
+    nodes: list[str] = Field(max_length=131_072, description="Node of rank r is nodes[r // ranks_per_node].")
+    racks: dict[str, str] = Field(default_factory=dict, description="node -> rack (failure domain).")
+    resumed_from_step: int = Field(
+        default=-1, ge=-1, description="Checkpoint step this attempt resumes from."
+    )
+    config_digest: str = Field(default="", max_length=128)
+
+
+class Heartbeat(Envelope):
+    """Process liveness; `step` is the last step this rank completed."""
+
+    KIND: ClassVar[str] = "heartbeat"
+    VERSION: ClassVar[int] = 1
+
+
+class StepTiming(Envelope):
+    """One completed step. compute_s is measured BEFORE the collective (seed §7)."""
+
+    KIND: ClassVar[str] = "step_timing"
+    VERSION: ClassVar[int] = 1
+
+    compute_s: float = Field(ge=0, description="Forward+backward before gradient synchronisation.")
+    total_s: float = Field(ge=0, description="Whole step including the collective and the optimizer.")
+
+
+class StepStats(Envelope):
+    """Loss and gradient norm of a step. Non-finite values are legal here: they are the signal."""
+
+    KIND: ClassVar[str] = "step_stats"
+    VERSION: ClassVar[int] = 1
+    model_config = ConfigDict(allow_inf_nan=True)
+
+    loss: float
+    grad_norm: float
+    finite: bool
+
+
+class SdcSelfCheck(Envelope):
+    """Two digests of the same microbatch computed twice on the same device (seed R3)."""
+
+    KIND: ClassVar[str] = "sdc_self_check"
+    VERSION: ClassVar[int] = 1
+
+    microbatch_id: str = Field(max_length=200)
+    digest_first: str = Field(max_length=256)
+    digest_second: str = Field(max_length=256)
+
+    @property
+    def passed(self) -> bool:
+        return self.digest_first == self.digest_second
+
+
+class CrossRankCheck(Envelope):
+    """Two or three ranks computed the same microbatch; values compared at a tolerance."""
+
+    KIND: ClassVar[str] = "cross_rank_check"
+    VERSION: ClassVar[int] = 1
+
+    microbatch_id: str = Field(max_length=200)
+    ranks: list[int] = Field(min_length=2, max_length=3)
+    values: list[float] = Field(min_length=2, max_length=3)
+
+
+class GpuHealth(Envelope):
+    """GPU and link health from NVML. On a machine without a GPU, present=False and nothing else."""
+
+    KIND: ClassVar[str] = "gpu_health"
+    VERSION: ClassVar[int] = 1
+
+    present: bool
+    temperature_c: float | None = None
+    sm_clock_mhz: float | None = None
+    power_capped: bool | None = None
+    thermal_throttle: bool | None = None
+    nvlink_width: int | None = None
+    nvlink_expected_width: int | None = None
+    nvlink_retries: int | None = None
+    ecc_corrected: int | None = None
+    ecc_uncorrected: int | None = None
+    nic_utilization: float | None = Field(default=None, ge=0, le=1)
+
+
+class CheckpointWritten(Envelope):
+    """A checkpoint is durable (its manifest is written); not yet resumable."""
+
+    KIND: ClassVar[str] = "checkpoint_written"
+    VERSION: ClassVar[int] = 1
+
+    checkpoint_step: int = Field(ge=0)
+    uri: str = Field(max_length=2000)
+    shards: int = Field(ge=1)
+    digest: str = Field(max_length=256)
+    bytes: int = Field(ge=0)
+    blocking_s: float = Field(ge=0, description="Time the training step was blocked (the C of seed §6).")
+    write_s: float = Field(ge=0, description="Background write time.")
+
+
+class CheckpointValidated(Envelope):
+    """All shards present, digests match, test load succeeded: resumable."""
+
+    KIND: ClassVar[str] = "checkpoint_validated"
+    VERSION: ClassVar[int] = 1
+
+    checkpoint_step: int = Field(ge=0)
+    uri: str = Field(max_length=2000)
+    last_verified_step: int = Field(ge=-1, description="Newest step at which an SDC check passed (R6).")
+
+
+class CheckpointFailed(Envelope):
+    KIND: ClassVar[str] = "checkpoint_failed"
+    VERSION: ClassVar[int] = 1
+
+    checkpoint_step: int = Field(ge=0)
+    uri: str = Field(max_length=2000)
+    error: str = Field(max_length=4000)
+
+
+class RankExit(Envelope):
+    """A rank process ended. stack_signature summarises its stack at exit (for hang culprits)."""
+
+    KIND: ClassVar[str] = "rank_exit"
+    VERSION: ClassVar[int] = 1
+
+    exit_code: int | None = None
+    signal: int | None = Field(default=None, ge=1, le=128)
+    requested: bool = Field(default=False, description="True when the exit executed an abort command.")
+    stack_dump_ref: str = Field(default="", max_length=2000)
+    stack_signature: str = Field(default="", max_length=2000)
+
+
+class Tick(Envelope):
+    """Processing-time marker written INTO the telemetry log by the live driver, so that
+    silence (no events at all) still advances the core's clock, and replay sees the same ticks."""
+
+    KIND: ClassVar[str] = "tick"
+    VERSION: ClassVar[int] = 1
+
+
+TELEMETRY_KINDS: tuple[type[Envelope], ...] = (
+    RunStarted,
+    Heartbeat,
+    StepTiming,
+    StepStats,
+    SdcSelfCheck,
+    CrossRankCheck,
+    GpuHealth,
+    CheckpointWritten,
+    CheckpointValidated,
+    CheckpointFailed,
+    RankExit,
+    Tick,
+)
+
+# --------------------------------------------------------------------------- derived
+
+
+class InterruptionCause(StrEnum):
+    CRASH = "crash"
+    HANG = "hang"
+    SDC = "sdc"
+    NON_FINITE = "non_finite"
+    EVICTION = "eviction"
+    OPERATOR = "operator"
+
+
+class Derived(Envelope):
+    """A processor's output. Its event_id is derived from its causes, so re-processing the
+    same input yields the same id and consumers dedupe it."""
+
+    reason: Reason
+    caused_by: list[str] = Field(default_factory=list, max_length=64)
+
+
+class StragglerFlagged(Derived):
+    KIND: ClassVar[str] = "straggler_flagged"
+    VERSION: ClassVar[int] = 1
+
+    robust_z: float
+    slowdown: float = Field(ge=0, description="compute_s / median compute_s")
+
+
+class HangDetected(Derived):
+    KIND: ClassVar[str] = "hang_detected"
+    VERSION: ClassVar[int] = 1
+
+    last_step: int = Field(ge=-1)
+    stalled_s: float = Field(ge=0)
+    timeout_s: float = Field(ge=0)
+
+
+class SdcMismatch(Derived):
+    KIND: ClassVar[str] = "sdc_mismatch"
+    VERSION: ClassVar[int] = 1
+
+    method: str = Field(max_length=64)
+    microbatch_id: str = Field(max_length=200)
+
+
+class Interruption(Derived):
+    """The job stopped. rank/node name the culprit when known (seed §4 interruption row)."""
+
+    KIND: ClassVar[str] = "interruption"
+    VERSION: ClassVar[int] = 1
+
+    interruption_id: str = Field(max_length=200)
+    cause: InterruptionCause
+    detected_by: str = Field(max_length=64)
+    lost_steps: int = Field(ge=0)
+    last_checkpoint_step: int = Field(ge=-1)
+
+
+class InterruptionRecovered(Derived):
+    """The next attempt completed its first step: restart_seconds closes the interruption."""
+
+    KIND: ClassVar[str] = "interruption_recovered"
+    VERSION: ClassVar[int] = 1
+
+    interruption_id: str = Field(max_length=200)
+    restart_s: float = Field(ge=0)
+    resumed_attempt: int = Field(ge=0)
+
+
+class Quarantine(Derived):
+    KIND: ClassVar[str] = "quarantine"
+    VERSION: ClassVar[int] = 1
+
+    run_ids_affected: list[str] = Field(default_factory=list)
+
+
+class Page(Derived):
+    KIND: ClassVar[str] = "page"
+    VERSION: ClassVar[int] = 1
+
+    rule: str = Field(max_length=64)
+    evidence: list[str] = Field(default_factory=list)
+
+
+class IntervalUpdate(Derived):
+    KIND: ClassVar[str] = "interval_update"
+    VERSION: ClassVar[int] = 1
+
+    mtbf_s: float = Field(gt=0)
+    checkpoint_cost_s: float = Field(ge=0)
+    interval_s: float = Field(gt=0)
+
+
+DERIVED_KINDS: tuple[type[Derived], ...] = (
+    StragglerFlagged,
+    HangDetected,
+    SdcMismatch,
+    Interruption,
+    InterruptionRecovered,
+    Quarantine,
+    Page,
+    IntervalUpdate,
+)

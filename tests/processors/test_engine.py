@@ -1,0 +1,176 @@
+"""The hang and crash detectors on the pure core: no broker, no clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainguard.processors.core import CorePolicy, CoreState, HangPolicy, RunPhase, run_all, step
+from trainguard.processors.core.state import IllegalTransition, RunState
+from trainguard.processors.core.watchdog import step_timeout_s
+from trainguard.schemas import (
+    Abort,
+    HangDetected,
+    Heartbeat,
+    Interruption,
+    InterruptionCause,
+    InterruptionRecovered,
+    ReasonCode,
+)
+
+from .streams import Job
+
+POLICY = CorePolicy(hang=HangPolicy(min_samples=20, floor_s=2.0, stack_collect_s=10.0))
+
+
+def kinds(outputs: list) -> list[str]:
+    return [o.KIND for o in outputs]
+
+
+def test_healthy_run_with_jitter_raises_nothing() -> None:
+    job = Job().start()
+    for _ in range(20):
+        job.steps(5)
+        job.heartbeats()
+    _, outputs = run_all(job.events, POLICY)
+    assert outputs == []
+
+
+def test_timeout_is_default_until_enough_samples_then_three_p99() -> None:
+    job = Job(step_s=1.0).start().steps(5)
+    state, _ = run_all(job.events, POLICY)
+    run = state.runs["run-test"]
+    assert step_timeout_s(run, POLICY.hang) == POLICY.hang.default_timeout_s
+    job.steps(40)
+    state, _ = run_all(job.events, POLICY)
+    timeout = step_timeout_s(state.runs["run-test"], POLICY.hang)
+    assert 3.0 <= timeout <= 3.6  # 3 x p99 of ~1 s steps with 5% jitter
+
+
+def test_hang_inside_collective_is_detected_and_culprit_named_by_odd_stack() -> None:
+    job = Job().start().steps(40)
+    job.stall(5.0)  # > 3 x p99 (~3.3 s): everyone alive, nobody progresses
+    state, outputs = run_all(job.events, POLICY)
+    assert kinds(outputs) == ["hang_detected", "abort"]
+    hang, abort = outputs
+    assert isinstance(hang, HangDetected) and hang.reason.code == ReasonCode.NO_PROGRESS
+    assert hang.last_step == 39 and hang.stalled_s > hang.timeout_s
+    assert isinstance(abort, Abort) and abort.stack_dump and abort.ranks is None
+    assert abort.caused_by == [hang.event_id]
+
+    job.abort_all(culprit=6)
+    state, more = run_all(job.events[len(job.events) - 16 :], POLICY, state)
+    assert kinds(more) == ["interruption"]
+    (interruption,) = more
+    assert isinstance(interruption, Interruption)
+    assert interruption.cause == InterruptionCause.HANG
+    assert interruption.rank == 6 and interruption.node == "node-001"
+    assert interruption.reason.code == ReasonCode.ODD_STACK
+    assert interruption.last_checkpoint_step == 30 and interruption.lost_steps == 9
+    assert state.runs["run-test"].phase == RunPhase.INTERRUPTED
+
+
+def test_hang_with_silent_rank_names_the_one_that_never_answered() -> None:
+    job = Job().start().steps(40).stall(5.0)
+    state, _ = run_all(job.events, POLICY)
+    n = len(job.events)
+    job.t += 0.2
+    for r in range(16):
+        if r != 11:  # rank 11 is stuck in a kernel and never dumps
+            job.exit(r, signal=15, requested=True, stack_signature="collective:allreduce")
+    job.stall(11.0, alive=[])  # time passes (ticks would carry it in production)
+    job.heartbeats([11])
+    state, outputs = run_all(job.events[n:], POLICY, state)
+    (interruption,) = [o for o in outputs if isinstance(o, Interruption)]
+    assert interruption.rank == 11 and interruption.reason.code == ReasonCode.STACKS_INCOMPLETE
+
+
+def test_slow_but_progressing_job_is_not_a_hang() -> None:
+    job = Job(step_s=1.0).start().steps(30)
+    job.step_s = 2.5  # everyone slows down (e.g. a bigger batch), still progressing
+    for _ in range(10):
+        job.steps(1)
+        job.heartbeats()
+    _, outputs = run_all(job.events, POLICY)
+    assert outputs == []
+
+
+def test_crash_is_an_interruption_naming_rank_and_node_and_aborts_survivors() -> None:
+    job = Job().start().steps(25)
+    job.exit(9, signal=9)
+    job.stall(2.0, alive=[r for r in range(16) if r != 9])
+    _, outputs = run_all(job.events, POLICY)
+    assert kinds(outputs) == ["interruption", "abort"]
+    interruption, abort = outputs
+    assert isinstance(interruption, Interruption) and isinstance(abort, Abort)
+    assert interruption.cause == InterruptionCause.CRASH and interruption.detected_by == "rank_exit"
+    assert (interruption.rank, interruption.node) == (9, "node-002")
+    assert interruption.reason.code == ReasonCode.RANK_EXITED and "signal 9" in interruption.reason.text
+    assert interruption.last_checkpoint_step == 20 and interruption.lost_steps == 4
+    assert not abort.stack_dump
+
+
+def test_restart_closes_the_interruption_with_restart_seconds_and_ignores_stale_attempt() -> None:
+    job = Job().start().steps(25).exit(9, signal=9).abort_all()
+    old_attempt_heartbeat = Heartbeat(**job._env(3))
+    job.restart(resumed_from_step=20, delay_s=42.0).steps(3)
+    events = [*job.events, old_attempt_heartbeat]
+    state, outputs = run_all(events, POLICY)
+    recovered = [o for o in outputs if isinstance(o, InterruptionRecovered)]
+    assert len(recovered) == 1
+    interruption = next(o for o in outputs if isinstance(o, Interruption))
+    assert recovered[0].interruption_id == interruption.interruption_id
+    assert 42.0 < recovered[0].restart_s < 44.0
+    run = state.runs["run-test"]
+    assert run.attempt == 1 and run.phase == RunPhase.TRAINING and run.stale == 1
+    assert run.useful_steps == 25  # steps 0..24; the repeated 21..23 do not count twice
+
+
+def test_clean_exit_of_every_rank_finishes_the_run() -> None:
+    job = Job(world_size=4).start().steps(5)
+    for r in range(4):
+        job.exit(r, exit_code=0)
+    state, outputs = run_all(job.events, POLICY)
+    assert outputs == [] and state.runs["run-test"].phase == RunPhase.FINISHED
+
+
+def test_duplicates_are_dropped_and_outputs_have_stable_ids() -> None:
+    job = Job().start().steps(25).exit(9, signal=9)
+    _, first = run_all(job.events, POLICY)
+    state, second = run_all(job.events + job.events, POLICY)
+    assert [o.model_dump() for o in first] == [o.model_dump() for o in second]
+    assert state.runs["run-test"].duplicates == len(job.events)
+    # A fresh core re-processing the same log decides the same ids (idempotent consumers).
+    _, again = run_all(job.events, POLICY)
+    assert [o.model_dump() for o in again] == [o.model_dump() for o in first]
+
+
+def test_clock_skew_between_nodes_neither_fakes_nor_hides_a_hang() -> None:
+    skewed = Job(skew={"node-001": -120.0, "node-002": +300.0}).start().steps(40)
+    skewed.heartbeats()
+    _, outputs = run_all(skewed.events, POLICY)
+    assert outputs == []  # a node whose clock is 5 min ahead is not "stalled"
+    skewed.stall(5.0)
+    _, outputs = run_all(skewed.events, POLICY)
+    assert kinds(outputs)[:2] == ["hang_detected", "abort"]
+
+
+def test_reordered_heartbeat_older_than_progress_is_harmless() -> None:
+    job = Job().start().steps(40)
+    late = Heartbeat(**{**job._env(2), "ts": job.t - 30.0})
+    state, outputs = run_all([*job.events, late], POLICY)
+    assert outputs == []
+
+
+def test_lifecycle_rejects_illegal_transitions() -> None:
+    run = RunState("r")
+    run.move_to(RunPhase.TRAINING)
+    run.move_to(RunPhase.INTERRUPTED)
+    with pytest.raises(IllegalTransition):
+        run.move_to(RunPhase.TRAINING)
+
+
+def test_step_accepts_unregistered_run_with_world_size_hint() -> None:
+    job = Job(world_size=4)
+    job.steps(1)
+    state, _ = step(CoreState(), job.events[0], POLICY, world_size_hint=4)
+    assert state.runs["run-test"].world_size == 4

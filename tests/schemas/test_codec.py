@@ -1,0 +1,232 @@
+"""Every record kind round-trips through the one codec; every rejection has its reason."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import orjson
+import pytest
+
+from trainguard.schemas import Record, RejectReason, decode, decode_batch, encode, encode_batch
+from trainguard.schemas import auth
+from trainguard.schemas.base import Reason, ReasonCode
+from trainguard.schemas.codec import ALL, COMMANDS, TELEMETRY, UPCASTERS, Rejected, decode_obj
+from trainguard.schemas.commands import Abort, Ack, AckStatus, Rollback
+
+ENVELOPE: dict[str, Any] = dict(
+    event_id="e-1", run_id="run-a", attempt=2, rank=5, node="node-001", step=120, ts=1.8e9
+)
+REASON = Reason(code=ReasonCode.OPERATOR, text="test")
+COMMAND: dict[str, Any] = dict(command_id="c-1", run_id="run-a", attempt=2, issued_ts=1.8e9, reason=REASON)
+
+# One realistic instance of every kind on the wire.
+SAMPLES: dict[str, dict[str, Any]] = {
+    "run_started": dict(world_size=64, ranks_per_node=8, nodes=[f"node-{i:03d}" for i in range(8)]),
+    "heartbeat": {},
+    "step_timing": dict(compute_s=1.41, total_s=2.02),
+    "step_stats": dict(loss=2.31, grad_norm=0.84, finite=True),
+    "sdc_self_check": dict(microbatch_id="mb-7", digest_first="ab", digest_second="ab"),
+    "cross_rank_check": dict(microbatch_id="mb-7", ranks=[1, 9], values=[0.125, 0.1250001]),
+    "gpu_health": dict(present=True, temperature_c=71.0, sm_clock_mhz=1980, power_capped=False),
+    "checkpoint_written": dict(
+        checkpoint_step=100, uri="file:///c/100", shards=8, digest="d", bytes=10, blocking_s=0.4, write_s=5
+    ),
+    "checkpoint_validated": dict(checkpoint_step=100, uri="file:///c/100", last_verified_step=100),
+    "checkpoint_failed": dict(checkpoint_step=100, uri="file:///c/100", error="ENOSPC"),
+    "rank_exit": dict(signal=9, stack_signature="collective:allreduce"),
+    "tick": {},
+    "straggler_flagged": dict(reason=REASON, robust_z=4.2, slowdown=1.21),
+    "hang_detected": dict(reason=REASON, last_step=119, stalled_s=95.0, timeout_s=90.0),
+    "sdc_mismatch": dict(reason=REASON, method="self_check", microbatch_id="mb-7"),
+    "interruption": dict(
+        reason=REASON,
+        interruption_id="i-1",
+        cause="crash",
+        detected_by="rank_exit",
+        lost_steps=20,
+        last_checkpoint_step=100,
+    ),
+    "interruption_recovered": dict(reason=REASON, interruption_id="i-1", restart_s=312.5, resumed_attempt=3),
+    "quarantine": dict(reason=REASON, run_ids_affected=["run-a"]),
+    "page": dict(reason=REASON, rule="same_node_twice", evidence=["i-1", "i-2"]),
+    "interval_update": dict(reason=REASON, mtbf_s=11_160.0, checkpoint_cost_s=30.0, interval_s=818.0),
+}
+COMMAND_SAMPLES: dict[str, dict[str, Any]] = {
+    "checkpoint_now": {},
+    "set_checkpoint_interval": dict(interval_s=818.0),
+    "abort": dict(stack_dump=True),
+    "skip_update": dict(step=121),
+    "run_self_check": dict(step=130, ranks=[3]),
+    "evict_rank": dict(rank=5),
+    "quarantine_node": dict(node="node-001"),
+    "resume_from": dict(checkpoint_step=100, uri="file:///c/100"),
+    "rollback": dict(checkpoint_step=100, uri="file:///c/100"),
+}
+
+
+def build(kind: str) -> Record:
+    cls = ALL[kind]
+    if kind in COMMAND_SAMPLES:
+        return cls(**COMMAND, **COMMAND_SAMPLES[kind])
+    return cls(**ENVELOPE, **SAMPLES[kind])
+
+
+def test_samples_cover_every_registered_kind() -> None:
+    assert set(SAMPLES) | set(COMMAND_SAMPLES) | {"ack", "batch"} == set(ALL)
+
+
+@pytest.mark.parametrize("kind", sorted([*SAMPLES, *COMMAND_SAMPLES]))
+def test_round_trip(kind: str) -> None:
+    record = build(kind)
+    raw = encode(record)
+    assert orjson.loads(raw)["schema"] == f"{kind}/1"
+    assert decode(raw) == record
+
+
+def test_ack_round_trip() -> None:
+    ack = Ack(
+        command_id="c", command_kind="abort", run_id="r", attempt=0, rank=3, node="n",
+        status=AckStatus.DUPLICATE, ts=1.0,
+    )  # fmt: skip
+    assert decode(encode(ack)) == ack
+
+
+def test_non_finite_loss_survives_the_wire() -> None:
+    stats = ALL["step_stats"](**ENVELOPE, loss=math.nan, grad_norm=math.inf, finite=False)
+    back = decode(encode(stats))
+    assert math.isnan(back.loss) and math.isinf(back.grad_norm) and not back.finite
+
+
+def reject(raw: bytes, registry: dict[str, type[Record]] = ALL) -> Rejected:
+    with pytest.raises(Rejected) as info:
+        decode(raw, registry)
+    return info.value
+
+
+def with_(kind: str, **changes: Any) -> bytes:
+    obj = orjson.loads(encode(build(kind)))
+    obj.update(changes)
+    return orjson.dumps(obj)
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason", "words"),
+    [
+        (b"\xff\xfe not json", RejectReason.MALFORMED, "JSON"),
+        (b"[1, 2]", RejectReason.NOT_AN_OBJECT, "list"),
+        (b'{"event_id": "x"}', RejectReason.MISSING_SCHEMA, "schema"),
+        (b'{"schema": "heartbeat/one"}', RejectReason.MISSING_SCHEMA, "integer version"),
+        (b'{"schema": "fan_speed/1"}', RejectReason.UNKNOWN_KIND, "fan_speed"),
+        (with_("heartbeat", schema="heartbeat/7"), RejectReason.UNKNOWN_VERSION, "newer"),
+        (with_("heartbeat", schema="heartbeat/0"), RejectReason.UNKNOWN_VERSION, "no upcaster"),
+        (with_("step_timing", compute_s="fast"), RejectReason.INVALID_FIELDS, "compute_s"),
+        (with_("step_timing", attempt=-1), RejectReason.INVALID_FIELDS, "attempt"),
+        (with_("heartbeat", colour="blue"), RejectReason.INVALID_FIELDS, "colour"),
+        (with_("step_timing", total_s="Infinity"), RejectReason.NON_FINITE, "total_s"),
+        (b'{"schema":"heartbeat/1","pad":"' + b"x" * 70_000 + b'"}', RejectReason.OVERSIZED, "limit"),
+    ],
+)
+def test_each_rejection_reason(raw: bytes, reason: RejectReason, words: str) -> None:
+    rejected = reject(raw)
+    assert rejected.reason == reason and words in rejected.detail and rejected.raw == raw
+
+
+def test_command_on_the_telemetry_topic_is_the_wrong_record_type() -> None:
+    rejected = reject(encode(build("abort")), TELEMETRY)
+    assert rejected.reason == RejectReason.WRONG_RECORD_TYPE
+
+
+def test_older_version_is_upcast(monkeypatch: pytest.MonkeyPatch) -> None:
+    """heartbeat/0 had `host` where /1 has `node`: the upcaster renames it."""
+
+    def v0_to_v1(body: dict[str, Any]) -> dict[str, Any]:
+        body = dict(body)
+        body["node"] = body.pop("host")
+        return body
+
+    monkeypatch.setitem(UPCASTERS, ("heartbeat", 0), v0_to_v1)
+    old = {**ENVELOPE, "schema": "heartbeat/0", "host": ENVELOPE["node"]}
+    del old["node"]
+    assert decode_obj(old) == build("heartbeat")
+
+
+def batch(records: list[bytes], world_size: int = 8, run_id: str = "run-a") -> bytes:
+    header = dict(run_id=run_id, node="node-001", world_size=world_size, producer_id="p", seq=0)
+    return encode_batch(header, records)
+
+
+def test_batch_keeps_good_records_around_bad_ones_each_with_its_reason() -> None:
+    good = [encode(build("heartbeat")), encode(build("step_timing"))]
+    bad_rank = with_("heartbeat", rank=8, event_id="e-2")
+    other_run = with_("heartbeat", run_id="run-b", event_id="e-3")
+    bad_version = with_("heartbeat", schema="heartbeat/9", event_id="e-4")
+    decoded = decode_batch(batch([good[0], bad_rank, other_run, bad_version, good[1]]))
+    assert [e.KIND for e in decoded.events] == ["heartbeat", "step_timing"]
+    assert [r.reason for r in decoded.rejections] == [
+        RejectReason.RANK_OUT_OF_RANGE,
+        RejectReason.RUN_MISMATCH,
+        RejectReason.UNKNOWN_VERSION,
+    ]
+    assert orjson.loads(decoded.rejections[0].raw)["rank"] == 8  # original record kept
+
+
+def test_registered_world_size_overrides_the_batch_header() -> None:
+    decoded = decode_batch(batch([encode(build("heartbeat"))], world_size=64), world_size=4)
+    assert decoded.events == [] and decoded.rejections[0].reason == RejectReason.RANK_OUT_OF_RANGE
+
+
+def test_malformed_batch_is_rejected_whole_with_its_bytes() -> None:
+    raw = b'{"schema":"batch/1","run_id":"r","records":[{'
+    decoded = decode_batch(raw)
+    assert decoded.events == [] and decoded.rejections[0].reason == RejectReason.MALFORMED
+    assert decoded.rejections[0].raw == raw
+
+
+def test_lone_event_is_accepted_on_the_telemetry_topic() -> None:
+    decoded = decode_batch(encode(build("heartbeat")), world_size=8)
+    assert decoded.header is None and decoded.events == [build("heartbeat")]
+
+
+# --------------------------------------------------------------------------- signing
+
+KEY = auth.run_key(b"0123456789abcdef0123456789abcdef", "run-a")
+
+
+def test_signed_command_verifies_and_survives_the_wire() -> None:
+    command = auth.sign(build("rollback"), KEY)
+    back = decode(encode(command), COMMANDS)
+    assert isinstance(back, Rollback) and auth.verify(back, KEY)
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        {"attempt": 3},
+        {"ranks": [0]},
+        {"run_id": "run-b"},
+        {"checkpoint_step": 1},
+    ],
+)
+def test_tampered_command_fails_verification(tamper: dict[str, Any]) -> None:
+    command = auth.sign(build("rollback"), KEY)
+    assert not auth.verify(command.model_copy(update=tamper), KEY)
+
+
+def test_forged_command_and_other_runs_key_fail() -> None:
+    forged = auth.sign(build("abort"), auth.run_key(b"not-the-secret-not-the-secret!!", "run-a"))
+    assert not auth.verify(forged, KEY)
+    other = auth.sign(build("abort"), auth.run_key(b"0123456789abcdef0123456789abcdef", "run-b"))
+    assert not auth.verify(other, KEY)
+    assert isinstance(forged, Abort)
+
+
+def test_secret_comes_from_env_or_file_and_short_ones_are_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    assert auth.load_master_secret({"TRAINGUARD_SECRET": "s" * 32}) == b"s" * 32
+    path = auth.write_secret_file(tmp_path / "secret")
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert len(auth.load_master_secret({"TRAINGUARD_SECRET_FILE": str(path)})) == 64
+    with pytest.raises(auth.SecretError, match="shorter"):
+        auth.load_master_secret({"TRAINGUARD_SECRET": "short"})
+    with pytest.raises(auth.SecretError, match="TRAINGUARD_SECRET"):
+        auth.load_master_secret({})

@@ -22,6 +22,7 @@ error), so the accounting is exact once the shipper is closed.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -30,12 +31,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from ..schemas import Envelope, encode, encode_batch
 
 #: Defaults for the librdkafka producer. Idempotence is off by default in
 #: librdkafka; it is what makes its internal retries duplicate-free.
+log = logging.getLogger(__name__)
+
 PRODUCER_DEFAULTS: dict[str, Any] = {
     "enable.idempotence": True,
     "acks": "all",
@@ -44,6 +47,9 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "message.timeout.ms": 30_000,
     "queue.buffering.max.messages": 10_000,
     "queue.buffering.max.kbytes": 64 * 1024,
+    # A backlog after an outage flushes as full batches of up to max_batch_events;
+    # the telemetry topic admits 8 MiB records (librdkafka's default is 1 MB).
+    "message.max.bytes": 8 * 1024 * 1024,
 }
 
 
@@ -165,6 +171,11 @@ class TelemetryShipper:
                     self._requeue_front([e for g in list(by_node.values())[i:] for e in g])
                     self._producer.poll(0)
                     return
+                except KafkaException as exc:  # e.g. a record too large: lost, and counted
+                    log.error("cannot produce a batch of %d events: %s", len(group), exc)
+                    with self._lock:
+                        self.stats.failed += len(group)
+                    continue
                 self._seq += 1
                 self.stats.batches_sent += 1
         self._producer.poll(0)
@@ -172,9 +183,12 @@ class TelemetryShipper:
     def _run(self) -> None:
         next_flush = time.monotonic()
         while not self._stop.is_set():
-            if self._on_flush is not None:
-                self._on_flush()
-            self._ship_once()
+            try:  # this thread must outlive any one bad flush: heartbeats depend on it
+                if self._on_flush is not None:
+                    self._on_flush()
+                self._ship_once()
+            except Exception:
+                log.exception("telemetry flush failed; continuing")
             # Fell behind: start the next interval now rather than catch up in a burst.
             next_flush = max(next_flush + self.config.flush_interval_s, time.monotonic())
             # poll() serves delivery callbacks while we wait for the next flush.

@@ -25,8 +25,8 @@ from .base import Envelope, Record
 from .commands import COMMAND_KINDS, Ack
 from .events import DERIVED_KINDS, TELEMETRY_KINDS
 
-#: One event's JSON may not exceed this; a batch may hold many.
-MAX_RECORD_BYTES = 64 * 1024
+#: One record's JSON may not exceed this (a 16,384-rank RunStarted is ~70 KB); a batch may hold many.
+MAX_RECORD_BYTES = 1024 * 1024
 #: A whole Kafka record value (the telemetry topic's max.message.bytes is 8 MiB).
 MAX_BATCH_BYTES = 8 * 1024 * 1024
 
@@ -185,11 +185,14 @@ class DecodedBatch:
     rejections: list[Rejection]
 
 
-def decode_batch(raw: bytes, world_size: int | None = None) -> DecodedBatch:
+def decode_batch(
+    raw: bytes, world_size: int | None = None, registered: Callable[[str], int | None] | None = None
+) -> DecodedBatch:
     """Split a telemetry batch into valid events and rejections, each with its own reason.
 
-    `world_size` is the run's registered size when the caller knows it; otherwise the
-    batch header's. A malformed header rejects the whole value (with its bytes)."""
+    Ranks are checked against `world_size`, else the run's registered size from
+    `registered(run_id)`, else the batch header's. A malformed header rejects the whole
+    value (with its bytes)."""
     try:
         obj = _loads(raw, MAX_BATCH_BYTES)
         kind, _ = _split_schema(obj, raw)
@@ -197,14 +200,15 @@ def decode_batch(raw: bytes, world_size: int | None = None) -> DecodedBatch:
             # A lone event (not batched) is accepted too: single-record producers exist.
             event = decode_obj(obj, TELEMETRY, raw)
             assert isinstance(event, Envelope)
-            if world_size is not None:
-                check_rank(event, world_size)
+            size = world_size if world_size is not None else registered and registered(event.run_id)
+            if size:
+                check_rank(event, size)
             return DecodedBatch(None, [event], [])
         header = decode_obj(obj, {"batch": Batch}, raw)
         assert isinstance(header, Batch)
     except Rejected as rej:
         return DecodedBatch(None, [], [Rejection(rej.reason, rej.detail, raw)])
-    size = world_size if world_size is not None else header.world_size
+    size = world_size or (registered and registered(header.run_id)) or header.world_size
     events: list[Envelope] = []
     rejections: list[Rejection] = []
     for item in header.records:

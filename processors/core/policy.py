@@ -41,3 +41,16 @@ class CorePolicy(BaseModel):
     dedupe_window: int = Field(
         200_000, ge=1000, description="Event ids remembered per run to drop redelivered events."
     )
+
+
+def load_policy(path: str | None) -> CorePolicy:
+    """The policy from a YAML file (defaults for every field it omits); None -> defaults.
+
+    Invalid values raise pydantic's ValidationError naming the field and the reason."""
+    if path is None:
+        return CorePolicy()
+    import yaml
+
+    with open(path, encoding="utf-8") as fh:
+        data = yaml.safe_load(fh) or {}
+    return CorePolicy.model_validate(data)

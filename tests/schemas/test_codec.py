@@ -8,8 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from trainguard.schemas import Record, RejectReason, decode, decode_batch, encode, encode_batch
-from trainguard.schemas import auth
+from trainguard.schemas import Record, RejectReason, auth, decode, decode_batch, encode, encode_batch
 from trainguard.schemas.base import Reason, ReasonCode
 from trainguard.schemas.codec import ALL, COMMANDS, TELEMETRY, UPCASTERS, Rejected, decode_obj
 from trainguard.schemas.commands import Abort, Ack, AckStatus, Rollback
@@ -124,7 +123,7 @@ def with_(kind: str, **changes: Any) -> bytes:
         (with_("step_timing", attempt=-1), RejectReason.INVALID_FIELDS, "attempt"),
         (with_("heartbeat", colour="blue"), RejectReason.INVALID_FIELDS, "colour"),
         (with_("step_timing", total_s="Infinity"), RejectReason.NON_FINITE, "total_s"),
-        (b'{"schema":"heartbeat/1","pad":"' + b"x" * 70_000 + b'"}', RejectReason.OVERSIZED, "limit"),
+        (b'{"schema":"heartbeat/1","pad":"' + b"x" * 1_100_000 + b'"}', RejectReason.OVERSIZED, "limit"),
     ],
 )
 def test_each_rejection_reason(raw: bytes, reason: RejectReason, words: str) -> None:

@@ -1,0 +1,205 @@
+"""Archive throughput: Kafka -> DuckDB events/s, and the DuckDB side alone.
+
+Three numbers, so that a slow result can be placed:
+  decode   decode_batch on the telemetry values (pydantic validation), no Kafka, no DuckDB;
+  insert   Archive.write of decoded events (payload JSON, Arrow, INSERT ON CONFLICT) into a
+           fresh file, in transactions as large as the writer's;
+  kafka    ArchiveWriter.run_until_caught_up over a telemetry topic holding the events in
+           per-node batches (consume, decode, write, commit), into another fresh file.
+
+    python bench/bench_archive.py --bootstrap 127.0.0.1:9092 --events 1000000
+
+Without --bootstrap a local broker is started in a temporary directory (and stopped).
+Prints a markdown table row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+from confluent_kafka import Producer
+
+from trainguard.broker.topics import delete_topics, ensure_topics, topic_names
+from trainguard.schemas import decode_batch, encode_batch
+from trainguard.sinks.archive import Archive, ArchiveWriter, summary
+
+RUN = "bench-run"
+T0 = 1_700_000_000.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    events: int
+    ranks: int
+    ranks_per_node: int
+    steps_per_batch: int
+
+    @property
+    def events_per_batch(self) -> int:
+        return self.ranks_per_node * self.steps_per_batch
+
+
+def batches(shape: Shape) -> Iterator[bytes]:
+    """Telemetry values: one node's step timings over `steps_per_batch` steps, as a shipper sends them."""
+    nodes = shape.ranks // shape.ranks_per_node
+    emitted, seq, first_step = 0, 0, 0
+    while emitted < shape.events:
+        for node in range(nodes):
+            records = []
+            for step in range(first_step, first_step + shape.steps_per_batch):
+                for rank in range(node * shape.ranks_per_node, (node + 1) * shape.ranks_per_node):
+                    records.append(
+                        orjson.dumps(
+                            {
+                                "schema": "step_timing/1",
+                                "event_id": f"{RUN}:{rank}:{step}",
+                                "run_id": RUN,
+                                "attempt": 0,
+                                "rank": rank,
+                                "node": f"n{node:04d}",
+                                "step": step,
+                                "ts": T0 + step * 2.0 + rank * 1e-4,
+                                "compute_s": 1.5 + rank * 1e-5,
+                                "total_s": 2.0,
+                            }
+                        )
+                    )
+            header = {
+                "run_id": RUN,
+                "node": f"n{node:04d}",
+                "world_size": shape.ranks,
+                "producer_id": f"p{node}",
+            }
+            yield encode_batch({**header, "seq": seq}, records)
+            emitted += len(records)
+            if emitted >= shape.events:
+                return
+        seq += 1
+        first_step += shape.steps_per_batch
+
+
+def bench_decode_and_insert(shape: Shape, db: Path, records_per_write: int) -> tuple[float, float, int]:
+    """(decode events/s, insert events/s, events) with the decode and the write timed separately."""
+    decode_s = insert_s = 0.0
+    total = 0
+    with Archive(db) as archive:
+        chunk: list[bytes] = []
+        for value in [*batches(shape), None]:
+            if value is not None:
+                chunk.append(value)
+            if chunk and (value is None or len(chunk) == records_per_write):
+                t0 = time.perf_counter()
+                events = [e for raw in chunk for e in decode_batch(raw).events]
+                t1 = time.perf_counter()
+                archive.write(events)
+                insert_s += time.perf_counter() - t1
+                decode_s += t1 - t0
+                total += len(events)
+                chunk = []
+    assert summary(db)["raw_event"] == total
+    return total / decode_s, total / insert_s, total
+
+
+def produce(bootstrap: str, topic: str, shape: Shape) -> tuple[int, float]:
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "compression.type": "lz4",
+            "enable.idempotence": True,
+            "queue.buffering.max.kbytes": 256 * 1024,
+        }  # fmt: skip
+    )
+    count = 0
+    t0 = time.perf_counter()
+    for value in batches(shape):
+        while True:
+            try:
+                producer.produce(topic, value, key=RUN.encode())
+                break
+            except BufferError:
+                producer.poll(0.05)
+        count += 1
+        producer.poll(0)
+    if producer.flush(120):
+        raise RuntimeError("records left unsent after 120 s")
+    return count, time.perf_counter() - t0
+
+
+def bench_kafka(bootstrap: str, shape: Shape, db: Path) -> tuple[float, float, int]:
+    """(events/s, records/s, records) for the writer draining a topic that already holds the events."""
+    prefix = f"bench{uuid.uuid4().hex[:8]}."
+    ensure_topics(bootstrap, prefix=prefix)
+    topics = topic_names(prefix)
+    try:
+        records, produce_s = produce(bootstrap, topics.telemetry, shape)
+        print(f"produced {records} records ({shape.events} events) in {produce_s:.1f} s")
+        with ArchiveWriter(bootstrap, topics, db, group_id=f"{prefix}archive") as writer:
+            t0 = time.perf_counter()
+            stats = writer.run_until_caught_up(timeout_s=1800)
+            elapsed = time.perf_counter() - t0
+        assert stats.rows["raw_event"] == shape.events, stats
+        print(f"writer: {stats.consumed} records in {stats.batches} transactions, {elapsed:.1f} s")
+        return shape.events / elapsed, stats.consumed / elapsed, records
+    finally:
+        delete_topics(bootstrap, topics.all())
+
+
+@contextlib.contextmanager
+def broker(bootstrap: str | None, workdir: Path) -> Iterator[str]:
+    if bootstrap:
+        yield bootstrap
+        return
+    from trainguard.broker.local import LocalBroker, ensure_jars
+
+    ensure_jars()
+    local = LocalBroker(workdir / "kafka")
+    try:
+        yield local.start()
+    finally:
+        local.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--bootstrap", help="Kafka bootstrap servers (default: start a local broker)")
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--ranks", type=int, default=1024)
+    parser.add_argument("--ranks-per-node", type=int, default=8)
+    parser.add_argument(
+        "--steps-per-batch", type=int, default=8, help="steps per node batch (flush interval)"
+    )
+    parser.add_argument("--skip-kafka", action="store_true")
+    args = parser.parse_args()
+    shape = Shape(args.events, args.ranks, args.ranks_per_node, args.steps_per_batch)
+    with tempfile.TemporaryDirectory(prefix="bench-archive-") as tmp:
+        work = Path(tmp)
+        # The writer consumes up to 5000 records per transaction; write the same amount here.
+        decode_rate, insert_rate, events = bench_decode_and_insert(shape, work / "insert.duckdb", 5000)
+        size_mib = (work / "insert.duckdb").stat().st_size / 2**20
+        kafka_rate = records_rate = float("nan")
+        if not args.skip_kafka:
+            with broker(args.bootstrap, work) as bootstrap:
+                kafka_rate, records_rate, _ = bench_kafka(bootstrap, shape, work / "kafka.duckdb")
+    columns = ["events", "events/record", "decode ev/s", "DuckDB insert ev/s", "Kafka→DuckDB ev/s"]
+    columns += ["records/s", "DB MiB"]
+    values = [f"{events:,}", str(shape.events_per_batch), f"{decode_rate:,.0f}", f"{insert_rate:,.0f}"]
+    values += [f"{kafka_rate:,.0f}", f"{records_rate:,.0f}", f"{size_mib:,.0f}"]
+    print()
+    print("| " + " | ".join(columns) + " |")
+    print("|" + " ---: |" * len(columns))
+    print("| " + " | ".join(values) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""The live driver: a faust-streaming worker that folds telemetry into the core.
+
+Delivery is at-least-once and processing idempotent (ARCHITECTURE.md): the core drops
+redelivered events by event_id, and every output has an id derived from its cause,
+so a re-made decision dedupes downstream. An offset is only acknowledged to faust
+after the outputs it caused are delivered (we await each send's delivery future);
+faust commits acknowledged offsets. faust's exactly_once mode is deliberately not used.
+
+Bad input never stops the stream: rejected records go to the dead-letter topic with
+`reason`, `detail` and `source` headers and their original bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import faust
+
+from ..broker.topics import TopicNames, topic_names
+from ..schemas import encode
+from ..sinks.metrics import ProcessorMetrics
+from .core import CorePolicy
+from .driver import CoreDriver, DriverResult
+
+log = logging.getLogger("trainguard.processor")
+
+
+@dataclass(frozen=True)
+class ProcessorSettings:
+    bootstrap: str
+    master_secret: bytes
+    topic_prefix: str = ""
+    app_id: str = "trainguard-processor"
+    policy: CorePolicy = CorePolicy()
+    metrics_port: int | None = 9464
+    metrics_refresh_s: float = 1.0
+
+    @property
+    def topics(self) -> TopicNames:
+        return topic_names(self.topic_prefix)
+
+
+def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, ProcessorMetrics]:
+    app = faust.App(
+        f"{settings.topic_prefix}{settings.app_id}",
+        broker=f"kafka://{settings.bootstrap}",
+        store="memory://",
+        web_enabled=False,
+        topic_replication_factor=1,
+        topic_allow_declare=False,  # topics are created by the project, not by faust
+        consumer_auto_offset_reset="earliest",
+        producer_acks=-1,
+        broker_commit_every=1000,
+        broker_commit_interval=1.0,
+    )
+    names = settings.topics
+    raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
+    telemetry = app.topic(names.telemetry, **raw)
+    events = app.topic(names.events, **raw)
+    commands = app.topic(names.commands, **raw)
+    deadletter = app.topic(names.deadletter, **raw)
+
+    driver = CoreDriver(settings.policy, settings.master_secret)
+    metrics = ProcessorMetrics()
+
+    async def publish(result: DriverResult, source: str) -> None:
+        pending = []
+        for rejection in result.rejections:
+            headers = {
+                "reason": rejection.reason.value.encode(),
+                "detail": rejection.detail[:1000].encode(),
+                "source": source.encode(),
+            }
+            pending.append(await deadletter.send(key=source.encode(), value=rejection.raw, headers=headers))
+        for derived in result.derived:
+            pending.append(await events.send(key=derived.run_id.encode(), value=encode(derived)))
+        for command in result.commands:
+            pending.append(await commands.send(key=command.run_id.encode(), value=encode(command)))
+        for future in pending:  # durable before this offset may be committed
+            await future
+
+    @app.agent(telemetry)
+    async def process(stream: faust.StreamT[bytes]) -> None:
+        async for event in stream.events():
+            message = event.message
+            source = f"{message.topic}:{message.partition}:{message.offset}"
+            value = event.value if isinstance(event.value, bytes) else b""
+            result = driver.handle(value)
+            metrics.observe(result)
+            if result.rejections or result.derived or result.commands:
+                await publish(result, source)
+            for derived in result.derived:
+                log.info("%s %s: %s", derived.KIND, derived.run_id, derived.reason.text)
+
+    @app.timer(interval=settings.metrics_refresh_s)
+    async def refresh_metrics() -> None:
+        metrics.refresh(driver.state)
+
+    return app, driver, metrics
+
+
+def run_worker(settings: ProcessorSettings, loglevel: str = "warning") -> None:
+    """Run the processor until SIGINT/SIGTERM (blocks)."""
+    app, _, metrics = create_app(settings)
+    if settings.metrics_port is not None:
+        metrics.serve(settings.metrics_port)
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+    worker.execute_from_commandline()

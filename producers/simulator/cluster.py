@@ -1,0 +1,707 @@
+"""A simulated synchronous training job and its launcher, as a deterministic state machine.
+
+The cluster never reads a clock: the driver calls :meth:`SimulatedCluster.advance`
+with the current time and gets back every event whose timestamp has come, in time
+order, each stamped with the simulated moment it happened (not the moment it was
+asked for). So the same scenario, seed and command arrival times give the same events
+however often the driver ticks, and tests run hours of training in milliseconds.
+
+What it models (seed §7): one step is compute (different on every rank; a slow rank
+only slows its own compute, measured before the collective) followed by an all-reduce
+that every rank leaves together, when the slowest rank arrives. A crashed rank never
+arrives, and a hung one never finishes computing, so no rank completes another step;
+survivors stay alive in the collective and keep heartbeating. Nothing in the job
+notices: an ``Abort`` command (from the processors) tears the attempt down, collecting
+stack signatures when asked, and the simulated launcher restarts from the newest
+validated checkpoint after ``restart_delay_s``. If no command comes, the launcher's
+collective timeout (``orphan_restart_after_s``) kills the stalled attempt instead
+(SIGABRT, like NCCL's watchdog) and restarts it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import logging
+import math
+import random
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from ...schemas import (
+    Abort,
+    CheckpointFailed,
+    CheckpointNow,
+    CheckpointValidated,
+    CheckpointWritten,
+    Command,
+    Envelope,
+    EvictRank,
+    GpuHealth,
+    Heartbeat,
+    QuarantineNode,
+    RankExit,
+    ResumeFrom,
+    Rollback,
+    RunSelfCheck,
+    RunStarted,
+    SdcSelfCheck,
+    SetCheckpointInterval,
+    SkipUpdate,
+    StepStats,
+    StepTiming,
+)
+from .factory import EventFactory
+from .periodic import PhaseWheel
+from .scenario import (
+    COLLECTIVE_STACK,
+    CrashFault,
+    GradSpikeFault,
+    HangFault,
+    NanFault,
+    Scenario,
+    SdcFault,
+    SlowCause,
+    SlowFault,
+)
+from .workload import (
+    collective_s,
+    compute_median_s,
+    digest,
+    gpu_reading,
+    grad_norm_curve,
+    loss_curve,
+    step_rng,
+)
+
+log = logging.getLogger(__name__)
+
+SIGABRT, SIGKILL, SIGTERM = 6, 9, 15
+#: Where in its compute a crashing rank dies (fraction of its compute time).
+_CRASH_POINT = 0.5
+#: Bytes per checkpoint shard the simulated checkpoints claim (1 GiB: seed R1).
+_SHARD_BYTES = 1 << 30
+
+
+class Phase(StrEnum):
+    WAITING = "waiting"  # no process of the attempt is alive: before a (re)start
+    TRAINING = "training"
+    STALLED = "stalled"  # alive ranks, but no step can complete (a crash or a hang)
+    FINISHED = "finished"
+
+
+class CommandRefused(ValueError):
+    """A command the simulated job cannot execute (the actuator acks it FAILED with this text)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FiredFault:
+    """A fault as it actually struck (a planned fault may strike never, once, or repeatedly)."""
+
+    kind: str
+    rank: int
+    node: str
+    step: int
+    attempt: int
+    ts: float
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    detail: str
+    events: list[Envelope]
+
+
+@dataclass(frozen=True, slots=True)
+class LauncherNote:
+    """Something the simulated launcher did on its own (no command asked for it)."""
+
+    ts: float
+    text: str
+
+
+_Item = tuple[float, int, str, tuple[Any, ...]]
+
+
+class SimulatedCluster:
+    """The whole simulated job: ranks, launcher and checkpoint validator.
+
+    `start_ts` is when attempt 0 launches. `id_prefix` makes event ids unique across
+    simulator instances (random by default; pass one for bit-identical reruns).
+    `validate` builds every event through pydantic validation (slow; for tests)."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        start_ts: float,
+        run_id: str | None = None,
+        id_prefix: str | None = None,
+        validate: bool = False,
+    ) -> None:
+        self.scenario = sc = scenario
+        self.run_id = run_id or sc.run_id or f"sim-{sc.name}-{uuid.uuid4().hex[:8]}"
+        self._make = EventFactory(self.run_id, id_prefix or uuid.uuid4().hex[:12], validate).make
+        self._rng = random.Random(f"trainguard-sim-timing:{sc.seed}")
+        self._health_rng = random.Random(f"trainguard-sim-health:{sc.seed}")
+        layout_rng = random.Random(f"trainguard-sim-layout:{sc.seed}")
+        self._heartbeats = PhaseWheel(sc.world_size, sc.heartbeat_interval_s, layout_rng)
+        self._health = (
+            PhaseWheel(sc.world_size, sc.gpu_health_interval_s, layout_rng)
+            if sc.gpu_health_interval_s > 0
+            else None
+        )
+        self._base_temp = [62.0 + 6.0 * layout_rng.random() for _ in range(sc.world_size)]
+        self._compute_median = compute_median_s(sc)
+        self._collective = collective_s(sc)
+        self.config_digest = hashlib.sha256(sc.model_dump_json().encode()).hexdigest()[:16]
+
+        # Hardware: node names per node index (quarantine swaps in spares, same rack).
+        self._original_nodes = sc.node_names()
+        self._nodes = list(self._original_nodes)
+        self._rack_of = sc.racks()
+        self._rank_node: list[str] = []
+        self._spares = itertools.count()
+        self._replace: set[int] = set()
+
+        # Run-level state.
+        self.now = start_ts
+        self.phase = Phase.WAITING
+        self.attempt = -1
+        self.checkpoint_every = sc.checkpoint_every
+        self.last_validated_step = -1
+        self.validated: dict[int, str] = {}
+        self.fired: list[FiredFault] = []
+        self.notes: list[LauncherNote] = []
+        self.commands_applied = 0
+        #: Step completions, repeats after restarts included; and the furthest step reached.
+        self.steps_completed = 0
+        self.high_water_step = -1
+        self._struck: set[int] = set()  # indices of non-repeating faults that struck
+        self._heap: list[_Item] = []
+        self._seq = itertools.count()
+
+        # Attempt-level state (reset by _on_restart).
+        self.last_completed = -1
+        self.resumed_from_step = -1
+        self._live = bytearray(sc.world_size)
+        self._live_count = 0
+        self._step = 0
+        self._step_end: float | None = None
+        self._compute: list[float] = []
+        self._total = 0.0
+        self._block_next = 0.0
+        self._hang: tuple[int, str] | None = None
+        self._stall_token = 0
+        self._pending_writes: set[int] = set()
+        self._checkpoint_requested = False
+        self._stop_after_checkpoint = False
+        self._restart_from: int | None = None
+        self._self_check_ranks: set[int] = set()
+        self._self_check_from = 0
+        self._watermark = -1
+        self._watermark_frozen = False
+        self._slow_cache: dict[tuple[int, tuple[int, ...]], dict[int, tuple[SlowCause, float]]] = {}
+
+        self._schedule(start_ts, "restart", ())
+
+    # ================================================================== public API
+    @property
+    def done(self) -> bool:
+        """The job finished and no checkpoint is still being written or validated."""
+        return self.phase is Phase.FINISHED and not any(
+            kind in ("written", "validated") for _, _, kind, _ in self._heap
+        )
+
+    @property
+    def live_ranks(self) -> int:
+        return self._live_count
+
+    def node_of(self, rank: int) -> str:
+        """The node rank runs on in the current attempt."""
+        return self._nodes[rank // self.scenario.ranks_per_node]
+
+    def advance(self, now: float) -> list[Envelope]:
+        """Every event with a timestamp up to `now`, in time order."""
+        if now < self.now:
+            now = self.now  # a clock that steps back never un-happens events
+        out: list[Envelope] = []
+        while True:
+            t_next = self._next_discrete()
+            if t_next > now:
+                self._periodic(now, True, out)
+                break
+            self._periodic(t_next, False, out)
+            self._fire_next(out)
+        self.now = now
+        return out
+
+    def apply(self, command: Command) -> CommandResult:
+        """Execute a command at the current time (call :meth:`advance` first). Raises
+        CommandRefused when the job cannot execute it."""
+        handler = self._COMMANDS.get(type(command))
+        if handler is None:
+            raise CommandRefused(f"the simulator does not implement {command.KIND}")
+        if command.attempt != self.attempt:
+            raise CommandRefused(f"command is for attempt {command.attempt}, the job is at {self.attempt}")
+        out: list[Envelope] = []
+        detail = handler(self, command, out)
+        self.commands_applied += 1
+        return CommandResult(detail, out)
+
+    # ================================================================== scheduling
+    def _schedule(self, ts: float, kind: str, args: tuple[Any, ...]) -> None:
+        heapq.heappush(self._heap, (ts, next(self._seq), kind, args))
+
+    def _event(self, cls: type[Envelope], rank: int, step: int, ts: float, **payload: Any) -> Envelope:
+        """An event of the current attempt from `rank` (-1: run-level, no node)."""
+        node = self._rank_node[rank] if rank >= 0 else ""
+        return self._make(cls, self.attempt, rank, node, step, ts, **payload)
+
+    def _next_discrete(self) -> float:
+        t_heap = self._heap[0][0] if self._heap else math.inf
+        t_step = self._step_end if self._step_end is not None else math.inf
+        return min(t_heap, t_step)
+
+    def _fire_next(self, out: list[Envelope]) -> None:
+        t_heap = self._heap[0][0] if self._heap else math.inf
+        if self._step_end is not None and self._step_end <= t_heap:
+            self._complete_step(self._step_end, out)
+            return
+        ts, _, kind, args = heapq.heappop(self._heap)
+        getattr(self, f"_on_{kind}")(ts, out, *args)
+
+    def _periodic(self, limit: float, inclusive: bool, out: list[Envelope]) -> None:
+        """Heartbeats and GPU health due up to `limit`, from live ranks. Discrete events
+        at time t come before periodic ones at t, whichever way the caller steps."""
+        if not self._live_count:
+            return
+        make, live, node_of = self._make, self._live, self._rank_node
+        a, step = self.attempt, self.last_completed
+        beats = self._heartbeats.take(limit, inclusive)
+        health = self._health.take(limit, inclusive) if self._health is not None else []
+        if not health:
+            for ts, rank in beats:
+                if live[rank]:
+                    out.append(make(Heartbeat, a, rank, node_of[rank], step, ts))
+            return
+        slow = self._slow_map(self._step, limit)
+        merged = heapq.merge(((ts, 0, r) for ts, r in beats), ((ts, 1, r) for ts, r in health))
+        for ts, kind, rank in merged:
+            if not live[rank]:
+                continue
+            if kind == 0:
+                out.append(make(Heartbeat, a, rank, node_of[rank], step, ts))
+            else:
+                reading = gpu_reading(self._health_rng, self._base_temp[rank], slow.get(rank))
+                out.append(make(GpuHealth, a, rank, node_of[rank], step, ts, **reading.fields()))
+
+    # ================================================================== attempts
+    def _on_restart(self, ts: float, out: list[Envelope]) -> None:
+        sc = self.scenario
+        for index in sorted(self._replace):
+            spare = f"spare-{next(self._spares):04d}"
+            self._rack_of[spare] = self._rack_of[self._nodes[index]]  # replaced in the same rack
+            self.notes.append(LauncherNote(ts, f"{self._nodes[index]} replaced by {spare}"))
+            self._nodes[index] = spare
+        self._replace.clear()
+        self.attempt += 1
+        resume = self._restart_from if self._restart_from is not None else self.last_validated_step
+        self._restart_from = None
+        self.resumed_from_step = self.last_completed = resume
+        self._rank_node = [self._nodes[r // sc.ranks_per_node] for r in range(sc.world_size)]
+        self._live = bytearray(b"\x01" * sc.world_size)
+        self._live_count = sc.world_size
+        self._hang = None
+        self._pending_writes = set()
+        self._checkpoint_requested = self._stop_after_checkpoint = False
+        self._block_next = 0.0
+        self._watermark = resume if sc.sdc_check_every else -1
+        self._watermark_frozen = False
+        self._heartbeats.reset(ts)
+        if self._health is not None:
+            self._health.reset(ts)
+        out.append(
+            self._event(
+                RunStarted,
+                -1,
+                resume,
+                ts,
+                world_size=sc.world_size,
+                ranks_per_node=sc.ranks_per_node,
+                nodes=list(self._nodes),
+                racks={node: self._rack_of[node] for node in self._nodes},
+                resumed_from_step=resume,
+                config_digest=self.config_digest,
+            )
+        )
+        if resume + 1 >= sc.steps:
+            self._finish(ts, out)
+        else:
+            self._start_step(resume + 1, ts)
+
+    def _teardown(self, ts: float, out: list[Envelope], restart_at: float | None = None) -> None:
+        """Every rank of the attempt has exited: the launcher restarts it."""
+        self.phase = Phase.WAITING
+        self._step_end = None
+        self._fail_pending_writes(ts, out, "the job was torn down before the write completed")
+        self._schedule(
+            restart_at if restart_at is not None else ts + self.scenario.restart_delay_s, "restart", ()
+        )
+
+    def _finish(self, ts: float, out: list[Envelope]) -> None:
+        self._exit_all(ts, out, exit_code=0)
+        self.phase = Phase.FINISHED
+        self._step_end = None
+
+    # ================================================================== steps
+    def _start_step(self, step: int, t0: float) -> None:
+        sc = self.scenario
+        self._step = step
+        g, sigma, median = self._rng.gauss, sc.jitter, self._compute_median
+        compute = [median * math.exp(sigma * g(0.0, 1.0)) for _ in range(sc.world_size)]
+        for rank, (_, factor) in self._slow_map(step, t0).items():
+            compute[rank] *= factor
+        self._compute = compute
+        stalled = False
+        for index, fault in enumerate(sc.faults):
+            if not isinstance(fault, CrashFault | HangFault) or fault.at_step != step:
+                continue
+            if not self._live[fault.rank] or (index in self._struck and not fault.repeat):
+                continue
+            self._struck.add(index)
+            stalled = True
+            self._record(fault.kind, fault.rank, step, t0)
+            if isinstance(fault, CrashFault):
+                self._schedule(
+                    t0 + _CRASH_POINT * compute[fault.rank], "crash", (self.attempt, fault.rank, index)
+                )
+            else:
+                self._hang = (fault.rank, fault.stack)
+        if stalled or self._live_count < sc.world_size:
+            self._stall(t0)
+            return
+        comm = self._collective * math.exp(sigma * 0.3 * g(0.0, 1.0))
+        self._total = self._block_next + max(compute) + comm
+        self._block_next = 0.0
+        self._step_end = t0 + self._total
+        self.phase = Phase.TRAINING
+
+    def _stall(self, since: float) -> None:
+        self.phase = Phase.STALLED
+        self._step_end = None
+        self._stall_token += 1
+        self._schedule(
+            since + self.scenario.orphan_restart_after_s, "orphan", (self.attempt, self._stall_token)
+        )
+
+    def _complete_step(self, ts: float, out: list[Envelope]) -> None:
+        sc = self.scenario
+        step, a, make, live = self._step, self.attempt, self._make, self._live
+        rng = step_rng(sc.seed, step)
+        grad = grad_norm_curve(step, sc.steps) * math.exp(0.1 * rng.gauss(0.0, 1.0))
+        mean_loss = loss_curve(step, sc.steps)
+        nan_ranks: set[int] = set()
+        for index, fault in enumerate(sc.faults):
+            if isinstance(fault, NanFault | GradSpikeFault) and fault.at_step == step and live[fault.rank]:
+                if index in self._struck and not fault.repeat:
+                    continue
+                self._struck.add(index)
+                self._record(fault.kind, fault.rank, step, ts)
+                if isinstance(fault, NanFault):
+                    nan_ranks.add(fault.rank)
+                else:
+                    grad *= fault.factor
+        grad_finite = not nan_ranks  # a NaN anywhere poisons the all-reduced gradient
+        if nan_ranks:
+            grad = math.nan
+        total, compute, node_of, g = self._total, self._compute, self._rank_node, rng.gauss
+        for rank in range(sc.world_size):
+            loss = mean_loss * (1.0 + 0.02 * g(0.0, 1.0))
+            if not live[rank]:
+                continue
+            node = node_of[rank]
+            out.append(make(StepTiming, a, rank, node, step, ts, compute_s=compute[rank], total_s=total))
+            if rank in nan_ranks:
+                loss = math.nan
+            out.append(
+                make(
+                    StepStats,
+                    a,
+                    rank,
+                    node,
+                    step,
+                    ts,
+                    loss=loss,
+                    grad_norm=grad,
+                    finite=grad_finite and rank not in nan_ranks,
+                )
+            )
+        self.last_completed = step
+        self.steps_completed += 1
+        self.high_water_step = max(self.high_water_step, step)
+        self._self_checks(step, ts, out)
+        if (step > 0 and step % self.checkpoint_every == 0) or self._checkpoint_requested:
+            self._checkpoint_requested = False
+            self._block_next = sc.checkpoint_blocking_s
+            self._pending_writes.add(step)
+            self._schedule(ts + sc.checkpoint_write_s, "written", (a, step, self._watermark))
+        if step + 1 >= sc.steps:
+            self._finish(ts, out)
+        else:
+            self._start_step(step + 1, ts)
+
+    # ================================================================== faults and health
+    def _record(self, kind: str, rank: int, step: int, ts: float) -> None:
+        self.fired.append(FiredFault(kind, rank, self._rank_node[rank], step, self.attempt, ts))
+
+    def _slow_map(self, step: int, ts: float) -> dict[int, tuple[SlowCause, float]]:
+        """rank -> (cause, factor) for the slow faults active at `step` on current hardware."""
+        sc = self.scenario
+        active = tuple(i for i, f in enumerate(sc.faults) if isinstance(f, SlowFault) and f.active(step))
+        key = (self.attempt, active)
+        cached = self._slow_cache.get(key)
+        if cached is not None:
+            return cached
+        slow: dict[int, tuple[SlowCause, float]] = {}
+        rpn = sc.ranks_per_node
+        for index in active:
+            fault = sc.faults[index]
+            assert isinstance(fault, SlowFault)
+            if fault.rank is not None:
+                node_index = fault.rank // rpn
+                ranks = [fault.rank] if self._nodes[node_index] == self._original_nodes[node_index] else []
+            else:
+                node_ids = [
+                    i
+                    for i, name in enumerate(self._nodes)
+                    if name == fault.node or (fault.rack is not None and self._rack_of[name] == fault.rack)
+                ]
+                ranks = [r for i in node_ids for r in range(i * rpn, min((i + 1) * rpn, sc.world_size))]
+            for rank in ranks:
+                cause, factor = slow.get(rank, (fault.cause, 1.0))
+                slow[rank] = (cause, factor * fault.factor)
+            if ranks and index not in self._struck:
+                self._struck.add(index)
+                self.fired.append(
+                    FiredFault("slow", ranks[0], self._nodes[ranks[0] // rpn], step, self.attempt, ts)
+                )
+        self._slow_cache[key] = slow
+        return slow
+
+    def _self_checks(self, step: int, ts: float, out: list[Envelope]) -> None:
+        sc = self.scenario
+        ranks: set[int] = set()
+        if sc.sdc_check_every and step % sc.sdc_check_every == 0:
+            ranks.add((step // sc.sdc_check_every) % sc.world_size)
+        if self._self_check_ranks and step >= self._self_check_from:
+            ranks |= self._self_check_ranks
+            self._self_check_ranks = set()
+        passed_all = True
+        for rank in sorted(ranks):
+            if not self._live[rank]:
+                continue
+            corrupt = self._corrupt(rank, step, ts)
+            first, second = digest(sc.seed, step, rank), digest(sc.seed, step, rank, corrupt)
+            batch = f"mb-{step:06d}-r{rank}"
+            out.append(
+                self._event(
+                    SdcSelfCheck,
+                    rank,
+                    step,
+                    ts,
+                    microbatch_id=batch,
+                    digest_first=first,
+                    digest_second=second,
+                )
+            )
+            passed_all = passed_all and not corrupt
+        if not passed_all:
+            self._watermark_frozen = True
+        elif ranks and not self._watermark_frozen:
+            self._watermark = step
+
+    def _corrupt(self, rank: int, step: int, ts: float) -> bool:
+        """An SDC fault is the GPU's: it lasts from at_step while the rank's node is the original."""
+        node_index = rank // self.scenario.ranks_per_node
+        for index, fault in enumerate(self.scenario.faults):
+            if isinstance(fault, SdcFault) and fault.rank == rank and fault.at_step <= step:
+                if self._nodes[node_index] != self._original_nodes[node_index]:
+                    continue
+                if index not in self._struck:
+                    self._struck.add(index)
+                    self._record("sdc", rank, step, ts)
+                return True
+        return False
+
+    # ================================================================== timed items
+    def _on_crash(self, ts: float, out: list[Envelope], attempt: int, rank: int, index: int) -> None:
+        if attempt != self.attempt or not self._live[rank]:
+            return
+        fault = self.scenario.faults[index]
+        assert isinstance(fault, CrashFault)
+        self._exit(rank, ts, out, exit_code=fault.effective_exit_code, signal=fault.signal)
+        self._fail_pending_writes(ts, out, f"rank {rank} died before its shard was durable")
+        if not self._live_count:
+            self._teardown(ts, out)
+
+    def _on_orphan(self, ts: float, out: list[Envelope], attempt: int, token: int) -> None:
+        if attempt != self.attempt or token != self._stall_token or self.phase is not Phase.STALLED:
+            return
+        text = (
+            f"attempt {attempt} made no progress for {self.scenario.orphan_restart_after_s:g}s and no "
+            f"command came: collective timeout, {self._live_count} ranks killed, restarting"
+        )
+        log.warning("simulated launcher: %s", text)
+        self.notes.append(LauncherNote(ts, text))
+        self._exit_all(ts, out, exit_code=-SIGABRT, signal=SIGABRT)
+        self._teardown(ts, out)
+
+    def _on_written(self, ts: float, out: list[Envelope], attempt: int, step: int, watermark: int) -> None:
+        if attempt != self.attempt or step not in self._pending_writes:
+            return  # failed (and reported) when its attempt was torn down
+        self._pending_writes.discard(step)
+        sc = self.scenario
+        uri = self._uri(step)
+        out.append(
+            self._event(
+                CheckpointWritten,
+                0,
+                step,
+                ts,
+                checkpoint_step=step,
+                uri=uri,
+                shards=sc.world_size,
+                digest=hashlib.sha256(f"{self.run_id}:{step}".encode()).hexdigest()[:32],
+                bytes=sc.world_size * _SHARD_BYTES,
+                blocking_s=sc.checkpoint_blocking_s,
+                write_s=sc.checkpoint_write_s,
+            )
+        )
+        verified = step if not sc.sdc_check_every else watermark
+        self._schedule(ts + sc.checkpoint_validate_s, "validated", (attempt, step, uri, verified))
+        if self._stop_after_checkpoint:
+            self._stop_after_checkpoint = False
+            self.notes.append(LauncherNote(ts, f"planned stop at checkpoint {step} to replace nodes"))
+            self._exit_all(ts, out, exit_code=-SIGTERM, signal=SIGTERM, requested=True)
+            self._restart_from = step
+            self._teardown(ts, out, restart_at=ts + sc.checkpoint_validate_s + sc.restart_delay_s)
+
+    def _on_validated(
+        self, ts: float, out: list[Envelope], attempt: int, step: int, uri: str, verified: int
+    ) -> None:
+        """The validator runs outside the job, so validation completes even after a teardown."""
+        self.validated[step] = uri
+        self.last_validated_step = max(self.last_validated_step, step)
+        fields = {"checkpoint_step": step, "uri": uri, "last_verified_step": verified}
+        out.append(self._make(CheckpointValidated, attempt, -1, "", step, ts, **fields))
+
+    def _fail_pending_writes(self, ts: float, out: list[Envelope], error: str) -> None:
+        for step in sorted(self._pending_writes):
+            fields = {"checkpoint_step": step, "uri": self._uri(step), "error": error}
+            out.append(self._event(CheckpointFailed, -1, step, ts, **fields))
+        self._pending_writes.clear()
+
+    def _uri(self, step: int) -> str:
+        return f"sim://{self.run_id}/step-{step:06d}"
+
+    # ================================================================== exits
+    def _exit(self, rank: int, ts: float, out: list[Envelope], **fields: Any) -> None:
+        self._live[rank] = 0
+        self._live_count -= 1
+        out.append(self._event(RankExit, rank, self.last_completed, ts, **fields))
+
+    def _exit_all(self, ts: float, out: list[Envelope], **fields: Any) -> None:
+        for rank in range(self.scenario.world_size):
+            if self._live[rank]:
+                self._exit(rank, ts, out, **fields)
+
+    # ================================================================== commands
+    def _abort(self, command: Abort, out: list[Envelope]) -> str:
+        if self.phase in (Phase.WAITING, Phase.FINISHED):
+            return f"nothing to abort: attempt {self.attempt} is {self.phase}"
+        ts, targets = (
+            self.now,
+            [r for r in range(self.scenario.world_size) if self._live[r] and command.targets(r)],
+        )
+        for rank in targets:
+            stack = ref = ""
+            if command.stack_dump:
+                stack = (
+                    self._hang[1] if self._hang is not None and self._hang[0] == rank else COLLECTIVE_STACK
+                )
+                ref = f"sim://{self.run_id}/attempt-{self.attempt}/stacks/rank-{rank:05d}.txt"
+            self._exit(
+                rank,
+                ts,
+                out,
+                exit_code=-SIGTERM,
+                signal=SIGTERM,
+                requested=True,
+                stack_dump_ref=ref,
+                stack_signature=stack,
+            )
+        if not self._live_count:
+            self._teardown(ts, out)
+            resume = self._restart_from if self._restart_from is not None else self.last_validated_step
+            delay = self.scenario.restart_delay_s
+            return f"aborted {len(targets)} ranks; restarting in {delay:g}s from step {resume}"
+        if self.phase is Phase.TRAINING and targets:
+            self._stall(ts)
+        return f"aborted {len(targets)} ranks; {self._live_count} still alive"
+
+    def _checkpoint_now(self, command: CheckpointNow, out: list[Envelope]) -> str:
+        self._checkpoint_requested = True
+        return f"checkpoint after step {self._step}"
+
+    def _set_interval(self, command: SetCheckpointInterval, out: list[Envelope]) -> str:
+        self.checkpoint_every = max(1, round(command.interval_s / self.scenario.step_time_s))
+        return f"checkpoint every {self.checkpoint_every} steps"
+
+    def _quarantine(self, command: QuarantineNode, out: list[Envelope]) -> str:
+        if command.node not in self._nodes:
+            raise CommandRefused(f"node {command.node} is not part of the job")
+        self._replace.add(self._nodes.index(command.node))
+        return f"{command.node} leaves the pool at the next restart"
+
+    def _evict(self, command: EvictRank, out: list[Envelope]) -> str:
+        if not 0 <= command.rank < self.scenario.world_size:
+            raise CommandRefused(f"rank {command.rank} is outside world size {self.scenario.world_size}")
+        self._replace.add(command.rank // self.scenario.ranks_per_node)
+        self._stop_after_checkpoint = True
+        return f"rank {command.rank} ({self.node_of(command.rank)}) replaced at the next checkpoint"
+
+    def _resume(self, command: ResumeFrom | Rollback, out: list[Envelope]) -> str:
+        if command.checkpoint_step not in self.validated:
+            raise CommandRefused(f"no validated checkpoint at step {command.checkpoint_step}")
+        self._restart_from = command.checkpoint_step
+        if self._live_count:
+            self._exit_all(self.now, out, exit_code=-SIGTERM, signal=SIGTERM, requested=True)
+            self._teardown(self.now, out)
+        elif self.phase is Phase.FINISHED:
+            self._teardown(self.now, out)
+        return f"restarting from checkpoint {command.checkpoint_step}"
+
+    def _self_check(self, command: RunSelfCheck, out: list[Envelope]) -> str:
+        ranks = [r for r in range(self.scenario.world_size) if command.targets(r)]
+        self._self_check_ranks.update(ranks)
+        self._self_check_from = command.step
+        return f"{len(ranks)} ranks self-check at the first step >= {command.step}"
+
+    def _skip(self, command: SkipUpdate, out: list[Envelope]) -> str:
+        return f"update of step {command.step} skipped (no effect on simulated telemetry)"
+
+    _COMMANDS: dict[type[Command], Callable[[SimulatedCluster, Any, list[Envelope]], str]] = {
+        Abort: _abort,
+        CheckpointNow: _checkpoint_now,
+        SetCheckpointInterval: _set_interval,
+        QuarantineNode: _quarantine,
+        EvictRank: _evict,
+        ResumeFrom: _resume,
+        Rollback: _resume,
+        RunSelfCheck: _self_check,
+        SkipUpdate: _skip,
+    }

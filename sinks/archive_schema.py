@@ -1,0 +1,174 @@
+"""The archive's DuckDB schema: every table and view in one place (seed §4 data model).
+
+The archive is append-only and keyed so that a redelivered Kafka record inserts nothing:
+each table has the natural key of what it stores (an event_id, a command_id, a Kafka
+position for dead letters). Facts that arrive in pieces are stored as separate facts and
+joined by views, never updated in place: an interruption's restart seconds arrive later,
+on another record, possibly first, so `interruption` is a view over
+`interruption_detected` LEFT JOIN `interruption_recovered`, and it is correct whatever the
+arrival order and however often either record is redelivered.
+
+`at` is a keyword in DuckDB 2.0 and must be quoted in SQL: ``SELECT "at" FROM interruption``.
+
+All statements are idempotent; `Archive` runs them on every open. Tables keep their
+columns across versions; add a column with a new `ALTER TABLE ... ADD COLUMN IF NOT
+EXISTS` statement and bump SCHEMA_VERSION.
+"""
+
+from __future__ import annotations
+
+#: Version of this schema; a file written by a newer version is refused.
+SCHEMA_VERSION = 1
+
+#: Tables written by Archive.write (insert-only, ON CONFLICT DO NOTHING unless noted).
+RAW_EVENT = "raw_event"
+RUN_ATTEMPT = "run_attempt"
+RUN_ACTIVITY = "run_activity"  # upserted with least/greatest: idempotent, one row per run
+INTERRUPTION_DETECTED = "interruption_detected"
+INTERRUPTION_RECOVERED = "interruption_recovered"
+COMMAND = "command"
+ACK = "ack"
+DEAD_LETTER = "dead_letter"
+
+#: Everything `summary()` counts: the tables above plus the views people query.
+SUMMARY_RELATIONS = (
+    RAW_EVENT,
+    "run",
+    "interruption",
+    INTERRUPTION_RECOVERED,
+    COMMAND,
+    ACK,
+    DEAD_LETTER,
+)
+
+DDL: tuple[str, ...] = (
+    """
+    CREATE TABLE IF NOT EXISTS archive_meta (
+        key   VARCHAR PRIMARY KEY,
+        value VARCHAR NOT NULL
+    )""",
+    # The whole log of events (telemetry and derived), one row per event_id.
+    """
+    CREATE TABLE IF NOT EXISTS raw_event (
+        event_id        VARCHAR PRIMARY KEY,
+        topic           VARCHAR NOT NULL,
+        kind            VARCHAR NOT NULL,
+        schema_version  INTEGER NOT NULL,
+        run_id          VARCHAR NOT NULL,
+        attempt         BIGINT  NOT NULL,
+        rank            BIGINT  NOT NULL,
+        node            VARCHAR NOT NULL,
+        step            BIGINT  NOT NULL,
+        ts              DOUBLE  NOT NULL,
+        payload         JSON    NOT NULL,   -- the whole record, as on the wire
+        kafka_partition INTEGER,
+        kafka_offset    BIGINT
+    )""",
+    # One row per RunStarted (a run's attempt); `run` aggregates them.
+    """
+    CREATE TABLE IF NOT EXISTS run_attempt (
+        run_id            VARCHAR NOT NULL,
+        attempt           BIGINT  NOT NULL,
+        world_size        BIGINT  NOT NULL,
+        ranks_per_node    BIGINT  NOT NULL,
+        nodes             JSON    NOT NULL,
+        resumed_from_step BIGINT  NOT NULL,
+        config_digest     VARCHAR NOT NULL,
+        started_at        DOUBLE  NOT NULL,
+        event_id          VARCHAR NOT NULL,
+        PRIMARY KEY (run_id, attempt)
+    )""",
+    # First and last event time seen per run; maintained with least()/greatest().
+    """
+    CREATE TABLE IF NOT EXISTS run_activity (
+        run_id   VARCHAR PRIMARY KEY,
+        first_ts DOUBLE NOT NULL,
+        last_ts  DOUBLE NOT NULL
+    )""",
+    """
+    CREATE TABLE IF NOT EXISTS interruption_detected (
+        interruption_id      VARCHAR PRIMARY KEY,
+        run_id               VARCHAR NOT NULL,
+        attempt              BIGINT  NOT NULL,
+        "at"                 DOUBLE  NOT NULL,  -- detection time (event ts)
+        detected_by          VARCHAR NOT NULL,
+        cause                VARCHAR NOT NULL,
+        node_id              VARCHAR NOT NULL,  -- culprit node ('' when unknown)
+        rank                 BIGINT  NOT NULL,  -- culprit rank (-1 when unknown)
+        lost_steps           BIGINT  NOT NULL,
+        last_checkpoint_step BIGINT  NOT NULL,
+        reason_code          VARCHAR NOT NULL,
+        reason_text          VARCHAR NOT NULL,
+        event_id             VARCHAR NOT NULL
+    )""",
+    """
+    CREATE TABLE IF NOT EXISTS interruption_recovered (
+        interruption_id VARCHAR PRIMARY KEY,
+        run_id          VARCHAR NOT NULL,
+        restart_seconds DOUBLE  NOT NULL,
+        resumed_attempt BIGINT  NOT NULL,
+        recovered_at    DOUBLE  NOT NULL,
+        event_id        VARCHAR NOT NULL
+    )""",
+    """
+    CREATE TABLE IF NOT EXISTS command (
+        command_id      VARCHAR PRIMARY KEY,
+        kind            VARCHAR NOT NULL,
+        run_id          VARCHAR NOT NULL,
+        attempt         BIGINT  NOT NULL,
+        ranks           JSON,               -- NULL: every rank
+        issued_ts       DOUBLE  NOT NULL,
+        reason_code     VARCHAR NOT NULL,
+        reason_text     VARCHAR NOT NULL,
+        payload         JSON    NOT NULL,
+        kafka_partition INTEGER,
+        kafka_offset    BIGINT
+    )""",
+    """
+    CREATE TABLE IF NOT EXISTS ack (
+        command_id      VARCHAR NOT NULL,
+        rank            BIGINT  NOT NULL,
+        status          VARCHAR NOT NULL,
+        command_kind    VARCHAR NOT NULL,
+        run_id          VARCHAR NOT NULL,
+        attempt         BIGINT  NOT NULL,
+        node            VARCHAR NOT NULL,
+        detail          VARCHAR NOT NULL,
+        ts              DOUBLE  NOT NULL,
+        kafka_partition INTEGER,
+        kafka_offset    BIGINT,
+        PRIMARY KEY (command_id, rank, status)
+    )""",
+    # id = topic:partition:offset[:index] of the record the archive read: re-reading the
+    # log adds nothing, while the same bad bytes produced twice are two rows.
+    """
+    CREATE TABLE IF NOT EXISTS dead_letter (
+        id     VARCHAR PRIMARY KEY,
+        topic  VARCHAR NOT NULL,
+        reason VARCHAR NOT NULL,
+        detail VARCHAR NOT NULL,
+        raw    BLOB    NOT NULL,
+        ts     DOUBLE  NOT NULL     -- Kafka record timestamp
+    )""",
+    """
+    CREATE OR REPLACE VIEW interruption AS
+    SELECT d.run_id, d.interruption_id, d."at", d.detected_by, d.cause, d.node_id, d.rank,
+           d.lost_steps, d.last_checkpoint_step, r.restart_seconds, r.resumed_attempt,
+           d.reason_code, d.reason_text, d.attempt
+    FROM interruption_detected d
+    LEFT JOIN interruption_recovered r USING (interruption_id)""",
+    # The seed's run row, from RunStarted: the newest attempt's shape, the first start.
+    """
+    CREATE OR REPLACE VIEW run AS
+    SELECT a.run_id,
+           arg_max(a.world_size, a.attempt)     AS world_size,
+           arg_max(a.ranks_per_node, a.attempt) AS ranks_per_node,
+           count(*)                             AS attempts,
+           max(a.attempt)                       AS last_attempt,
+           arg_max(a.config_digest, a.attempt)  AS config_digest,
+           min(a.started_at)                    AS started_at,
+           greatest(max(a.started_at), any_value(act.last_ts)) AS last_ts
+    FROM run_attempt a
+    LEFT JOIN run_activity act USING (run_id)
+    GROUP BY a.run_id""",
+)

@@ -1,0 +1,404 @@
+"""The DuckDB archive: idempotent storage (unit, real DuckDB files) and the Kafka writer
+(broker tests: redelivery, re-reading with a new group and committed offsets)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import orjson
+import pytest
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
+
+from trainguard.broker.topics import TopicNames
+from trainguard.schemas import (
+    Ack,
+    AckStatus,
+    CheckpointNow,
+    Interruption,
+    InterruptionCause,
+    InterruptionRecovered,
+    Reason,
+    ReasonCode,
+    Record,
+    RunStarted,
+    StepTiming,
+    encode,
+    encode_batch,
+)
+from trainguard.schemas.auth import sign
+from trainguard.sinks.archive import (
+    Archive,
+    ArchiveWriter,
+    DeadLetter,
+    Located,
+    Role,
+    decode_message,
+    summary,
+    timeline,
+)
+
+RUN = "run-a"
+T0 = 1_700_000_000.0
+
+
+def step_timing(rank: int, step: int, run_id: str = RUN) -> StepTiming:
+    return StepTiming(
+        event_id=f"{run_id}:st:{rank}:{step}", run_id=run_id, attempt=0, rank=rank, node=f"n{rank // 4}",
+        step=step, ts=T0 + step, compute_s=0.5, total_s=0.6,
+    )  # fmt: skip
+
+
+def run_started(attempt: int, world_size: int = 8, run_id: str = RUN) -> RunStarted:
+    return RunStarted(
+        event_id=f"{run_id}:start:{attempt}", run_id=run_id, attempt=attempt, rank=-1, node="", step=-1,
+        ts=T0 + 1000 * attempt, world_size=world_size, ranks_per_node=4,
+        nodes=[f"n{i}" for i in range(world_size // 4)],
+    )  # fmt: skip
+
+
+def interruption(iid: str, at: float, node: str = "n1", rank: int = 5, run_id: str = RUN) -> Interruption:
+    return Interruption(
+        event_id=f"{run_id}:int:{iid}", run_id=run_id, attempt=0, rank=rank, node=node, step=120, ts=at,
+        reason=Reason(code=ReasonCode.RANK_EXITED, text=f"rank {rank} exited with signal 9"),
+        interruption_id=iid, cause=InterruptionCause.CRASH, detected_by="hang_watchdog", lost_steps=20,
+        last_checkpoint_step=100,
+    )  # fmt: skip
+
+
+def recovered(iid: str, restart_s: float, run_id: str = RUN) -> InterruptionRecovered:
+    return InterruptionRecovered(
+        event_id=f"{run_id}:rec:{iid}", run_id=run_id, attempt=1, rank=-1, node="", step=101, ts=T0 + 500,
+        reason=Reason(code=ReasonCode.RESUMED, text="attempt 1 completed its first step"),
+        interruption_id=iid, restart_s=restart_s, resumed_attempt=1,
+    )  # fmt: skip
+
+
+def command() -> CheckpointNow:
+    cmd = CheckpointNow(
+        command_id="cmd-1", run_id=RUN, attempt=0, ranks=[0, 1], issued_ts=T0 + 10,
+        reason=Reason(code=ReasonCode.OPERATOR, text="checkpoint before maintenance"),
+    )  # fmt: skip
+    return sign(cmd, b"k" * 32)
+
+
+def ack(rank: int = 0) -> Ack:
+    return Ack(
+        command_id="cmd-1", command_kind="checkpoint_now", run_id=RUN, attempt=0, rank=rank, node="n0",
+        status=AckStatus.EXECUTED, ts=T0 + 11,
+    )  # fmt: skip
+
+
+def every_kind() -> list[Record | DeadLetter]:
+    return [
+        run_started(0),
+        *(step_timing(rank, step) for rank in range(8) for step in range(3)),
+        interruption("i-1", T0 + 200),
+        recovered("i-1", 42.5),
+        command(),
+        ack(0),
+        ack(1),
+        DeadLetter("telemetry:0:7", "telemetry", "malformed", "not JSON", b"\xffgarbage", T0),
+    ]
+
+
+def test_writing_the_same_records_twice_stores_them_once(tmp_path: Path) -> None:
+    path = tmp_path / "archive.duckdb"
+    with Archive(path) as archive:
+        first = archive.write(every_kind())
+        second = archive.write(every_kind())
+    assert first.inserted == first.offered
+    assert sum(second.inserted.values()) == 0
+    assert second.duplicates == first.offered
+    assert summary(path) == {
+        "raw_event": 1 + 24 + 2,
+        "run": 1,
+        "interruption": 1,
+        "interruption_recovered": 1,
+        "command": 1,
+        "ack": 2,
+        "dead_letter": 1,
+    }
+
+
+def test_duplicates_inside_one_batch_are_stored_once(tmp_path: Path) -> None:
+    with Archive(tmp_path / "a.duckdb") as archive:
+        result = archive.write([step_timing(0, 1), step_timing(0, 1), ack(0), ack(0)])
+        assert result.inserted["raw_event"] == 1 and result.inserted["ack"] == 1
+        assert summary(archive)["raw_event"] == 1
+
+
+@pytest.mark.parametrize(
+    "batches",
+    [
+        pytest.param([["int", "rec"]], id="same-batch"),
+        pytest.param([["rec", "int"]], id="same-batch-recovered-first"),
+        pytest.param([["rec"], ["int"]], id="recovered-before"),
+        pytest.param([["int"], ["rec"]], id="recovered-after"),
+        pytest.param([["int"], ["rec", "int"], ["rec"]], id="redelivered"),
+    ],
+)
+def test_recovery_gives_restart_seconds_in_any_order(tmp_path: Path, batches: list[list[str]]) -> None:
+    records = {"int": interruption("i-1", T0 + 200), "rec": recovered("i-1", 42.5)}
+    with Archive(tmp_path / "a.duckdb") as archive:
+        for batch in batches:
+            archive.write(records[name] for name in batch)
+        (row,) = timeline(archive)
+    assert row["restart_seconds"] == 42.5
+    assert row["resumed_attempt"] == 1
+    assert row["lost_steps"] == 20
+
+
+def test_timeline_orders_interruptions_by_detection_time(tmp_path: Path) -> None:
+    other = "run-b"
+    with Archive(tmp_path / "a.duckdb") as archive:
+        archive.write(
+            [
+                interruption("i-late", T0 + 900, node="n3", rank=13),
+                interruption("i-early", T0 + 100, node="n1", rank=5),
+                recovered("i-early", 31.0),
+                interruption("i-other", T0 + 500, node="n9", rank=2, run_id=other),
+            ]
+        )
+        rows = timeline(archive)
+        only_a = timeline(archive.connection, run_id=RUN)
+    assert [r["interruption_id"] for r in rows] == ["i-early", "i-other", "i-late"]
+    assert [r["interruption_id"] for r in only_a] == ["i-early", "i-late"]
+    early, late = only_a
+    assert early == {
+        "run_id": RUN, "interruption_id": "i-early", "at": T0 + 100, "cause": "crash", "node": "n1",
+        "rank": 5, "lost_steps": 20, "last_checkpoint_step": 100, "restart_seconds": 31.0,
+        "resumed_attempt": 1, "detected_by": "hang_watchdog", "reason": "rank 5 exited with signal 9",
+        "reason_code": "rank_exited",
+    }  # fmt: skip
+    assert late["restart_seconds"] is None and late["node"] == "n3"
+
+
+def test_dead_letters_keep_reason_and_original_bytes(tmp_path: Path) -> None:
+    bad_event = step_timing(99, 1).model_dump(mode="json")  # rank 99 in a world of 8
+    batch = encode_batch(
+        {"run_id": RUN, "node": "n0", "world_size": 8, "producer_id": "p", "seq": 0},
+        [encode(step_timing(0, 1)), orjson.dumps({"schema": "step_timing/1", **bad_event})],
+    )
+    messages = [
+        _message("tg.telemetry", 2, 40, batch),
+        _message("tg.telemetry", 2, 41, b"\x00not json"),
+        _message("tg.events", 0, 7, encode(step_timing(0, 2))),  # telemetry on the events topic
+        _message(
+            "tg.deadletter", 1, 3, b"original", headers=[("reason", b"oversized"), ("detail", b"9 MiB")]
+        ),
+    ]
+    roles = [Role.TELEMETRY, Role.TELEMETRY, Role.EVENTS, Role.DEADLETTER]
+    items = [item for role, msg in zip(roles, messages, strict=True) for item in decode_message(role, msg)]
+    with Archive(tmp_path / "a.duckdb") as archive:
+        archive.write(items)
+        archive.write(items)
+        rows = archive.connection.execute(
+            "SELECT id, topic, reason, detail, raw, ts FROM dead_letter ORDER BY id"
+        ).fetchall()
+        stored = archive.connection.execute("SELECT event_id, kafka_partition, kafka_offset FROM raw_event")
+        assert stored.fetchall() == [(f"{RUN}:st:0:1", 2, 40)]
+    by_id = {row[0]: row[1:] for row in rows}
+    assert set(by_id) == {"tg.telemetry:2:40:0", "tg.telemetry:2:41", "tg.events:0:7", "tg.deadletter:1:3"}
+    assert by_id["tg.telemetry:2:40:0"][1] == "rank_out_of_range"
+    assert by_id["tg.telemetry:2:41"][1] == "malformed" and by_id["tg.telemetry:2:41"][3] == b"\x00not json"
+    assert by_id["tg.events:0:7"][1] == "wrong_record_type"
+    assert by_id["tg.events:0:7"][3] == encode(step_timing(0, 2))
+    assert by_id["tg.deadletter:1:3"] == ("tg.deadletter", "oversized", "9 MiB", b"original", T0)
+
+
+def test_integers_beyond_64_bits_become_dead_letters_not_crashes(tmp_path: Path) -> None:
+    huge = step_timing(0, 1).model_copy(update={"event_id": "huge", "step": 2**70})
+    with Archive(tmp_path / "a.duckdb") as archive:
+        result = archive.write([Located([huge, step_timing(0, 3)], "tg.telemetry", 0, 5), step_timing(0, 2)])
+        assert result.inserted["raw_event"] == 2
+        (reason,) = archive.connection.execute("SELECT reason FROM dead_letter").fetchall()[0]
+    assert reason == "unarchivable"
+
+
+def test_run_view_and_reopen_keep_data(tmp_path: Path) -> None:
+    path = tmp_path / "a.duckdb"
+    with Archive(path) as archive:
+        archive.write([run_started(0, world_size=8), step_timing(0, 2)])
+    with Archive(path) as archive:  # reopening runs the DDL again: idempotent
+        archive.write([run_started(1, world_size=4)])
+        (run,) = _dicts(archive.connection, "SELECT * FROM run")
+    assert run["attempts"] == 2 and run["world_size"] == 4 and run["last_attempt"] == 1
+    assert run["started_at"] == T0 and run["last_ts"] == T0 + 1000
+    assert summary(path)["raw_event"] == 3
+
+
+def test_timeline_of_a_missing_file_raises(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        timeline(tmp_path / "nope.duckdb")
+
+
+# --------------------------------------------------------------------------- broker
+
+
+def _produce(bootstrap: str, topics: TopicNames) -> tuple[int, int]:
+    """Every kind of record once; returns how many Kafka records, and how many bad ones."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    failures: list[str] = []
+
+    def on_delivery(err: Any, _msg: Message) -> None:
+        if err is not None:
+            failures.append(str(err))
+
+    def send(topic: str, value: bytes, headers: list[tuple[str, str | bytes | None]] | None = None) -> None:
+        producer.produce(topic, value, key=RUN.encode(), headers=headers, on_delivery=on_delivery)
+
+    header = {"run_id": RUN, "world_size": 8, "producer_id": "test"}
+    send(topics.telemetry, encode(run_started(0)))
+    for node in range(2):
+        events = [
+            encode(step_timing(rank, step)) for rank in range(node * 4, node * 4 + 4) for step in range(3)
+        ]
+        send(topics.telemetry, encode_batch({**header, "node": f"n{node}", "seq": 0}, events))
+    bad = orjson.dumps({"schema": "step_timing/1", **step_timing(42, 0).model_dump(mode="json")})
+    send(topics.telemetry, encode_batch({**header, "node": "n0", "seq": 1}, [bad]))
+    send(topics.events, encode(recovered("i-1", 42.5)))  # before its interruption: still correct
+    send(topics.events, encode(interruption("i-1", T0 + 200)))
+    send(topics.events, b'{"schema": "interruption/1", "event_id": ')  # malformed
+    send(topics.commands, encode(command()))
+    send(topics.acks, encode(ack(0)))
+    send(topics.deadletter, b"\x01raw", headers=[("reason", b"oversized"), ("detail", b"too big")])
+    assert producer.flush(30) == 0 and not failures, failures
+    return 10, 3
+
+
+EXPECTED = {
+    "raw_event": 1 + 24 + 2,
+    "run": 1,
+    "interruption": 1,
+    "interruption_recovered": 1,
+    "command": 1,
+    "ack": 1,
+}
+
+
+def _end_offsets(bootstrap: str, topics: TopicNames, group: str) -> list[tuple[str, int, int, int]]:
+    """(topic, partition, committed offset of `group`, end offset) of every archived partition."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        names = [topics.telemetry, topics.events, topics.commands, topics.acks, topics.deadletter]
+        metadata = consumer.list_topics(timeout=10).topics
+        parts = [TopicPartition(t, p) for t in names for p in metadata[t].partitions]
+        committed = consumer.committed(parts, timeout=10)
+        return [
+            (tp.topic, tp.partition, tp.offset, consumer.get_watermark_offsets(tp, timeout=10)[1])
+            for tp in committed
+        ]
+    finally:
+        consumer.close()
+
+
+@pytest.mark.broker
+def test_writer_archives_every_topic_exactly_once(bootstrap: str, topics: TopicNames, tmp_path: Path) -> None:
+    db = tmp_path / "archive.duckdb"
+    group = f"archive-{uuid.uuid4().hex[:8]}"
+    total, bad = _produce(bootstrap, topics)
+
+    with ArchiveWriter(bootstrap, topics, db, group_id=group) as writer:
+        stats = writer.run_until_caught_up(timeout_s=60)
+    counts = summary(db)
+    assert counts == {**EXPECTED, "dead_letter": bad}
+    assert stats.consumed == total and stats.rows["raw_event"] == 27
+    (row,) = timeline(db)
+    assert row["restart_seconds"] == 42.5 and row["node"] == "n1"
+    with duckdb.connect(str(db), read_only=True) as con:
+        reasons = dict(con.execute("SELECT reason, raw FROM dead_letter").fetchall())
+        (signature,) = con.execute("SELECT payload->>'$.signature' FROM command").fetchall()[0]
+    assert set(reasons) == {"rank_out_of_range", "malformed", "oversized"}
+    assert reasons["oversized"] == b"\x01raw"
+    assert signature == command().signature
+    ends = _end_offsets(bootstrap, topics, group)
+    assert all(committed == end for _, _, committed, end in ends if end > 0), ends
+
+    # Redelivery: the same records produced again are stored once; only the bad ones, at new
+    # log positions, are new dead letters (a dead letter's identity is its position).
+    _produce(bootstrap, topics)
+    with ArchiveWriter(bootstrap, topics, db, group_id=group) as writer:
+        again = writer.run_until_caught_up(timeout_s=60)
+    assert again.consumed == total
+    assert sum(again.rows.values()) == bad and again.rows["dead_letter"] == bad
+    assert summary(db) == {**EXPECTED, "dead_letter": 2 * bad}
+
+    # A new consumer group re-reads the whole log from the start: nothing new is stored.
+    with ArchiveWriter(bootstrap, topics, db, group_id=f"{group}-fresh") as writer:
+        fresh = writer.run_until_caught_up(timeout_s=60)
+    assert fresh.consumed == 2 * total and sum(fresh.rows.values()) == 0
+    assert fresh.duplicates["raw_event"] == 2 * 27
+    assert summary(db) == {**EXPECTED, "dead_letter": 2 * bad}
+    ends = _end_offsets(bootstrap, topics, f"{group}-fresh")
+    assert all(committed == end for _, _, committed, end in ends if end > 0), ends
+
+
+@pytest.mark.broker
+def test_a_failed_write_commits_no_offsets(
+    bootstrap: str, topics: TopicNames, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "archive.duckdb"
+    group = f"archive-{uuid.uuid4().hex[:8]}"
+    total, bad = _produce(bootstrap, topics)
+    with ArchiveWriter(bootstrap, topics, db, group_id=group) as writer:
+
+        def disk_full(_items: object) -> None:
+            raise duckdb.IOException("No space left on device")
+
+        monkeypatch.setattr(writer.archive, "write", disk_full)
+        with pytest.raises(duckdb.IOException):
+            writer.run_until_caught_up(timeout_s=30)
+    assert all(committed < 0 for _, _, committed, _ in _end_offsets(bootstrap, topics, group))
+
+    # The same group resumes from nothing committed and stores everything, here via run() in a
+    # thread and in small transactions (each followed by its offset commit).
+    with ArchiveWriter(bootstrap, topics, db, group_id=group, max_events_per_write=5) as writer:
+        stop = threading.Event()
+        thread = threading.Thread(target=writer.run, args=(stop,))
+        thread.start()
+        deadline = time.monotonic() + 60
+        while writer.stats.consumed < total and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop.set()
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert writer.stats.batches >= 3 and writer.stats.commit_failures == 0
+    assert summary(db) == {**EXPECTED, "dead_letter": bad}
+    ends = _end_offsets(bootstrap, topics, group)
+    assert all(committed == end for _, _, committed, end in ends if end > 0), ends
+
+
+@pytest.mark.broker
+def test_caught_up_on_empty_topics_returns_at_once(
+    bootstrap: str, topics: TopicNames, tmp_path: Path
+) -> None:
+    with ArchiveWriter(bootstrap, topics, tmp_path / "a.duckdb", group_id=f"g-{uuid.uuid4().hex[:8]}") as w:
+        stats = w.run_until_caught_up(timeout_s=10)
+    assert stats.consumed == 0 and stats.batches == 0
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _message(
+    topic: str,
+    partition: int,
+    offset: int,
+    value: bytes,
+    headers: list[tuple[str, str | bytes | None]] | None = None,
+) -> Message:
+    return Message(
+        topic=topic, partition=partition, offset=offset, value=value, headers=headers,
+        timestamp=(1, int(T0 * 1000)),
+    )  # fmt: skip
+
+
+def _dicts(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
+    result = con.execute(sql)
+    names = [d[0] for d in result.description]
+    return [dict(zip(names, row, strict=True)) for row in result.fetchall()]

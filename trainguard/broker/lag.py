@@ -1,0 +1,36 @@
+"""How far a consumer group is behind: committed offsets against high watermarks."""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import Consumer, TopicPartition
+
+
+def group_lag(bootstrap: str, group: str, topics: list[str], timeout_s: float = 10.0) -> int:
+    """Records on `topics` not yet committed by `group` (a partition never committed
+    counts from its low watermark)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        partitions = [
+            TopicPartition(topic, p)
+            for topic in topics
+            for p in consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
+        ]
+        lag = 0
+        for tp in consumer.committed(partitions, timeout=timeout_s):
+            low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
+            lag += high - (tp.offset if tp.offset >= 0 else low)
+        return lag
+    finally:
+        consumer.close()
+
+
+def wait_caught_up(bootstrap: str, group: str, topics: list[str], timeout_s: float) -> bool:
+    """Poll until `group` has committed everything on `topics`; False on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if group_lag(bootstrap, group, topics) == 0:
+            return True
+        time.sleep(0.5)
+    return False

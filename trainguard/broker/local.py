@@ -1,0 +1,555 @@
+"""A real single-node Apache Kafka 4.x broker, built only from jars on Maven Central.
+
+No Docker and no tarball: `ensure_jars` asks Maven to copy the runtime classpath of
+`kafka_2.13` (see `pom.xml` next to this file) into a cache directory, once. `LocalBroker`
+then runs `kafka.Kafka` from those jars in KRaft combined mode (one JVM is both broker and
+controller) on two free localhost ports, with its data, logs and a small state file
+(`broker.json`) in one data directory, so that another process can find, query and stop it.
+
+Layout of a data directory::
+
+    server.properties   written on every start (ports reused when still free)
+    kafka-data/         log.dirs: formatted once with a fresh cluster id
+    server.log          log4j2 output (see log4j2.xml)
+    broker.out          the JVM's stdout and stderr (crashes before logging starts)
+    broker.json         pid, bootstrap and start time of the running broker
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+
+import psutil
+
+KAFKA_VERSION = "4.1.1"
+MIN_JAVA_MAJOR = 17
+INSTALL_HINT = "on Debian/Ubuntu: apt-get install openjdk-17-jre-headless maven"
+
+_HERE = Path(__file__).resolve().parent
+POM_PATH = _HERE / "pom.xml"
+LOG4J_CONFIG = _HERE / "log4j2.xml"
+STATE_FILE = "broker.json"
+_STAMP = "jars.ok"
+_MAIN_CLASS = "kafka.Kafka"
+
+
+class BrokerError(RuntimeError):
+    """The local broker cannot be set up, started or reached."""
+
+
+class MissingToolError(BrokerError):
+    """`java` (17+) or `mvn` is not installed."""
+
+
+# --------------------------------------------------------------------------- jars
+
+
+def default_cache_dir() -> Path:
+    """`$TRAINGUARD_CACHE/kafka-4.1.1`, else `~/.cache/trainguard/kafka-4.1.1`."""
+    base = os.environ.get("TRAINGUARD_CACHE")
+    root = Path(base) if base else Path.home() / ".cache" / "trainguard"
+    return root / f"kafka-{KAFKA_VERSION}"
+
+
+def parse_java_major(version_output: str) -> int:
+    """Major version from `java -version` output: '17.0.15' -> 17, '1.8.0_392' -> 8."""
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', version_output)
+    if match is None:
+        raise BrokerError(f"cannot read the Java version from: {version_output.strip()!r}")
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major
+
+
+def java_major_version(java: str) -> int:
+    """Run `java -version` (it prints on stderr) and return the major version."""
+    proc = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    return parse_java_major(proc.stderr + proc.stdout)
+
+
+def find_java() -> str:
+    """Path of a `java` 17+ on PATH, or MissingToolError saying how to install one."""
+    java = shutil.which("java")
+    if java is None:
+        raise MissingToolError(
+            f"`java` not found on PATH: the local Kafka broker needs Java {MIN_JAVA_MAJOR}+ ({INSTALL_HINT})"
+        )
+    major = java_major_version(java)
+    if major < MIN_JAVA_MAJOR:
+        raise MissingToolError(
+            f"{java} is Java {major}; Kafka {KAFKA_VERSION} needs Java {MIN_JAVA_MAJOR}+ ({INSTALL_HINT})"
+        )
+    return java
+
+
+def find_mvn() -> str:
+    """Path of `mvn` on PATH, or MissingToolError saying how to install it."""
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise MissingToolError(
+            "`mvn` (Apache Maven) not found on PATH: it fetches the Kafka jars from Maven "
+            f"Central, once ({INSTALL_HINT})"
+        )
+    return mvn
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """Exclusive advisory lock, so that concurrent processes run mvn only once."""
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def ensure_jars(cache_dir: Path | None = None) -> Path:
+    """Return a directory holding every jar the broker needs, fetching them once.
+
+    Jars live in `<cache_dir>/<sha256 of pom.xml>/libs` (`cache_dir` defaults to
+    `default_cache_dir()`); a stamp file next to them marks a complete copy, so later calls
+    neither run `mvn` nor download anything. Editing pom.xml changes the key. Java 17+ is
+    checked on every call; `mvn` only when the jars are missing.
+    """
+    find_java()
+    pom = POM_PATH.read_bytes()
+    target = (cache_dir or default_cache_dir()) / hashlib.sha256(pom).hexdigest()[:16]
+    libs, stamp = target / "libs", target / _STAMP
+    if stamp.is_file():
+        return libs
+    mvn = find_mvn()
+    target.mkdir(parents=True, exist_ok=True)
+    with _file_lock(target / ".lock"):
+        if stamp.is_file():  # another process fetched them while we waited
+            return libs
+        partial = target / "libs.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        (target / "pom.xml").write_bytes(pom)  # mvn may write next to its pom: not in the package
+        cmd = [
+            mvn,
+            "-q",
+            "-B",
+            "-Dstyle.color=never",
+            "-f",
+            str(target / "pom.xml"),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={partial}",
+            "-DincludeScope=runtime",
+        ]
+        proc = subprocess.run(cmd, cwd=target, capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0 or not (partial / f"kafka_2.13-{KAFKA_VERSION}.jar").is_file():
+            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
+            raise BrokerError(f"mvn could not fetch the Kafka jars (exit {proc.returncode}):\n{tail}")
+        shutil.rmtree(libs, ignore_errors=True)
+        partial.rename(libs)
+        jars = sorted(p.name for p in libs.glob("*.jar"))
+        stamp.write_text(json.dumps({"kafka": KAFKA_VERSION, "jars": jars}, indent=1) + "\n")
+    return libs
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def new_cluster_id() -> str:
+    """A random Kafka cluster id: 16 bytes, URL-safe base64 without padding (22 chars)."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):  # as Kafka's Uuid.randomUuid: no leading dash
+            return text
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the JVM does
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports that are free on 127.0.0.1 right now."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts TCP connections on host:port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
+    """server.properties for one combined broker+controller node on 127.0.0.1."""
+    lines = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller_port}",
+        "controller.listener.names": "CONTROLLER",
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "log.dirs": str(data_dir / "kafka-data"),
+        "num.partitions": "1",
+        # Topics are created explicitly (trainguard.broker.topics); a typo must fail.
+        "auto.create.topics.enable": "false",
+        # One node: internal topics cannot have more than one replica.
+        "offsets.topic.replication.factor": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        # Fewer internal partitions (default 50): faster first group join, fewer files.
+        "offsets.topic.num.partitions": "10",
+        "transaction.state.log.num.partitions": "10",
+        "group.initial.rebalance.delay.ms": "0",
+        # Small thread pools: the machine also runs the tests and a faust worker.
+        "num.network.threads": "2",
+        "num.io.threads": "4",
+        "background.threads": "4",
+    }
+    return "".join(f"{key}={value}\n" for key, value in lines.items())
+
+
+def _read_ports(config: Path) -> tuple[int, int] | None:
+    """(broker port, controller port) of an earlier server.properties, if any."""
+    if not config.is_file():
+        return None
+    text = config.read_text()
+    broker = re.search(r"PLAINTEXT://127\.0\.0\.1:(\d+)", text)
+    controller = re.search(r"CONTROLLER://127\.0\.0\.1:(\d+)", text)
+    if broker is None or controller is None:
+        return None
+    return int(broker.group(1)), int(controller.group(1))
+
+
+def _tail(path: Path, lines: int) -> str:
+    if not path.is_file():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _is_broker_process(pid: int, config: Path) -> bool:
+    """Whether pid is a live (not zombie) kafka.Kafka JVM for `config`: guards against pid reuse."""
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and str(config) in proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+# --------------------------------------------------------------------------- broker
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    """What `LocalBroker.status()` reports."""
+
+    running: bool
+    data_dir: Path
+    pid: int | None = None
+    bootstrap: str | None = None
+    started_at: str | None = None
+
+
+class LocalBroker:
+    """One Kafka 4.x JVM in KRaft combined mode, owning `data_dir`.
+
+    Use it as a context manager (start on enter, stop on exit), or call `start` and `stop`.
+    The JVM runs in its own session, so it outlives this Python process; `from_state`
+    reattaches to it from another process through `data_dir/broker.json`.
+    """
+
+    def __init__(self, data_dir: Path, heap: str = "512m") -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.heap = heap
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pid: int | None = None
+        self._bootstrap: str | None = None
+        self._started_at: str | None = None
+
+    # -- paths and properties
+
+    @property
+    def config_path(self) -> Path:
+        return self.data_dir / "server.properties"
+
+    @property
+    def state_path(self) -> Path:
+        return self.data_dir / STATE_FILE
+
+    @property
+    def log_path(self) -> Path:
+        """The broker's log4j2 log (server.log in data_dir)."""
+        return self.data_dir / "server.log"
+
+    @property
+    def out_path(self) -> Path:
+        """The JVM's stdout and stderr."""
+        return self.data_dir / "broker.out"
+
+    @property
+    def bootstrap(self) -> str | None:
+        """ "127.0.0.1:PORT" once started (or reattached), else None."""
+        return self._bootstrap
+
+    @property
+    def pid(self) -> int | None:
+        return self._pid
+
+    # -- state file
+
+    @classmethod
+    def from_state(cls, data_dir: Path) -> LocalBroker:
+        """Reattach to the broker recorded in `data_dir/broker.json` (running or not)."""
+        broker = cls(data_dir)
+        if not broker._load_state():
+            raise BrokerError(f"no broker state in {broker.state_path}: was it started?")
+        return broker
+
+    def _load_state(self) -> bool:
+        try:
+            state = json.loads(self.state_path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return False
+        self._pid, self._bootstrap = int(state["pid"]), str(state["bootstrap"])
+        self._started_at, self.heap = state.get("started_at"), state.get("heap", self.heap)
+        return True
+
+    def _write_state(self) -> None:
+        state = {
+            "pid": self._pid,
+            "bootstrap": self._bootstrap,
+            "started_at": self._started_at,
+            "heap": self.heap,
+            "kafka": KAFKA_VERSION,
+        }
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=1) + "\n")
+        tmp.replace(self.state_path)
+
+    # -- lifecycle
+
+    def is_running(self) -> bool:
+        if self._proc is not None:  # our child: poll() also reaps it once it exited
+            return self._proc.poll() is None
+        return self._pid is not None and _is_broker_process(self._pid, self.config_path)
+
+    def status(self) -> BrokerStatus:
+        if self._pid is None:
+            self._load_state()
+        if not self.is_running():
+            return BrokerStatus(running=False, data_dir=self.data_dir)
+        return BrokerStatus(True, self.data_dir, self._pid, self._bootstrap, self._started_at)
+
+    def start(self, timeout_s: float = 60) -> str:
+        """Start the broker and wait until it serves metadata; return its bootstrap address.
+
+        Formats the storage on first use. Reuses the previous ports when they are free, so
+        the address survives a restart. Fails fast, with the end of the broker's log, if the
+        JVM exits; kills it and fails if it is not ready within `timeout_s`.
+        """
+        if self.status().running:
+            raise BrokerError(
+                f"a broker already runs in {self.data_dir} at {self._bootstrap} (pid {self._pid})"
+            )
+        libs = ensure_jars()
+        java = find_java()
+        classpath = str(libs / "*")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+
+        ports = _read_ports(self.config_path)
+        if ports is not None and all(_port_free(p) for p in ports):
+            port, controller_port = ports
+        else:
+            port, controller_port = free_ports(2)
+        self.config_path.write_text(server_properties(self.data_dir, port, controller_port))
+
+        if not (self.data_dir / "kafka-data" / "meta.properties").is_file():
+            fmt = subprocess.run(
+                [
+                    java,
+                    "-cp",
+                    classpath,
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "-t",
+                    new_cluster_id(),
+                    "-c",
+                    str(self.config_path),
+                    "--standalone",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            if fmt.returncode != 0:
+                raise BrokerError(
+                    f"formatting {self.data_dir / 'kafka-data'} failed:\n{fmt.stdout}{fmt.stderr}"
+                )
+
+        cmd = [
+            java,
+            f"-Xmx{self.heap}",
+            f"-Xms{self.heap}",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-XX:+ExplicitGCInvokesConcurrent",
+            "-Djava.awt.headless=true",
+            f"-Dkafka.logs.dir={self.data_dir}",
+            f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+            "-cp",
+            classpath,
+            _MAIN_CLASS,
+            str(self.config_path),
+        ]
+        with self.out_path.open("ab") as out:
+            self._proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                cwd=self.data_dir,
+                start_new_session=True,
+            )
+        self._pid, self._bootstrap = self._proc.pid, f"127.0.0.1:{port}"
+        self._started_at = datetime.now(UTC).isoformat(timespec="seconds")
+        self._write_state()  # at once: a broker that is still starting can be stopped
+        try:
+            self._wait_ready(self._bootstrap, port, timeout_s)
+        except BaseException:
+            self.stop(timeout_s=10)
+            raise
+        return self._bootstrap
+
+    def _wait_ready(self, bootstrap: str, port: int, timeout_s: float) -> None:
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+
+        deadline = time.monotonic() + timeout_s
+        admin: AdminClient | None = None
+        while True:
+            if not self.is_running():
+                raise BrokerError(
+                    f"the Kafka broker exited during start-up; last lines of "
+                    f"{self.log_path}:\n{self._log_tail()}"
+                )
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BrokerError(
+                    f"the Kafka broker was not ready after {timeout_s:g} s; last "
+                    f"lines of {self.log_path}:\n{self._log_tail()}"
+                )
+            if port_open(port):  # before that, librdkafka would only log refused connects
+                if admin is None:
+                    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})  # see topics._admin
+                try:
+                    if admin.list_topics(timeout=min(2.0, remaining)).brokers:
+                        return
+                except KafkaException:
+                    pass
+            time.sleep(0.1)
+
+    def _log_tail(self) -> str:
+        text = _tail(self.log_path, 40)
+        out = _tail(self.out_path, 15)
+        return text + (f"\n--- {self.out_path.name}:\n{out}" if out else "")
+
+    def stop(self, timeout_s: float = 30) -> bool:
+        """SIGTERM (controlled shutdown), SIGKILL after `timeout_s`; True if it was running.
+
+        Idempotent: stopping a stopped broker just clears its state file.
+        """
+        if self._pid is None:
+            self._load_state()
+        was_running = self.is_running()
+        if was_running and self._pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._pid, signal.SIGTERM)
+            if not self._wait_exit(timeout_s):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self._pid, signal.SIGKILL)
+                if not self._wait_exit(10):
+                    raise BrokerError(f"broker pid {self._pid} survived SIGKILL")
+        self.state_path.unlink(missing_ok=True)
+        self._proc = None
+        return was_running
+
+    def _wait_exit(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while self.is_running():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def __enter__(self) -> LocalBroker:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"LocalBroker({str(self.data_dir)!r}, bootstrap={self._bootstrap!r})"
+
+
+# --------------------------------------------------------------------------- CLI helpers
+
+
+def default_data_dir() -> Path:
+    """`$TRAINGUARD_HOME/broker`, else `<cwd>/.trainguard/broker`."""
+    home = os.environ.get("TRAINGUARD_HOME")
+    return (Path(home) if home else Path.cwd() / ".trainguard") / "broker"
+
+
+def start_local_broker(data_dir: Path | None = None) -> LocalBroker:
+    """Fetch jars if needed, start the broker (or reattach to a running one), ensure topics."""
+    from trainguard.broker.topics import ensure_topics
+
+    broker = LocalBroker(data_dir or default_data_dir())
+    status = broker.status()
+    bootstrap = status.bootstrap if status.running and status.bootstrap else broker.start()
+    ensure_topics(bootstrap)
+    return broker
+
+
+def stop_local_broker(data_dir: Path | None = None) -> bool:
+    """Stop the broker of `data_dir`; True if one was running."""
+    return LocalBroker(data_dir or default_data_dir()).stop()
+
+
+def local_broker_status(data_dir: Path | None = None) -> BrokerStatus:
+    """Whether a broker runs in `data_dir`, and where."""
+    return LocalBroker(data_dir or default_data_dir()).status()

@@ -1,0 +1,232 @@
+"""`trainguard`: one command line for every part of the pipeline.
+
+Imports of heavy parts (faust, duckdb) happen inside the subcommands, so `--help`
+is instant and one missing part does not break the others.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from . import __version__
+
+app = typer.Typer(
+    help="trainguard keeps long synchronous training runs alive and trustworthy: ranks report "
+    "to Kafka, processors detect hangs and crashes and send commands back, DuckDB keeps the log.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+broker_app = typer.Typer(help="Run a local single-node Kafka broker (KRaft) from Maven Central jars.")
+secret_app = typer.Typer(help="Manage the command-signing secret (never stored in the repository).")
+app.add_typer(broker_app, name="broker")
+app.add_typer(secret_app, name="secret")
+console = Console(stderr=True)
+
+Bootstrap = Annotated[
+    str | None,
+    typer.Option(
+        "--bootstrap",
+        envvar="TRAINGUARD_BOOTSTRAP",
+        help="Kafka bootstrap servers. Default: the local broker started by `trainguard broker start`.",
+    ),
+]
+Prefix = Annotated[str, typer.Option("--topic-prefix", help="Prefix of every topic name (isolation).")]
+DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Broker data directory.")]
+
+
+def resolve_bootstrap(bootstrap: str | None) -> str:
+    if bootstrap:
+        return bootstrap
+    from .broker.local import local_broker_status
+
+    status = local_broker_status()
+    if not status.running or not status.bootstrap:
+        console.print(
+            "[red]No broker: pass --bootstrap, set TRAINGUARD_BOOTSTRAP, or run `trainguard broker start`."
+        )
+        raise typer.Exit(2)
+    return status.bootstrap
+
+
+def stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    print(__version__)
+
+
+# --------------------------------------------------------------------------- broker
+
+
+@broker_app.command("start")
+def broker_start(data_dir: DataDir = None) -> None:
+    """Fetch the jars (cached), format storage, start the broker, create the topics."""
+    from .broker.local import BrokerError, start_local_broker
+
+    try:
+        broker = start_local_broker(data_dir)
+    except BrokerError as exc:
+        console.print(f"[red]{exc}")
+        raise typer.Exit(1) from exc
+    print(broker.bootstrap)
+
+
+@broker_app.command("stop")
+def broker_stop(data_dir: DataDir = None) -> None:
+    """Stop the local broker (controlled shutdown, then SIGKILL after a timeout)."""
+    from .broker.local import stop_local_broker
+
+    console.print("stopped" if stop_local_broker(data_dir) else "no broker was running")
+
+
+@broker_app.command("status")
+def broker_status(data_dir: DataDir = None) -> None:
+    """Say whether the local broker runs, and its address."""
+    from .broker.local import local_broker_status
+
+    status = local_broker_status(data_dir)
+    print(f"running {status.bootstrap}" if status.running else "stopped")
+    raise typer.Exit(0 if status.running else 1)
+
+
+@broker_app.command("topics")
+def broker_topics(bootstrap: Bootstrap = None, topic_prefix: Prefix = "") -> None:
+    """Create trainguard's topics (idempotent) with their documented settings."""
+    from .broker.topics import ensure_topics
+
+    for name in ensure_topics(resolve_bootstrap(bootstrap), prefix=topic_prefix):
+        print(name)
+
+
+# --------------------------------------------------------------------------- secret
+
+
+@secret_app.command("init")
+def secret_init(
+    path: Annotated[Path, typer.Option(help="Where to write the secret (mode 0600).")] = Path(
+        ".trainguard/secret"
+    ),
+) -> None:
+    """Create a random command-signing secret file; export TRAINGUARD_SECRET_FILE=<path> to use it."""
+    from .schemas.auth import write_secret_file
+
+    print(write_secret_file(path))
+
+
+def master_secret() -> bytes:
+    from .schemas.auth import SecretError, load_master_secret
+
+    try:
+        return load_master_secret()
+    except SecretError as exc:
+        console.print(f"[red]{exc}")
+        raise typer.Exit(2) from exc
+
+
+# --------------------------------------------------------------------------- pipeline parts
+
+
+@app.command()
+def process(
+    bootstrap: Bootstrap = None,
+    topic_prefix: Prefix = "",
+    policy: Annotated[str | None, typer.Option(help="Policy YAML (defaults: the seed's numbers).")] = None,
+    metrics_port: Annotated[int, typer.Option(help="Prometheus /metrics port (0: off).")] = 9464,
+    loglevel: Annotated[str, typer.Option(help="faust log level")] = "warning",
+) -> None:
+    """Run the stream processor: telemetry -> detections, interruptions and signed commands."""
+    from .processors.app import ProcessorSettings, run_worker
+    from .processors.core.policy import load_policy
+
+    settings = ProcessorSettings(
+        bootstrap=resolve_bootstrap(bootstrap),
+        master_secret=master_secret(),
+        topic_prefix=topic_prefix,
+        policy=load_policy(policy),
+        metrics_port=metrics_port or None,
+    )
+    run_worker(settings, loglevel=loglevel)
+
+
+@app.command()
+def archive(
+    db: Annotated[Path, typer.Option(help="DuckDB file to write.")] = Path(".trainguard/trainguard.duckdb"),
+    bootstrap: Bootstrap = None,
+    topic_prefix: Prefix = "",
+) -> None:
+    """Archive every topic into DuckDB; offsets are committed only after rows are durable."""
+    from .broker.topics import topic_names
+    from .sinks.archive import ArchiveWriter
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    writer = ArchiveWriter(resolve_bootstrap(bootstrap), topic_names(topic_prefix), db)
+    writer.run(stop_on_signals())
+
+
+@app.command()
+def simulate(
+    scenario: Annotated[str, typer.Argument(help="Scenario YAML, or a built-in name: demo, healthy-16k.")],
+    bootstrap: Bootstrap = None,
+    topic_prefix: Prefix = "",
+    speed: Annotated[float, typer.Option(help="Time compression: 2 runs twice as fast.")] = 1.0,
+    max_seconds: Annotated[float | None, typer.Option(help="Stop after this much wall time.")] = None,
+) -> None:
+    """Emit a simulated cluster's telemetry (with the scenario's faults) and obey commands."""
+    from .broker.topics import topic_names
+    from .producers.simulator.driver import run_simulation
+    from .producers.simulator.scenario import Scenario
+
+    chosen = Scenario.load(scenario) if Path(scenario).exists() else Scenario.builtin(scenario)
+    result = run_simulation(
+        chosen,
+        resolve_bootstrap(bootstrap),
+        topic_names(topic_prefix),
+        master_secret(),
+        speed=speed,
+        max_seconds=max_seconds,
+    )
+    console.print(result)
+
+
+@app.command()
+def timeline(
+    db: Annotated[Path, typer.Option(help="DuckDB archive.")] = Path(".trainguard/trainguard.duckdb"),
+    run: Annotated[str | None, typer.Option(help="Only this run_id.")] = None,
+) -> None:
+    """Print every interruption: when, cause, node, cost (from the DuckDB archive)."""
+    from .report import print_timeline
+
+    print_timeline(db, run, Console())
+
+
+@app.command()
+def demo(
+    scenario: Annotated[Path | None, typer.Option(help="Scenario YAML; default: the 64-rank demo.")] = None,
+    workdir: Annotated[Path, typer.Option(help="Where the demo's broker data and DuckDB file go.")] = Path(
+        ".trainguard/demo"
+    ),
+    metrics_port: Annotated[int, typer.Option(help="Prometheus /metrics port during the demo.")] = 9464,
+) -> None:
+    """The live demo: a local broker, a 64-rank simulated run with a crash and a hang, the
+    processor detecting both, commands executed and acknowledged, then the timeline."""
+    from .demo import run_demo
+
+    raise typer.Exit(run_demo(scenario, workdir, metrics_port, Console()))
+
+
+def main() -> None:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    app()

@@ -1,0 +1,238 @@
+"""The live pipeline on a real broker: the faust processor (its own process, as in
+production) detects an injected crash and hang, its signed commands reach real
+actuators that execute each once and acknowledge; bad records go to the dead-letter
+topic while the good ones around them are all processed."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import pytest
+from confluent_kafka import Producer
+
+from trainguard.broker.topics import TopicNames, delete_topics, ensure_topics, topic_names
+from trainguard.producers.actuator import Actuator
+from trainguard.producers.simulator.driver import run_simulation
+from trainguard.producers.simulator.scenario import Scenario
+from trainguard.schemas import (
+    Abort,
+    Ack,
+    AckStatus,
+    Command,
+    Interruption,
+    InterruptionRecovered,
+    ReasonCode,
+    auth,
+    decode,
+    encode,
+    encode_batch,
+)
+from trainguard.schemas.codec import ACKS, COMMANDS, DERIVED
+
+from ..readers import Seen, TopicReader
+from .streams import Job
+
+pytestmark = pytest.mark.broker
+
+SECRET = b"integration-test-secret-0123456789"
+POLICY = Path(__file__).parents[2] / "processors" / "policies" / "demo.yaml"
+
+
+@dataclass
+class Live:
+    bootstrap: str
+    names: TopicNames
+    metrics_url: str
+
+    def reader(self, topic: str) -> TopicReader:
+        return TopicReader(self.bootstrap, topic)
+
+    def metric(self, name: str) -> float:
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith(name + " ") or line.startswith(name + "{"):
+                    return float(line.rpartition(" ")[2])
+        return 0.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def live(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    ensure_topics(bootstrap, prefix=prefix)
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("processor") / "processor.log"
+    command = [sys.executable, "-m", "trainguard", "process", "--bootstrap", bootstrap]
+    command += ["--topic-prefix", prefix, "--policy", str(POLICY), "--metrics-port", str(port)]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [*command, "--loglevel", "info"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "TRAINGUARD_SECRET": SECRET.decode()},
+        )
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, log_path.read_text()[-3000:]
+            try:
+                urllib.request.urlopen(url, timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "processor did not start"
+                time.sleep(0.3)
+        yield Live(bootstrap, topic_names(prefix), url)
+        assert proc.poll() is None, f"the processor died:\n{log_path.read_text()[-3000:]}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        delete_topics(bootstrap, list(topic_names(prefix).all()))
+
+
+def derived_of(seen: list[Seen], run_id: str) -> list:
+    return [d for d in (decode(s.value, DERIVED) for s in seen) if d.run_id == run_id]
+
+
+def acks_of(seen: list[Seen], run_id: str) -> list[Ack]:
+    acks = [decode(s.value, ACKS) for s in seen]
+    return [a for a in acks if isinstance(a, Ack) and a.run_id == run_id]
+
+
+def test_simulated_crash_and_hang_are_detected_and_every_rank_executes_the_aborts(live: Live) -> None:
+    demo = Scenario.builtin("demo")
+    scenario = Scenario.parse({**demo.model_dump(mode="json"), "steps": 240}, source="demo-short")
+    run_id = f"sim-{uuid.uuid4().hex[:8]}"
+    events, acks = live.reader(live.names.events), live.reader(live.names.acks)
+
+    result = run_simulation(scenario, live.bootstrap, live.names, SECRET, speed=4.0, run_id=run_id)
+    assert result.finished and result.attempts == 3, result
+
+    derived = derived_of(
+        events.until(lambda s: len([d for d in derived_of(s, run_id) if d.KIND.startswith("interr")]) >= 4),
+        run_id,
+    )
+    interruptions = {i.cause.value: i for i in derived if isinstance(i, Interruption)}
+    truth = {t.kind: t for t in scenario.truth()}
+    crash, hang = interruptions["crash"], interruptions["hang"]
+    assert (crash.rank, crash.node) == (truth["crash"].rank, truth["crash"].node)
+    assert crash.reason.code == ReasonCode.RANK_EXITED and crash.lost_steps == 4
+    assert (hang.rank, hang.node) == (truth["hang"].rank, truth["hang"].node)
+    assert hang.reason.code == ReasonCode.ODD_STACK and hang.detected_by == "progress_watchdog"
+    recovered = {r.interruption_id for r in derived if isinstance(r, InterruptionRecovered)}
+    assert recovered == {crash.interruption_id, hang.interruption_id}
+
+    executed = acks_of(acks.until(lambda s: len(acks_of(s, run_id)) >= 2 * 63), run_id)
+    by_command: dict[str, set[int]] = {}
+    for ack in executed:
+        assert ack.status == AckStatus.EXECUTED and ack.command_kind == "abort", ack
+        by_command.setdefault(ack.command_id, set()).add(ack.rank)
+    assert len(by_command) == 2 and all(len(ranks) >= 63 for ranks in by_command.values())
+    for reader in (events, acks):
+        reader.close()
+
+
+def test_commands_execute_once_when_redelivered_refuse_forgeries_and_bad_records_are_dead_lettered(
+    live: Live,
+) -> None:
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    key = auth.run_key(SECRET, run_id)
+    executions: list[tuple[str, int]] = []
+    actuator = Actuator(
+        live.bootstrap, live.names.commands, live.names.acks, run_id, 0, range(4), key, node="node-000"
+    )
+    actuator.register(Abort, lambda command, rank: executions.append((command.command_id, rank)) or "aborted")
+    actuator.start()
+    assert actuator.wait_ready(30)
+    readers = {name: live.reader(getattr(live.names, name)) for name in ("events", "commands", "acks")}
+    deadletter = live.reader(live.names.deadletter)
+    try:
+        job = Job(run_id=run_id, world_size=4, ranks_per_node=2).start().steps(12)
+        first = [encode(e) for e in job.events]
+        job.exit(1, signal=9)
+        second = [encode(e) for e in job.events[len(first) :]]
+        bad_rank = orjson.loads(second[0]) | {"rank": 9, "event_id": "out-of-range"}
+        header = dict(run_id=run_id, node="node-000", world_size=4, producer_id="test", seq=0)
+        garbage = b"\x00\x01 not a batch"
+        before = live.metric("trainguard_events_processed_total")
+        producer = Producer({"bootstrap.servers": live.bootstrap})
+        for value in (
+            encode_batch(header, first),
+            garbage,
+            encode_batch({**header, "seq": 1}, [orjson.dumps(bad_rank), *second]),
+        ):
+            producer.produce(live.names.telemetry, key=run_id.encode(), value=value)
+        producer.flush(10)
+
+        # The crash after the bad records is still detected, from good events only.
+        derived = derived_of(readers["events"].until(lambda s: bool(derived_of(s, run_id))), run_id)
+        (crash,) = [d for d in derived if isinstance(d, Interruption)]
+        assert (crash.rank, crash.node, crash.lost_steps) == (1, "node-000", 1)
+        assert live.metric("trainguard_events_processed_total") - before == len(first) + len(second)
+
+        # The abort reaches the actuator; each rank executes it once and acknowledges.
+        acks = acks_of(readers["acks"].until(lambda s: len(acks_of(s, run_id)) >= 4), run_id)
+        assert sorted((a.rank, a.status) for a in acks) == [(r, AckStatus.EXECUTED) for r in range(4)]
+        mine = run_id.encode()
+        seen = readers["commands"].until(lambda s: any(mine in x.value for x in s))
+        ours = [x.value for x in seen if mine in x.value]
+        (command_raw,) = ours
+        command = decode(command_raw, COMMANDS)
+        assert isinstance(command, Abort) and auth.verify(command, key)
+
+        # At-least-once: the same command delivered again is acknowledged, not re-run.
+        producer.produce(live.names.commands, key=run_id.encode(), value=command_raw)
+        # A forged command (another key) and a tampered one (signature kept) are refused.
+        forged = auth.sign(command.model_copy(update={"command_id": "forged"}), b"k" * 32)
+        tampered: Command = command.model_copy(update={"command_id": "tampered", "ranks": [0]})
+        for value in (encode(forged), encode(tampered)):
+            producer.produce(live.names.commands, key=run_id.encode(), value=value)
+        producer.flush(10)
+        acks = acks_of(readers["acks"].until(lambda s: len(acks_of(s, run_id)) >= 10), run_id)
+        readers["acks"].settle()
+        acks = acks_of(readers["acks"].seen, run_id)
+        statuses = sorted((a.command_id, a.status.value) for a in acks[4:])
+        assert statuses == sorted(
+            [(command.command_id, "duplicate")] * 4 + [("forged", "refused"), ("tampered", "refused")]
+        )
+        assert sorted(executions) == [(command.command_id, r) for r in range(4)]
+        assert actuator.counters.refused_total == 2
+
+        # Bad input: dead-lettered with its reason and original bytes; nothing else lost.
+        dead = deadletter.until(lambda s: len(s) >= 2)
+        reasons = {d.headers["reason"].decode(): d.value for d in dead}
+        assert reasons["malformed"] == garbage
+        assert orjson.loads(reasons["rank_out_of_range"])["event_id"] == "out-of-range"
+
+        # A redelivered telemetry batch changes nothing: no second interruption.
+        duplicates_before = live.metric("trainguard_duplicate_events_total")
+        producer.produce(live.names.telemetry, key=run_id.encode(), value=encode_batch(header, second))
+        producer.flush(10)
+        deadline = time.monotonic() + 30
+        while live.metric("trainguard_duplicate_events_total") - duplicates_before < len(second):
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        readers["events"].settle()
+        assert len([d for d in derived_of(readers["events"].seen, run_id) if d.KIND == "interruption"]) == 1
+    finally:
+        actuator.stop()
+        for reader in (*readers.values(), deadletter):
+            reader.close()

@@ -56,11 +56,13 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
         broker_commit_interval=1.0,
     )
     names = settings.topics
-    raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
-    telemetry = app.topic(names.telemetry, **raw)
-    events = app.topic(names.events, **raw)
-    commands = app.topic(names.commands, **raw)
-    deadletter = app.topic(names.deadletter, **raw)
+
+    def raw_topic(name: str) -> faust.TopicT:
+        return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+
+    telemetry, events, commands, deadletter = map(
+        raw_topic, (names.telemetry, names.events, names.commands, names.deadletter)
+    )
 
     driver = CoreDriver(settings.policy, settings.master_secret)
     metrics = ProcessorMetrics()

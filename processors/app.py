@@ -13,13 +13,16 @@ Bad input never stops the stream: rejected records go to the dead-letter topic w
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import time
+import uuid
 from dataclasses import dataclass
 
 import faust
 
 from ..broker.topics import TopicNames, topic_names
-from ..schemas import encode
+from ..schemas import Tick, encode
 from ..sinks.metrics import ProcessorMetrics
 from .core import CorePolicy
 from .driver import CoreDriver, DriverResult
@@ -35,7 +38,9 @@ class ProcessorSettings:
     app_id: str = "trainguard-processor"
     policy: CorePolicy = CorePolicy()
     metrics_port: int | None = 9464
+    metrics_addr: str = "127.0.0.1"
     metrics_refresh_s: float = 1.0
+    tick_interval_s: float = 5.0
 
     @property
     def topics(self) -> TopicNames:
@@ -96,6 +101,28 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
             for derived in result.derived:
                 log.info("%s %s: %s", derived.KIND, derived.run_id, derived.reason.text)
 
+    ticks = itertools.count()
+    worker_id = uuid.uuid4().hex[:12]
+
+    @app.timer(interval=settings.tick_interval_s)
+    async def tick() -> None:
+        """Time must pass for a run that has gone silent (e.g. waiting for the stack
+        dumps of ranks that will never answer). The tick is written INTO the telemetry
+        log, so the core sees it in order and a replay sees the same ticks."""
+        for run in list(driver.state.runs.values()):
+            if run.pending_hang is None:
+                continue
+            event = Tick(
+                event_id=f"tick-{worker_id}-{next(ticks)}",
+                run_id=run.run_id,
+                attempt=run.attempt,
+                rank=-1,
+                node="",
+                step=run.job_step,
+                ts=time.time(),
+            )
+            await telemetry.send(key=run.run_id.encode(), value=encode(event))
+
     @app.timer(interval=settings.metrics_refresh_s)
     async def refresh_metrics() -> None:
         metrics.refresh(driver.state)
@@ -107,7 +134,7 @@ def run_worker(settings: ProcessorSettings, loglevel: str = "warning") -> None:
     """Run the processor until SIGINT/SIGTERM (blocks)."""
     app, _, metrics = create_app(settings)
     if settings.metrics_port is not None:
-        metrics.serve(settings.metrics_port)
+        metrics.serve(settings.metrics_port, settings.metrics_addr)
     asyncio.set_event_loop(asyncio.new_event_loop())
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()

@@ -145,6 +145,7 @@ def process(
     topic_prefix: Prefix = "",
     policy: Annotated[str | None, typer.Option(help="Policy YAML (defaults: the seed's numbers).")] = None,
     metrics_port: Annotated[int, typer.Option(help="Prometheus /metrics port (0: off).")] = 9464,
+    metrics_addr: Annotated[str, typer.Option(help="Address the metrics server binds.")] = "127.0.0.1",
     loglevel: Annotated[str, typer.Option(help="faust log level")] = "warning",
 ) -> None:
     """Run the stream processor: telemetry -> detections, interruptions and signed commands."""
@@ -157,6 +158,7 @@ def process(
         topic_prefix=topic_prefix,
         policy=load_policy(policy),
         metrics_port=metrics_port or None,
+        metrics_addr=metrics_addr,
     )
     run_worker(settings, loglevel=loglevel)
 
@@ -207,9 +209,9 @@ def timeline(
     run: Annotated[str | None, typer.Option(help="Only this run_id.")] = None,
 ) -> None:
     """Print every interruption: when, cause, node, cost (from the DuckDB archive)."""
-    from .report import print_timeline
+    from .report import make_console, print_timeline
 
-    print_timeline(db, run, Console())
+    print_timeline(db, run, make_console())
 
 
 @app.command()
@@ -223,8 +225,9 @@ def demo(
     """The live demo: a local broker, a 64-rank simulated run with a crash and a hang, the
     processor detecting both, commands executed and acknowledged, then the timeline."""
     from .demo import run_demo
+    from .report import make_console
 
-    raise typer.Exit(run_demo(scenario, workdir, metrics_port, Console()))
+    raise typer.Exit(run_demo(scenario, workdir, metrics_port, make_console()))
 
 
 def main() -> None:

@@ -132,7 +132,7 @@ def run_demo(scenario_path: Path | None, workdir: Path, metrics_port: int, conso
             )
         console.print(
             f"simulation done: {result.events_generated} events, {result.attempts} attempt(s), "
-            f"{result.commands_executed} command executions, {result.wall_s:.1f}s wall"
+            f"{result.commands_executed} command(s) executed by the ranks, {result.wall_s:.1f}s wall"
         )
 
         if processor.poll() is not None:

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import datetime as dt
+import sys
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+
+def make_console() -> Console:
+    """A console for reports: the terminal's width, or 160 columns when piped to a file
+    (rich would otherwise fold every table to 80)."""
+    return Console(width=None if sys.stdout.isatty() else 160)
 
 
 def _when(ts: float | None) -> str:

@@ -15,6 +15,7 @@ from trainguard.schemas import (
     InterruptionCause,
     InterruptionRecovered,
     ReasonCode,
+    Tick,
 )
 
 from .streams import Job
@@ -82,6 +83,20 @@ def test_hang_with_silent_rank_names_the_one_that_never_answered() -> None:
     state, outputs = run_all(job.events[n:], POLICY, state)
     (interruption,) = [o for o in outputs if isinstance(o, Interruption)]
     assert interruption.rank == 11 and interruption.reason.code == ReasonCode.STACKS_INCOMPLETE
+
+
+def test_a_tick_concludes_stack_collection_when_the_job_falls_silent() -> None:
+    job = Job().start().steps(40).stall(5.0)
+    state, _ = run_all(job.events, POLICY)
+    n = len(job.events)
+    for r in range(15):  # rank 15 never answers; then silence
+        job.exit(r, signal=15, requested=True, stack_signature="collective:allreduce")
+    state, outputs = run_all(job.events[n:], POLICY, state)
+    assert outputs == []  # still collecting
+    job.t += POLICY.hang.stack_collect_s + 1
+    state, outputs = run_all([Tick(**job._env(-1))], POLICY, state)
+    (interruption,) = outputs
+    assert isinstance(interruption, Interruption) and interruption.rank == 15
 
 
 def test_slow_but_progressing_job_is_not_a_hang() -> None:

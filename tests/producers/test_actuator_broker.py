@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Producer
 
 from trainguard.broker.topics import TopicNames
 from trainguard.producers.actuator import Actuator, RefuseReason
@@ -27,46 +26,24 @@ from trainguard.schemas import (
 )
 from trainguard.schemas.codec import ACKS
 
+from ..readers import TopicReader
+
 pytestmark = pytest.mark.broker
 
 SECRET = b"m" * 32
 
 
-class AckReader:
-    """Reads the acks topic from its beginning with a throwaway consumer group."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"test-acks-{uuid.uuid4().hex}",
-                "auto.offset.reset": "earliest",
-                "enable.auto.commit": False,
-            }
-        )
-        self.consumer.subscribe([topic])
+class AckReader(TopicReader):
+    """The acks topic from its beginning; each `take` returns only the acks new since the last."""
 
     def take(self, n: int, timeout_s: float = 30.0, settle_s: float = 1.0) -> list[Ack]:
-        """`n` acks, then `settle_s` more of listening so that extras would be seen."""
-        acks: list[Ack] = []
-        deadline = time.monotonic() + timeout_s
-        while len(acks) < n and time.monotonic() < deadline:
-            acks.extend(self._poll(0.2))
-        quiet_until = time.monotonic() + settle_s
-        while time.monotonic() < quiet_until:
-            acks.extend(self._poll(0.1))
-        return acks
-
-    def _poll(self, timeout_s: float) -> list[Ack]:
-        msg = self.consumer.poll(timeout_s)
-        if msg is None or msg.error() is not None:
-            return []
-        ack = decode(msg.value() or b"", ACKS)
-        assert isinstance(ack, Ack)
-        return [ack]
-
-    def close(self) -> None:
-        self.consumer.close()
+        """`n` new acks, then `settle_s` more of listening so that extras would be seen."""
+        start = len(self.seen)
+        self.until(lambda seen: len(seen) - start >= n, timeout_s)
+        self.settle(settle_s)
+        acks = [decode(s.value, ACKS) for s in self.seen[start:]]
+        assert all(isinstance(a, Ack) for a in acks)
+        return acks  # type: ignore[return-value]
 
 
 @pytest.fixture

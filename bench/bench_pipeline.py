@@ -205,7 +205,7 @@ def bench(scenario: Scenario, seconds: float | None, speed: float, policy: Path)
     for row in rows:
         print(
             f"# interruption {row['cause']} on {row['node']} rank {row['rank']}: lost {row['lost_steps']} "
-            f"steps, restart {row['restart_seconds']} s, detected by {row['detected_by']}",
+            f"steps, restart {row['restart_seconds'] or 0:.1f} s, detected by {row['detected_by']}",
             file=sys.stderr,
         )
     expected = [(t.kind, t.node) for t in scenario.truth() if t.kind in ("crash", "hang")]

@@ -124,16 +124,12 @@ class RankAgent:
         """Report a completed step. `compute_s` must be measured BEFORE the gradient
         collective (it is what straggler detection compares across ranks).
 
-        With `loss`, a StepStats event follows; a grad norm that was not measured is sent
-        as NaN and `finite` then covers the loss alone."""
+        With `loss`, a StepStats event follows; `finite` covers the loss and, when it was
+        measured, the grad norm."""
         self.last_step = step
         self._emit(StepTiming, step, compute_s=compute_s, total_s=total_s)
         if loss is not None:
-            finite = math.isfinite(loss)
-            if grad_norm is None:
-                grad_norm = math.nan
-            else:
-                finite = finite and math.isfinite(grad_norm)
+            finite = math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm))
             self._emit(StepStats, step, loss=loss, grad_norm=grad_norm, finite=finite)
 
     def heartbeat(self) -> None:

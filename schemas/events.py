@@ -58,8 +58,8 @@ class StepStats(Envelope):
     model_config = ConfigDict(allow_inf_nan=True)
 
     loss: float
-    grad_norm: float
-    finite: bool
+    grad_norm: float | None = Field(default=None, description="None when the loop did not measure it.")
+    finite: bool = Field(description="loss (and grad_norm, when measured) are finite.")
 
 
 class SdcSelfCheck(Envelope):

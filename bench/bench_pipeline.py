@@ -30,6 +30,7 @@ import os
 import resource
 import secrets
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -74,8 +75,9 @@ class Pipeline:
     stop_archiver: threading.Event
 
     def archived(self) -> int:
-        """Telemetry events in the archive (raw_event also holds the processor's derived events)."""
-        sql = "SELECT count(*) FROM raw_event WHERE topic = ?"
+        """Telemetry events in the archive: raw_event also holds the processor's derived events (on
+        the events topic) and the ticks it writes into the telemetry topic while a hang is pending."""
+        sql = "SELECT count(*) FROM raw_event WHERE topic = ? AND kind <> 'tick'"
         with contextlib.closing(self.writer.archive.cursor()) as con:
             return int(con.execute(sql, [self.names.telemetry]).fetchall()[0][0])
 
@@ -239,6 +241,7 @@ def main() -> int:
     parser.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall second")
     parser.add_argument("--policy", type=Path, default=POLICY)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: stop the broker and processor
     name = ALIASES.get(args.scenario, args.scenario)
     path = Path(name)
     scenario = Scenario.load(path) if path.suffix in (".yaml", ".yml") else Scenario.builtin(name)

@@ -60,6 +60,22 @@ class ReasonCode(StrEnum):
     RESUMED = "resumed"
     INTERRUPTION = "interruption"
     OPERATOR = "operator"
+    # stragglers (seed §7, R2)
+    STRAGGLER = "straggler"
+    STRAGGLER_RECOVERED = "straggler_recovered"
+    MISSING_RANKS = "missing_ranks"
+    NODE_THERMAL = "node_thermal"
+    ENVIRONMENTAL = "environmental"
+    NODE_LINK = "node_link"
+    NETWORK_CONTENTION = "network_contention"
+    UNKNOWN_CAUSE = "unknown_cause"
+    # silent data corruption (seed §7, R3)
+    NON_FINITE_LOSS = "non_finite_loss"
+    GRAD_SPIKE = "grad_spike"
+    SELF_CHECK_MISMATCH = "self_check_mismatch"
+    CROSS_RANK_MISMATCH = "cross_rank_mismatch"
+    # failure-rate baseline
+    MTBF = "mtbf"
 
 
 class Reason(Record):

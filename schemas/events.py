@@ -199,11 +199,88 @@ class Derived(Envelope):
 
 
 class StragglerFlagged(Derived):
+    """rank/node: the straggler. Flagged after `consecutive_steps` over the threshold."""
+
     KIND: ClassVar[str] = "straggler_flagged"
     VERSION: ClassVar[int] = 1
 
     robust_z: float
     slowdown: float = Field(ge=0, description="compute_s / median compute_s")
+    consecutive_steps: int = Field(default=0, ge=0)
+    onset_step: int = Field(default=-1, ge=-1, description="First step of the slow streak.")
+
+
+class StragglerCleared(Derived):
+    """A flagged rank is back within the threshold."""
+
+    KIND: ClassVar[str] = "straggler_cleared"
+    VERSION: ClassVar[int] = 1
+
+    flagged_steps: int = Field(ge=0)
+
+
+class Diagnosis(StrEnum):
+    """Why a rank straggles (seed R2), which decides what may be done about it."""
+
+    NODE_THERMAL = "node_thermal"  # evict: a fan or paste problem
+    ENVIRONMENTAL = "environmental"  # the rack is hot: do not evict, alert facilities
+    NODE_LINK = "node_link"  # NVLink degraded: evict
+    NETWORK_CONTENTION = "network_contention"  # evict and change placement
+    UNKNOWN = "unknown"  # evict once, then stop
+
+
+class StragglerAction(StrEnum):
+    EVICT = "evict"
+    ALERT_FACILITIES = "alert_facilities"
+    EVICT_AND_REPLACE = "evict_and_change_placement"
+    EVICT_ONCE = "evict_once"
+    NONE = "none"
+
+
+class StragglerDiagnosed(Derived):
+    KIND: ClassVar[str] = "straggler_diagnosed"
+    VERSION: ClassVar[int] = 1
+
+    diagnosis: Diagnosis
+    action: StragglerAction
+    evidence: dict[str, float] = Field(default_factory=dict)
+
+
+class RanksMissing(Derived):
+    """Ranks that reported nothing for a step the others completed: reported, not ignored."""
+
+    KIND: ClassVar[str] = "ranks_missing"
+    VERSION: ClassVar[int] = 1
+
+    ranks: list[int] = Field(max_length=1_048_576)
+
+
+class GradSpike(Derived):
+    """grad-norm above the multiple of its running p99: the update is skipped and counted."""
+
+    KIND: ClassVar[str] = "grad_spike"
+    VERSION: ClassVar[int] = 1
+
+    grad_norm: float = Field(ge=0)
+    threshold: float = Field(ge=0)
+    anomalies: int = Field(ge=1, description="Grad spikes counted in this run so far.")
+
+
+class MtbfUpdate(Derived):
+    """The run's measured failure rate, with a confidence interval and the world-size prior."""
+
+    KIND: ClassVar[str] = "mtbf_update"
+    VERSION: ClassVar[int] = 1
+
+    mtbf_s: float = Field(gt=0)
+    ci_low_s: float = Field(gt=0)
+    ci_high_s: float = Field(gt=0)
+    prior_mtbf_s: float = Field(gt=0)
+    interruptions: int = Field(ge=0)
+    exposure_s: float = Field(ge=0)
+    by_cause: dict[str, int] = Field(default_factory=dict)
+    rate_1h: float = Field(ge=0, description="Interruptions in the last hour of event time.")
+    baseline_rate_per_h: float = Field(ge=0)
 
 
 class HangDetected(Derived):
@@ -216,11 +293,15 @@ class HangDetected(Derived):
 
 
 class SdcMismatch(Derived):
+    """rank/node: the device that computed a wrong answer (seed R3)."""
+
     KIND: ClassVar[str] = "sdc_mismatch"
     VERSION: ClassVar[int] = 1
 
-    method: str = Field(max_length=64)
+    method: str = Field(max_length=64, description="self_check or cross_rank")
     microbatch_id: str = Field(max_length=200)
+    tolerance: float | None = Field(default=None, ge=0, description="cross_rank: the 5-sigma band used.")
+    deviation: float | None = Field(default=None, ge=0)
 
 
 class Interruption(Derived):
@@ -273,6 +354,11 @@ class IntervalUpdate(Derived):
 
 DERIVED_KINDS: tuple[type[Derived], ...] = (
     StragglerFlagged,
+    StragglerCleared,
+    StragglerDiagnosed,
+    RanksMissing,
+    GradSpike,
+    MtbfUpdate,
     HangDetected,
     SdcMismatch,
     Interruption,

@@ -35,9 +35,31 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "checkpoint_failed": dict(checkpoint_step=100, uri="file:///c/100", error="ENOSPC"),
     "rank_exit": dict(signal=9, stack_signature="collective:allreduce"),
     "tick": {},
-    "straggler_flagged": dict(reason=REASON, robust_z=4.2, slowdown=1.21),
+    "straggler_flagged": dict(
+        reason=REASON, robust_z=4.2, slowdown=1.21, consecutive_steps=100, onset_step=20
+    ),
+    "straggler_cleared": dict(reason=REASON, flagged_steps=340),
+    "straggler_diagnosed": dict(
+        reason=REASON, diagnosis="environmental", action="alert_facilities", evidence={"rack_median_c": 91.0}
+    ),
+    "ranks_missing": dict(reason=REASON, ranks=[3, 9]),
+    "grad_spike": dict(reason=REASON, grad_norm=93.0, threshold=8.4, anomalies=2),
+    "mtbf_update": dict(
+        reason=REASON,
+        mtbf_s=11_160.0,
+        ci_low_s=7_000.0,
+        ci_high_s=19_000.0,
+        prior_mtbf_s=178_000.0,
+        interruptions=9,
+        exposure_s=100_440.0,
+        by_cause={"crash": 7, "hang": 2},
+        rate_1h=1.0,
+        baseline_rate_per_h=0.32,
+    ),
     "hang_detected": dict(reason=REASON, last_step=119, stalled_s=95.0, timeout_s=90.0),
-    "sdc_mismatch": dict(reason=REASON, method="self_check", microbatch_id="mb-7"),
+    "sdc_mismatch": dict(
+        reason=REASON, method="cross_rank", microbatch_id="mb-7", tolerance=1e-6, deviation=0.2
+    ),
     "interruption": dict(
         reason=REASON,
         interruption_id="i-1",

@@ -65,6 +65,16 @@ class RunSelfCheck(Command):
     step: int = Field(ge=0)
 
 
+class RunCrossRankCheck(Command):
+    """`ranks` (two, or three to bisect) compute the same microbatch and report CrossRankCheck."""
+
+    KIND: ClassVar[str] = "run_cross_rank_check"
+    VERSION: ClassVar[int] = 1
+
+    step: int = Field(ge=0)
+    microbatch_id: str = Field(max_length=200)
+
+
 class EvictRank(Command):
     """Leave the job at the next checkpoint boundary."""
 
@@ -105,6 +115,7 @@ COMMAND_KINDS: tuple[type[Command], ...] = (
     Abort,
     SkipUpdate,
     RunSelfCheck,
+    RunCrossRankCheck,
     EvictRank,
     QuarantineNode,
     ResumeFrom,

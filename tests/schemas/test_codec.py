@@ -79,6 +79,7 @@ COMMAND_SAMPLES: dict[str, dict[str, Any]] = {
     "abort": dict(stack_dump=True),
     "skip_update": dict(step=121),
     "run_self_check": dict(step=130, ranks=[3]),
+    "run_cross_rank_check": dict(step=10_000, ranks=[3, 4100], microbatch_id="mb-10000"),
     "evict_rank": dict(rank=5),
     "quarantine_node": dict(node="node-001"),
     "resume_from": dict(checkpoint_step=100, uri="file:///c/100"),

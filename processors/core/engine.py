@@ -31,6 +31,7 @@ from ...schemas import (
     RunStarted,
     StepTiming,
 )
+from . import baseline
 from .ids import derived_id
 from .policy import CorePolicy
 from .stacks import odd_stack
@@ -64,6 +65,7 @@ def step(
     outputs: list[Output] = []
     if isinstance(event, RunStarted):
         outputs += _on_run_started(run, event)
+        outputs += baseline.on_time(run.baseline, run, event, policy.baseline)
         return state, outputs
     if event.attempt > run.attempt:  # the launcher's record is late or lost
         outputs += _begin_attempt(run, event, resumed_from_step=run.last_validated_step)
@@ -78,6 +80,9 @@ def step(
         outputs += _on_exit(run, rank, event)
     if run.pending_hang is not None:
         outputs += _maybe_conclude_hang(run, event.ts, policy)
+    outputs += baseline.on_time(run.baseline, run, event, policy.baseline)
+    for interruption in [o for o in outputs if isinstance(o, Interruption)]:
+        outputs += baseline.on_interruption(run.baseline, run, interruption, policy.baseline)
     return state, outputs
 
 

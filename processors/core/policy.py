@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .baseline import BaselinePolicy
+
 
 class HangPolicy(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -38,6 +40,7 @@ class CorePolicy(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     hang: HangPolicy = HangPolicy()
+    baseline: BaselinePolicy = BaselinePolicy()
     dedupe_window: int = Field(
         200_000, ge=1000, description="Event ids remembered per run to drop redelivered events."
     )

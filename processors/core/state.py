@@ -7,6 +7,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from .baseline import BaselineState
+
 
 class RunPhase(StrEnum):
     """A run attempt's lifecycle (ARCHITECTURE.md: explicit state machines)."""
@@ -87,6 +89,8 @@ class RunState:
     last_ts: float = 0.0
     #: Steps of useful progress (never counts a step twice across restarts).
     useful_steps: int = 0
+    #: Failure-rate baseline: kept across attempts (it is the run's history).
+    baseline: BaselineState = field(default_factory=BaselineState)
     seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
     duplicates: int = 0
     stale: int = 0

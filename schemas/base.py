@@ -74,6 +74,7 @@ class ReasonCode(StrEnum):
     GRAD_SPIKE = "grad_spike"
     SELF_CHECK_MISMATCH = "self_check_mismatch"
     CROSS_RANK_MISMATCH = "cross_rank_mismatch"
+    SDC_CHECK_SCHEDULED = "sdc_check_scheduled"
     # failure-rate baseline
     MTBF = "mtbf"
 

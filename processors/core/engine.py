@@ -18,6 +18,7 @@ from ...schemas import (
     Abort,
     CheckpointValidated,
     Command,
+    CrossRankCheck,
     Derived,
     Envelope,
     HangDetected,
@@ -29,9 +30,11 @@ from ...schemas import (
     Reason,
     ReasonCode,
     RunStarted,
+    SdcSelfCheck,
+    StepStats,
     StepTiming,
 )
-from . import baseline
+from . import baseline, sdc
 from .ids import derived_id
 from .policy import CorePolicy
 from .stacks import odd_stack
@@ -71,7 +74,16 @@ def step(
         outputs += _begin_attempt(run, event, resumed_from_step=run.last_validated_step)
     rank = _rank(run, event)
     if isinstance(event, StepTiming) and rank is not None:
+        new_step = event.step > run.job_step
         outputs += _on_step(run, rank, event)
+        if new_step:
+            outputs += sdc.on_step_completed(run.sdc, run, event.step, event.ts, event.event_id, policy.sdc)
+    elif isinstance(event, StepStats):
+        outputs += sdc.on_step_stats(run.sdc, run, event, policy.sdc, _interruption)
+    elif isinstance(event, SdcSelfCheck):
+        outputs += sdc.on_self_check(run.sdc, run, event, policy.sdc)
+    elif isinstance(event, CrossRankCheck):
+        outputs += sdc.on_cross_check(run.sdc, run, event, policy.sdc)
     elif isinstance(event, Heartbeat) and rank is not None:
         outputs += _on_heartbeat(run, rank, event, policy)
     elif isinstance(event, CheckpointValidated):

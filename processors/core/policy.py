@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .baseline import BaselinePolicy
+from .sdc_state import SdcPolicy
 
 
 class HangPolicy(BaseModel):
@@ -41,6 +42,7 @@ class CorePolicy(BaseModel):
 
     hang: HangPolicy = HangPolicy()
     baseline: BaselinePolicy = BaselinePolicy()
+    sdc: SdcPolicy = SdcPolicy()
     dedupe_window: int = Field(
         200_000, ge=1000, description="Event ids remembered per run to drop redelivered events."
     )

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from .baseline import BaselineState
+from .sdc_state import SdcState
 
 
 class RunPhase(StrEnum):
@@ -91,6 +92,8 @@ class RunState:
     useful_steps: int = 0
     #: Failure-rate baseline: kept across attempts (it is the run's history).
     baseline: BaselineState = field(default_factory=BaselineState)
+    #: Silent-data-corruption checks and the verification watermark (R3, R6).
+    sdc: SdcState = field(default_factory=SdcState)
     seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
     duplicates: int = 0
     stale: int = 0

@@ -180,7 +180,12 @@ def archive(
 
 @app.command()
 def simulate(
-    scenario: Annotated[str, typer.Argument(help="Scenario YAML, or a built-in name: demo, healthy-16k.")],
+    scenario: Annotated[
+        str,
+        typer.Argument(
+            help="Scenario YAML, or a built-in name (demo, healthy-16k, healthy-1k, scenarios/library/*)."
+        ),
+    ],
     bootstrap: Bootstrap = None,
     topic_prefix: Prefix = "",
     speed: Annotated[float, typer.Option(help="Time compression: 2 runs twice as fast.")] = 1.0,

@@ -15,7 +15,21 @@ notices: an ``Abort`` command (from the processors) tears the attempt down, coll
 stack signatures when asked, and the simulated launcher restarts from the newest
 validated checkpoint after ``restart_delay_s``. If no command comes, the launcher's
 collective timeout (``orphan_restart_after_s``) kills the stalled attempt instead
-(SIGABRT, like NCCL's watchdog) and restarts it.
+(SIGABRT, like NCCL's watchdog) and restarts it; after ``max_restarts`` restarts it
+gives up (phase FAILED).
+
+SDC checks are commanded (seed R3): ``RunSelfCheck`` makes a rank recompute its own
+microbatch at the first step >= the commanded one and report two digests (equal, unless
+a bit flip or an SDC fault strikes it; a deterministically wrong GPU passes), and
+``RunCrossRankCheck`` makes two or three ranks compute the same microbatch and report
+their values (good ranks agree to ``cross_rank_noise``; a wrong GPU's is biased). A
+scenario's ``sdc_check_every`` adds a rotating self-check of the simulator's own.
+
+The verification watermark (R6): every validated checkpoint carries
+``last_verified_step``, the newest step whose self-check passed in the checkpoint's
+lineage; a failing check freezes it for the rest of the attempt. A run in which no
+self-check was ever run (no command yet, ``sdc_check_every`` 0) keeps the old
+behaviour: a checkpoint claims its own step.
 """
 
 from __future__ import annotations
@@ -39,6 +53,7 @@ from ...schemas import (
     CheckpointValidated,
     CheckpointWritten,
     Command,
+    CrossRankCheck,
     Envelope,
     EvictRank,
     GpuHealth,
@@ -47,6 +62,7 @@ from ...schemas import (
     RankExit,
     ResumeFrom,
     Rollback,
+    RunCrossRankCheck,
     RunSelfCheck,
     RunStarted,
     SdcSelfCheck,
@@ -59,22 +75,27 @@ from .factory import EventFactory
 from .periodic import PhaseWheel
 from .scenario import (
     COLLECTIVE_STACK,
+    BitFlipFault,
     CrashFault,
     GradSpikeFault,
     HangFault,
     NanFault,
     Scenario,
     SdcFault,
-    SlowCause,
     SlowFault,
+    WrongGpuFault,
 )
 from .workload import (
+    Slowdown,
+    apply_noise,
     collective_s,
     compute_median_s,
+    cross_rank_value,
     digest,
     gpu_reading,
     grad_norm_curve,
     loss_curve,
+    rank_medians,
     step_rng,
 )
 
@@ -85,6 +106,8 @@ SIGABRT, SIGKILL, SIGTERM = 6, 9, 15
 _CRASH_POINT = 0.5
 #: Bytes per checkpoint shard the simulated checkpoints claim (1 GiB: seed R1).
 _SHARD_BYTES = 1 << 30
+#: Relative error of an SDC-faulty (nondeterministically wrong) GPU's cross-rank value.
+_SDC_CROSS_RANK_ERROR = 1e-3
 
 
 class Phase(StrEnum):
@@ -92,6 +115,7 @@ class Phase(StrEnum):
     TRAINING = "training"
     STALLED = "stalled"  # alive ranks, but no step can complete (a crash or a hang)
     FINISHED = "finished"
+    FAILED = "failed"  # the launcher gave up after max_restarts restarts
 
 
 class CommandRefused(ValueError):
@@ -156,11 +180,18 @@ class SimulatedCluster:
         )
         self._base_temp = [62.0 + 6.0 * layout_rng.random() for _ in range(sc.world_size)]
         self._compute_median = compute_median_s(sc)
+        self._rank_medians = rank_medians(sc)
         self._collective = collective_s(sc)
         self.config_digest = hashlib.sha256(sc.model_dump_json().encode()).hexdigest()[:16]
 
         # Hardware: node names per node index (quarantine swaps in spares, same rack).
         self._original_nodes = sc.node_names()
+        # Faults by what they act on, so the per-step paths scan only their own.
+        faults = list(enumerate(sc.faults))
+        self._stall_faults = [(i, f) for i, f in faults if isinstance(f, CrashFault | HangFault)]
+        self._data_faults = [(i, f) for i, f in faults if isinstance(f, NanFault | GradSpikeFault)]
+        gpu_kinds = SdcFault | BitFlipFault | WrongGpuFault
+        self._gpu_faults = [(i, f) for i, f in faults if isinstance(f, gpu_kinds)]
         self._nodes = list(self._original_nodes)
         self._rack_of = sc.racks()
         self._rank_node: list[str] = []
@@ -177,10 +208,18 @@ class SimulatedCluster:
         self.fired: list[FiredFault] = []
         self.notes: list[LauncherNote] = []
         self.commands_applied = 0
+        #: Steps whose update a SkipUpdate command skipped (the anomaly counter, seed §7).
+        self.skipped_updates: list[int] = []
+        #: Self-checks and cross-rank checks the ranks ran.
+        self.self_checks_run = 0
+        self.cross_rank_checks_run = 0
         #: Step completions, repeats after restarts included; and the furthest step reached.
         self.steps_completed = 0
         self.high_water_step = -1
         self._struck: set[int] = set()  # indices of non-repeating faults that struck
+        self._bursts: dict[int, int] = {}  # NaN fault index -> attempt its burst runs in
+        self._checks_ever = False  # a self-check ran at some point of the run (R6)
+        self._verified_of: dict[int, int] = {}  # validated checkpoint step -> last_verified_step
         self._heap: list[_Item] = []
         self._seq = itertools.count()
 
@@ -200,19 +239,20 @@ class SimulatedCluster:
         self._checkpoint_requested = False
         self._stop_after_checkpoint = False
         self._restart_from: int | None = None
-        self._self_check_ranks: set[int] = set()
-        self._self_check_from = 0
+        self._self_check_due: list[tuple[int, int]] = []  # (first step it may run at, rank)
+        self._cross_due: list[tuple[int, str, tuple[int, ...]]] = []  # (step, microbatch, ranks)
         self._watermark = -1
         self._watermark_frozen = False
-        self._slow_cache: dict[tuple[int, tuple[int, ...]], dict[int, tuple[SlowCause, float]]] = {}
+        self._slow_cache: dict[tuple[int, tuple[int, ...]], dict[int, Slowdown]] = {}
 
         self._schedule(start_ts, "restart", ())
 
     # ================================================================== public API
     @property
     def done(self) -> bool:
-        """The job finished and no checkpoint is still being written or validated."""
-        return self.phase is Phase.FINISHED and not any(
+        """The job finished (or the launcher gave up) and no checkpoint is still being
+        written or validated."""
+        return self.phase in (Phase.FINISHED, Phase.FAILED) and not any(
             kind in ("written", "validated") for _, _, kind, _ in self._heap
         )
 
@@ -280,7 +320,7 @@ class SimulatedCluster:
         if not self._live_count:
             return
         make, live, node_of = self._make, self._live, self._rank_node
-        a, step = self.attempt, self.last_completed
+        a, step, running = self.attempt, self.last_completed, self._step
         beats = self._heartbeats.take(limit, inclusive)
         health = self._health.take(limit, inclusive) if self._health is not None else []
         if not health:
@@ -296,12 +336,18 @@ class SimulatedCluster:
             if kind == 0:
                 out.append(make(Heartbeat, a, rank, node_of[rank], step, ts))
             else:
-                reading = gpu_reading(self._health_rng, self._base_temp[rank], slow.get(rank))
+                reading = gpu_reading(self._health_rng, self._base_temp[rank], slow.get(rank), running)
                 out.append(make(GpuHealth, a, rank, node_of[rank], step, ts, **reading.fields()))
 
     # ================================================================== attempts
     def _on_restart(self, ts: float, out: list[Envelope]) -> None:
         sc = self.scenario
+        if sc.max_restarts is not None and self.attempt >= sc.max_restarts:
+            text = f"giving up after {self.attempt} restarts (max_restarts {sc.max_restarts})"
+            log.warning("simulated launcher: %s", text)
+            self.notes.append(LauncherNote(ts, text))
+            self.phase = Phase.FAILED
+            return
         for index in sorted(self._replace):
             spare = f"spare-{next(self._spares):04d}"
             self._rack_of[spare] = self._rack_of[self._nodes[index]]  # replaced in the same rack
@@ -319,8 +365,11 @@ class SimulatedCluster:
         self._pending_writes = set()
         self._checkpoint_requested = self._stop_after_checkpoint = False
         self._block_next = 0.0
-        self._watermark = resume if sc.sdc_check_every else -1
+        # The resumed state was verified as far as its checkpoint says (R6).
+        self._watermark = self._verified_of.get(resume, resume)
         self._watermark_frozen = False
+        self._self_check_due = []
+        self._cross_due = []
         self._heartbeats.reset(ts)
         if self._health is not None:
             self._health.reset(ts)
@@ -362,13 +411,18 @@ class SimulatedCluster:
         sc = self.scenario
         self._step = step
         g, sigma, median = self._rng.gauss, sc.jitter, self._compute_median
-        compute = [median * math.exp(sigma * g(0.0, 1.0)) for _ in range(sc.world_size)]
-        for rank, (_, factor) in self._slow_map(step, t0).items():
+        if self._rank_medians is None:
+            compute = [median * math.exp(sigma * g(0.0, 1.0)) for _ in range(sc.world_size)]
+        else:
+            compute = [m * math.exp(sigma * g(0.0, 1.0)) for m in self._rank_medians]
+        for rank, (_, factor, _) in self._slow_map(step, t0).items():
             compute[rank] *= factor
+        if sc.noise.active:
+            apply_noise(compute, sc.noise, self._rng)
         self._compute = compute
         stalled = False
-        for index, fault in enumerate(sc.faults):
-            if not isinstance(fault, CrashFault | HangFault) or fault.at_step != step:
+        for index, fault in self._stall_faults:
+            if fault.at_step != step:
                 continue
             if not self._live[fault.rank] or (index in self._struck and not fault.repeat):
                 continue
@@ -405,16 +459,26 @@ class SimulatedCluster:
         grad = grad_norm_curve(step, sc.steps) * math.exp(0.1 * rng.gauss(0.0, 1.0))
         mean_loss = loss_curve(step, sc.steps)
         nan_ranks: set[int] = set()
-        for index, fault in enumerate(sc.faults):
-            if isinstance(fault, NanFault | GradSpikeFault) and fault.at_step == step and live[fault.rank]:
+        nan_all = False
+        for index, fault in self._data_faults:
+            if fault.at_step == step and live[fault.rank]:
                 if index in self._struck and not fault.repeat:
                     continue
                 self._struck.add(index)
                 self._record(fault.kind, fault.rank, step, ts)
-                if isinstance(fault, NanFault):
-                    nan_ranks.add(fault.rank)
-                else:
+                if isinstance(fault, GradSpikeFault):
                     grad *= fault.factor
+                    continue
+                self._bursts[index] = a
+            elif not (
+                isinstance(fault, NanFault)
+                and fault.at_step < step < fault.at_step + fault.steps
+                and self._bursts.get(index) == a
+            ):
+                continue
+            assert isinstance(fault, NanFault)
+            nan_ranks.add(fault.rank)
+            nan_all = nan_all or fault.all_ranks
         grad_finite = not nan_ranks  # a NaN anywhere poisons the all-reduced gradient
         if nan_ranks:
             grad = math.nan
@@ -425,7 +489,7 @@ class SimulatedCluster:
                 continue
             node = node_of[rank]
             out.append(make(StepTiming, a, rank, node, step, ts, compute_s=compute[rank], total_s=total))
-            if rank in nan_ranks:
+            if nan_all or rank in nan_ranks:
                 loss = math.nan
             out.append(
                 make(
@@ -437,7 +501,7 @@ class SimulatedCluster:
                     ts,
                     loss=loss,
                     grad_norm=grad,
-                    finite=grad_finite and rank not in nan_ranks,
+                    finite=grad_finite,
                 )
             )
         self.last_completed = step
@@ -448,7 +512,8 @@ class SimulatedCluster:
             self._checkpoint_requested = False
             self._block_next = sc.checkpoint_blocking_s
             self._pending_writes.add(step)
-            self._schedule(ts + sc.checkpoint_write_s, "written", (a, step, self._watermark))
+            verified = self._watermark if sc.sdc_check_every or self._checks_ever else step
+            self._schedule(ts + sc.checkpoint_write_s, "written", (a, step, verified))
         if step + 1 >= sc.steps:
             self._finish(ts, out)
         else:
@@ -458,15 +523,20 @@ class SimulatedCluster:
     def _record(self, kind: str, rank: int, step: int, ts: float) -> None:
         self.fired.append(FiredFault(kind, rank, self._rank_node[rank], step, self.attempt, ts))
 
-    def _slow_map(self, step: int, ts: float) -> dict[int, tuple[SlowCause, float]]:
-        """rank -> (cause, factor) for the slow faults active at `step` on current hardware."""
+    def _on_original_node(self, rank: int) -> bool:
+        """A hardware fault belongs to the rank's original node: a spare is healthy."""
+        index = rank // self.scenario.ranks_per_node
+        return self._nodes[index] == self._original_nodes[index]
+
+    def _slow_map(self, step: int, ts: float) -> dict[int, Slowdown]:
+        """rank -> (cause, factor, onset) for the slow faults active at `step` on current hardware."""
         sc = self.scenario
         active = tuple(i for i, f in enumerate(sc.faults) if isinstance(f, SlowFault) and f.active(step))
         key = (self.attempt, active)
         cached = self._slow_cache.get(key)
         if cached is not None:
             return cached
-        slow: dict[int, tuple[SlowCause, float]] = {}
+        slow: dict[int, Slowdown] = {}
         rpn = sc.ranks_per_node
         for index in active:
             fault = sc.faults[index]
@@ -482,8 +552,8 @@ class SimulatedCluster:
                 ]
                 ranks = [r for i in node_ids for r in range(i * rpn, min((i + 1) * rpn, sc.world_size))]
             for rank in ranks:
-                cause, factor = slow.get(rank, (fault.cause, 1.0))
-                slow[rank] = (cause, factor * fault.factor)
+                cause, factor, onset = slow.get(rank, (fault.cause, 1.0, fault.from_step))
+                slow[rank] = (cause, factor * fault.factor, onset)
             if ranks and index not in self._struck:
                 self._struck.add(index)
                 self.fired.append(
@@ -493,17 +563,32 @@ class SimulatedCluster:
         return slow
 
     def _self_checks(self, step: int, ts: float, out: list[Envelope]) -> None:
+        """The self-checks and cross-rank checks due at `step`, run after it completes."""
         sc = self.scenario
         ranks: set[int] = set()
         if sc.sdc_check_every and step % sc.sdc_check_every == 0:
             ranks.add((step // sc.sdc_check_every) % sc.world_size)
-        if self._self_check_ranks and step >= self._self_check_from:
-            ranks |= self._self_check_ranks
-            self._self_check_ranks = set()
-        passed_all = True
-        for rank in sorted(ranks):
+        if self._self_check_due:
+            ranks.update(rank for first, rank in self._self_check_due if first <= step)
+            self._self_check_due = [item for item in self._self_check_due if item[0] > step]
+        if ranks:
+            self._run_self_checks(sorted(ranks), step, ts, out)
+        if self._cross_due:
+            waiting = []
+            for item in self._cross_due:
+                if item[0] <= step:
+                    self._run_cross_rank_check(item[1], item[2], step, ts, out)
+                else:
+                    waiting.append(item)
+            self._cross_due = waiting
+
+    def _run_self_checks(self, ranks: list[int], step: int, ts: float, out: list[Envelope]) -> None:
+        sc = self.scenario
+        passed_all, ran = True, False
+        for rank in ranks:
             if not self._live[rank]:
                 continue
+            ran = True
             corrupt = self._corrupt(rank, step, ts)
             first, second = digest(sc.seed, step, rank), digest(sc.seed, step, rank, corrupt)
             batch = f"mb-{step:06d}-r{rank}"
@@ -518,24 +603,73 @@ class SimulatedCluster:
                     digest_second=second,
                 )
             )
+            self.self_checks_run += 1
             passed_all = passed_all and not corrupt
+        if not ran:
+            return
+        self._checks_ever = True
         if not passed_all:
             self._watermark_frozen = True
-        elif ranks and not self._watermark_frozen:
+        elif not self._watermark_frozen:
             self._watermark = step
 
     def _corrupt(self, rank: int, step: int, ts: float) -> bool:
-        """An SDC fault is the GPU's: it lasts from at_step while the rank's node is the original."""
-        node_index = rank // self.scenario.ranks_per_node
-        for index, fault in enumerate(self.scenario.faults):
-            if isinstance(fault, SdcFault) and fault.rank == rank and fault.at_step <= step:
-                if self._nodes[node_index] != self._original_nodes[node_index]:
+        """Whether the rank's self-check at `step` sees two different digests: an SDC fault
+        from its at_step on, or a bit flip's first check at or after its at_step (once).
+        Both are the GPU's: a rank moved to a spare node is clean. A wrong GPU passes."""
+        for index, fault in self._gpu_faults:
+            if fault.rank != rank or fault.at_step > step or isinstance(fault, WrongGpuFault):
+                continue
+            if not self._on_original_node(rank):
+                continue
+            if isinstance(fault, BitFlipFault):
+                if index in self._struck:
                     continue
+                self._struck.add(index)
+                self._record("bitflip", rank, step, ts)
+                return True
+            if index not in self._struck:
+                self._struck.add(index)
+                self._record("sdc", rank, step, ts)
+            return True
+        return False
+
+    def _run_cross_rank_check(
+        self, microbatch: str, ranks: tuple[int, ...], step: int, ts: float, out: list[Envelope]
+    ) -> None:
+        """The ranks compute the same microbatch; each reports its value (R3, seed §7b)."""
+        sc = self.scenario
+        if not all(self._live[rank] for rank in ranks):
+            return
+        values = []
+        for rank in ranks:
+            bias = self._cross_rank_bias(rank, step, ts)
+            values.append(cross_rank_value(sc.seed, step, microbatch, rank, sc.cross_rank_noise, bias))
+        out.append(
+            self._event(
+                CrossRankCheck, ranks[0], step, ts, microbatch_id=microbatch, ranks=list(ranks), values=values
+            )
+        )
+        self.cross_rank_checks_run += 1
+
+    def _cross_rank_bias(self, rank: int, step: int, ts: float) -> float:
+        """Relative error of the rank's cross-rank value: a wrong GPU's bias, or an SDC
+        fault's random error; 0 on good hardware (and on a spare)."""
+        bias = 0.0
+        for index, fault in self._gpu_faults:
+            if fault.rank != rank or fault.at_step > step or isinstance(fault, BitFlipFault):
+                continue
+            if not self._on_original_node(rank):
+                continue
+            if isinstance(fault, WrongGpuFault):
                 if index not in self._struck:
                     self._struck.add(index)
-                    self._record("sdc", rank, step, ts)
-                return True
-        return False
+                    self._record("wrong_gpu", rank, step, ts)
+                bias += fault.bias
+            else:
+                wobble = random.Random(f"trainguard-sim-sdc:{self.scenario.seed}:{step}:{rank}").gauss(0, 1)
+                bias += _SDC_CROSS_RANK_ERROR * (1.0 + abs(wobble))
+        return bias
 
     # ================================================================== timed items
     def _on_crash(self, ts: float, out: list[Envelope], attempt: int, rank: int, index: int) -> None:
@@ -560,7 +694,7 @@ class SimulatedCluster:
         self._exit_all(ts, out, exit_code=-SIGABRT, signal=SIGABRT)
         self._teardown(ts, out)
 
-    def _on_written(self, ts: float, out: list[Envelope], attempt: int, step: int, watermark: int) -> None:
+    def _on_written(self, ts: float, out: list[Envelope], attempt: int, step: int, verified: int) -> None:
         if attempt != self.attempt or step not in self._pending_writes:
             return  # failed (and reported) when its attempt was torn down
         self._pending_writes.discard(step)
@@ -581,7 +715,6 @@ class SimulatedCluster:
                 write_s=sc.checkpoint_write_s,
             )
         )
-        verified = step if not sc.sdc_check_every else watermark
         self._schedule(ts + sc.checkpoint_validate_s, "validated", (attempt, step, uri, verified))
         if self._stop_after_checkpoint:
             self._stop_after_checkpoint = False
@@ -595,6 +728,7 @@ class SimulatedCluster:
     ) -> None:
         """The validator runs outside the job, so validation completes even after a teardown."""
         self.validated[step] = uri
+        self._verified_of[step] = verified
         self.last_validated_step = max(self.last_validated_step, step)
         fields = {"checkpoint_step": step, "uri": uri, "last_verified_step": verified}
         out.append(self._make(CheckpointValidated, attempt, -1, "", step, ts, **fields))
@@ -621,7 +755,7 @@ class SimulatedCluster:
 
     # ================================================================== commands
     def _abort(self, command: Abort, out: list[Envelope]) -> str:
-        if self.phase in (Phase.WAITING, Phase.FINISHED):
+        if self.phase in (Phase.WAITING, Phase.FINISHED, Phase.FAILED):
             return f"nothing to abort: attempt {self.attempt} is {self.phase}"
         ts, targets = (
             self.now,
@@ -681,18 +815,40 @@ class SimulatedCluster:
         if self._live_count:
             self._exit_all(self.now, out, exit_code=-SIGTERM, signal=SIGTERM, requested=True)
             self._teardown(self.now, out)
-        elif self.phase is Phase.FINISHED:
+        elif self.phase in (Phase.FINISHED, Phase.FAILED):
             self._teardown(self.now, out)
         return f"restarting from checkpoint {command.checkpoint_step}"
 
     def _self_check(self, command: RunSelfCheck, out: list[Envelope]) -> str:
-        ranks = [r for r in range(self.scenario.world_size) if command.targets(r)]
-        self._self_check_ranks.update(ranks)
-        self._self_check_from = command.step
-        return f"{len(ranks)} ranks self-check at the first step >= {command.step}"
+        self._training_or_refuse(command)
+        n = self.scenario.world_size
+        ranks = range(n) if command.ranks is None else sorted(set(command.ranks))
+        if any(not 0 <= rank < n for rank in ranks):
+            raise CommandRefused(f"self-check ranks {list(ranks)} are outside world size {n}")
+        first = max(command.step, self.last_completed + 1)
+        self._self_check_due += [(first, rank) for rank in ranks]
+        return f"{len(ranks)} ranks self-check at the first step >= {first}"
+
+    def _cross_rank_check(self, command: RunCrossRankCheck, out: list[Envelope]) -> str:
+        self._training_or_refuse(command)
+        n = self.scenario.world_size
+        ranks = command.ranks
+        if ranks is None or not 2 <= len(ranks) <= 3 or len(set(ranks)) != len(ranks):
+            raise CommandRefused(f"a cross-rank check needs 2 or 3 distinct ranks, got {ranks}")
+        if any(not 0 <= rank < n for rank in ranks):
+            raise CommandRefused(f"cross-rank check ranks {ranks} are outside world size {n}")
+        first = max(command.step, self.last_completed + 1)
+        self._cross_due.append((first, command.microbatch_id, tuple(ranks)))
+        return f"ranks {ranks} cross-check {command.microbatch_id} at the first step >= {first}"
+
+    def _training_or_refuse(self, command: Command) -> None:
+        if self.phase is not Phase.TRAINING:
+            raise CommandRefused(f"no step will run: attempt {self.attempt} is {self.phase}")
 
     def _skip(self, command: SkipUpdate, out: list[Envelope]) -> str:
-        return f"update of step {command.step} skipped (no effect on simulated telemetry)"
+        self.skipped_updates.append(command.step)
+        n = len(self.skipped_updates)
+        return f"update of step {command.step} skipped ({n} skipped so far; no effect on telemetry)"
 
     _COMMANDS: dict[type[Command], Callable[[SimulatedCluster, Any, list[Envelope]], str]] = {
         Abort: _abort,
@@ -703,5 +859,6 @@ class SimulatedCluster:
         ResumeFrom: _resume,
         Rollback: _resume,
         RunSelfCheck: _self_check,
+        RunCrossRankCheck: _cross_rank_check,
         SkipUpdate: _skip,
     }

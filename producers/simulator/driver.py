@@ -69,6 +69,11 @@ class SimulationResult:
     max_lag_s: float
     mean_lag_s: float
     kept_real_time: bool
+    #: The launcher gave up after the scenario's max_restarts.
+    gave_up: bool = False
+    skipped_updates: list[int] = field(default_factory=list)
+    self_checks_run: int = 0
+    cross_rank_checks_run: int = 0
     fired: list[FiredFault] = field(default_factory=list)
     truth: list[FaultTruth] = field(default_factory=list)
     notes: list[LauncherNote] = field(default_factory=list)
@@ -267,6 +272,10 @@ def run_simulation(
         max_lag_s=max_lag,
         mean_lag_s=mean_lag,
         kept_real_time=max_lag <= lag_budget_s,
+        gave_up=cluster.phase is Phase.FAILED,
+        skipped_updates=list(cluster.skipped_updates),
+        self_checks_run=cluster.self_checks_run,
+        cross_rank_checks_run=cluster.cross_rank_checks_run,
         fired=list(cluster.fired),
         truth=scenario.truth(),
         notes=list(cluster.notes),

@@ -8,6 +8,10 @@ into a demo.
 
 Steps are numbered from 0. A fault "at step s" strikes while step s runs, so step
 s never completes in that attempt; a checkpoint "at step s" is taken after step s.
+
+The scenario library (``scenarios/library/*.yaml``, :meth:`Scenario.library`) holds one
+small scenario per fault of issue 3 plus healthy controls, each with its ground truth
+(:meth:`Scenario.truth`), for measuring detectors against.
 """
 
 from __future__ import annotations
@@ -20,9 +24,12 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ...schemas import Diagnosis
+
 #: Stack signature of a rank waiting for its peers inside the gradient all-reduce.
 COLLECTIVE_STACK = "collective:allreduce"
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
+LIBRARY_DIR = SCENARIO_DIR / "library"
 
 
 class ScenarioError(ValueError):
@@ -71,9 +78,14 @@ class HangFault(_RankFault):
 
 
 class NanFault(_RankFault):
-    """The rank's loss is NaN at the step (a bad batch, or corrupted arithmetic)."""
+    """The rank's loss is NaN at the step (a bad batch, or corrupted arithmetic); the
+    all-reduced gradient is then NaN on every rank. A burst (`steps` > 1) lasts steps
+    at_step .. at_step + steps - 1 of the attempt it strikes in; with `all_ranks`, every
+    rank's loss is NaN (an overflow in the global batch, poisoned weights)."""
 
     kind: Literal["nan"]
+    steps: int = Field(default=1, ge=1, le=10_000, description="Length of the burst in steps.")
+    all_ranks: bool = Field(default=False, description="Every rank's loss is NaN, not only `rank`'s.")
 
 
 class GradSpikeFault(_RankFault):
@@ -85,20 +97,41 @@ class GradSpikeFault(_RankFault):
 
 class SdcFault(_RankFault):
     """From `at_step` on, the rank's GPU computes wrong answers: its bitwise self-checks
-    fail (two digests of the same microbatch differ). Hardware: stays until replaced."""
+    fail (two digests of the same microbatch differ), and its cross-rank check values are
+    off. Hardware: stays until replaced."""
 
     kind: Literal["sdc"]
 
 
-SlowCause = Literal["thermal", "link", "network", "unknown"]
+class BitFlipFault(_RankFault):
+    """A transient bit flip: the rank's first self-check at or after `at_step` returns
+    differing digests, once; every later check passes. Never repeats."""
+
+    kind: Literal["bitflip"]
+    repeat: Literal[False] = False
+
+
+class WrongGpuFault(_RankFault):
+    """A deterministically wrong GPU (seed R3): from `at_step` on it computes the same wrong
+    answer twice, so its self-checks PASS (equal digests), but its value in a cross-rank
+    check is off by the relative `bias`, far beyond good hardware's spread
+    (`cross_rank_noise`). Hardware: stays until the node is replaced."""
+
+    kind: Literal["wrong_gpu"]
+    bias: float = Field(default=1e-4, gt=0, le=1, description="Relative error of its cross-rank values.")
+
+
+SlowCause = Literal["thermal", "power", "link", "network", "unknown"]
 
 
 class SlowFault(_Strict):
     """Compute on the target is `factor` times slower for steps [from_step, to_step).
 
     The target is one rank, one node, or a whole rack (an environmental cause, seed R2).
-    `cause` shapes the GpuHealth the target reports (hot and throttled, a narrow NVLink,
-    a busy NIC), so straggler diagnosis has evidence to find. The slowness belongs to the
+    `cause` shapes the GpuHealth the target reports, so straggler diagnosis has evidence
+    to find: thermal (hot, ~91 °C, thermal_throttle, lower SM clock), power (power_capped,
+    lower SM clock, normal temperature), link (NVLink at half width, retries climbing from
+    the onset), network (NIC utilisation ~0.97), unknown (nothing). The slowness belongs to the
     hardware: a rank moved to a replacement node is healthy again, unless the whole rack
     is slow (the replacement lands in the same rack).
     """
@@ -126,10 +159,59 @@ class SlowFault(_Strict):
 
 
 Fault = Annotated[
-    CrashFault | HangFault | SlowFault | NanFault | GradSpikeFault | SdcFault,
+    CrashFault | HangFault | SlowFault | NanFault | GradSpikeFault | SdcFault | BitFlipFault | WrongGpuFault,
     Field(discriminator="kind"),
 ]
-RankFault = CrashFault | HangFault | NanFault | GradSpikeFault | SdcFault
+RankFault = CrashFault | HangFault | NanFault | GradSpikeFault | SdcFault | BitFlipFault | WrongGpuFault
+
+
+class Noise(_Strict):
+    """Realistic noise on top of the lognormal `jitter` body, that a detector must NOT
+    mistake for a fault: GPUs that are persistently a little faster or slower than
+    others (`rank_spread`), a heavy Pareto tail (OS noise, page faults, a dataloader
+    hiccup: one rank, one step) and garbage-collector pauses. All off by default.
+
+    A tail event multiplies one rank's compute of one step by 1 + x, x ~ Pareto(scale
+    `tail_min`, shape `tail_alpha`) capped at `tail_max`; a GC pause adds a uniform
+    `gc_pause_s` to one random rank's compute. Both are measured before the collective,
+    so they show in compute_s (and, through the slowest rank, in every total_s). In a
+    synchronous job the slowest rank sets the step, so tails lengthen the median step a
+    little: keep world_size * tail_prob small (about 1 per step) at large world sizes."""
+
+    rank_spread: float = Field(
+        default=0.0,
+        ge=0,
+        le=0.5,
+        description="Lognormal sigma of each rank's persistent speed (silicon lottery).",
+    )
+    tail_prob: float = Field(default=0.0, ge=0, le=1, description="Chance per rank per step of a tail event.")
+    tail_alpha: float = Field(default=1.5, gt=0, le=10, description="Pareto shape; smaller is heavier.")
+    tail_min: float = Field(default=0.1, gt=0, le=10, description="Smallest tail slowdown (fraction).")
+    tail_max: float = Field(default=1.0, gt=0, le=100, description="Cap on a tail slowdown (fraction).")
+    gc_pause_prob: float = Field(default=0.0, ge=0, le=1, description="Chance per step of one GC pause.")
+    gc_pause_s: tuple[float, float] = Field(default=(0.05, 0.3), description="[min, max] pause seconds.")
+
+    @model_validator(mode="after")
+    def _ranges(self) -> Noise:
+        low, high = self.gc_pause_s
+        if not 0 <= low <= high:
+            raise ValueError(f"gc_pause_s must be [min, max] with 0 <= min <= max, got {[low, high]}")
+        if self.tail_max < self.tail_min:
+            raise ValueError(f"tail_max ({self.tail_max}) must be at least tail_min ({self.tail_min})")
+        return self
+
+    @property
+    def active(self) -> bool:
+        return self.tail_prob > 0 or self.gc_pause_prob > 0
+
+
+_DIAGNOSES = {
+    "thermal": Diagnosis.NODE_THERMAL,
+    "power": Diagnosis.NODE_THERMAL,
+    "link": Diagnosis.NODE_LINK,
+    "network": Diagnosis.NETWORK_CONTENTION,
+    "unknown": Diagnosis.UNKNOWN,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +220,10 @@ class FaultTruth:
 
     `rank` and `node` are None for a rack-wide fault; `rank` is None for a node-wide one.
     `step` is the step the fault strikes (a crash at step 80 leaves 79 as the last
-    completed step); `until_step` is the exclusive end of a slow window."""
+    completed step; a bit flip is armed at `step` and shows at the rank's next self-check);
+    `until_step` is the exclusive end of a slow window or a NaN burst. `cause` is a slow
+    fault's cause; `repeat` marks a data or code fault that strikes again at the same step
+    after every restart (seed R5 rule 3)."""
 
     kind: str
     rank: int | None
@@ -147,12 +232,24 @@ class FaultTruth:
     step: int
     until_step: int | None = None
     cause: str = ""
+    repeat: bool = False
+
+    @property
+    def diagnosis(self) -> Diagnosis | None:
+        """What straggler diagnosis should conclude for a slow fault (seed R2): a rack-wide
+        thermal or power fault is environmental; otherwise by cause. None for other kinds."""
+        if self.kind != "slow":
+            return None
+        if self.node is None and self.cause in ("thermal", "power"):
+            return Diagnosis.ENVIRONMENTAL
+        return _DIAGNOSES[self.cause]
 
 
 class Scenario(_Strict):
     """A simulated synchronous job and the faults to inject into it."""
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
+    description: str = Field(default="", max_length=2000, description="What the scenario shows, for reports.")
     run_id: str | None = Field(default=None, max_length=128, description="Default: sim-<name>-<random>.")
     world_size: int = Field(ge=1, le=131_072)
     ranks_per_node: int = Field(default=8, ge=1, le=1024)
@@ -162,6 +259,14 @@ class Scenario(_Strict):
         default=0.7, gt=0, lt=1, description="Share of the step spent computing before the collective."
     )
     jitter: float = Field(default=0.03, ge=0, le=1, description="Lognormal sigma of per-rank compute noise.")
+    noise: Noise = Field(default_factory=Noise, description="Rank spread, heavy tail, GC pauses; all off.")
+    cross_rank_noise: float = Field(
+        default=1e-7,
+        ge=0,
+        le=0.01,
+        description="Relative float noise between good ranks' values in a cross-rank check "
+        "(different reduction orders); the processor derives its tolerance from it.",
+    )
     steps: int = Field(ge=1, description="Steps 0..steps-1; the job ends after the last.")
     checkpoint_every: int = Field(default=100, ge=1, description="Checkpoint after each multiple of this.")
     checkpoint_blocking_s: float = Field(default=0.0, ge=0, description="Added to the next step (seed C).")
@@ -175,6 +280,12 @@ class Scenario(_Strict):
     restart_delay_s: float = Field(
         default=2.0, ge=0, description="Launcher time from teardown to RunStarted."
     )
+    max_restarts: int | None = Field(
+        default=None,
+        ge=0,
+        description="The launcher gives up instead of starting restart number max_restarts + 1 "
+        "(every restart counts, commanded ones too, like torchrun --max-restarts); null: never.",
+    )
     orphan_restart_after_s: float = Field(
         default=60.0,
         gt=0,
@@ -182,6 +293,13 @@ class Scenario(_Strict):
         "launcher after this long (the collective timeout), then restarted.",
     )
     seed: int = 0
+    live_speed: float = Field(
+        default=1.0,
+        gt=0,
+        le=10_000,
+        description="Suggested time compression for a run through the live pipeline (the "
+        "driver's `speed`); informational: the simulator itself never reads it.",
+    )
     faults: list[Fault] = Field(default_factory=list)
 
     # ------------------------------------------------------------------ validation
@@ -235,7 +353,14 @@ class Scenario(_Strict):
                 )
             else:
                 node = self.node_of(fault.rank)
-                out.append(FaultTruth(fault.kind, fault.rank, node, racks[node], fault.at_step))
+                until = None
+                if isinstance(fault, NanFault) and fault.steps > 1:
+                    until = fault.at_step + fault.steps
+                out.append(
+                    FaultTruth(
+                        fault.kind, fault.rank, node, racks[node], fault.at_step, until, repeat=fault.repeat
+                    )
+                )
         return out
 
     # ------------------------------------------------------------------ loading
@@ -265,5 +390,21 @@ class Scenario(_Strict):
 
     @classmethod
     def builtin(cls, name: str) -> Scenario:
-        """A scenario shipped in producers/simulator/scenarios/ (e.g. "demo", "healthy-16k")."""
-        return cls.load(SCENARIO_DIR / f"{name}.yaml")
+        """A scenario shipped in producers/simulator/scenarios/ (e.g. "demo", "healthy-16k"),
+        or in its library/ (e.g. "straggler-thermal")."""
+        path = SCENARIO_DIR / f"{name}.yaml"
+        if not path.exists() and (LIBRARY_DIR / f"{name}.yaml").exists():
+            path = LIBRARY_DIR / f"{name}.yaml"
+        return cls.load(path)
+
+    @classmethod
+    def library(cls) -> dict[str, Scenario]:
+        """The labelled fault scenarios and healthy controls of issue 3, by name, sorted.
+        A control has no truth (``not scenario.faults``): it must raise nothing."""
+        out: dict[str, Scenario] = {}
+        for path in sorted(LIBRARY_DIR.glob("*.yaml")):
+            scenario = cls.load(path)
+            if scenario.name != path.stem:
+                raise ScenarioError(f"{path}: name {scenario.name!r} differs from the file name")
+            out[scenario.name] = scenario
+        return out

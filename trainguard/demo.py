@@ -11,13 +11,8 @@ The exit status is 0 only if every injected crash and hang was detected on the r
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
-from importlib import resources
 from pathlib import Path
 
 from rich.console import Console
@@ -25,137 +20,82 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .broker.lag import wait_caught_up
-from .broker.local import LocalBroker, ensure_jars
-from .broker.topics import ensure_topics, topic_names
 from .report import timeline_table
 from .schemas.auth import SECRET_FILE_ENV, load_master_secret, write_secret_file
-
-PROCESSOR_GROUP = "trainguard-processor"
-
-
-def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"the processor exited ({proc.returncode}); see {log}:\n{log.read_text()[-3000:]}"
-            )
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except OSError:
-            time.sleep(0.3)
-    raise RuntimeError(f"the processor's metrics endpoint {url} did not come up; see {log}")
-
-
-def _scrape(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        text = response.read().decode()
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("trainguard_") and "_created" not in line:
-            name, _, value = line.rpartition(" ")
-            values[name] = float(value)
-    return values
+from .sinks.archive_store import Archive, timeline
+from .stack import PROCESSOR_GROUP, builtin_policy, local_stack
 
 
 def run_demo(scenario_path: Path | None, workdir: Path, metrics_port: int, console: Console) -> int:
     from .producers.simulator.driver import run_simulation
     from .producers.simulator.scenario import Scenario
     from .sinks.archive import ArchiveWriter
-    from .sinks.archive_store import Archive, timeline
 
     scenario = Scenario.load(scenario_path) if scenario_path else Scenario.builtin("demo")
     workdir = workdir.resolve()
-    shutil.rmtree(workdir / "broker", ignore_errors=True)
     workdir.mkdir(parents=True, exist_ok=True)
     db_path = workdir / "trainguard.duckdb"
     for stale in (db_path, db_path.with_suffix(".duckdb.wal")):
         stale.unlink(missing_ok=True)
     os.environ.setdefault(SECRET_FILE_ENV, str(write_secret_file(workdir / "secret")))
     secret = load_master_secret()
-    policy = resources.files("trainguard.processors") / "policies" / "demo.yaml"
 
     console.rule("[bold]trainguard demo")
-    ensure_jars()
-    broker = LocalBroker(workdir / "broker")
-    processor: subprocess.Popen[bytes] | None = None
     stop_archive = threading.Event()
-    try:
-        with console.status("starting a local Kafka broker (KRaft, single node)..."):
-            bootstrap = broker.start()
-            names = topic_names()
-            ensure_topics(bootstrap)
-        console.print(f"kafka broker   [cyan]{bootstrap}[/] (log: {broker.log_path})")
-
-        log = workdir / "processor.log"
-        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-        with log.open("wb") as out:
-            processor = subprocess.Popen(
-                [sys.executable, "-m", "trainguard", "process", "--bootstrap", bootstrap]
-                + ["--policy", str(policy), "--metrics-port", str(metrics_port), "--loglevel", "info"],
-                stdout=out,
-                stderr=subprocess.STDOUT,
+    console.print("starting a local Kafka broker (KRaft, single node) and the processor...")
+    with local_stack(workdir, builtin_policy("demo"), metrics_port) as stack:
+        try:
+            console.print(f"kafka broker   [cyan]{stack.bootstrap}[/] (log: {stack.broker.log_path})")
+            console.print(
+                f"processor      pid {stack.processor.pid}, Prometheus at [cyan]{stack.metrics_url}[/] "
+                f"(log: {stack.processor_log})"
             )
-        with console.status("starting the processor (faust worker)..."):
-            _wait_http(metrics_url, 60, processor, log)
-        console.print(
-            f"processor      pid {processor.pid}, Prometheus at [cyan]{metrics_url}[/] (log: {log})"
-        )
-
-        writer = ArchiveWriter(bootstrap, names, db_path)
-        archiver = threading.Thread(target=writer.run, args=(stop_archive,), name="archive", daemon=True)
-        archiver.start()
-        console.print(f"archive        DuckDB file [cyan]{db_path}[/]")
-        console.print(
-            f"simulation     {scenario.world_size} ranks, {scenario.steps} steps of "
-            f"{scenario.step_time_s}s; injected: "
-            + ", ".join(f"{t.kind} rank {t.rank} ({t.node}) at step {t.step}" for t in scenario.truth())
-        )
-
-        with Progress(
-            TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
-            TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
-            TimeElapsedColumn(),
-            console=console,
-        ) as bar:
-            task = bar.add_task("training (simulated)", total=scenario.steps)
-            result = run_simulation(
-                scenario,
-                bootstrap,
-                names,
-                secret,
-                progress=lambda p: bar.update(
-                    task, completed=p.step + 1, description=f"attempt {p.attempt} ({p.phase})"
-                ),
+            writer = ArchiveWriter(stack.bootstrap, stack.names, db_path)
+            archiver = threading.Thread(target=writer.run, args=(stop_archive,), name="archive", daemon=True)
+            archiver.start()
+            console.print(f"archive        DuckDB file [cyan]{db_path}[/]")
+            console.print(
+                f"simulation     {scenario.world_size} ranks, {scenario.steps} steps of "
+                f"{scenario.step_time_s}s; injected: "
+                + ", ".join(f"{t.kind} rank {t.rank} ({t.node}) at step {t.step}" for t in scenario.truth())
             )
-        console.print(
-            f"simulation done: {result.events_generated} events, {result.attempts} attempt(s), "
-            f"{result.commands_executed} command(s) executed by the ranks, {result.wall_s:.1f}s wall"
-        )
 
-        if processor.poll() is not None:
-            console.print(f"[red]the processor died (exit {processor.returncode}); last lines of {log}:")
-            console.print(log.read_text()[-3000:], markup=False)
-            return 1
-        with console.status("waiting for the processor and the archive to catch up..."):
-            wait_caught_up(bootstrap, PROCESSOR_GROUP, [names.telemetry], timeout_s=60)
-            time.sleep(1.5)  # the last commands' acks
-            metrics = _scrape(metrics_url)
+            with Progress(
+                TextColumn("[progress.description]{task.description}"),
+                BarColumn(),
+                TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
+                TimeElapsedColumn(),
+                console=console,
+            ) as bar:
+                task = bar.add_task("training (simulated)", total=scenario.steps)
+                result = run_simulation(
+                    scenario,
+                    stack.bootstrap,
+                    stack.names,
+                    secret,
+                    progress=lambda p: bar.update(
+                        task, completed=p.step + 1, description=f"attempt {p.attempt} ({p.phase})"
+                    ),
+                )
+            console.print(
+                f"simulation done: {result.events_generated} events, {result.attempts} attempt(s), "
+                f"{result.commands_executed} command(s) executed by the ranks, {result.wall_s:.1f}s wall"
+            )
+
+            if not stack.processor_alive():
+                console.print(f"[red]the processor died; last lines of {stack.processor_log}:")
+                console.print(stack.processor_log_tail(), markup=False)
+                return 1
+            with console.status("waiting for the processor and the archive to catch up..."):
+                wait_caught_up(stack.bootstrap, PROCESSOR_GROUP, [stack.names.telemetry], timeout_s=60)
+                time.sleep(1.5)  # the last commands' acks
+                metrics = stack.scrape()
+                stop_archive.set()
+                archiver.join(timeout=30)
+                writer.run_until_caught_up(timeout_s=60)
+                writer.close()
+        finally:
             stop_archive.set()
-            archiver.join(timeout=30)
-            writer.run_until_caught_up(timeout_s=60)
-            writer.close()
-    finally:
-        stop_archive.set()
-        if processor is not None and processor.poll() is None:
-            processor.terminate()
-            try:
-                processor.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                processor.kill()
-        broker.stop()
 
     rows = timeline(db_path)
     console.print(timeline_table(rows))

@@ -21,6 +21,7 @@ from ...schemas import (
     CrossRankCheck,
     Derived,
     Envelope,
+    GpuHealth,
     HangDetected,
     Heartbeat,
     Interruption,
@@ -33,8 +34,9 @@ from ...schemas import (
     SdcSelfCheck,
     StepStats,
     StepTiming,
+    StragglerFlagged,
 )
-from . import baseline, sdc
+from . import baseline, diagnosis, sdc, straggler
 from .ids import derived_id
 from .policy import CorePolicy
 from .stacks import odd_stack
@@ -78,6 +80,12 @@ def step(
         outputs += _on_step(run, rank, event)
         if new_step:
             outputs += sdc.on_step_completed(run.sdc, run, event.step, event.ts, event.event_id, policy.sdc)
+        for found in straggler.observe_step(run.straggler, run, event, policy.straggler):
+            outputs.append(found)
+            if isinstance(found, StragglerFlagged):  # diagnose before any action (R2)
+                outputs.append(diagnosis.diagnosed(run.health, run, found, policy.diagnosis))
+    elif isinstance(event, GpuHealth):
+        diagnosis.observe_health(run.health, run, event, policy.diagnosis)
     elif isinstance(event, StepStats):
         outputs += sdc.on_step_stats(run.sdc, run, event, policy.sdc, _interruption)
     elif isinstance(event, SdcSelfCheck):

@@ -9,7 +9,9 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .baseline import BaselinePolicy
+from .diagnosis import DiagnosisPolicy
 from .sdc_state import SdcPolicy
+from .straggler import StragglerPolicy
 
 
 class HangPolicy(BaseModel):
@@ -43,6 +45,8 @@ class CorePolicy(BaseModel):
     hang: HangPolicy = HangPolicy()
     baseline: BaselinePolicy = BaselinePolicy()
     sdc: SdcPolicy = SdcPolicy()
+    straggler: StragglerPolicy = StragglerPolicy()
+    diagnosis: DiagnosisPolicy = DiagnosisPolicy()
     dedupe_window: int = Field(
         200_000, ge=1000, description="Event ids remembered per run to drop redelivered events."
     )

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from .baseline import BaselineState
+from .diagnosis import HealthState
 from .sdc_state import SdcState
+from .straggler import StragglerState
 
 
 class RunPhase(StrEnum):
@@ -94,6 +96,9 @@ class RunState:
     baseline: BaselineState = field(default_factory=BaselineState)
     #: Silent-data-corruption checks and the verification watermark (R3, R6).
     sdc: SdcState = field(default_factory=SdcState)
+    #: Straggler streaks (seed §7) and the GPU health that diagnoses them (R2).
+    straggler: StragglerState = field(default_factory=StragglerState)
+    health: HealthState = field(default_factory=HealthState)
     seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
     duplicates: int = 0
     stale: int = 0

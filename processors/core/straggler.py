@@ -1,0 +1,496 @@
+"""The straggler detector (seed §7 "Failure 2", ARCHITECTURE.md "Straggler").
+
+Per step, every rank's compute time measured BEFORE the collective is compared with
+the other ranks' of the same step: robust z = (t - median) / (1.4826 x MAD). A rank
+over `sigma` for `consecutive_steps` evaluated steps is flagged once; after
+`clear_steps` consecutive steps back in the band it is cleared. The post-collective
+total_s is never read: after the all-reduce every rank has waited for the slowest,
+so it identifies nobody (seed §10, "Rejected: measuring step time after the
+collective").
+
+A step is evaluated, in step order, when every expected rank has reported it, or when
+it is `max_pending_steps` older than the newest step seen (late ranks are then absent
+from it). A rank absent from `missing_after_steps` consecutive evaluated steps is
+reported once in :class:`RanksMissing`; it is reported again only if it comes back
+and goes missing anew. Ranks known to be missing are not waited for.
+
+One report per (attempt, step, rank) counts: the first emitted (smallest ts, then
+event_id), whatever the delivery order, so a redelivery or a re-report of the same step
+after an agent restart counts once and the decision does not depend on how per-node
+batches interleave. Reports for an already evaluated step are counted and ignored.
+
+State is keyed by attempt: the first event of a newer attempt resets it (steps restart
+from the resumed checkpoint), events of an older one are ignored, so the engine need
+not call :func:`reset` itself.
+
+Deterministic and pure: time is the events' ts; the per-step statistics are a handful of
+numpy calls over preallocated buffers (well under a millisecond at 16,384 ranks, see
+bench/bench_straggler.py), the per-rank streak work is Python over the slow ranks only.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ...schemas import (
+    Derived,
+    RanksMissing,
+    Reason,
+    ReasonCode,
+    StepTiming,
+    StragglerCleared,
+    StragglerFlagged,
+)
+from .ids import derived_id
+
+if TYPE_CHECKING:  # state.py embeds this module's state: no import cycle at run time
+    from .state import RunState
+
+#: Scales the MAD to the standard deviation of a normal distribution.
+MAD_TO_SIGMA = 1.4826
+
+
+class StragglerPolicy(BaseModel):
+    """Settings of the straggler detector. Defaults are the seed's (§3 `straggler_sigma: 3`,
+    §7 "z > 3 for 100 consecutive steps") where it gives one."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    sigma: float = Field(3.0, gt=0, description="Robust z above which a rank's step is slow (seed §3).")
+    consecutive_steps: int = Field(
+        100, ge=1, description="Slow evaluated steps in one streak before the rank is flagged (seed §7)."
+    )
+    max_gap_steps: int = Field(
+        2,
+        ge=0,
+        description="Consecutive evaluated steps without a slow report (in band, or no report) "
+        "a slow streak survives; they neither count nor break it. An 18%-slow rank at 3% "
+        "jitter dips under 3 sigma on ~1% of steps: with 0 (the literal rule) 20 of 30 seeded "
+        "18% stragglers were flagged later than 110 steps after onset, with 2 none (at most "
+        "103). A healthy rank's isolated spikes never chain into 100 slow steps either way.",
+    )
+    clear_steps: int = Field(
+        10, ge=1, description="Consecutive in-band steps after which a flagged rank is cleared."
+    )
+    min_ranks: int = Field(
+        4, ge=3, description="Below this many reports in a step no statistics are computed."
+    )
+    mad_floor_fraction: float = Field(
+        0.01,
+        gt=0,
+        lt=1,
+        description="The MAD is at least this fraction of the median, so a near-perfectly uniform "
+        "job does not flag noise: at sigma 3 the smallest flaggable slowdown is then "
+        "3 x 1.4826 x 1% = 4.4% of the median. Below that an eviction costing a ~600 s "
+        "restart would take over 4 h to pay back (seed §7 payback), and 1% is the order of "
+        "timer and clock noise on the measurement itself.",
+    )
+    max_pending_steps: int = Field(
+        8,
+        ge=1,
+        description="A step still incomplete when a step this much newer has been seen is "
+        "evaluated without its late ranks (8 steps = 16 s at 2 s/step, against 1 s "
+        "per-node telemetry batches).",
+    )
+    missing_after_steps: int = Field(
+        3,
+        ge=1,
+        description="Consecutive evaluated steps a rank must be absent from to be reported "
+        "missing. One lost report (the rank agent drops its oldest events rather than "
+        "block training) is not a missing rank.",
+    )
+
+    @model_validator(mode="after")
+    def _coherent(self) -> StragglerPolicy:
+        if self.max_gap_steps >= self.clear_steps:
+            raise ValueError(
+                f"max_gap_steps ({self.max_gap_steps}) must be below clear_steps ({self.clear_steps}): "
+                "a rank must not clear while its slow streak is still alive"
+            )
+        return self
+
+
+@dataclass
+class _Pending:
+    """Reports collected for one step not yet evaluated. Plain buffers (cheap to write one
+    rank at a time), read as numpy arrays without copying when the step is evaluated."""
+
+    values: array[float]  # compute_s by rank (NaN: no report)
+    stamps: array[float]  # ts of the kept report by rank
+    seen: bytearray  # 1 where the rank reported
+    ids: list[str | None]  # the kept report's event_id by rank (valid where seen)
+    count: int  # ranks that reported
+    need: int  # expected, not-missing ranks still to report
+
+
+@dataclass
+class _Flag:
+    event_id: str
+    flagged_step: int
+    steps: int = 0  # evaluated steps since flagged
+    in_band: int = 0  # current run of in-band steps
+
+
+_NEVER = -(1 << 40)
+_NAN = array("d", [float("nan")])
+
+
+@dataclass
+class StragglerState:
+    """One run's straggler bookkeeping (keep one per RunState, across attempts).
+
+    Per-rank streaks are Python lists, touched only for the (few) slow ranks of a step:
+    a streak is over when more than max_gap_steps evaluations passed since the rank's
+    last slow step, which is checked when it is slow again, so in-band ranks cost nothing.
+    """
+
+    attempt: int = -1
+    expected: int | None = None  # world size; None: unknown, steps evaluate on age only
+    capacity: int = 0
+    newest_step: int = -1
+    evaluated_through: int = -1
+    pending: dict[int, _Pending] = field(default_factory=dict)
+    nodes: list[str] = field(default_factory=list)
+    #: Per rank, the current slow streak: slow steps in it, the evaluation index of its
+    #: last slow step, its first step, and its sums of z and compute/median.
+    slow_run: list[int] = field(default_factory=list)
+    last_slow: list[int] = field(default_factory=list)
+    onset: list[int] = field(default_factory=list)
+    z_sum: list[float] = field(default_factory=list)
+    ratio_sum: list[float] = field(default_factory=list)
+    #: Per rank: consecutive evaluated steps without its report.
+    absent: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    any_absent: bool = False
+    #: Ranks reported missing and not back since (not waited for).
+    missing: set[int] = field(default_factory=set)
+    flagged: dict[int, _Flag] = field(default_factory=dict)
+    #: An evaluated step's buffers, reused by the next (no fresh pages every step).
+    spare: _Pending | None = None
+    #: Work buffers of an evaluation (sized to the capacity).
+    scratch: tuple[np.ndarray, np.ndarray, np.ndarray] = field(
+        default_factory=lambda: (np.empty(0), np.empty(0), np.empty(0, np.bool_))
+    )
+    # counters (kept across attempts; `evaluated` also indexes evaluations)
+    evaluated: int = 0
+    duplicates: int = 0
+    late: int = 0
+    out_of_range: int = 0
+
+
+def reset(state: StragglerState, attempt: int) -> None:
+    """Forget everything of the previous attempt (counters are kept)."""
+    counters = state.evaluated, state.duplicates, state.late, state.out_of_range
+    state.__dict__.update(StragglerState(attempt=attempt).__dict__)
+    state.evaluated, state.duplicates, state.late, state.out_of_range = counters
+
+
+def observe_step(
+    state: StragglerState, run: RunState, event: StepTiming, policy: StragglerPolicy
+) -> list[Derived]:
+    """Record one rank's step timing; evaluate, in step order, every step that became ready."""
+    if event.attempt != state.attempt:
+        if event.attempt < state.attempt:
+            return []
+        reset(state, event.attempt)
+    drain = False
+    if run.world_size != state.expected:
+        _set_expected(state, run.world_size)
+        drain = True
+    rank, step = event.rank, event.step
+    if rank < 0 or step < 0 or (state.expected is not None and rank >= state.expected):
+        state.out_of_range += 1
+        return []
+    if step <= state.evaluated_through:
+        state.late += 1
+        return []
+    if rank >= state.capacity:
+        _grow(state, rank + 1)
+    pending = state.pending.get(step)
+    if pending is None:
+        pending = state.pending[step] = _new_pending(state)
+        if step > state.newest_step:
+            state.newest_step = step
+            drain = True  # an older step may have aged out
+    if pending.seen[rank]:
+        state.duplicates += 1
+        kept = pending.stamps[rank], pending.ids[rank] or ""
+        if (event.ts, event.event_id) < kept:  # delivered out of order: the earlier report wins
+            pending.values[rank], pending.stamps[rank] = event.compute_s, event.ts
+            pending.ids[rank] = event.event_id
+        return []
+    pending.seen[rank] = 1
+    pending.values[rank] = event.compute_s
+    pending.stamps[rank] = event.ts
+    pending.ids[rank] = event.event_id
+    pending.count += 1
+    if rank not in state.missing:
+        pending.need -= 1
+    if state.nodes[rank] != event.node:
+        state.nodes[rank] = event.node
+    if pending.need > 0 and not drain:
+        return []
+    outputs: list[Derived] = []
+    while state.pending:
+        oldest = min(state.pending)
+        ready = state.pending[oldest]
+        if ready.need > 0 and state.newest_step - oldest < policy.max_pending_steps:
+            break
+        del state.pending[oldest]
+        state.evaluated_through = oldest
+        outputs += _evaluate(state, run, oldest, ready, event, policy)
+    return outputs
+
+
+# --------------------------------------------------------------------------- internals
+
+
+def _set_expected(state: StragglerState, world_size: int | None) -> None:
+    state.expected = world_size
+    if world_size is not None and world_size > state.capacity:
+        _grow(state, world_size)
+    _recount(state)
+
+
+def _grow(state: StragglerState, capacity: int) -> None:
+    extra = capacity - state.capacity
+    state.nodes += [""] * extra
+    state.slow_run += [0] * extra
+    state.last_slow += [_NEVER] * extra
+    state.onset += [-1] * extra
+    state.z_sum += [0.0] * extra
+    state.ratio_sum += [0.0] * extra
+    state.absent = np.concatenate([state.absent, np.zeros(extra, np.int32)])
+    state.spare = None
+    state.scratch = (np.empty(capacity), np.empty(capacity), np.empty(capacity, np.bool_))
+    for p in state.pending.values():
+        p.values.extend(_NAN * extra)
+        p.stamps.extend(_NAN * extra)
+        p.seen.extend(bytes(extra))
+        p.ids += [None] * extra
+    state.capacity = capacity
+
+
+def _need(state: StragglerState, p: _Pending) -> int:
+    if state.expected is None:
+        return 1 << 62  # completeness unknowable: evaluate on age only
+    n = state.expected
+    reported = p.count if n == state.capacity else int(np.count_nonzero(np.frombuffer(p.seen, np.bool_)[:n]))
+    excused = sum(1 for r in state.missing if r < n and not p.seen[r])
+    return n - reported - excused
+
+
+def _new_pending(state: StragglerState) -> _Pending:
+    n, p = state.capacity, state.spare
+    if p is not None and len(p.seen) == n:
+        state.spare = None
+        np.frombuffer(p.values).fill(np.nan)
+        p.seen[:] = bytes(n)  # ids and stamps are read only where seen
+        p.count = 0
+    else:
+        p = _Pending(_NAN * n, _NAN * n, bytearray(n), [None] * n, 0, 0)
+    p.need = _need(state, p)
+    return p
+
+
+def _recount(state: StragglerState) -> None:
+    for p in state.pending.values():
+        p.need = _need(state, p)
+
+
+def _node(state: StragglerState, run: RunState, rank: int) -> str:
+    if state.nodes[rank]:
+        return state.nodes[rank]
+    known = run.ranks.get(rank)
+    return known.node if known is not None else ""
+
+
+def _envelope(
+    state: StragglerState, run: RunState, rank: int, step: int, trigger: StepTiming
+) -> dict[str, Any]:
+    node = _node(state, run, rank) if rank >= 0 else ""
+    return dict(run_id=run.run_id, attempt=state.attempt, rank=rank, node=node, step=step, ts=trigger.ts)
+
+
+def _median(part: np.ndarray) -> float:
+    """The median of `part`, which is reordered in place. np.median (a copy, a two-element
+    selection, NaN checks) is several times slower, and at 16,384 ranks it shows."""
+    k = part.size // 2
+    part.partition(k)
+    if part.size % 2:
+        return float(part[k])
+    return float(part[k] + part[:k].max()) / 2
+
+
+def _evaluate(
+    state: StragglerState, run: RunState, step: int, p: _Pending, trigger: StepTiming, policy: StragglerPolicy
+) -> list[Derived]:
+    state.evaluated += 1
+    outputs = _track_absence(state, run, step, p, trigger, policy)
+    if p.count >= policy.min_ranks:
+        outputs += _score(state, run, step, p, trigger, policy)
+    state.spare = p
+    return outputs
+
+
+def _score(
+    state: StragglerState, run: RunState, step: int, p: _Pending, trigger: StepTiming, policy: StragglerPolicy
+) -> list[Derived]:
+    """Robust z of every reporting rank; streaks, flags and clears. Few numpy calls, into
+    preallocated buffers (a cold numpy call costs tens of microseconds in a busy process,
+    a fresh 128 KiB array its page faults); the per-rank work is Python over the slow
+    ranks only."""
+    values = np.frombuffer(p.values)
+    idx = None if p.count == state.capacity else np.flatnonzero(np.frombuffer(p.seen, np.bool_))
+    x = values if idx is None else values[idx]
+    work, dev, above = (buffer[: x.size] for buffer in state.scratch)
+    np.copyto(work, x)
+    median = _median(work)
+    if median <= 0:
+        return []
+    np.subtract(x, median, out=dev)
+    np.abs(dev, out=work)
+    mad = max(_median(work), policy.mad_floor_fraction * median)
+    scale = MAD_TO_SIGMA * mad
+    np.greater(dev, policy.sigma * scale, out=above)
+    slow_at = np.flatnonzero(above)
+    slow_ranks = (slow_at if idx is None else idx[slow_at]).tolist()
+    slow_dev, slow_x = dev[slow_at].tolist(), x[slow_at].tolist()
+
+    now, hits = state.evaluated, []
+    run_len, last, onset = state.slow_run, state.last_slow, state.onset
+    z_sum, ratio_sum = state.z_sum, state.ratio_sum
+    for rank, d, t in zip(slow_ranks, slow_dev, slow_x, strict=True):
+        z, ratio = d / scale, t / median
+        if now - last[rank] - 1 > policy.max_gap_steps:  # a new streak
+            run_len[rank], onset[rank], z_sum[rank], ratio_sum[rank] = 1, step, z, ratio
+        else:
+            run_len[rank] += 1
+            z_sum[rank] += z
+            ratio_sum[rank] += ratio
+        last[rank] = now
+        if run_len[rank] >= policy.consecutive_steps and rank not in state.flagged:
+            hits.append(rank)
+
+    outputs = _clear(state, run, step, idx, dev, x, median, scale, p, trigger, policy)
+    outputs += [_flag(state, run, rank, step, p, trigger, policy) for rank in hits]
+    return outputs
+
+
+def _track_absence(
+    state: StragglerState, run: RunState, step: int, p: _Pending, trigger: StepTiming, policy: StragglerPolicy
+) -> list[Derived]:
+    n = state.expected if state.expected is not None else state.capacity
+    newly: list[int] = []
+    if p.count == n == state.capacity:  # everyone reported: the common case, no vector work
+        if state.any_absent:
+            state.absent.fill(0)
+            state.any_absent = False
+    else:
+        seen, absent = np.frombuffer(p.seen, np.bool_)[:n], state.absent[:n]
+        absent[seen] = 0
+        absent[~seen] += 1
+        state.any_absent = True
+        newly = np.flatnonzero(absent == policy.missing_after_steps).tolist()
+    returned = {r for r in state.missing if r < n and p.seen[r]}
+    if not newly and not returned:
+        return []
+    state.missing -= returned
+    state.missing.update(newly)
+    _recount(state)
+    if not newly:
+        return []
+    first = newly[0]
+    since = step - policy.missing_after_steps + 1
+    return [
+        RanksMissing(
+            event_id=derived_id("ranks_missing", run.run_id, state.attempt, step),
+            **_envelope(state, run, -1, step, trigger),
+            reason=Reason(
+                code=ReasonCode.MISSING_RANKS,
+                text=f"{len(newly)} rank(s) reported no step timing for steps {since}..{step} while "
+                f"the others did (first: rank {first} on {_node(state, run, first) or 'unknown node'}); "
+                f"{len(state.missing)} missing in all",
+            ),
+            caused_by=[trigger.event_id],
+            ranks=newly,
+        )
+    ]
+
+
+def _clear(
+    state: StragglerState,
+    run: RunState,
+    step: int,
+    idx: np.ndarray | None,
+    dev: np.ndarray,
+    x: np.ndarray,
+    median: float,
+    scale: float,
+    p: _Pending,
+    trigger: StepTiming,
+    policy: StragglerPolicy,
+) -> list[Derived]:
+    outputs: list[Derived] = []
+    for rank, flag in list(state.flagged.items()):
+        if not p.seen[rank]:
+            continue
+        at = rank if idx is None else int(np.searchsorted(idx, rank))
+        z = float(dev[at]) / scale
+        flag.steps += 1
+        flag.in_band = 0 if z > policy.sigma else flag.in_band + 1
+        if flag.in_band < policy.clear_steps:
+            continue
+        del state.flagged[rank]
+        node = _node(state, run, rank)
+        outputs.append(
+            StragglerCleared(
+                event_id=derived_id("straggler_cleared", flag.event_id, step),
+                **_envelope(state, run, rank, step, trigger),
+                reason=Reason(
+                    code=ReasonCode.STRAGGLER_RECOVERED,
+                    text=f"rank {rank} on {node} back within {policy.sigma:g} sigma for "
+                    f"{flag.in_band} steps (now z {z:.1f}, {float(x[at]) / median:.2f}x the median) "
+                    f"after {flag.steps} steps flagged since step {flag.flagged_step}",
+                ),
+                caused_by=[flag.event_id, *([p.ids[rank]] if p.ids[rank] else [])],
+                flagged_steps=flag.steps,
+            )
+        )
+    return outputs
+
+
+def _flag(
+    state: StragglerState,
+    run: RunState,
+    rank: int,
+    step: int,
+    p: _Pending,
+    trigger: StepTiming,
+    policy: StragglerPolicy,
+) -> StragglerFlagged:
+    streak = state.slow_run[rank]
+    onset = state.onset[rank]
+    robust_z = state.z_sum[rank] / streak
+    slowdown = state.ratio_sum[rank] / streak
+    event_id = derived_id("straggler_flagged", run.run_id, state.attempt, rank, onset)
+    state.flagged[rank] = _Flag(event_id, step)
+    node = _node(state, run, rank)
+    return StragglerFlagged(
+        event_id=event_id,
+        **_envelope(state, run, rank, step, trigger),
+        reason=Reason(
+            code=ReasonCode.STRAGGLER,
+            text=f"rank {rank} on {node} computes {slowdown:.2f}x the median step (robust z "
+            f"{robust_z:.1f} > {policy.sigma:g}) for {streak} steps since step {onset}",
+        ),
+        caused_by=[p.ids[rank] or trigger.event_id],
+        robust_z=robust_z,
+        slowdown=slowdown,
+        consecutive_steps=streak,
+        onset_step=onset,
+    )

@@ -1,0 +1,102 @@
+"""A whole local pipeline for demos, evaluations and benchmarks: a Kafka broker in a
+directory of its own, the topics, and the processor as a separate process (as in
+production) serving Prometheus metrics. Stopped cleanly on exit, errors included."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from .broker.local import LocalBroker, ensure_jars
+from .broker.topics import TopicNames, ensure_topics, topic_names
+
+#: The faust app id of the processor (its consumer group).
+PROCESSOR_GROUP = "trainguard-processor"
+
+
+def builtin_policy(name: str) -> Path:
+    return Path(str(resources.files("trainguard.processors") / "policies" / f"{name}.yaml"))
+
+
+@dataclass
+class Stack:
+    bootstrap: str
+    names: TopicNames
+    broker: LocalBroker
+    processor: subprocess.Popen[bytes]
+    processor_log: Path
+    metrics_url: str
+
+    def processor_alive(self) -> bool:
+        return self.processor.poll() is None
+
+    def processor_log_tail(self, chars: int = 3000) -> str:
+        return self.processor_log.read_text(errors="replace")[-chars:]
+
+    def scrape(self) -> dict[str, float]:
+        """The processor's trainguard_* metrics (without the `_created` series)."""
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as response:
+            text = response.read().decode()
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("trainguard_") and "_created" not in line:
+                name, _, value = line.rpartition(" ")
+                values[name] = float(value)
+        return values
+
+
+def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"the processor exited ({proc.returncode}); see {log}:\n{tail}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"the processor's metrics endpoint {url} did not come up; see {log}")
+
+
+@contextmanager
+def local_stack(
+    workdir: Path, policy: Path, metrics_port: int, secret_env: dict[str, str] | None = None
+) -> Iterator[Stack]:
+    """Start broker + topics + processor under `workdir` (its broker data is reset);
+    `secret_env` passes the command-signing secret to the processor (default: ours)."""
+    ensure_jars()
+    shutil.rmtree(workdir / "broker", ignore_errors=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+    broker = LocalBroker(workdir / "broker")
+    processor: subprocess.Popen[bytes] | None = None
+    try:
+        bootstrap = broker.start()
+        ensure_topics(bootstrap)
+        log = workdir / "processor.log"
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+        command = [sys.executable, "-m", "trainguard", "process", "--bootstrap", bootstrap]
+        command += ["--policy", str(policy), "--metrics-port", str(metrics_port), "--loglevel", "info"]
+        with log.open("wb") as out:
+            processor = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(secret_env or {})}
+            )
+        _wait_http(url, 60, processor, log)
+        yield Stack(bootstrap, topic_names(), broker, processor, log, url)
+    finally:
+        if processor is not None and processor.poll() is None:
+            processor.terminate()
+            try:
+                processor.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                processor.kill()
+        broker.stop()

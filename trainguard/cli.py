@@ -209,6 +209,57 @@ def simulate(
 
 
 @app.command()
+def evaluate(
+    scenario: Annotated[
+        list[str] | None, typer.Option(help="Library scenario name(s); default: the whole library.")
+    ] = None,
+    live: Annotated[bool, typer.Option(help="Also run each scenario through the live pipeline.")] = False,
+    policy: Annotated[str | None, typer.Option(help="Policy YAML; default: policies/evaluate.yaml.")] = None,
+    workdir: Annotated[Path, typer.Option(help="Broker data for --live.")] = Path(".trainguard/evaluate"),
+    metrics_port: Annotated[int, typer.Option(help="Processor metrics port for --live.")] = 9465,
+) -> None:
+    """Score every detector on the labelled fault scenarios: TP, FP, FN and detection
+    latency, through the pure core (always) and the live pipeline on a real broker (--live)."""
+    from .processors.core.policy import load_policy
+    from .producers.simulator import Scenario
+    from .replay.evaluate import run_core
+    from .report import evaluation_table, make_console, scenario_lines
+    from .stack import builtin_policy
+
+    out = make_console()
+    policy_path = Path(policy) if policy else builtin_policy("evaluate")
+    chosen = Scenario.library()
+    if scenario:
+        chosen = {name: chosen[name] for name in scenario}
+    core = []
+    for name, sc in chosen.items():
+        with console.status(f"pure core: {name}"):
+            core.append(run_core(sc, load_policy(str(policy_path))))
+    out.print(evaluation_table(f"Pure core ({len(core)} scenarios)", core))
+    for line in scenario_lines(core):
+        out.print(line, markup=False)
+    failed = any(s.misses or s.false_alarms for s in core)
+    if live:
+        from .replay.evaluate_live import run_live
+        from .schemas.auth import write_secret_file
+        from .stack import local_stack
+
+        workdir.mkdir(parents=True, exist_ok=True)
+        os.environ.setdefault("TRAINGUARD_SECRET_FILE", str(write_secret_file(workdir / "secret")))
+        secret = master_secret()
+        scores = []
+        with local_stack(workdir.resolve(), policy_path, metrics_port) as stack:
+            for name, sc in chosen.items():
+                with console.status(f"live pipeline: {name} (x{sc.live_speed})"):
+                    scores.append(run_live(sc, stack, secret))
+        out.print(evaluation_table(f"Live pipeline ({len(scores)} scenarios)", scores))
+        for line in scenario_lines(scores):
+            out.print(line, markup=False)
+        failed |= any(s.misses or s.false_alarms for s in scores)
+    raise typer.Exit(1 if failed else 0)
+
+
+@app.command()
 def timeline(
     db: Annotated[Path, typer.Option(help="DuckDB archive.")] = Path(".trainguard/trainguard.duckdb"),
     run: Annotated[str | None, typer.Option(help="Only this run_id.")] = None,

@@ -52,3 +52,46 @@ def print_timeline(db: Path, run_id: str | None, console: Console) -> None:
         console.print(f"no interruptions recorded in {db}")
         return
     console.print(timeline_table(rows))
+
+
+def evaluation_table(title: str, scores: list[Any]) -> Table:
+    """Per detector, summed over scenarios: TP / FP / FN and detection latency."""
+    from statistics import median
+
+    totals: dict[str, list[Any]] = {}
+    for scenario in scores:
+        for detector, board in scenario.detectors.items():
+            totals.setdefault(detector, []).append(board)
+    table = Table(title=title)
+    for column in ("detector", "TP", "FP", "FN", "latency steps (median, max)", "latency s (median, max)"):
+        table.add_column(column)
+    table.add_column("diagnosis right/all")
+    for detector, boards in sorted(totals.items()):
+        steps = [x for b in boards for x in b.latency_steps]
+        secs = [x for b in boards for x in b.latency_s]
+        right = sum(b.diagnosis_right for b in boards)
+        judged = right + sum(b.diagnosis_wrong for b in boards)
+        table.add_row(
+            detector,
+            str(sum(b.tp for b in boards)),
+            str(sum(b.fp for b in boards)),
+            str(sum(b.fn for b in boards)),
+            f"{median(steps):g}, {max(steps):g}" if steps else "-",
+            f"{median(secs):.1f}, {max(secs):.1f}" if secs else "-",
+            f"{right}/{judged}" if judged else "-",
+        )
+    return table
+
+
+def scenario_lines(scores: list[Any]) -> list[str]:
+    lines = []
+    for scenario in scores:
+        verdict = "ok" if not scenario.misses and not scenario.false_alarms else "CHECK"
+        found = ", ".join(sorted({d.detector for d in scenario.detections})) or "nothing"
+        lines.append(f"{scenario.scenario:26s} {verdict:5s} detected: {found}")
+        lines += [f"    missed {m.kind} rank {m.rank} ({m.node}) at step {m.step}" for m in scenario.misses]
+        lines += [
+            f"    false alarm {a.detector} rank {a.rank} ({a.node}) at step {a.step}: {a.event.reason.text}"
+            for a in scenario.false_alarms
+        ]
+    return lines

@@ -1,0 +1,191 @@
+"""Scoring the detectors against labelled fault scenarios.
+
+Each library scenario carries its ground truth (which fault, which rank/node/rack, from
+which step). A run's detections (derived events) are matched to the truth detector by
+detector: a detection that explains a fault is a true positive, one that explains none
+is a false positive, a fault that nothing explains is a false negative. Latency is
+measured from the fault's onset, in steps and in seconds of the run's own time.
+
+Two drivers produce the detections from the same scenario: the pure core in a closed
+loop (the simulator reacts to the core's commands in-process, no broker), and the live
+pipeline (simulator -> Kafka -> processor -> Kafka), read back from the events topic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ..processors.core import CorePolicy, CoreState, step
+from ..producers.simulator import Scenario, SimulatedCluster
+from ..producers.simulator.scenario import FaultTruth
+from ..schemas import (
+    Command,
+    Derived,
+    Envelope,
+    GradSpike,
+    Interruption,
+    SdcMismatch,
+    StepTiming,
+    StragglerDiagnosed,
+    StragglerFlagged,
+)
+
+#: Which detector each truth kind should trigger.
+EXPECTED: dict[str, str] = {
+    "crash": "crash",
+    "hang": "hang",
+    "slow": "straggler",
+    "nan": "non_finite",
+    "grad_spike": "grad_spike",
+    "bitflip": "sdc_self_check",
+    "sdc": "sdc_self_check",
+    "wrong_gpu": "sdc_cross_rank",
+}
+
+
+@dataclass(frozen=True)
+class Detection:
+    detector: str
+    rank: int
+    node: str
+    step: int
+    ts: float
+    event: Derived
+
+
+def detector_of(output: Derived) -> str | None:
+    """The detector a derived event reports for, or None for bookkeeping outputs."""
+    if isinstance(output, Interruption):
+        return output.cause.value  # crash, hang, non_finite, sdc, ...
+    if isinstance(output, StragglerFlagged):
+        return "straggler"
+    if isinstance(output, SdcMismatch):
+        return "sdc_self_check" if output.method == "self_check" else "sdc_cross_rank"
+    if isinstance(output, GradSpike):
+        return "grad_spike"
+    return None
+
+
+def detections(outputs: Iterable[Derived]) -> list[Detection]:
+    found = []
+    for output in outputs:
+        detector = detector_of(output)
+        if detector is not None:
+            found.append(Detection(detector, output.rank, output.node, output.step, output.ts, output))
+    return found
+
+
+def _explains(detection: Detection, truth: FaultTruth, racks: dict[str, str]) -> bool:
+    if EXPECTED.get(truth.kind) != detection.detector:
+        return False
+    if detection.detector in ("non_finite", "grad_spike"):
+        return detection.step >= truth.step - 1  # job-level: any rank may report it
+    if truth.rank is not None and truth.kind == "slow":
+        return detection.rank == truth.rank
+    if truth.node is not None:
+        return detection.node == truth.node
+    return racks.get(detection.node) == truth.rack  # rack-wide fault
+
+
+@dataclass
+class DetectorScore:
+    tp: int = 0
+    fp: int = 0
+    fn: int = 0
+    latency_steps: list[int] = field(default_factory=list)
+    latency_s: list[float] = field(default_factory=list)
+    diagnosis_right: int = 0
+    diagnosis_wrong: int = 0
+
+
+@dataclass
+class ScenarioScore:
+    scenario: str
+    detectors: dict[str, DetectorScore]
+    truths: list[FaultTruth]
+    detections: list[Detection]
+    misses: list[FaultTruth]
+    false_alarms: list[Detection]
+
+
+def score(
+    name: str,
+    truths: list[FaultTruth],
+    outputs: list[Derived],
+    step_started_ts: dict[int, float],
+    racks: dict[str, str],
+) -> ScenarioScore:
+    """Match detections to truths. Repeated detections of one fault (a data fault that
+    fails after every restart, each rank of a hot aisle) count as one true positive."""
+    found = detections(outputs)
+    diagnoses = {d.caused_by[0]: d for d in outputs if isinstance(d, StragglerDiagnosed) and d.caused_by}
+    scores: dict[str, DetectorScore] = {}
+    explained: set[int] = set()
+    misses = []
+    for truth in truths:
+        expected = EXPECTED.get(truth.kind)
+        if expected is None:
+            continue
+        board = scores.setdefault(expected, DetectorScore())
+        hits = [i for i, d in enumerate(found) if _explains(d, truth, racks)]
+        explained.update(hits)
+        if not hits:
+            board.fn += 1
+            misses.append(truth)
+            continue
+        board.tp += 1
+        first = min((found[i] for i in hits), key=lambda d: d.ts)
+        board.latency_steps.append(first.step - truth.step)
+        onset = step_started_ts.get(truth.step)
+        if onset is not None:
+            board.latency_s.append(first.ts - onset)
+        if expected == "straggler" and truth.diagnosis is not None:
+            verdicts = [diagnoses.get(found[i].event.event_id) for i in hits]
+            right = all(v is not None and v.diagnosis == truth.diagnosis for v in verdicts)
+            board.diagnosis_right += int(right)
+            board.diagnosis_wrong += int(not right)
+    false_alarms = [d for i, d in enumerate(found) if i not in explained]
+    for alarm in false_alarms:
+        scores.setdefault(alarm.detector, DetectorScore()).fp += 1
+    return ScenarioScore(name, scores, truths, found, misses, false_alarms)
+
+
+def step_start_times(events: Iterable[Envelope]) -> dict[int, float]:
+    """When each step started: the ts at which the job completed the step before it."""
+    started: dict[int, float] = {}
+    for event in events:
+        if isinstance(event, StepTiming) and event.step + 1 not in started:
+            started[event.step + 1] = event.ts
+    return started
+
+
+def run_core(
+    scenario: Scenario, policy: CorePolicy, dt_s: float = 0.05, start_ts: float = 1_000.0
+) -> ScenarioScore:
+    """The pure core in a closed loop with the simulator: no broker, no wall clock."""
+    cluster = SimulatedCluster(scenario, start_ts, run_id=f"eval-{scenario.name}", id_prefix="e")
+    state = CoreState()
+    outputs: list[Derived] = []
+    seen: list[Envelope] = []
+
+    def feed(events: list[Envelope]) -> None:
+        nonlocal state
+        for event in events:
+            seen.append(event)
+            state, out = step(state, event, policy)
+            for item in out:
+                if isinstance(item, Command):
+                    try:
+                        feed(cluster.apply(item).events)
+                    except Exception:  # a command the simulated ranks refuse (e.g. not training)
+                        continue
+                else:
+                    outputs.append(item)
+
+    t = start_ts
+    limit = start_ts + 20 * scenario.steps * scenario.step_time_s + 600
+    while not cluster.done and t < limit:
+        t += dt_s
+        feed(cluster.advance(t))
+    return score(scenario.name, scenario.truth(), outputs, step_start_times(seen), scenario.racks())

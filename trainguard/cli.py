@@ -213,7 +213,13 @@ def evaluate(
     scenario: Annotated[
         list[str] | None, typer.Option(help="Library scenario name(s); default: the whole library.")
     ] = None,
-    live: Annotated[bool, typer.Option(help="Also run each scenario through the live pipeline.")] = False,
+    live: Annotated[
+        bool,
+        typer.Option(
+            help="Also run each scenario through the live pipeline (scenarios over 1,024 ranks only "
+            "when named with --scenario: they run in real time)."
+        ),
+    ] = False,
     policy: Annotated[str | None, typer.Option(help="Policy YAML; default: policies/evaluate.yaml.")] = None,
     workdir: Annotated[Path, typer.Option(help="Broker data for --live.")] = Path(".trainguard/evaluate"),
     metrics_port: Annotated[int, typer.Option(help="Processor metrics port for --live.")] = 9465,
@@ -248,8 +254,11 @@ def evaluate(
         os.environ.setdefault("TRAINGUARD_SECRET_FILE", str(write_secret_file(workdir / "secret")))
         secret = master_secret()
         scores = []
+        named = set(scenario or ())
         with local_stack(workdir.resolve(), policy_path, metrics_port) as stack:
             for name, sc in chosen.items():
+                if sc.world_size > 1024 and name not in named:
+                    continue
                 with console.status(f"live pipeline: {name} (x{sc.live_speed})"):
                     scores.append(run_live(sc, stack, secret))
         out.print(evaluation_table(f"Live pipeline ({len(scores)} scenarios)", scores))

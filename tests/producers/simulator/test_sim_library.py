@@ -122,9 +122,10 @@ def test_the_library_has_one_scenario_per_fault_and_two_controls() -> None:
         assert sc.name == name and sc.description
         assert Scenario.builtin(name) == sc  # the CLI's `simulate NAME` finds them too
         assert sc.noise.active, f"{name}: every library run has realistic noise"
-        # Small enough for the live pipeline: under ~2 minutes of wall clock at live_speed.
+        # Small enough for the live pipeline: under ~2 minutes of wall clock at live_speed
+        # (the 16,384-rank control runs in real time, live only when named).
         healthy_s = sc.steps * sc.step_time_s
-        assert healthy_s / sc.live_speed < 75, name
+        assert healthy_s / sc.live_speed < 75 or sc.world_size > 1024, name
         if name != "control-16k":
             assert sc.world_size <= 256 and sc.step_time_s == 0.2
             assert sc.gpu_health_interval_s > 0

@@ -15,7 +15,6 @@ import statistics
 from collections.abc import Iterable
 
 from ...schemas import (
-    Abort,
     CheckpointValidated,
     Command,
     CrossRankCheck,
@@ -38,6 +37,7 @@ from ...schemas import (
 )
 from . import baseline, diagnosis, sdc, straggler
 from .ids import derived_id
+from .outputs import abort_for, node_of
 from .policy import CorePolicy
 from .stacks import odd_stack
 from .state import CoreState, OpenInterruption, PendingHang, RankState, RunPhase, RunState
@@ -233,7 +233,7 @@ def _on_heartbeat(run: RunState, rank: RankState, event: Heartbeat, policy: Core
         timeout_s=timeout,
     )
     run.pending_hang = PendingHang(hang.event_id, event.ts, run.job_step, event.rank)
-    return [hang, _abort(run, hang, stack_dump=True)]
+    return [hang, abort_for(run, hang, stack_dump=True)]
 
 
 def _on_exit(run: RunState, rank: RankState, event: RankExit) -> list[Output]:
@@ -259,7 +259,7 @@ def _on_exit(run: RunState, rank: RankState, event: RankExit) -> list[Output]:
             text=f"rank {event.rank} on {event.node} died ({how}) at step {rank.last_step}",
         ),
     )
-    return [interruption, _abort(run, interruption, stack_dump=False)]
+    return [interruption, abort_for(run, interruption, stack_dump=False)]
 
 
 def _maybe_conclude_hang(run: RunState, now_ts: float, policy: CorePolicy) -> list[Output]:
@@ -304,11 +304,6 @@ def _maybe_conclude_hang(run: RunState, now_ts: float, policy: CorePolicy) -> li
 # --------------------------------------------------------------------------- outputs
 
 
-def _node_of(run: RunState, rank: int) -> str:
-    state = run.ranks.get(rank)
-    return state.node if state is not None else ""
-
-
 def _interruption(
     run: RunState,
     *,
@@ -331,7 +326,7 @@ def _interruption(
         run_id=run.run_id,
         attempt=run.attempt,
         rank=culprit,
-        node=_node_of(run, culprit),
+        node=node_of(run, culprit),
         step=run.job_step,
         ts=at,
         reason=reason,
@@ -341,19 +336,6 @@ def _interruption(
         detected_by=detected_by,
         lost_steps=max(0, lost),
         last_checkpoint_step=checkpoint,
-    )
-
-
-def _abort(run: RunState, cause: Derived, stack_dump: bool) -> Abort:
-    return Abort(
-        command_id=derived_id("abort", cause.event_id),
-        run_id=run.run_id,
-        attempt=run.attempt,
-        ranks=None,
-        issued_ts=cause.ts,
-        reason=cause.reason,
-        caused_by=[cause.event_id],
-        stack_dump=stack_dump,
     )
 
 

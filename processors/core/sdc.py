@@ -24,7 +24,6 @@ import math
 from typing import Protocol
 
 from ...schemas import (
-    Abort,
     Command,
     Derived,
     GradSpike,
@@ -39,7 +38,8 @@ from ...schemas import (
     StepStats,
 )
 from .ids import derived_id
-from .sdc_checks import cross_pair, mismatch, node_of, quarantine, watermark_text, world_of
+from .outputs import abort_for, node_of
+from .sdc_checks import cross_pair, mismatch, quarantine, watermark_text, world_of
 from .sdc_cross import on_cross_check
 from .sdc_state import REMEMBERED, SdcPolicy, SdcState, remember
 from .state import RunPhase, RunState
@@ -58,8 +58,7 @@ __all__ = [
 
 Output = Derived | Command
 
-#: Reason codes of the *scheduled* check commands. ReasonCode has no "check scheduled"
-#: member yet; until it has, a scheduled check carries the code of what it looks for.
+#: Reason codes of the *scheduled* check commands.
 SELF_CHECK_SCHEDULED = ReasonCode.SDC_CHECK_SCHEDULED
 CROSS_CHECK_SCHEDULED = ReasonCode.SDC_CHECK_SCHEDULED
 
@@ -129,16 +128,7 @@ def _non_finite(run: RunState, event: StepStats, interrupt: Interrupt) -> list[O
         culprit=event.rank,
         reason=reason,
     )
-    abort = Abort(  # as the engine's _abort builds it
-        command_id=derived_id("abort", interruption.event_id),
-        run_id=run.run_id,
-        attempt=run.attempt,
-        ranks=None,
-        issued_ts=interruption.ts,
-        reason=interruption.reason,
-        caused_by=[interruption.event_id],
-        stack_dump=True,
-    )
+    abort = abort_for(run, interruption, stack_dump=True)
     return [interruption, abort]
 
 

@@ -102,11 +102,6 @@ def world_of(run: RunState) -> int:
     return run.world_size or (max(run.ranks) + 1 if run.ranks else 0)
 
 
-def node_of(run: RunState, rank: int) -> str:
-    state = run.ranks.get(rank)
-    return state.node if state is not None else ""
-
-
 def watermark_text(state: SdcState) -> str:
     return (
         f"Verification watermark frozen at step {state.last_passing_check_step}: "

@@ -12,7 +12,8 @@ import math
 
 from ...schemas import Command, CrossRankCheck, Derived, Reason, ReasonCode, RunCrossRankCheck, SdcMismatch
 from .ids import derived_id
-from .sdc_checks import bisect_three, mismatch, node_of, quarantine, third_rank, watermark_text, world_of
+from .outputs import node_of
+from .sdc_checks import bisect_three, mismatch, quarantine, third_rank, watermark_text, world_of
 from .sdc_state import SdcPolicy, SdcState, remember
 from .state import RunState
 

@@ -1,0 +1,31 @@
+"""Small builders shared by the detectors' outputs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...schemas import Abort, Derived
+from .ids import derived_id
+
+if TYPE_CHECKING:
+    from .state import RunState
+
+
+def node_of(run: RunState, rank: int) -> str:
+    """The node a rank reported from in this attempt ('' when unknown)."""
+    state = run.ranks.get(rank)
+    return state.node if state is not None else ""
+
+
+def abort_for(run: RunState, cause: Derived, stack_dump: bool) -> Abort:
+    """Abort every rank of the current attempt because of `cause` (id derived from it)."""
+    return Abort(
+        command_id=derived_id("abort", cause.event_id),
+        run_id=run.run_id,
+        attempt=run.attempt,
+        ranks=None,
+        issued_ts=cause.ts,
+        reason=cause.reason,
+        caused_by=[cause.event_id],
+        stack_dump=stack_dump,
+    )

@@ -98,6 +98,9 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
             metrics.observe(result)
             if result.rejections or result.derived or result.commands:
                 await publish(result, source)
+                if result.derived or result.commands:
+                    # Kafka's CreateTime of the record that caused the decision -> delivered.
+                    metrics.decision_latency.observe(max(0.0, time.time() - message.timestamp))
             for derived in result.derived:
                 log.info("%s %s: %s", derived.KIND, derived.run_id, derived.reason.text)
 

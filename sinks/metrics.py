@@ -9,7 +9,7 @@ never read from it by the scrape thread, so a scrape cannot race the core.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from ..processors.core import CoreState, RunPhase, goodput, step_time_summary
 from ..processors.driver import DriverResult
@@ -35,6 +35,13 @@ class ProcessorMetrics:
         )
         self.commands = Counter(
             "trainguard_commands_total", "Commands published, by kind.", ["kind"], registry=r
+        )
+        self.decision_latency = Histogram(
+            "trainguard_decision_latency_seconds",
+            "From the producer's timestamp of the telemetry record that caused a decision to the "
+            "decision's delivery to Kafka.",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+            registry=r,
         )
         self.goodput = Gauge(
             "trainguard_goodput_ratio", "Useful step time over elapsed time.", ["run_id"], registry=r

@@ -189,6 +189,7 @@ def test_commands_execute_once_when_redelivered_refuse_forgeries_and_bad_records
         (crash,) = [d for d in derived if isinstance(d, Interruption)]
         assert (crash.rank, crash.node, crash.lost_steps) == (1, "node-000", 1)
         assert live.metric("trainguard_events_processed_total") - before == len(first) + len(second)
+        assert live.metric("trainguard_decision_latency_seconds_count") >= 1  # the crash decision was timed
 
         # The abort reaches the actuator; each rank executes it once and acknowledges.
         acks = acks_of(readers["acks"].until(lambda s: len(acks_of(s, run_id)) >= 4), run_id)

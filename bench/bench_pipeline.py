@@ -36,7 +36,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,12 +43,13 @@ from pathlib import Path
 import psutil
 
 from trainguard.broker.lag import group_lag
-from trainguard.broker.local import LocalBroker, ensure_jars, free_ports
-from trainguard.broker.topics import TopicNames, ensure_topics, topic_names
+from trainguard.broker.local import free_ports
+from trainguard.broker.topics import TopicNames
 from trainguard.producers.simulator import Scenario
 from trainguard.producers.simulator.driver import Progress, run_simulation
 from trainguard.schemas.auth import SECRET_ENV
 from trainguard.sinks.archive import ArchiveWriter, timeline
+from trainguard.stack import local_stack
 
 GROUP = "trainguard-processor"
 POLICY = Path(__file__).resolve().parents[1] / "processors" / "policies" / "demo.yaml"
@@ -93,61 +93,34 @@ class Pipeline:
         self.writer.run_until_caught_up(timeout_s=60)
 
 
-def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the processor exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
-        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1):
-            return
-        time.sleep(0.3)
-    raise RuntimeError(f"the processor's metrics endpoint {url} did not come up; see {log}")
-
-
 @contextlib.contextmanager
 def pipeline(workdir: Path, policy: Path) -> Iterator[Pipeline]:
-    """Broker, processor and archive writer, started fresh; all stopped on exit, errors included."""
-    ensure_jars()
-    broker = LocalBroker(workdir / "kafka")
-    processor: subprocess.Popen[bytes] | None = None
-    writer: ArchiveWriter | None = None
-    archiver: threading.Thread | None = None
+    """Broker, processor (trainguard.stack) and archive writer, started fresh; all stopped on
+    exit, errors included."""
+    secret = secrets.token_hex(24)
     stop = threading.Event()
-    try:
-        bootstrap = broker.start()
-        assert broker.pid is not None
-        ensure_topics(bootstrap)
-        names = topic_names()
-        secret = secrets.token_hex(24)
-        port = free_ports(1)[0]
-        log = workdir / "processor.log"
-        with log.open("wb") as out:
-            processor = subprocess.Popen(
-                [sys.executable, "-m", "trainguard", "process", "--bootstrap", bootstrap]
-                + ["--policy", str(policy), "--metrics-port", str(port)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, SECRET_ENV: secret},
-            )
-        _wait_http(f"http://127.0.0.1:{port}/metrics", processor, log)
-        writer = ArchiveWriter(bootstrap, names, workdir / "bench.duckdb")
+    with local_stack(workdir, policy, free_ports(1)[0], secret_env={SECRET_ENV: secret}) as stack:
+        assert stack.broker.pid is not None
+        writer = ArchiveWriter(stack.bootstrap, stack.names, workdir / "bench.duckdb")
         archiver = threading.Thread(target=writer.run, args=(stop,), name="archive", daemon=True)
         archiver.start()
-        yield Pipeline(bootstrap, names, secret.encode(), writer, processor, log, broker.pid, archiver, stop)
-    finally:
-        stop.set()
-        if archiver is not None:
+        try:
+            yield Pipeline(
+                stack.bootstrap,
+                stack.names,
+                secret.encode(),
+                writer,
+                stack.processor,
+                stack.processor_log,
+                stack.broker.pid,
+                archiver,
+                stop,
+            )
+        finally:
+            stop.set()
             archiver.join(timeout=60)
-        if writer is not None and (archiver is None or not archiver.is_alive()):
-            writer.close()
-        if processor is not None and processor.poll() is None:
-            processor.terminate()
-            try:
-                processor.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                processor.kill()
-                processor.wait(timeout=10)
-        broker.stop()
+            if not archiver.is_alive():
+                writer.close()
 
 
 def _cpu_s(proc: psutil.Process) -> float:

@@ -17,12 +17,15 @@ import itertools
 import logging
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 import faust
+from faust.types import RecordMetadata
 
-from ..broker.topics import TopicNames, topic_names
-from ..schemas import Tick, encode
+from ..broker.topics import TopicNames, partition_count, topic_names
+from ..schemas import Envelope, Tick, encode
+from ..schemas.sharding import telemetry_key, telemetry_partition
 from ..sinks.metrics import ProcessorMetrics
 from .core import CorePolicy
 from .driver import CoreDriver, DriverResult
@@ -71,6 +74,16 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
 
     driver = CoreDriver(settings.policy, settings.master_secret)
     metrics = ProcessorMetrics()
+    # Records this worker writes into the telemetry log (ticks, forwards) go to the run's
+    # shard-0 partition, computed as the shippers compute it (schemas/sharding.py).
+    partitions = partition_count(settings.bootstrap, names.telemetry)
+
+    async def to_coordinator(record: Envelope) -> Awaitable[RecordMetadata]:
+        return await telemetry.send(
+            key=telemetry_key(record.run_id, 0),
+            value=encode(record),
+            partition=telemetry_partition(record.run_id, 0, partitions),
+        )
 
     async def publish(result: DriverResult, source: str) -> None:
         pending = []
@@ -85,6 +98,8 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
             pending.append(await events.send(key=derived.run_id.encode(), value=encode(derived)))
         for command in result.commands:
             pending.append(await commands.send(key=command.run_id.encode(), value=encode(command)))
+        for forward in result.forwards:  # a report for the run's shard 0 (maybe another worker)
+            pending.append(await to_coordinator(forward))
         for future in pending:  # durable before this offset may be committed
             await future
 
@@ -96,11 +111,12 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
             value = event.value if isinstance(event.value, bytes) else b""
             result = driver.handle(value)
             metrics.observe(result)
-            if result.rejections or result.derived or result.commands:
+            if result.rejections or result.derived or result.commands or result.forwards:
                 await publish(result, source)
                 if result.derived or result.commands:
                     # Kafka's CreateTime of the record that caused the decision -> delivered.
                     metrics.decision_latency.observe(max(0.0, time.time() - message.timestamp))
+            metrics.record_latency.observe(max(0.0, time.time() - message.timestamp))
             for derived in result.derived:
                 log.info("%s %s: %s", derived.KIND, derived.run_id, derived.reason.text)
 
@@ -113,7 +129,7 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
         dumps of ranks that will never answer). The tick is written INTO the telemetry
         log, so the core sees it in order and a replay sees the same ticks."""
         for run in list(driver.state.runs.values()):
-            if run.pending_hang is None:
+            if run.pending_hang is None:  # only a coordinator (shard 0) waits for stacks
                 continue
             event = Tick(
                 event_id=f"tick-{worker_id}-{next(ticks)}",
@@ -124,7 +140,7 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
                 step=run.job_step,
                 ts=time.time(),
             )
-            await telemetry.send(key=run.run_id.encode(), value=encode(event))
+            await to_coordinator(event)
 
     @app.timer(interval=settings.metrics_refresh_s)
     async def refresh_metrics() -> None:

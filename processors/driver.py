@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..schemas import Command, Derived, Rejection, decode_batch
+from ..schemas import Command, Derived, Envelope, Rejection, decode_batch
 from ..schemas.auth import run_key, sign
 from .core import CorePolicy, CoreState, Output, step
+from .core.outputs import Forward
+from .core.state import state_key
 
 
 @dataclass
@@ -20,6 +22,8 @@ class DriverResult:
     derived: list[Derived] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)
+    #: Events to re-publish to their run's shard 0 (schemas/sharding.py).
+    forwards: list[Envelope] = field(default_factory=list)
     events: int = 0
     duplicates: int = 0
 
@@ -43,21 +47,31 @@ class CoreDriver:
     def handle(self, value: bytes) -> DriverResult:
         decoded = decode_batch(value, registered=self._registered_world_size)
         result = DriverResult(rejections=list(decoded.rejections), events=len(decoded.events))
-        hint = decoded.header.world_size if decoded.header is not None else None
+        header = decoded.header
+        hint, shard, shard_ranks = (
+            (None, 0, 0) if header is None else (header.world_size, header.shard, header.shard_ranks)
+        )
+        # A batch holds one shard of one run (decode_batch rejects other runs' events):
+        # count its duplicates once per batch, not per event.
+        keys = {state_key(event.run_id, shard) for event in decoded.events[:1]}
+        before = self._duplicates(keys)
+        state, policy = self.state, self.policy
         for event in decoded.events:
-            before = self._duplicates(event.run_id)
-            _, outputs = step(self.state, event, self.policy, world_size_hint=hint)
-            result.duplicates += self._duplicates(event.run_id) - before
-            self._collect(outputs, result)
+            _, outputs = step(state, event, policy, hint, shard, shard_ranks)
+            if outputs:
+                self._collect(outputs, result)
+        result.duplicates = self._duplicates(keys) - before
         return result
 
-    def _duplicates(self, run_id: str) -> int:
-        run = self.state.runs.get(run_id)
-        return run.duplicates if run is not None else 0
+    def _duplicates(self, keys: set[str]) -> int:
+        runs = self.state.runs
+        return sum(runs[key].duplicates for key in keys if key in runs)
 
     def _collect(self, outputs: list[Output], result: DriverResult) -> None:
         for output in outputs:
             if isinstance(output, Command):
                 result.commands.append(sign(output, self.key(output.run_id)))
+            elif isinstance(output, Forward):
+                result.forwards.append(output.event)
             else:
                 result.derived.append(output)

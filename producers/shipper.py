@@ -11,6 +11,12 @@ node share a shipper where they share a process (the simulator, a per-node agent
 a rank process that has its own shipper should flush every few seconds instead
 (`flush_interval_s`), which keeps the record rate at world_size / interval.
 
+Placement. A run larger than `shard_ranks` is cut into shards (schemas/sharding.py):
+a node's events go to its shard's partition, the run's start to every shard, and the
+run-level reports (exits, SDC checks, checkpoints) to shard 0, one record per
+(shard, node). Records are placed on explicit partitions, (crc32(run_id) + shard) mod
+P, which the processor computes too for the records it writes into the topic.
+
 Never blocking. `submit()` appends to a bounded in-memory queue under a lock and
 returns; a background thread encodes, batches and hands records to librdkafka,
 which queues them asynchronously. When the broker is slow or down, the queue
@@ -34,6 +40,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from ..schemas import Envelope, encode, encode_batch
+from ..schemas.sharding import DEFAULT_SHARD_RANKS, route, shard_size, telemetry_key, telemetry_partition
 
 #: Defaults for the librdkafka producer. Idempotence is off by default in
 #: librdkafka; it is what makes its internal retries duplicate-free.
@@ -62,6 +69,10 @@ class ShipperConfig:
     max_queued_events: int = 100_000
     #: Most events in one Kafka record.
     max_batch_events: int = 4_096
+    #: A run larger than this is cut into shards of this many ranks (schemas/sharding.py).
+    shard_ranks: int = DEFAULT_SHARD_RANKS
+    #: Seconds to wait for the topic's partition count (background thread only).
+    metadata_timeout_s: float = 2.0
     producer: dict[str, Any] = field(default_factory=dict)
 
 
@@ -100,11 +111,15 @@ class TelemetryShipper:
         self._queue: deque[Envelope] = deque()
         self._lock = threading.Lock()
         self._seq = 0
+        self._shard_size = shard_size(world_size, config.shard_ranks)
+        self._partitions: int | None = None
         self._stop = threading.Event()
         self._producer = Producer(
             {**PRODUCER_DEFAULTS, **config.producer, "bootstrap.servers": config.bootstrap}
         )
         self._thread = threading.Thread(target=self._run, name=f"trainguard-{self.producer_id}", daemon=True)
+        self._metadata = threading.Thread(target=self._learn_partitions, name="tg-metadata", daemon=True)
+        self._metadata.start()
         self._thread.start()
 
     # ------------------------------------------------------------------ hot path
@@ -144,12 +159,40 @@ class TelemetryShipper:
 
         return done
 
+    def _learn_partitions(self) -> None:
+        """The telemetry topic's partition count (records are placed explicitly, so that
+        a run's shards land on consecutive partitions and the processor's own records for
+        the run land where the run's are). Its own thread: a broker that is down must not
+        delay the flush loop, which carries the heartbeats."""
+        while not self._lookup_partitions(self.config.metadata_timeout_s) and not self._stop.is_set():
+            self._stop.wait(0.5)
+
+    def _lookup_partitions(self, timeout_s: float) -> bool:
+        if self._partitions is not None:
+            return True
+        topic = self.config.topic
+        try:
+            meta = self._producer.list_topics(topic, timeout=max(0.1, timeout_s)).topics.get(topic)
+        except KafkaException as exc:
+            log.warning("no metadata for %s yet: %s", topic, exc)
+            return False
+        if meta is None or meta.error is not None or not meta.partitions:
+            return False
+        self._partitions = len(meta.partitions)
+        return True
+
     def _ship_once(self) -> None:
+        partitions = self._partitions
+        if partitions is None:
+            return  # events stay queued (bounded; overflow is dropped and counted)
         while events := self._take():
-            by_node: dict[str, list[Envelope]] = {}
+            # One record per (shard, node). An event sent to several shards (the run's
+            # start) is counted once, with its copy to the first shard.
+            groups: dict[tuple[int, str], list[tuple[Envelope, bool]]] = {}
             for event in events:
-                by_node.setdefault(event.node, []).append(event)
-            for i, (node, group) in enumerate(by_node.items()):
+                for n, shard in enumerate(route(event, self.world_size, self._shard_size)):
+                    groups.setdefault((shard, event.node), []).append((event, n == 0))
+            for i, ((shard, node), group) in enumerate(groups.items()):
                 value = encode_batch(
                     {
                         "run_id": self.run_id,
@@ -157,24 +200,31 @@ class TelemetryShipper:
                         "world_size": self.world_size,
                         "producer_id": self.producer_id,
                         "seq": self._seq,
+                        "shard": shard,
+                        "shard_ranks": self._shard_size,
                     },
-                    (encode(e) for e in group),
+                    (encode(e) for e, _ in group),
                 )
+                counted = sum(primary for _, primary in group)
                 try:
                     self._producer.produce(
                         self.config.topic,
-                        key=self.run_id.encode(),
+                        key=telemetry_key(self.run_id, shard),
+                        partition=telemetry_partition(self.run_id, shard, partitions),
                         value=value,
-                        on_delivery=self._delivery(len(group)),
+                        on_delivery=self._delivery(counted),
                     )
                 except BufferError:
-                    self._requeue_front([e for g in list(by_node.values())[i:] for e in g])
+                    # Copies to other shards of an event whose first copy was sent are
+                    # not retried (only the run's start is copied; shards dedupe it).
+                    rest = [e for g in list(groups.values())[i:] for e, primary in g if primary]
+                    self._requeue_front(rest)
                     self._producer.poll(0)
                     return
                 except KafkaException as exc:  # e.g. a record too large: lost, and counted
                     log.error("cannot produce a batch of %d events: %s", len(group), exc)
                     with self._lock:
-                        self.stats.failed += len(group)
+                        self.stats.failed += counted
                     continue
                 self._seq += 1
                 self.stats.batches_sent += 1
@@ -207,6 +257,7 @@ class TelemetryShipper:
         self._stop.set()
         self._thread.join()
         deadline = time.monotonic() + timeout_s
+        self._lookup_partitions(timeout_s / 2)  # closing may wait, within timeout_s
         while True:
             self._ship_once()
             remaining = self._producer.flush(max(0.0, deadline - time.monotonic()))

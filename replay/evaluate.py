@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..processors.core import CorePolicy, CoreState, step
+from ..processors.core.outputs import Forward
 from ..producers.simulator import Scenario, SimulatedCluster
 from ..producers.simulator.scenario import FaultTruth
 from ..schemas import (
@@ -30,6 +31,7 @@ from ..schemas import (
     StragglerDiagnosed,
     StragglerFlagged,
 )
+from ..schemas.sharding import route, shard_size
 
 #: Which detector each truth kind should trigger.
 EXPECTED: dict[str, str] = {
@@ -161,27 +163,42 @@ def step_start_times(events: Iterable[Envelope]) -> dict[int, float]:
 
 
 def run_core(
-    scenario: Scenario, policy: CorePolicy, dt_s: float = 0.05, start_ts: float = 1_000.0
+    scenario: Scenario,
+    policy: CorePolicy,
+    dt_s: float = 0.05,
+    start_ts: float = 1_000.0,
+    shard_ranks: int = 0,
+    workers: int = 1,
 ) -> ScenarioScore:
-    """The pure core in a closed loop with the simulator: no broker, no wall clock."""
+    """The pure core in a closed loop with the simulator: no broker, no wall clock.
+
+    With `shard_ranks`, the run is cut into shards exactly as the shippers cut it
+    (schemas/sharding.py) and shard k is folded by worker k mod `workers`, each worker
+    with its own state; forwarded reports go to shard 0's worker, as the live processor
+    sends them through Kafka."""
     cluster = SimulatedCluster(scenario, start_ts, run_id=f"eval-{scenario.name}", id_prefix="e")
-    state = CoreState()
+    world = scenario.world_size
+    size = shard_size(world, shard_ranks)
+    states = [CoreState() for _ in range(max(1, workers))]
     outputs: list[Derived] = []
     seen: list[Envelope] = []
 
-    def feed(events: list[Envelope]) -> None:
-        nonlocal state
+    def feed(events: list[Envelope], forwarded: bool = False) -> None:
         for event in events:
-            seen.append(event)
-            state, out = step(state, event, policy)
-            for item in out:
-                if isinstance(item, Command):
-                    try:
-                        feed(cluster.apply(item).events)
-                    except Exception:  # a command the simulated ranks refuse (e.g. not training)
-                        continue
-                else:
-                    outputs.append(item)
+            if not forwarded:
+                seen.append(event)
+            for shard in (0,) if forwarded else route(event, world, size):
+                state = states[shard % len(states)]
+                for item in step(state, event, policy, world, shard, size)[1]:
+                    if isinstance(item, Command):
+                        try:
+                            feed(cluster.apply(item).events)
+                        except Exception:  # a command the simulated ranks refuse (e.g. not training)
+                            continue
+                    elif isinstance(item, Forward):
+                        feed([item.event], forwarded=True)
+                    else:
+                        outputs.append(item)
 
     t = start_ts
     limit = start_ts + 20 * scenario.steps * scenario.step_time_s + 600

@@ -68,7 +68,7 @@ class Batch(Record):
     (see producers/shipper.py for the arithmetic)."""
 
     KIND: ClassVar[str] = "batch"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
 
     run_id: str = Field(min_length=1, max_length=128)
     node: str = Field(max_length=128)
@@ -76,6 +76,9 @@ class Batch(Record):
     producer_id: str = Field(min_length=1, max_length=128)
     seq: int = Field(ge=0, description="Per-producer batch counter (gaps = drops upstream).")
     records: list[Any] = Field(max_length=1_000_000)
+    # v2: a run larger than one worker is cut into shards (schemas/sharding.py).
+    shard: int = Field(0, ge=0, description="The run's shard these events belong to.")
+    shard_ranks: int = Field(0, ge=0, description="Ranks per shard; 0: the run is not sharded.")
 
 
 def _registry(classes: Iterable[type[Record]]) -> dict[str, type[Record]]:
@@ -88,8 +91,16 @@ COMMANDS: dict[str, type[Record]] = _registry(COMMAND_KINDS)
 ACKS: dict[str, type[Record]] = _registry([Ack])
 ALL: dict[str, type[Record]] = {**TELEMETRY, **DERIVED, **COMMANDS, **ACKS, "batch": Batch}
 
+#: "kind/version" of every current telemetry class -> the class (decode_batch's fast path).
+_CURRENT_TELEMETRY: dict[str, type[Envelope]] = {
+    cls.schema_name(): cls for cls in TELEMETRY_KINDS if issubclass(cls, Envelope)
+}
+
 #: (kind, from_version) -> function that rewrites a from_version dict into from_version + 1.
-UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
+UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
+    # batch/1 predates sharding: its run is one shard.
+    ("batch", 1): lambda body: {**body, "shard": 0, "shard_ranks": 0},
+}
 
 
 def encode(record: Record) -> bytes:
@@ -209,9 +220,25 @@ def decode_batch(
     except Rejected as rej:
         return DecodedBatch(None, [], [Rejection(rej.reason, rej.detail, raw)])
     size = world_size or (registered and registered(header.run_id)) or header.world_size
+    run_id = header.run_id
     events: list[Envelope] = []
     rejections: list[Rejection] = []
     for item in header.records:
+        # Fast path (nearly every event): a current-version telemetry record that validates,
+        # of this run, in range. Anything else takes decode_obj for its precise reason.
+        if type(item) is dict:
+            cls = _CURRENT_TELEMETRY.get(item.get("schema"))  # type: ignore[arg-type]
+            if cls is not None:
+                schema = item.pop("schema")  # our own parsed dict: no copy needed
+                try:
+                    event = cls.__pydantic_validator__.validate_python(item)
+                except ValidationError:
+                    pass
+                else:
+                    if event.run_id == run_id and event.rank < size:
+                        events.append(event)
+                        continue
+                item = {"schema": schema, **item}
         try:
             event = decode_obj(item, TELEMETRY)
             assert isinstance(event, Envelope)

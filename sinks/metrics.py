@@ -43,6 +43,15 @@ class ProcessorMetrics:
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
             registry=r,
         )
+        self.record_latency = Histogram(
+            "trainguard_record_latency_seconds",
+            "From the producer's timestamp of a telemetry record to the end of its processing, "
+            "outputs delivered.",
+            # Fine, so that a benchmark can read p50/p99 off them (bench/bench_live.py).
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75)
+            + (1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
+            registry=r,
+        )
         self.goodput = Gauge(
             "trainguard_goodput_ratio", "Useful step time over elapsed time.", ["run_id"], registry=r
         )
@@ -76,10 +85,10 @@ class ProcessorMetrics:
 
     def refresh(self, state: CoreState) -> None:
         # Every run still training, plus the most recent finished ones: bounded labels.
-        finished = sorted(
-            (run.last_ts, run_id) for run_id, run in state.runs.items() if run.phase == RunPhase.FINISHED
-        )
-        live = {run_id for run_id, run in state.runs.items() if run.phase != RunPhase.FINISHED}
+        # A sharded run is shown by its coordinator (shard 0, keyed by the bare run id).
+        runs = {run_id: run for run_id, run in state.runs.items() if run.coordinator}
+        finished = sorted((r.last_ts, run_id) for run_id, r in runs.items() if r.phase == RunPhase.FINISHED)
+        live = {run_id for run_id, run in runs.items() if run.phase != RunPhase.FINISHED}
         live |= {run_id for _, run_id in finished[-self.keep_finished :]}
         for gone in self._labelled - live:
             for gauge in (self.goodput, self.step_p50, self.step_max, self.slowest_rank):

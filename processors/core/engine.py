@@ -37,23 +37,32 @@ from ...schemas import (
 )
 from . import baseline, diagnosis, sdc, straggler
 from .ids import derived_id
-from .outputs import abort_for, node_of
+from .outputs import Forward, abort_for, node_of
 from .policy import CorePolicy
 from .stacks import odd_stack
-from .state import CoreState, OpenInterruption, PendingHang, RankState, RunPhase, RunState
+from .state import CoreState, OpenInterruption, PendingHang, RankState, RunPhase, RunState, state_key
 from .watchdog import is_hung, stall_s
 
-Output = Derived | Command
+Output = Derived | Command | Forward
 
 
 def step(
-    state: CoreState, event: Envelope, policy: CorePolicy, world_size_hint: int | None = None
+    state: CoreState,
+    event: Envelope,
+    policy: CorePolicy,
+    world_size_hint: int | None = None,
+    shard: int = 0,
+    shard_ranks: int = 0,
 ) -> tuple[CoreState, list[Output]]:
     """Apply one telemetry event. `world_size_hint` (from the batch header) sizes a run
-    whose RunStarted has not been seen."""
-    run = state.runs.get(event.run_id)
+    whose RunStarted has not been seen; `shard`/`shard_ranks` (also from the header) say
+    which shard of a sharded run the event was routed to (schemas/sharding.py)."""
+    key = state_key(event.run_id, shard)
+    run = state.runs.get(key)
     if run is None:
-        run = state.runs[event.run_id] = RunState(event.run_id, world_size=world_size_hint)
+        run = state.runs[key] = RunState(
+            event.run_id, world_size=world_size_hint, shard=shard, shard_ranks=shard_ranks
+        )
         run.step_times = type(run.step_times)(maxlen=policy.hang.window)
     if event.event_id in run.seen:
         run.duplicates += 1
@@ -64,9 +73,14 @@ def step(
     if event.attempt < run.attempt:
         run.stale += 1
         return state, []
-    run.first_ts = event.ts if run.first_ts is None else min(run.first_ts, event.ts)
-    run.last_ts = max(run.last_ts, event.ts)
+    ts = event.ts
+    if run.first_ts is None or ts < run.first_ts:
+        run.first_ts = ts
+    if ts > run.last_ts:
+        run.last_ts = ts
 
+    if not run.coordinator:
+        return state, _on_shard_event(run, event, policy)
     outputs: list[Output] = []
     if isinstance(event, RunStarted):
         outputs += _on_run_started(run, event)
@@ -101,8 +115,9 @@ def step(
     if run.pending_hang is not None:
         outputs += _maybe_conclude_hang(run, event.ts, policy)
     outputs += baseline.on_time(run.baseline, run, event, policy.baseline)
-    for interruption in [o for o in outputs if isinstance(o, Interruption)]:
-        outputs += baseline.on_interruption(run.baseline, run, interruption, policy.baseline)
+    if outputs:
+        for interruption in [o for o in outputs if isinstance(o, Interruption)]:
+            outputs += baseline.on_interruption(run.baseline, run, interruption, policy.baseline)
     return state, outputs
 
 
@@ -118,6 +133,38 @@ def run_all(
     return state, outputs
 
 
+def _on_shard_event(run: RunState, event: Envelope, policy: CorePolicy) -> list[Output]:
+    """A non-coordinator shard: per-rank detectors on its ranks (stragglers, their
+    diagnosis); reports that need a run-level decision are forwarded to shard 0, and
+    run-level outputs (interruptions, hang watchdog, checks, MTBF) are never made here."""
+    if isinstance(event, RunStarted):
+        _on_run_started(run, event)  # its interruption bookkeeping belongs to shard 0
+        return []
+    if event.attempt > run.attempt:
+        _begin_attempt(run, event, resumed_from_step=run.last_validated_step)
+    rank = _rank(run, event)
+    if isinstance(event, StepTiming) and rank is not None:
+        _on_step(run, rank, event)
+        outputs: list[Output] = []
+        for found in straggler.observe_step(run.straggler, run, event, policy.straggler):
+            outputs.append(found)
+            if isinstance(found, StragglerFlagged):
+                outputs.append(diagnosis.diagnosed(run.health, run, found, policy.diagnosis))
+        return outputs
+    if isinstance(event, GpuHealth):
+        diagnosis.observe_health(run.health, run, event, policy.diagnosis)
+        return []
+    if isinstance(event, Heartbeat) and rank is not None:
+        if rank.progress_ts is None:
+            rank.progress_ts = event.ts
+        return []  # a hang stalls every rank: shard 0's watchdog sees it on its own ranks
+    if isinstance(event, StepStats):
+        # A finite report is judged by shard 0 from its own ranks (the all-reduced grad
+        # norm is the same on every rank); a non-finite one may be this rank's alone.
+        return [Forward(event, "non-finite step stats")] if sdc.is_non_finite(event) else []
+    return [Forward(event, f"{event.KIND} is decided by shard 0")]  # misrouted: still decided
+
+
 # --------------------------------------------------------------------------- handlers
 
 
@@ -127,7 +174,8 @@ def _rank(run: RunState, event: Envelope) -> RankState | None:
     rank = run.ranks.get(event.rank)
     if rank is None:
         rank = run.ranks[event.rank] = RankState(node=event.node)
-    rank.last_seen_ts = max(rank.last_seen_ts, event.ts)
+    if event.ts > rank.last_seen_ts:
+        rank.last_seen_ts = event.ts
     return rank
 
 
@@ -170,8 +218,10 @@ def _begin_attempt(run: RunState, event: Envelope, resumed_from_step: int) -> li
 
 
 def _on_step(run: RunState, rank: RankState, event: StepTiming) -> list[Output]:
-    rank.last_step = max(rank.last_step, event.step)
-    rank.progress_ts = event.ts if rank.progress_ts is None else max(rank.progress_ts, event.ts)
+    if event.step > rank.last_step:
+        rank.last_step = event.step
+    if rank.progress_ts is None or event.ts > rank.progress_ts:
+        rank.progress_ts = event.ts
     rank.compute_s, rank.total_s = event.compute_s, event.total_s
     outputs: list[Output] = []
     if event.step > run.job_step:

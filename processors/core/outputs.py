@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ...schemas import Abort, Derived
+from ...schemas import Abort, Derived, Envelope
 from .ids import derived_id
 
 if TYPE_CHECKING:
@@ -29,3 +30,12 @@ def abort_for(run: RunState, cause: Derived, stack_dump: bool) -> Abort:
         caused_by=[cause.event_id],
         stack_dump=stack_dump,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """A report that a non-coordinator shard may not decide on (schemas/sharding.py): the
+    driver re-publishes `event`, unchanged (same event_id), to the run's shard 0."""
+
+    event: Envelope
+    why: str

@@ -92,7 +92,7 @@ def on_step_stats(
     synchronous job every rank reports the same all-reduced norm); the rest are ignored."""
     current = state.for_attempt(run.attempt, run.resumed_from_step)
     grad = event.grad_norm
-    if not (event.finite and math.isfinite(event.loss) and (grad is None or math.isfinite(grad))):
+    if is_non_finite(event):
         state.non_finite_reports += 1
         if current.non_finite_declared or run.phase in _ENDED or run.pending_hang is not None:
             return []
@@ -111,6 +111,11 @@ def on_step_stats(
             return _grad_spike(state, run, event, grad, p99, policy)
     state.grad_norms.add(grad, policy.grad_norm_window)
     return []
+
+
+def is_non_finite(event: StepStats) -> bool:
+    grad = event.grad_norm
+    return not (event.finite and math.isfinite(event.loss) and (grad is None or math.isfinite(grad)))
 
 
 def _non_finite(run: RunState, event: StepStats, interrupt: Interrupt) -> list[Output]:

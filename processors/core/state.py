@@ -7,6 +7,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from ...schemas.sharding import owned_ranks
 from .baseline import BaselineState
 from .diagnosis import HealthState
 from .sdc_state import SdcState
@@ -73,6 +74,10 @@ class OpenInterruption:
 class RunState:
     run_id: str
     world_size: int | None = None
+    #: This state's shard of the run and the ranks per shard (0: not sharded); see
+    #: schemas/sharding.py. Shard 0 coordinates: it alone makes run-level decisions.
+    shard: int = 0
+    shard_ranks: int = 0
     ranks_per_node: int = 1
     racks: dict[str, str] = field(default_factory=dict)
     attempt: int = 0
@@ -103,10 +108,26 @@ class RunState:
     duplicates: int = 0
     stale: int = 0
 
+    @property
+    def coordinator(self) -> bool:
+        return self.shard == 0
+
+    def owned(self) -> range | None:
+        """The ranks this state watches (None while the world size is unknown)."""
+        if self.world_size is None:
+            return None
+        return owned_ranks(self.shard, self.shard_ranks, self.world_size)
+
     def move_to(self, phase: RunPhase) -> None:
         if phase not in TRANSITIONS[self.phase]:
             raise IllegalTransition(f"run {self.run_id}: {self.phase} -> {phase} is not allowed")
         self.phase = phase
+
+
+def state_key(run_id: str, shard: int) -> str:
+    """Where a run's shard lives in CoreState.runs: the run id for shard 0 (and for an
+    unsharded run), so that lone records (ticks, forwards) reach the coordinator."""
+    return run_id if shard == 0 else f"{run_id}#{shard}"
 
 
 @dataclass

@@ -151,6 +151,8 @@ class StragglerState:
 
     attempt: int = -1
     expected: int | None = None  # world size; None: unknown, steps evaluate on age only
+    #: First rank watched: a shard of a sharded run watches ranks [first, expected).
+    first: int = 0
     capacity: int = 0
     newest_step: int = -1
     evaluated_through: int = -1
@@ -198,11 +200,13 @@ def observe_step(
             return []
         reset(state, event.attempt)
     drain = False
-    if run.world_size != state.expected:
-        _set_expected(state, run.world_size)
+    owned = run.owned()
+    first, expected = (0, None) if owned is None else (owned.start, owned.stop)
+    if expected != state.expected or first != state.first:
+        _set_expected(state, first, expected)
         drain = True
     rank, step = event.rank, event.step
-    if rank < 0 or step < 0 or (state.expected is not None and rank >= state.expected):
+    if rank < first or step < 0 or (state.expected is not None and rank >= state.expected):
         state.out_of_range += 1
         return []
     if step <= state.evaluated_through:
@@ -249,8 +253,8 @@ def observe_step(
 # --------------------------------------------------------------------------- internals
 
 
-def _set_expected(state: StragglerState, world_size: int | None) -> None:
-    state.expected = world_size
+def _set_expected(state: StragglerState, first: int, world_size: int | None) -> None:
+    state.first, state.expected = first, world_size
     if world_size is not None and world_size > state.capacity:
         _grow(state, world_size)
     _recount(state)
@@ -278,10 +282,13 @@ def _grow(state: StragglerState, capacity: int) -> None:
 def _need(state: StragglerState, p: _Pending) -> int:
     if state.expected is None:
         return 1 << 62  # completeness unknowable: evaluate on age only
-    n = state.expected
-    reported = p.count if n == state.capacity else int(np.count_nonzero(np.frombuffer(p.seen, np.bool_)[:n]))
-    excused = sum(1 for r in state.missing if r < n and not p.seen[r])
-    return n - reported - excused
+    lo, n = state.first, state.expected
+    if lo == 0 and n == state.capacity:
+        reported = p.count
+    else:
+        reported = int(np.count_nonzero(np.frombuffer(p.seen, np.bool_)[lo:n]))
+    excused = sum(1 for r in state.missing if lo <= r < n and not p.seen[r])
+    return n - lo - reported - excused
 
 
 def _new_pending(state: StragglerState) -> _Pending:
@@ -385,18 +392,19 @@ def _track_absence(
     state: StragglerState, run: RunState, step: int, p: _Pending, trigger: StepTiming, policy: StragglerPolicy
 ) -> list[Derived]:
     n = state.expected if state.expected is not None else state.capacity
+    lo = state.first
     newly: list[int] = []
-    if p.count == n == state.capacity:  # everyone reported: the common case, no vector work
+    if lo == 0 and p.count == n == state.capacity:  # everyone reported: no vector work
         if state.any_absent:
             state.absent.fill(0)
             state.any_absent = False
     else:
-        seen, absent = np.frombuffer(p.seen, np.bool_)[:n], state.absent[:n]
+        seen, absent = np.frombuffer(p.seen, np.bool_)[lo:n], state.absent[lo:n]
         absent[seen] = 0
         absent[~seen] += 1
         state.any_absent = True
-        newly = np.flatnonzero(absent == policy.missing_after_steps).tolist()
-    returned = {r for r in state.missing if r < n and p.seen[r]}
+        newly = (np.flatnonzero(absent == policy.missing_after_steps) + lo).tolist()
+    returned = {r for r in state.missing if lo <= r < n and p.seen[r]}
     if not newly and not returned:
         return []
     state.missing -= returned

@@ -36,10 +36,13 @@ def is_hung(run: RunState, rank: RankState, now_ts: float, policy: HangPolicy) -
     """The timeout that was exceeded, or None. Only a live, non-exited rank can show a hang."""
     if rank.exited or run.pending_hang is not None:
         return None
+    stalled = stall_s(rank, now_ts)
+    if stalled <= min(policy.floor_s, policy.default_timeout_s, policy.startup_timeout_s):
+        return None  # below every timeout this policy can give: skip the p99 (hot path)
     if run.phase == RunPhase.TRAINING and rank.last_step >= 0:
         timeout = step_timeout_s(run, policy)
     elif run.phase in (RunPhase.STARTING, RunPhase.TRAINING):
         timeout = policy.startup_timeout_s
     else:
         return None
-    return timeout if stall_s(rank, now_ts) > timeout else None
+    return timeout if stalled > timeout else None

@@ -224,3 +224,11 @@ def delete_topics(bootstrap: str, names: Iterable[str], timeout_s: float = 30) -
         if time.monotonic() >= deadline:
             raise BrokerError(f"topics still listed {timeout_s:g} s after their deletion: {names}")
         time.sleep(0.1)
+
+
+def partition_count(bootstrap: str, topic: str, timeout_s: float = 30) -> int:
+    """How many partitions `topic` has (producers that place records explicitly need it)."""
+    meta = _admin(bootstrap).list_topics(topic, timeout=timeout_s).topics.get(topic)
+    if meta is None or meta.error is not None or not meta.partitions:
+        raise RuntimeError(f"topic {topic} is not available on {bootstrap}: {meta and meta.error}")
+    return len(meta.partitions)

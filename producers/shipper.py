@@ -89,6 +89,45 @@ class ShipperStats:
         return self.submitted - self.delivered - self.dropped - self.failed
 
 
+@dataclass(frozen=True, slots=True)
+class PackedRecord:
+    """One Kafka record of telemetry: a node's events for one shard of the run."""
+
+    shard: int
+    seq: int
+    key: bytes
+    value: bytes
+    #: The events this record accounts for (an event copied to several shards counts
+    #: with its first copy only, so every submitted event is counted exactly once).
+    counted: list[Envelope]
+
+
+def pack(
+    events: list[Envelope], run_id: str, world_size: int, size: int, producer_id: str, seq: int
+) -> list[PackedRecord]:
+    """Group events into one record per (shard, node), numbered from `seq` (the
+    shipper's packing, also used by the benchmarks to pre-build a run's records)."""
+    groups: dict[tuple[int, str], list[tuple[Envelope, bool]]] = {}
+    for event in events:
+        for n, shard in enumerate(route(event, world_size, size)):
+            groups.setdefault((shard, event.node), []).append((event, n == 0))
+    records = []
+    for i, ((shard, node), group) in enumerate(groups.items()):
+        header = dict(
+            run_id=run_id,
+            node=node,
+            world_size=world_size,
+            producer_id=producer_id,
+            seq=seq + i,
+            shard=shard,
+            shard_ranks=size,
+        )
+        value = encode_batch(header, (encode(e) for e, _ in group))
+        counted = [e for e, primary in group if primary]
+        records.append(PackedRecord(shard, seq + i, telemetry_key(run_id, shard), value, counted))
+    return records
+
+
 class TelemetryShipper:
     """Batches the events of one run and produces them from a background thread: one
     Kafka record per node per flush. A real node runs one shipper for its local ranks;
@@ -186,47 +225,31 @@ class TelemetryShipper:
         if partitions is None:
             return  # events stay queued (bounded; overflow is dropped and counted)
         while events := self._take():
-            # One record per (shard, node). An event sent to several shards (the run's
-            # start) is counted once, with its copy to the first shard.
-            groups: dict[tuple[int, str], list[tuple[Envelope, bool]]] = {}
-            for event in events:
-                for n, shard in enumerate(route(event, self.world_size, self._shard_size)):
-                    groups.setdefault((shard, event.node), []).append((event, n == 0))
-            for i, ((shard, node), group) in enumerate(groups.items()):
-                value = encode_batch(
-                    {
-                        "run_id": self.run_id,
-                        "node": node,
-                        "world_size": self.world_size,
-                        "producer_id": self.producer_id,
-                        "seq": self._seq,
-                        "shard": shard,
-                        "shard_ranks": self._shard_size,
-                    },
-                    (encode(e) for e, _ in group),
-                )
-                counted = sum(primary for _, primary in group)
+            records = pack(
+                events, self.run_id, self.world_size, self._shard_size, self.producer_id, self._seq
+            )
+            for i, record in enumerate(records):
                 try:
                     self._producer.produce(
                         self.config.topic,
-                        key=telemetry_key(self.run_id, shard),
-                        partition=telemetry_partition(self.run_id, shard, partitions),
-                        value=value,
-                        on_delivery=self._delivery(counted),
+                        key=record.key,
+                        partition=telemetry_partition(self.run_id, record.shard, partitions),
+                        value=record.value,
+                        on_delivery=self._delivery(len(record.counted)),
                     )
                 except BufferError:
                     # Copies to other shards of an event whose first copy was sent are
                     # not retried (only the run's start is copied; shards dedupe it).
-                    rest = [e for g in list(groups.values())[i:] for e, primary in g if primary]
-                    self._requeue_front(rest)
+                    self._requeue_front([e for r in records[i:] for e in r.counted])
                     self._producer.poll(0)
                     return
                 except KafkaException as exc:  # e.g. a record too large: lost, and counted
-                    log.error("cannot produce a batch of %d events: %s", len(group), exc)
+                    log.error("cannot produce a batch of %d events: %s", len(record.counted), exc)
                     with self._lock:
-                        self.stats.failed += counted
+                        self.stats.failed += len(record.counted)
+                    self._seq = record.seq + 1  # the gap in seq shows the loss downstream
                     continue
-                self._seq += 1
+                self._seq = record.seq + 1
                 self.stats.batches_sent += 1
         self._producer.poll(0)
 

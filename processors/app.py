@@ -62,6 +62,10 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
         producer_acks=-1,
         broker_commit_every=1000,
         broker_commit_interval=1.0,
+        # A telemetry record is a node's batch (up to 8 MiB): fetch more than faust's
+        # 1 MiB per partition per round trip, or one busy partition starves the worker.
+        consumer_max_fetch_size=8 * 1024 * 1024,
+        stream_buffer_maxsize=16384,
     )
     names = settings.topics
 
@@ -107,16 +111,16 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
     async def process(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
             message = event.message
-            source = f"{message.topic}:{message.partition}:{message.offset}"
             value = event.value if isinstance(event.value, bytes) else b""
             result = driver.handle(value)
             metrics.observe(result)
             if result.rejections or result.derived or result.commands or result.forwards:
-                await publish(result, source)
-                if result.derived or result.commands:
-                    # Kafka's CreateTime of the record that caused the decision -> delivered.
-                    metrics.decision_latency.observe(max(0.0, time.time() - message.timestamp))
-            metrics.record_latency.observe(max(0.0, time.time() - message.timestamp))
+                await publish(result, f"{message.topic}:{message.partition}:{message.offset}")
+            # Kafka's CreateTime of the record -> processed, its outputs delivered.
+            latency = max(0.0, time.time() - message.timestamp)
+            metrics.record_latency.observe(latency)
+            if result.derived or result.commands:
+                metrics.decision_latency.observe(latency)
             for derived in result.derived:
                 log.info("%s %s: %s", derived.KIND, derived.run_id, derived.reason.text)
 

@@ -44,14 +44,19 @@ class Stack:
 
     def scrape(self) -> dict[str, float]:
         """The processor's trainguard_* metrics (without the `_created` series)."""
-        with urllib.request.urlopen(self.metrics_url, timeout=5) as response:
-            text = response.read().decode()
-        values: dict[str, float] = {}
-        for line in text.splitlines():
-            if line.startswith("trainguard_") and "_created" not in line:
-                name, _, value = line.rpartition(" ")
-                values[name] = float(value)
-        return values
+        return scrape(self.metrics_url)
+
+
+def scrape(url: str) -> dict[str, float]:
+    """A processor's trainguard_* metrics from its endpoint (without `_created` series)."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("trainguard_") and "_created" not in line:
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
 
 
 def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -66,6 +71,27 @@ def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes], log: P
         except OSError:
             time.sleep(0.3)
     raise RuntimeError(f"the processor's metrics endpoint {url} did not come up; see {log}")
+
+
+def start_processor(
+    bootstrap: str, policy: Path, metrics_port: int, log: Path, secret_env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """One processor worker (`trainguard process`) in its own process, logging to `log`;
+    returns once its metrics endpoint answers. Workers started on the same broker share
+    the telemetry partitions (one consumer group)."""
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    command = [sys.executable, "-m", "trainguard", "process", "--bootstrap", bootstrap]
+    command += ["--policy", str(policy), "--metrics-port", str(metrics_port), "--loglevel", "info"]
+    with log.open("wb") as out:
+        processor = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(secret_env or {})}
+        )
+    try:
+        _wait_http(url, 60, processor, log)
+    except BaseException:
+        processor.kill()
+        raise
+    return processor, url
 
 
 @contextmanager
@@ -83,14 +109,7 @@ def local_stack(
         bootstrap = broker.start()
         ensure_topics(bootstrap)
         log = workdir / "processor.log"
-        url = f"http://127.0.0.1:{metrics_port}/metrics"
-        command = [sys.executable, "-m", "trainguard", "process", "--bootstrap", bootstrap]
-        command += ["--policy", str(policy), "--metrics-port", str(metrics_port), "--loglevel", "info"]
-        with log.open("wb") as out:
-            processor = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(secret_env or {})}
-            )
-        _wait_http(url, 60, processor, log)
+        processor, url = start_processor(bootstrap, policy, metrics_port, log, secret_env)
         yield Stack(bootstrap, topic_names(), broker, processor, log, url)
     finally:
         if processor is not None and processor.poll() is None:

@@ -57,7 +57,7 @@ def step(
     """Apply one telemetry event. `world_size_hint` (from the batch header) sizes a run
     whose RunStarted has not been seen; `shard`/`shard_ranks` (also from the header) say
     which shard of a sharded run the event was routed to (schemas/sharding.py)."""
-    key = state_key(event.run_id, shard)
+    key = event.run_id if shard == 0 else state_key(event.run_id, shard)
     run = state.runs.get(key)
     if run is None:
         run = state.runs[key] = RunState(

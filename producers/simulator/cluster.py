@@ -483,6 +483,7 @@ class SimulatedCluster:
         if nan_ranks:
             grad = math.nan
         total, compute, node_of, g = self._total, self._compute, self._rank_node, rng.gauss
+        every_rank, rpn = sc.stats_every_rank, max(1, sc.ranks_per_node)
         for rank in range(sc.world_size):
             loss = mean_loss * (1.0 + 0.02 * g(0.0, 1.0))
             if not live[rank]:
@@ -491,6 +492,8 @@ class SimulatedCluster:
             out.append(make(StepTiming, a, rank, node, step, ts, compute_s=compute[rank], total_s=total))
             if nan_all or rank in nan_ranks:
                 loss = math.nan
+            if not (every_rank or rank % rpn == 0 or math.isnan(loss) or not grad_finite):
+                continue  # finite stats: one rank per node reports them (Scenario.stats_every_rank)
             out.append(
                 make(
                     StepStats,

@@ -273,6 +273,13 @@ class Scenario(_Strict):
     checkpoint_write_s: float = Field(default=1.0, ge=0, description="Background write until durable.")
     checkpoint_validate_s: float = Field(default=1.0, ge=0, description="Validation after the write.")
     heartbeat_interval_s: float = Field(default=5.0, gt=0)
+    stats_every_rank: bool = Field(
+        default=False,
+        description="Every rank reports its finite step stats each step. Default: one rank per node "
+        "does (the all-reduced grad norm is the same on every rank and the core judges a step by its "
+        "first report), and any rank whose loss or grad norm is not finite always reports. Halves "
+        "the telemetry of a large run.",
+    )
     gpu_health_interval_s: float = Field(default=0.0, ge=0, description="0: no GpuHealth events.")
     sdc_check_every: int = Field(
         default=0, ge=0, description="A rotating rank self-checks every this many steps (R3); 0: never."

@@ -102,7 +102,8 @@ def test_healthy_run_emits_every_kind_and_finishes() -> None:
     assert started[0].racks["node-0004"] == "rack-01"
     timings = of(StepTiming, events)
     assert len(timings) == 60 * 64 and {t.step for t in timings} == set(range(60))
-    assert len(of(StepStats, events)) == 60 * 64
+    stats = of(StepStats, events)  # finite stats: one rank per node (local rank 0) reports
+    assert len(stats) == 60 * 8 and {s.rank % 8 for s in stats} == {0}
     assert [(w.checkpoint_step, w.uri) for w in of(CheckpointWritten, events)] == [
         (25, "sim://run-1/step-000025"),
         (50, "sim://run-1/step-000050"),
@@ -432,5 +433,14 @@ def test_re_run_steps_report_the_same_loss() -> None:
     first = {(s.rank, s.step): s.loss for s in of(StepStats, drive(c, T0 + 25))}
     c.apply(abort(c, stack_dump=False))
     again = {(s.rank, s.step): s.loss for s in of(StepStats, drive(c, T0 + 40)) if s.attempt == 1}
-    for key in [(0, 76), (13, 79), (63, 77)]:
+    for key in [(0, 76), (16, 79), (56, 77)]:  # local rank 0 of nodes 0, 2 and 7 reports
         assert again[key] == first[key]
+
+
+def test_every_rank_reports_its_stats_when_asked_and_a_non_finite_one_always() -> None:
+    every = drive(cluster(scenario(steps=10, stats_every_rank=True)), T0 + 30)
+    assert len(of(StepStats, every)) == 10 * 64
+    nan = scenario(steps=10, faults=[{"kind": "nan", "rank": 13, "at_step": 4, "steps": 1}])
+    stats = [s for s in of(StepStats, drive(cluster(nan), T0 + 30)) if s.step == 4]
+    # a NaN on one rank poisons the all-reduced grad norm: every rank's report is non-finite
+    assert len(stats) == 64 and not any(s.finite for s in stats) and 13 in {s.rank for s in stats}

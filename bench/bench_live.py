@@ -84,7 +84,7 @@ from trainguard.producers.shipper import PRODUCER_DEFAULTS, pack
 from trainguard.producers.simulator import Scenario, SimulatedCluster
 from trainguard.schemas import Envelope
 from trainguard.schemas.auth import SECRET_ENV
-from trainguard.schemas.sharding import DEFAULT_SHARD_RANKS, shard_size, telemetry_partition
+from trainguard.schemas.sharding import DEFAULT_SHARD_RANKS, shard_count, shard_size, telemetry_partition
 from trainguard.stack import PROCESSOR_GROUP, Stack, builtin_policy, local_stack, scrape, start_processor
 
 SCENARIO = Path(__file__).resolve().parent / "scenarios" / "live-16k.yaml"
@@ -106,6 +106,7 @@ HEADER = (
 class Load:
     run_id: str
     world_size: int
+    shards: int
     #: (flush window, shard, key, value) in produce order; a window's records are contiguous.
     records: list[tuple[int, int, bytes, bytes]]
     #: Telemetry events in each simulated second.
@@ -122,7 +123,7 @@ def generate(scenario: Scenario, seconds: int, run_id: str, flush_sim_s: int, sh
     cluster = SimulatedCluster(scenario, start, run_id=run_id)
     producer_id = f"bench-live-{uuid.uuid4().hex[:12]}"
     size = shard_size(scenario.world_size, shard_ranks)
-    load = Load(run_id, scenario.world_size, [], [])
+    load = Load(run_id, scenario.world_size, shard_count(scenario.world_size, size), [], [])
     pending: list[Envelope] = []
     seq = 0
     for second in range(seconds):
@@ -191,13 +192,13 @@ def produce_paced(sender: Sender, load: Load, records: Records, flush_sim_s: int
             due = start + (window - first + i / len(batch)) * slice_s
             while (delay := due - time.monotonic()) > 0.001:
                 sender.producer.poll(delay)  # serves delivery reports while it waits
-            sender.send(key, value, telemetry_partition(load.run_id, shard, sender.partitions))
+            sender.send(key, value, telemetry_partition(load.run_id, shard, load.shards, sender.partitions))
         sender.producer.poll(0)
 
 
 def produce_all(sender: Sender, load: Load, records: Records) -> None:
     for i, (_, shard, key, value) in enumerate(records):
-        sender.send(key, value, telemetry_partition(load.run_id, shard, sender.partitions))
+        sender.send(key, value, telemetry_partition(load.run_id, shard, load.shards, sender.partitions))
         if i % 1000 == 0:
             sender.producer.poll(0)
 
@@ -358,6 +359,8 @@ def delta(before: dict[str, float], after: dict[str, float], prefix: str) -> dic
 
 def bench(args: argparse.Namespace) -> str:
     scenario = Scenario.load(args.scenario)
+    if args.stats_every_rank:
+        scenario = scenario.model_copy(update={"stats_every_rank": True})
     run_id = f"bench-live-{uuid.uuid4().hex[:8]}"
     flush = args.flush_sim_s or (1 if args.drain else max(1, round(args.speed)))
     warm_windows = -(-args.warmup // flush)
@@ -539,6 +542,9 @@ def main() -> None:
         default=0,
         help="simulated seconds per record flush; default: --speed (one flush per wall second, a "
         "shipper's default), 1 with --drain",
+    )
+    parser.add_argument(
+        "--stats-every-rank", action="store_true", help="every rank reports finite step stats too"
     )
     parser.add_argument("--catch-up-timeout", type=float, default=300.0, help="s after the last produce")
     args = parser.parse_args()

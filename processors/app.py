@@ -86,7 +86,7 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
         return await telemetry.send(
             key=telemetry_key(record.run_id, 0),
             value=encode(record),
-            partition=telemetry_partition(record.run_id, 0, partitions),
+            partition=telemetry_partition(record.run_id, 0, 1, partitions),
         )
 
     async def publish(result: DriverResult, source: str) -> None:

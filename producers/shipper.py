@@ -15,7 +15,8 @@ Placement. A run larger than `shard_ranks` is cut into shards (schemas/sharding.
 a node's events go to its shard's partition, the run's start to every shard, and the
 run-level reports (exits, SDC checks, checkpoints) to shard 0, one record per
 (shard, node). Records are placed on explicit partitions, (crc32(run_id) + shard) mod
-P, which the processor computes too for the records it writes into the topic.
+P spread (schemas/sharding.py), which the processor computes too for the records it
+writes into the topic.
 
 Never blocking. `submit()` appends to a bounded in-memory queue under a lock and
 returns; a background thread encodes, batches and hands records to librdkafka,
@@ -40,7 +41,14 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from ..schemas import Envelope, encode, encode_batch
-from ..schemas.sharding import DEFAULT_SHARD_RANKS, route, shard_size, telemetry_key, telemetry_partition
+from ..schemas.sharding import (
+    DEFAULT_SHARD_RANKS,
+    route,
+    shard_count,
+    shard_size,
+    telemetry_key,
+    telemetry_partition,
+)
 
 #: Defaults for the librdkafka producer. Idempotence is off by default in
 #: librdkafka; it is what makes its internal retries duplicate-free.
@@ -151,6 +159,7 @@ class TelemetryShipper:
         self._lock = threading.Lock()
         self._seq = 0
         self._shard_size = shard_size(world_size, config.shard_ranks)
+        self._shards = shard_count(world_size, self._shard_size)
         self._partitions: int | None = None
         self._stop = threading.Event()
         self._producer = Producer(
@@ -233,7 +242,7 @@ class TelemetryShipper:
                     self._producer.produce(
                         self.config.topic,
                         key=record.key,
-                        partition=telemetry_partition(self.run_id, record.shard, partitions),
+                        partition=telemetry_partition(self.run_id, record.shard, self._shards, partitions),
                         value=record.value,
                         on_delivery=self._delivery(len(record.counted)),
                     )

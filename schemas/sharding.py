@@ -6,8 +6,9 @@ partition and one worker sees everything, in order. A larger run is cut into
 contiguous rank ranges of `shard_ranks` (shard k owns ranks [k·S, (k+1)·S)); with S a
 multiple of the ranks per node and of the rack size, a node and a rack never straddle
 two shards, so the per-node batch and the rack's median temperature (diagnosis) stay
-whole. Shard k goes to partition (crc32(run_id) + k) mod P: a run's shards take
-consecutive partitions, which spreads them over the workers of the group.
+whole. Shard k of S goes to partition (crc32(run_id) + k·P // S) mod P: a run's shards take
+partitions spread evenly from a stable hash of the run id, which spreads them over
+the workers of the group.
 
 Which events go where (`route`):
   per-rank streams (step timing, heartbeat, GPU health, step stats)  -> the rank's shard
@@ -69,10 +70,14 @@ def route(event: Envelope, world_size: int, size: int) -> range | tuple[int]:
     return (0,)
 
 
-def telemetry_partition(run_id: str, shard: int, partitions: int) -> int:
-    """The partition of a run's shard: consecutive partitions from a stable hash of the
-    run id (crc32, the same in every process and language, unlike Python's hash())."""
-    return (zlib.crc32(run_id.encode()) + shard) % partitions
+def telemetry_partition(run_id: str, shard: int, shards: int, partitions: int) -> int:
+    """The partition of a run's shard: from a stable hash of the run id (crc32, the same in
+    every process and language, unlike Python's hash(); for shard 0 it is also where
+    librdkafka's default partitioner puts the key `run_id`), the shards spread evenly
+    over the partitions. Evenly, not consecutively: a consumer group assigns a worker
+    either a range of partitions or every n-th one, and an even spread splits a run's
+    shards fairly under both."""
+    return (zlib.crc32(run_id.encode()) + shard * partitions // max(1, shards)) % partitions
 
 
 def telemetry_key(run_id: str, shard: int) -> bytes:

@@ -223,6 +223,14 @@ def evaluate(
     policy: Annotated[str | None, typer.Option(help="Policy YAML; default: policies/evaluate.yaml.")] = None,
     workdir: Annotated[Path, typer.Option(help="Broker data for --live.")] = Path(".trainguard/evaluate"),
     metrics_port: Annotated[int, typer.Option(help="Processor metrics port for --live.")] = 9465,
+    shard_ranks: Annotated[
+        int,
+        typer.Option(
+            help="Pure core: cut each run into shards of this many ranks (0: whole runs), as the "
+            "shippers cut runs larger than one worker."
+        ),
+    ] = 0,
+    workers: Annotated[int, typer.Option(help="Pure core: workers (separate states) the shards go to.")] = 1,
 ) -> None:
     """Score every detector on the labelled fault scenarios: TP, FP, FN and detection
     latency, through the pure core (always) and the live pipeline on a real broker (--live)."""
@@ -240,8 +248,9 @@ def evaluate(
     core = []
     for name, sc in chosen.items():
         with console.status(f"pure core: {name}"):
-            core.append(run_core(sc, load_policy(str(policy_path))))
-    out.print(evaluation_table(f"Pure core ({len(core)} scenarios)", core))
+            core.append(run_core(sc, load_policy(str(policy_path)), shard_ranks=shard_ranks, workers=workers))
+    sharded = f", shards of {shard_ranks} ranks over {workers} worker(s)" if shard_ranks else ""
+    out.print(evaluation_table(f"Pure core ({len(core)} scenarios{sharded})", core))
     for line in scenario_lines(core):
         out.print(line, markup=False)
     failed = any(s.misses or s.false_alarms for s in core)

@@ -74,7 +74,12 @@ def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes], log: P
 
 
 def start_processor(
-    bootstrap: str, policy: Path, metrics_port: int, log: Path, secret_env: dict[str, str] | None = None
+    bootstrap: str,
+    policy: Path,
+    metrics_port: int,
+    log: Path,
+    secret_env: dict[str, str] | None = None,
+    topic_prefix: str = "",
 ) -> tuple[subprocess.Popen[bytes], str]:
     """One processor worker (`trainguard process`) in its own process, logging to `log`;
     returns once its metrics endpoint answers. Workers started on the same broker share
@@ -82,6 +87,7 @@ def start_processor(
     url = f"http://127.0.0.1:{metrics_port}/metrics"
     command = [sys.executable, "-m", "trainguard", "process", "--bootstrap", bootstrap]
     command += ["--policy", str(policy), "--metrics-port", str(metrics_port), "--loglevel", "info"]
+    command += ["--topic-prefix", topic_prefix] if topic_prefix else []
     with log.open("wb") as out:
         processor = subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(secret_env or {})}

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from ...broker.topics import TopicNames
 from ...schemas import Command, Envelope, auth
 from ...schemas.commands import COMMAND_KINDS
+from ...schemas.sharding import DEFAULT_SHARD_RANKS
 from ..shipper import ShipperConfig, ShipperStats, TelemetryShipper
 from .cluster import CommandRefused, FiredFault, LauncherNote, Phase, SimulatedCluster
 from .scenario import FaultTruth, Scenario
@@ -154,12 +155,14 @@ def run_simulation(
     start_ts: float | None = None,
     flush_interval_s: float | None = None,
     lag_budget_s: float = 1.0,
+    shard_ranks: int = DEFAULT_SHARD_RANKS,
 ) -> SimulationResult:
     """Run `scenario` in real time (times `speed`) until it finishes or `max_seconds` of
     wall clock pass. With a `secret` (the master command-signing secret), an actuator
     executes signed commands from the commands topic; without one, no command is read.
     `kept_real_time` is True when no event reached the shipper more than
-    `lag_budget_s` after its simulated moment."""
+    `lag_budget_s` after its simulated moment. A run over `shard_ranks` ranks is shipped
+    in shards (schemas/sharding.py)."""
     if speed <= 0:
         raise ValueError(f"speed must be positive, got {speed}")
     wall_start = time.time()
@@ -172,6 +175,7 @@ def run_simulation(
         flush_interval_s=flush,
         max_queued_events=max(100_000, 8 * scenario.world_size),
         producer={"message.max.bytes": 8 * 1024 * 1024},
+        shard_ranks=shard_ranks,
     )
     shipper = TelemetryShipper(config, cluster.run_id, scenario.world_size, name="simulator")
     inbox = CommandInbox()

@@ -63,9 +63,16 @@ def test_per_rank_streams_follow_their_rank_and_run_level_reports_go_to_shard_0(
     assert tuple(route(started, WORLD, SIZE)) == (0, 1, 2, 3)  # every shard needs the world
 
 
-def test_a_runs_shards_take_consecutive_partitions_and_shard_0_is_keyed_by_the_run() -> None:
-    first = telemetry_partition("run-big", 0, 6)
-    assert [telemetry_partition("run-big", k, 6) for k in range(4)] == [(first + k) % 6 for k in range(4)]
+def test_a_runs_shards_spread_evenly_so_either_assignment_splits_them_fairly() -> None:
+    for run_id in ("run-big", "run-other", "run-third"):
+        placed = [telemetry_partition(run_id, k, 4, 6) for k in range(4)]
+        assert len(set(placed)) == 4  # no two shards share a partition when P >= S
+        ranges = [sum(p < 3 for p in placed), sum(p >= 3 for p in placed)]  # workers own 0-2 / 3-5
+        every_other = [sum(p % 2 == 0 for p in placed), sum(p % 2 == 1 for p in placed)]
+        assert ranges == [2, 2] and every_other == [2, 2], (run_id, placed)
+    # more shards than partitions: every partition gets its share
+    placed = [telemetry_partition("run-big", k, 12, 6) for k in range(12)]
+    assert sorted(placed.count(p) for p in range(6)) == [2] * 6
     assert telemetry_key("run-big", 0) == b"run-big" and telemetry_key("run-big", 3) == b"run-big#3"
 
 

@@ -4,8 +4,10 @@
 topic                  part  cleanup      why
 =====================  ====  ===========  ================================================
 trainguard.telemetry   6     delete, 7 d  Rank events batched per node, keyed by run_id: a
-                                          run's events stay on one partition, in order; 6
-                                          partitions let up to 6 processors share runs.
+                                          run's events stay on one partition, in order; a
+                                          run over 16,384 ranks is cut into shards, each on
+                                          its own partition (schemas/sharding.py); 6
+                                          partitions let up to 6 processors share the load.
                                           compression.type=producer stores batches as the
                                           producer compressed them (no recompression);
                                           max.message.bytes 8 MiB admits a large node batch

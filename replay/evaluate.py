@@ -83,7 +83,9 @@ def _explains(detection: Detection, truth: FaultTruth, racks: dict[str, str]) ->
         return False
     if detection.detector in ("non_finite", "grad_spike"):
         return detection.step >= truth.step - 1  # job-level: any rank may report it
-    if truth.rank is not None and truth.kind == "slow":
+    if truth.rank is not None and (truth.kind == "slow" or truth.repeat):
+        # A data fault follows its rank and step: after the first failure quarantines
+        # the node, the rank runs on a spare and fails there again.
         return detection.rank == truth.rank
     if truth.node is not None:
         return detection.node == truth.node

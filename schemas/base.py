@@ -77,6 +77,11 @@ class ReasonCode(StrEnum):
     SDC_CHECK_SCHEDULED = "sdc_check_scheduled"
     # failure-rate baseline
     MTBF = "mtbf"
+    CHECKPOINT_INTERVAL = "checkpoint_interval"
+    PAGE_SAME_NODE = "page_same_node"
+    PAGE_SAME_STEP = "page_same_step"
+    PAGE_FAILURE_RATE = "page_failure_rate"
+    QUARANTINE = "quarantine"
 
 
 class Reason(Record):

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 
 from ...schemas import (
     CheckpointValidated,
+    CheckpointWritten,
     Command,
     CrossRankCheck,
     Derived,
@@ -26,6 +27,7 @@ from ...schemas import (
     Interruption,
     InterruptionCause,
     InterruptionRecovered,
+    MtbfUpdate,
     RankExit,
     Reason,
     ReasonCode,
@@ -35,7 +37,7 @@ from ...schemas import (
     StepTiming,
     StragglerFlagged,
 )
-from . import baseline, diagnosis, sdc, straggler
+from . import baseline, diagnosis, interval, paging, quarantine, sdc, straggler
 from .ids import derived_id
 from .outputs import Forward, abort_for, node_of
 from .policy import CorePolicy
@@ -108,6 +110,9 @@ def step(
         outputs += sdc.on_cross_check(run.sdc, run, event, policy.sdc)
     elif isinstance(event, Heartbeat) and rank is not None:
         outputs += _on_heartbeat(run, rank, event, policy)
+    elif isinstance(event, CheckpointWritten):
+        mtbf = baseline.mtbf_s(run.baseline, policy.baseline)
+        outputs += interval.on_checkpoint(run.interval, run.run_id, event, mtbf, policy.interval)
     elif isinstance(event, CheckpointValidated):
         run.last_validated_step = max(run.last_validated_step, event.checkpoint_step)
     elif isinstance(event, RankExit) and rank is not None:
@@ -118,6 +123,12 @@ def step(
     if outputs:
         for interruption in [o for o in outputs if isinstance(o, Interruption)]:
             outputs += baseline.on_interruption(run.baseline, run, interruption, policy.baseline)
+            outputs += paging.on_interruption(
+                run.paging, interruption, run.baseline, policy.baseline, policy.paging
+            )
+            outputs += quarantine.on_interruption(run.paging, interruption)
+        for update in [o for o in outputs if isinstance(o, MtbfUpdate)]:  # M moved: re-derive T
+            outputs += interval.rederive(run.interval, run.run_id, update, update.mtbf_s, policy.interval)
     return state, outputs
 
 

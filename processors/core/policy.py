@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .baseline import BaselinePolicy
 from .diagnosis import DiagnosisPolicy
+from .interval import IntervalPolicy
+from .paging import PagingPolicy
 from .sdc_state import SdcPolicy
 from .straggler import StragglerPolicy
 
@@ -47,6 +49,8 @@ class CorePolicy(BaseModel):
     sdc: SdcPolicy = SdcPolicy()
     straggler: StragglerPolicy = StragglerPolicy()
     diagnosis: DiagnosisPolicy = DiagnosisPolicy()
+    interval: IntervalPolicy = IntervalPolicy()
+    paging: PagingPolicy = PagingPolicy()
     dedupe_window: int = Field(
         200_000, ge=1000, description="Event ids remembered per run to drop redelivered events."
     )

@@ -10,6 +10,8 @@ from enum import StrEnum
 from ...schemas.sharding import owned_ranks
 from .baseline import BaselineState
 from .diagnosis import HealthState
+from .interval import IntervalState
+from .paging import PagingState
 from .sdc_state import SdcState
 from .straggler import StragglerState
 
@@ -104,6 +106,10 @@ class RunState:
     #: Straggler streaks (seed §7) and the GPU health that diagnoses them (R2).
     straggler: StragglerState = field(default_factory=StragglerState)
     health: HealthState = field(default_factory=HealthState)
+    #: Checkpoint cost samples and the interval in force (seed §6).
+    interval: IntervalState = field(default_factory=IntervalState)
+    #: Interruptions by node and step, and the pages already sent (seed R5).
+    paging: PagingState = field(default_factory=PagingState)
     seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
     duplicates: int = 0
     stale: int = 0

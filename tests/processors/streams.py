@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from trainguard.schemas import (
     CheckpointValidated,
+    CheckpointWritten,
     Envelope,
     Heartbeat,
     RankExit,
@@ -26,6 +27,8 @@ class Job:
     step_s: float = 1.0
     heartbeat_s: float = 0.5
     checkpoint_every: int = 10
+    #: Seconds a checkpoint blocks training (the seed's C); 0: no CheckpointWritten events.
+    checkpoint_blocking_s: float = 0.0
     seed: int = 1
     #: Per-node clock offset (seconds): emitter clocks disagree in real clusters.
     skew: dict[str, float] = field(default_factory=dict)
@@ -83,6 +86,8 @@ class Job:
                 compute = 0.7 * self.step_s * self._rng.lognormvariate(0, 0.03)
                 self.events.append(StepTiming(**self._env(r), compute_s=compute, total_s=self.step_s))
             if self.checkpoint_every and self.step % self.checkpoint_every == 0 and self.step > 0:
+                if self.checkpoint_blocking_s > 0:
+                    self.checkpoint_written(self.checkpoint_blocking_s * self._rng.lognormvariate(0, 0.1))
                 self.events.append(
                     CheckpointValidated(
                         **self._env(-1),
@@ -91,6 +96,24 @@ class Job:
                         last_verified_step=self.step,
                     )
                 )
+        return self
+
+    def checkpoint_written(self, blocking_s: float, rank: int = 0) -> Job:
+        """Rank `rank` reports the checkpoint of the current step durable; training was
+        blocked for `blocking_s` (it shows in the clock)."""
+        self.t += blocking_s
+        self.events.append(
+            CheckpointWritten(
+                **self._env(rank),
+                checkpoint_step=self.step,
+                uri=f"mem://{self.run_id}/{self.step}",
+                shards=self.world_size,
+                digest=f"sha256:{self.step:064x}",
+                bytes=self.world_size << 30,
+                blocking_s=blocking_s,
+                write_s=4 * blocking_s,
+            )
+        )
         return self
 
     def stall(self, seconds: float, alive: list[int] | None = None) -> Job:

@@ -14,6 +14,8 @@ from trainguard.schemas import (
     Interruption,
     InterruptionCause,
     InterruptionRecovered,
+    Quarantine,
+    QuarantineNode,
     ReasonCode,
     Tick,
 )
@@ -60,7 +62,8 @@ def test_hang_inside_collective_is_detected_and_culprit_named_by_odd_stack() -> 
 
     job.abort_all(culprit=6)
     state, more = run_all(job.events[len(job.events) - 16 :], POLICY, state)
-    assert kinds(more) == ["interruption", "mtbf_update"]  # every interruption updates the baseline
+    # every interruption updates the baseline; the culprit's node leaves the pool
+    assert kinds(more) == ["interruption", "mtbf_update", "quarantine", "quarantine_node"]
     interruption = more[0]
     assert isinstance(interruption, Interruption)
     assert interruption.cause == InterruptionCause.HANG
@@ -95,8 +98,10 @@ def test_a_tick_concludes_stack_collection_when_the_job_falls_silent() -> None:
     assert outputs == []  # still collecting
     job.t += POLICY.hang.stack_collect_s + 1
     state, outputs = run_all([Tick(**job._env(-1))], POLICY, state)
-    interruption, _mtbf = outputs
+    interruption, _mtbf, quarantine, _command = outputs
     assert isinstance(interruption, Interruption) and interruption.rank == 15
+    assert interruption.reason.code == ReasonCode.STACKS_INCOMPLETE
+    assert isinstance(quarantine, Quarantine) and quarantine.node == interruption.node  # silent rank's node
 
 
 def test_slow_but_progressing_job_is_not_a_hang() -> None:
@@ -114,8 +119,12 @@ def test_crash_is_an_interruption_naming_rank_and_node_and_aborts_survivors() ->
     job.exit(9, signal=9)
     job.stall(2.0, alive=[r for r in range(16) if r != 9])
     _, outputs = run_all(job.events, POLICY)
-    assert kinds(outputs) == ["interruption", "abort", "mtbf_update"]
-    interruption, abort, _mtbf = outputs
+    assert kinds(outputs) == ["interruption", "abort", "mtbf_update", "quarantine", "quarantine_node"]
+    interruption, abort, _mtbf, quarantine, command = outputs
+    assert isinstance(quarantine, Quarantine) and isinstance(command, QuarantineNode)
+    assert quarantine.node == command.node == "node-002" and quarantine.run_ids_affected == ["run-test"]
+    assert quarantine.caused_by == [interruption.interruption_id] == [interruption.event_id]
+    assert command.caused_by == [quarantine.event_id] and quarantine.reason.code == ReasonCode.QUARANTINE
     assert isinstance(interruption, Interruption) and isinstance(abort, Abort)
     assert interruption.cause == InterruptionCause.CRASH and interruption.detected_by == "rank_exit"
     assert (interruption.rank, interruption.node) == (9, "node-002")

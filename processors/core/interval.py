@@ -1,0 +1,172 @@
+"""The checkpoint interval (seed §6): `auto` picks the T that maximises goodput from the
+run's own measured checkpoint cost C and MTBF M, and publishes it only when it matters.
+
+Goodput loses, per unit of run time, C/T to writing checkpoints, T/2M to re-doing the
+work since the last one after a failure, and R/M to restarting (R does not depend on T):
+
+    overhead(T) = C/T + T/(2M) + R/M
+
+Young's T* = sqrt(2·C·M) minimises the first two terms. When C is not small against M,
+Daly's higher-order estimate is used instead (J. T. Daly, "A higher order estimate of the
+optimum checkpoint interval for restart dumps", FGCS 2006):
+
+    T = sqrt(2·C·M) · [1 + (1/3)·sqrt(C/2M) + (1/9)·(C/2M)] − C     for C < 2M,  else T = M
+
+Hysteresis. Every checkpoint (a new C sample) and every MTBF update re-derives T, but a
+set-interval command goes out only when the interval in force costs more than
+`min_gain` of run time over the new optimum: overhead(T_now) − overhead(T*) > min_gain.
+Because the overhead is flat around its minimum, M drifting by 10% moves T* by 5% and
+costs ~0.01% of goodput: not worth a command. The first optimum replaces the launcher's
+interval under the same rule.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ...schemas import CheckpointWritten, Envelope, IntervalUpdate, Reason, ReasonCode, SetCheckpointInterval
+from .ids import derived_id
+
+
+class IntervalPolicy(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: Literal["auto", "fixed"] = Field(
+        "auto", description="auto: derive T from measured C and M (seed §6); fixed: keep initial_s."
+    )
+    initial_s: float = Field(
+        1800.0, gt=0, description="The interval in force until the first derivation (the launcher's)."
+    )
+    min_gain: float = Field(
+        0.005,
+        ge=0,
+        description="Publish a new interval only when the one in force costs more than this fraction "
+        "of run time over the optimum (0.005: half a percent of goodput).",
+    )
+    daly_above_c_over_m: float = Field(
+        0.01,
+        ge=0,
+        description="Use Daly's higher-order estimate instead of Young's when C/M exceeds this.",
+    )
+    min_s: float = Field(60.0, gt=0, description="Never checkpoint more often than this.")
+    max_s: float = Field(6 * 3600.0, gt=0, description="Never checkpoint less often than this.")
+    cost_samples: int = Field(
+        20, ge=1, description="C is the median blocking time of this many latest checkpoints."
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> IntervalPolicy:
+        if self.min_s > self.max_s:
+            raise ValueError(f"min_s ({self.min_s}) must not exceed max_s ({self.max_s})")
+        return self
+
+
+# --------------------------------------------------------------------------- formulas
+
+
+def young_s(c: float, m: float) -> float:
+    return math.sqrt(2 * c * m)
+
+
+def daly_s(c: float, m: float) -> float:
+    if c >= 2 * m:
+        return m
+    x = c / (2 * m)
+    return math.sqrt(2 * c * m) * (1 + math.sqrt(x) / 3 + x / 9) - c
+
+
+def overhead(t: float, c: float, m: float, r: float = 0.0) -> float:
+    """Fraction of run time lost at interval t: C/T + T/2M + R/M (seed §6)."""
+    return c / t + t / (2 * m) + r / m
+
+
+def optimal_s(c: float, m: float, policy: IntervalPolicy) -> tuple[float, str]:
+    """The interval that maximises goodput, clamped to [min_s, max_s], and the formula used."""
+    formula = "daly" if c / m > policy.daly_above_c_over_m else "young"
+    t = daly_s(c, m) if formula == "daly" else young_s(c, m)
+    return min(policy.max_s, max(policy.min_s, t)), formula
+
+
+# --------------------------------------------------------------------------- state
+
+
+@dataclass
+class IntervalState:
+    """One run's checkpoint cost samples and the interval in force (kept across attempts)."""
+
+    costs: deque[float] = field(default_factory=lambda: deque(maxlen=20))
+    seen_steps: set[tuple[int, int]] = field(default_factory=set)
+    current_s: float | None = None
+    published: int = 0
+
+    def cost_s(self) -> float | None:
+        return statistics.median(self.costs) if self.costs else None
+
+
+def on_checkpoint(
+    state: IntervalState, run_id: str, event: CheckpointWritten, mtbf_s: float, policy: IntervalPolicy
+) -> list[IntervalUpdate | SetCheckpointInterval]:
+    """A checkpoint is durable: its blocking time is a sample of C. Re-derive T."""
+    key = (event.attempt, event.checkpoint_step)
+    if key in state.seen_steps:  # one checkpoint, reported by several ranks: one sample
+        return []
+    state.seen_steps.add(key)
+    if state.costs.maxlen != policy.cost_samples:
+        state.costs = deque(state.costs, maxlen=policy.cost_samples)
+    state.costs.append(event.blocking_s)
+    return rederive(state, run_id, event, mtbf_s, policy)
+
+
+def rederive(
+    state: IntervalState, run_id: str, cause: Envelope, mtbf_s: float, policy: IntervalPolicy
+) -> list[IntervalUpdate | SetCheckpointInterval]:
+    """Derive T* from the current C and M; publish it if the interval in force costs more
+    than `min_gain` over it (see the module docstring)."""
+    c = state.cost_s()
+    current = state.current_s if state.current_s is not None else policy.initial_s
+    if policy.mode != "auto" or c is None or c <= 0 or mtbf_s <= 0:
+        return []
+    best, formula = optimal_s(c, mtbf_s, policy)
+    gain = overhead(current, c, mtbf_s) - overhead(best, c, mtbf_s)
+    if gain <= policy.min_gain:
+        return []
+    state.current_s = best
+    state.published += 1
+    reason = Reason(
+        code=ReasonCode.CHECKPOINT_INTERVAL,
+        text=f"checkpoint every {best / 60:.1f} min ({formula}: C={c:.1f} s, M={mtbf_s / 3600:.2f} h); "
+        f"the interval in force ({current / 60:.1f} min) lost {100 * gain:.2f}% more of run time "
+        f"(overhead {100 * overhead(current, c, mtbf_s):.1f}% -> {100 * overhead(best, c, mtbf_s):.1f}% "
+        "before restarts)",
+    )
+    update = IntervalUpdate(
+        event_id=derived_id("interval_update", run_id, cause.event_id),
+        run_id=run_id,
+        attempt=cause.attempt,
+        rank=-1,
+        node="",
+        step=cause.step,
+        ts=cause.ts,
+        reason=reason,
+        caused_by=[cause.event_id],
+        mtbf_s=mtbf_s,
+        checkpoint_cost_s=c,
+        interval_s=best,
+    )
+    command = SetCheckpointInterval(
+        command_id=derived_id("set_checkpoint_interval", update.event_id),
+        run_id=run_id,
+        attempt=cause.attempt,
+        ranks=None,
+        issued_ts=cause.ts,
+        reason=reason,
+        caused_by=[update.event_id],
+        interval_s=best,
+    )
+    return [update, command]

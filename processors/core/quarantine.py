@@ -1,0 +1,63 @@
+"""Quarantine (seed §8, ARCHITECTURE.md "Quarantine"): before the restart, the node that
+caused an interruption leaves the pool, with the reason, and the quarantine names the run
+it affected, so that "which node killed the most jobs" is one query over the archive.
+
+Which interruptions name a node worth removing:
+  crash           the rank that died first
+  hang            the rank whose stack differs, or the rank that never answered the
+                  stack dump; not a hang with all stacks alike (culprit unknown)
+  not quarantined a non-finite loss (the first reporter is not evidence against its
+                  node: abort and investigate), an operator's restart, an SDC mismatch
+                  (the SDC detector quarantines the node it proved wrong itself), and a
+                  failure at a step that already failed before: that is data or code
+                  (paging says so), and removing node after node would not fix it.
+"""
+
+from __future__ import annotations
+
+from ...schemas import Interruption, InterruptionCause, Quarantine, QuarantineNode, Reason, ReasonCode
+from .ids import derived_id
+from .paging import PagingState
+
+#: Causes whose culprit node is removed from the pool.
+QUARANTINED_CAUSES = frozenset({InterruptionCause.CRASH, InterruptionCause.HANG})
+
+
+def on_interruption(paging: PagingState, interruption: Interruption) -> list[Quarantine | QuarantineNode]:
+    """Call after paging has recorded `interruption` (its by-step history is read here)."""
+    node = interruption.node
+    if interruption.cause not in QUARANTINED_CAUSES or not node or interruption.rank < 0:
+        return []
+    if len(paging.by_step.get(interruption.step, ())) > 1:
+        return []  # the same step failed before: data or code, not this node
+    reason = Reason(
+        code=ReasonCode.QUARANTINE,
+        text=f"node {node} caused interruption {interruption.interruption_id[:12]} of run "
+        f"{interruption.run_id} ({interruption.cause.value}: {interruption.reason.text}); "
+        "out of the pool before the restart",
+    )
+    quarantine = Quarantine(
+        event_id=derived_id("quarantine", interruption.interruption_id),
+        run_id=interruption.run_id,
+        attempt=interruption.attempt,
+        rank=interruption.rank,
+        node=node,
+        step=interruption.step,
+        ts=interruption.ts,
+        reason=reason,
+        caused_by=[interruption.interruption_id],
+        run_ids_affected=[interruption.run_id],
+    )
+    command = QuarantineNode(
+        # The SDC detector derives its QuarantineNode the same way: one command per node
+        # and attempt, whoever asks for it.
+        command_id=derived_id("quarantine_node", interruption.run_id, interruption.attempt, node),
+        run_id=interruption.run_id,
+        attempt=interruption.attempt,
+        ranks=None,
+        issued_ts=interruption.ts,
+        reason=reason,
+        caused_by=[quarantine.event_id],
+        node=node,
+    )
+    return [quarantine, command]

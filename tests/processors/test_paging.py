@@ -1,0 +1,88 @@
+"""Paging on a pattern, never on an independent failure (seed R5): the same node twice,
+the same step twice, a burst over 5x the baseline rate; each pattern pages once, with
+its rule and the interruptions that make it."""
+
+from __future__ import annotations
+
+from trainguard.processors.core import CorePolicy, run_all
+from trainguard.processors.core.baseline import BaselinePolicy
+from trainguard.schemas import Interruption, Page, ReasonCode
+
+from .streams import Job
+
+#: A 16-rank test job given the seed's 16,384-GPU failure rate (MTBF 3.1 h), so that
+#: "the normal rate" means what it means for a real large run.
+POLICY = CorePolicy(baseline=BaselinePolicy(reference_world_size=16))
+HOUR = 3600.0
+
+
+def pages(outputs: list) -> list[Page]:
+    return [o for o in outputs if isinstance(o, Page)]
+
+
+def interruptions(outputs: list) -> list[Interruption]:
+    return [o for o in outputs if isinstance(o, Interruption)]
+
+
+def crash_and_restart(job: Job, rank: int, then_steps: int, resume_from: int | None = None) -> Job:
+    job.exit(rank, exit_code=1)
+    job.restart(resumed_from_step=job.step if resume_from is None else resume_from)
+    return job.steps(then_steps)
+
+
+def test_independent_failures_at_the_normal_rate_restart_silently() -> None:
+    job = Job(step_s=60.0, checkpoint_every=10).start().steps(150)  # 2.5 h per attempt
+    for rank in (3, 9, 14, 6):  # four nodes, four different steps, ~3 h apart
+        crash_and_restart(job, rank, 180)
+    _, outputs = run_all(job.events, POLICY)
+    assert len(interruptions(outputs)) == 4 and pages(outputs) == []
+
+
+def test_the_same_node_twice_pages_once_with_both_interruptions() -> None:
+    job = Job(step_s=60.0).start().steps(150)
+    crash_and_restart(job, 1, 150)  # node-000
+    crash_and_restart(job, 2, 150)  # node-000 again: its quarantine did not hold
+    crash_and_restart(job, 3, 150)  # and again: already paged
+    _, outputs = run_all(job.events, POLICY)
+    (page,) = pages(outputs)
+    first, second, _ = interruptions(outputs)
+    assert page.rule == "same_node" and page.node == "node-000"
+    assert page.reason.code == ReasonCode.PAGE_SAME_NODE and "node-000" in page.reason.text
+    assert page.evidence == [first.interruption_id, second.interruption_id]
+
+
+def test_the_same_step_failing_after_a_restart_pages_as_data_or_code() -> None:
+    job = Job(step_s=60.0, checkpoint_every=10).start().steps(126)  # steps 0..125
+    # A bad batch at step 125: every restart from checkpoint 120 dies there, on any node.
+    crash_and_restart(job, 5, 5, resume_from=120)
+    crash_and_restart(job, 12, 5, resume_from=120)
+    _, outputs = run_all(job.events, POLICY)
+    (page,) = pages(outputs)
+    assert page.rule == "same_step" and page.step == 125
+    assert "data or code" in page.reason.text and len(page.evidence) == 2
+
+
+def test_a_burst_over_five_times_the_baseline_pages_but_two_failures_do_not() -> None:
+    two = Job(step_s=60.0).start().steps(120)
+    crash_and_restart(two, 1, 20)
+    crash_and_restart(two, 6, 20)  # 2 in the last hour: 6x the baseline, but only two
+    _, outputs = run_all(two.events, POLICY)
+    assert pages(outputs) == []
+
+    three = Job(step_s=60.0).start().steps(120)
+    for rank in (1, 6, 11):  # three nodes, three steps, within 40 minutes
+        crash_and_restart(three, rank, 10)
+    _, outputs = run_all(three.events, POLICY)
+    (page,) = pages(outputs)
+    assert page.rule == "failure_rate" and page.reason.code == ReasonCode.PAGE_FAILURE_RATE
+    assert page.evidence == [i.interruption_id for i in interruptions(outputs)]
+    assert "3 interruptions" in page.reason.text
+
+
+def test_a_redelivered_interruption_is_not_counted_twice() -> None:
+    job = Job(step_s=60.0).start().steps(150)
+    crash_and_restart(job, 1, 150)
+    exit_event = job.events[-1]
+    job.events.append(exit_event)  # at-least-once: the same exit report again
+    _, outputs = run_all(job.events, POLICY)
+    assert pages(outputs) == []

@@ -27,6 +27,8 @@ broker_app = typer.Typer(help="Run a local single-node Kafka broker (KRaft) from
 secret_app = typer.Typer(help="Manage the command-signing secret (never stored in the repository).")
 app.add_typer(broker_app, name="broker")
 app.add_typer(secret_app, name="secret")
+policy_app = typer.Typer(help="Check and show policy files (every threshold of the core).")
+app.add_typer(policy_app, name="policy")
 console = Console(stderr=True)
 
 Bootstrap = Annotated[
@@ -112,6 +114,38 @@ def broker_topics(bootstrap: Bootstrap = None, topic_prefix: Prefix = "") -> Non
 
 
 # --------------------------------------------------------------------------- secret
+
+
+@policy_app.command("check")
+def policy_check(path: Annotated[Path, typer.Argument(help="Policy YAML file.")]) -> None:
+    """Validate a policy file: every invalid field is named with the reason (exit 1)."""
+    from .processors.core.policy import PolicyError, load_policy
+
+    try:
+        load_policy(str(path))
+    except PolicyError as exc:
+        console.print(str(exc), markup=False)
+        raise typer.Exit(1) from None
+    except OSError as exc:
+        console.print(f"cannot read {path}: {exc}", markup=False)
+        raise typer.Exit(1) from None
+    console.print(f"{path}: ok")
+
+
+@policy_app.command("show")
+def policy_show(
+    path: Annotated[
+        Path | None, typer.Argument(help="Policy YAML file; default: the built-in defaults.")
+    ] = None,
+) -> None:
+    """Print the effective policy (the file's values over the seed's defaults) as YAML."""
+    from .processors.core.policy import PolicyError, dump_policy, load_policy
+
+    try:
+        typer.echo(dump_policy(load_policy(str(path) if path else None)), nl=False)
+    except PolicyError as exc:
+        console.print(str(exc), markup=False)
+        raise typer.Exit(1) from None
 
 
 @secret_app.command("init")

@@ -1,12 +1,13 @@
 """The policy settings the core reads. One frozen, typed object; every field documented.
 
 The numbers are the seed's (§3 `step_timeout: "90s"`, ARCHITECTURE.md "Hang: ... default
-3x p99 step time"). Issue 4 grows this into the versioned policy file.
+3x p99 step time"). `trainguard policy show` prints them all; `trainguard policy check FILE`
+validates a policy file.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .baseline import BaselinePolicy
 from .diagnosis import DiagnosisPolicy
@@ -41,9 +42,17 @@ class HangPolicy(BaseModel):
         return self
 
 
+#: The policy file format this code reads.
+POLICY_VERSION = 1
+
+
 class CorePolicy(BaseModel):
+    """Every threshold of the core, defaults from the seed. A policy file is this object
+    in YAML: `version`, then any subset of the sections (omitted fields keep defaults)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    version: int = Field(POLICY_VERSION, description="Policy file format version.")
     hang: HangPolicy = HangPolicy()
     baseline: BaselinePolicy = BaselinePolicy()
     sdc: SdcPolicy = SdcPolicy()
@@ -55,15 +64,63 @@ class CorePolicy(BaseModel):
         200_000, ge=1000, description="Event ids remembered per run to drop redelivered events."
     )
 
+    @field_validator("version")
+    @classmethod
+    def _known_version(cls, version: int) -> int:
+        if version != POLICY_VERSION:
+            raise ValueError(
+                f"policy format {version} is not the one this trainguard reads ({POLICY_VERSION})"
+            )
+        return version
+
+
+class PolicyError(ValueError):
+    """A policy file that cannot be used; `problems` are 'field.path: reason' lines."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        super().__init__(f"invalid policy {source}:\n" + "\n".join(f"  {p}" for p in problems))
+        self.source = source
+        self.problems = problems
+
+
+def parse_policy(data: object, source: str = "<policy>") -> CorePolicy:
+    """Validate a parsed policy document; PolicyError lists every bad field with its reason."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise PolicyError(source, [f"<root>: expected a mapping of sections, got {type(data).__name__}"])
+    try:
+        return CorePolicy.model_validate(data)
+    except ValidationError as exc:
+        problems = [
+            f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}"
+            + (
+                f" (got {e['input']!r})"
+                if e["type"] != "extra_forbidden" and not isinstance(e["input"], dict)
+                else ""
+            )
+            for e in exc.errors(include_url=False)
+        ]
+        raise PolicyError(source, problems) from None
+
 
 def load_policy(path: str | None) -> CorePolicy:
     """The policy from a YAML file (defaults for every field it omits); None -> defaults.
-
-    Invalid values raise pydantic's ValidationError naming the field and the reason."""
+    Raises PolicyError naming each invalid field and the reason."""
     if path is None:
         return CorePolicy()
     import yaml
 
     with open(path, encoding="utf-8") as fh:
-        data = yaml.safe_load(fh) or {}
-    return CorePolicy.model_validate(data)
+        try:
+            data = yaml.safe_load(fh)
+        except yaml.YAMLError as exc:
+            raise PolicyError(path, [f"<file>: not valid YAML: {exc}"]) from None
+    return parse_policy(data, path)
+
+
+def dump_policy(policy: CorePolicy) -> str:
+    """The whole effective policy as YAML (every field, defaults included)."""
+    import yaml
+
+    return str(yaml.safe_dump(policy.model_dump(mode="json"), sort_keys=False))

@@ -35,6 +35,7 @@ from .events import (
     CrossRankCheck,
     Derived,
     Diagnosis,
+    GoodputReport,
     GpuHealth,
     GradSpike,
     HangDetected,
@@ -70,6 +71,6 @@ __all__ = [
     "GpuHealth", "HangDetected", "Heartbeat", "Interruption", "InterruptionCause",
     "InterruptionRecovered", "IntervalUpdate", "Page", "Quarantine", "RankExit", "RunStarted",
     "SdcMismatch", "SdcSelfCheck", "StepStats", "StepTiming", "StragglerFlagged", "Tick",
-    "Diagnosis", "GradSpike", "MtbfUpdate", "RanksMissing", "StragglerAction", "StragglerCleared",
-    "StragglerDiagnosed",
+    "Diagnosis", "GoodputReport", "GradSpike", "MtbfUpdate", "RanksMissing", "StragglerAction",
+    "StragglerCleared", "StragglerDiagnosed",
 ]  # fmt: skip

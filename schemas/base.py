@@ -82,6 +82,8 @@ class ReasonCode(StrEnum):
     PAGE_SAME_STEP = "page_same_step"
     PAGE_FAILURE_RATE = "page_failure_rate"
     QUARANTINE = "quarantine"
+    GOODPUT = "goodput"
+    PAGE_GOODPUT = "page_goodput"
 
 
 class Reason(Record):

@@ -352,6 +352,25 @@ class IntervalUpdate(Derived):
     interval_s: float = Field(gt=0)
 
 
+class GoodputReport(Derived):
+    """Where a run's time went over a trailing window of event time (seed §6):
+    goodput = (1 - (checkpoint + lost + restart) / elapsed) x ideal/actual step time,
+    the last factor being 1 - straggler_s / (elapsed - restart)."""
+
+    KIND: ClassVar[str] = "goodput_report"
+    VERSION: ClassVar[int] = 1
+
+    window_s: float = Field(gt=0, description="The trailing window (1 h, 24 h, 7 d by default).")
+    elapsed_s: float = Field(ge=0, description="Run time inside the window.")
+    checkpoint_s: float = Field(ge=0, description="Training blocked by checkpoints (C).")
+    lost_s: float = Field(ge=0, description="Work lost to interruptions: steps re-done.")
+    restart_s: float = Field(
+        ge=0, description="From each interruption's detection to the next attempt's first step."
+    )
+    straggler_s: float = Field(ge=0, description="Training time lost to the slowest rank's pace.")
+    goodput: float = Field(ge=0, le=1)
+
+
 DERIVED_KINDS: tuple[type[Derived], ...] = (
     StragglerFlagged,
     StragglerCleared,
@@ -366,4 +385,5 @@ DERIVED_KINDS: tuple[type[Derived], ...] = (
     Quarantine,
     Page,
     IntervalUpdate,
+    GoodputReport,
 )

@@ -35,9 +35,11 @@ from ...schemas import (
     SdcSelfCheck,
     StepStats,
     StepTiming,
+    StragglerCleared,
     StragglerFlagged,
 )
 from . import baseline, diagnosis, interval, paging, quarantine, sdc, straggler
+from . import goodput as accounting
 from .ids import derived_id
 from .outputs import Forward, abort_for, node_of
 from .policy import CorePolicy
@@ -83,6 +85,7 @@ def step(
 
     if not run.coordinator:
         return state, _on_shard_event(run, event, policy)
+    accounting.advance(run.goodput, ts, run.open_interruption is not None, policy.goodput)
     outputs: list[Output] = []
     if isinstance(event, RunStarted):
         outputs += _on_run_started(run, event)
@@ -100,6 +103,9 @@ def step(
             outputs.append(found)
             if isinstance(found, StragglerFlagged):  # diagnose before any action (R2)
                 outputs.append(diagnosis.diagnosed(run.health, run, found, policy.diagnosis))
+                run.goodput.slowdowns[found.rank] = found.slowdown
+            elif isinstance(found, StragglerCleared):
+                run.goodput.slowdowns.pop(found.rank, None)
     elif isinstance(event, GpuHealth):
         diagnosis.observe_health(run.health, run, event, policy.diagnosis)
     elif isinstance(event, StepStats):
@@ -113,6 +119,7 @@ def step(
     elif isinstance(event, CheckpointWritten):
         mtbf = baseline.mtbf_s(run.baseline, policy.baseline)
         outputs += interval.on_checkpoint(run.interval, run.run_id, event, mtbf, policy.interval)
+        accounting.on_checkpoint(run.goodput, event)
     elif isinstance(event, CheckpointValidated):
         run.last_validated_step = max(run.last_validated_step, event.checkpoint_step)
     elif isinstance(event, RankExit) and rank is not None:
@@ -127,8 +134,14 @@ def step(
                 run.paging, interruption, run.baseline, policy.baseline, policy.paging
             )
             outputs += quarantine.on_interruption(run.paging, interruption)
+            accounting.on_interruption(run.goodput, interruption, list(run.step_times))
         for update in [o for o in outputs if isinstance(o, MtbfUpdate)]:  # M moved: re-derive T
             outputs += interval.rederive(run.interval, run.run_id, update, update.mtbf_s, policy.interval)
+    reports = accounting.reports(run.goodput, run.run_id, event, policy.goodput)
+    if reports:
+        outputs += reports
+        gp = policy.goodput
+        outputs += paging.on_goodput(run.paging, reports[0], gp.page_below, gp.page_min_elapsed_s)
     return state, outputs
 
 
@@ -415,10 +428,6 @@ def step_time_summary(run: RunState) -> tuple[float, float, int]:
 
 
 def goodput(run: RunState) -> float:
-    """Useful work over wall time: steps that count (never one twice across restarts)
-    times the median step time, over the run's elapsed event time. Issue 4 replaces this
-    with the full C/T + T/2M + R/M accounting."""
-    if run.first_ts is None or run.last_ts <= run.first_ts or not run.step_times:
-        return 0.0
-    useful = run.useful_steps * statistics.median(run.step_times)
-    return max(0.0, min(1.0, useful / (run.last_ts - run.first_ts)))
+    """The run's measured goodput over everything the accounting keeps (up to its longest
+    window, 7 days by default): (1 - overhead) x ideal/actual (processors/core/goodput.py)."""
+    return accounting.total(run.goodput).goodput

@@ -11,8 +11,8 @@ evidence (the interruptions that make it).
                 the ratio alone is weak (at 16,384 ranks any two failures in an hour are
                 6x the baseline), so a count floor makes it a pattern, not bad luck
 
-(The fourth R5 rule, goodput over the last hour below 0.3, needs the goodput accounting
-of issue 4 and lands with it.)
+  goodput       the last hour's measured goodput is under 0.3 (processors/core/goodput.py):
+                restarts are eating the run; paged again at most once per window
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ...schemas import Interruption, Page, Reason, ReasonCode
+from ...schemas import GoodputReport, Interruption, Page, Reason, ReasonCode
 from .baseline import BaselinePolicy, BaselineState, baseline_rate_per_h, rate_1h, window_count
 from .ids import derived_id
 
@@ -52,6 +52,8 @@ class PagingState:
     paged: set[tuple[str, str]] = field(default_factory=set)
     #: ts of the last failure-rate page (re-armed once its window has passed).
     rate_paged_ts: float | None = None
+    #: ts of the last goodput page (likewise).
+    goodput_paged_ts: float | None = None
 
 
 def on_interruption(
@@ -132,3 +134,31 @@ def _page(interruption: Interruption, rule: str, code: ReasonCode, text: str, ev
         rule=rule,
         evidence=list(evidence),
     )
+
+
+def on_goodput(state: PagingState, report: GoodputReport, below: float, min_elapsed_s: float) -> list[Page]:
+    """R5 rule 4: the window's goodput collapsed (call with the shortest window's report)."""
+    if report.elapsed_s < min_elapsed_s or report.goodput >= below:
+        return []
+    if state.goodput_paged_ts is not None and report.ts - state.goodput_paged_ts < report.window_s:
+        return []
+    state.goodput_paged_ts = report.ts
+    text = (
+        f"run {report.run_id}: goodput {report.goodput:.2f} over the last {report.window_s / 3600:g} h "
+        f"(rule: under {below:g}); {report.reason.text}"
+    )
+    return [
+        Page(
+            event_id=derived_id("page", "goodput", report.event_id),
+            run_id=report.run_id,
+            attempt=report.attempt,
+            rank=-1,
+            node="",
+            step=report.step,
+            ts=report.ts,
+            reason=Reason(code=ReasonCode.PAGE_GOODPUT, text=text),
+            caused_by=[report.event_id],
+            rule="goodput",
+            evidence=[report.event_id],
+        )
+    ]

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .baseline import BaselinePolicy
 from .diagnosis import DiagnosisPolicy
+from .goodput import GoodputPolicy
 from .interval import IntervalPolicy
 from .paging import PagingPolicy
 from .sdc_state import SdcPolicy
@@ -60,6 +61,7 @@ class CorePolicy(BaseModel):
     diagnosis: DiagnosisPolicy = DiagnosisPolicy()
     interval: IntervalPolicy = IntervalPolicy()
     paging: PagingPolicy = PagingPolicy()
+    goodput: GoodputPolicy = GoodputPolicy()
     dedupe_window: int = Field(
         200_000, ge=1000, description="Event ids remembered per run to drop redelivered events."
     )

@@ -10,6 +10,7 @@ from enum import StrEnum
 from ...schemas.sharding import owned_ranks
 from .baseline import BaselineState
 from .diagnosis import HealthState
+from .goodput import GoodputState
 from .interval import IntervalState
 from .paging import PagingState
 from .sdc_state import SdcState
@@ -110,6 +111,8 @@ class RunState:
     interval: IntervalState = field(default_factory=IntervalState)
     #: Interruptions by node and step, and the pages already sent (seed R5).
     paging: PagingState = field(default_factory=PagingState)
+    #: Where the run's time went, by minute (seed §6).
+    goodput: GoodputState = field(default_factory=GoodputState)
     seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
     duplicates: int = 0
     stale: int = 0

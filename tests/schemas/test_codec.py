@@ -72,6 +72,16 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "quarantine": dict(reason=REASON, run_ids_affected=["run-a"]),
     "page": dict(reason=REASON, rule="same_node_twice", evidence=["i-1", "i-2"]),
     "interval_update": dict(reason=REASON, mtbf_s=11_160.0, checkpoint_cost_s=30.0, interval_s=818.0),
+    "goodput_report": dict(
+        reason=REASON,
+        window_s=3600.0,
+        elapsed_s=3600.0,
+        checkpoint_s=132.0,
+        lost_s=410.0,
+        restart_s=600.0,
+        straggler_s=0.0,
+        goodput=0.683,
+    ),
 }
 COMMAND_SAMPLES: dict[str, dict[str, Any]] = {
     "checkpoint_now": {},

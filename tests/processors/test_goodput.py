@@ -1,0 +1,88 @@
+"""Goodput accounting (seed §6): the reports add up the run's measured losses: checkpoint
+blocking, work re-done after interruptions, restart time, a straggler's pace; and a
+collapse below 0.3 over the last hour pages (R5)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainguard.processors.core import CorePolicy, run_all
+from trainguard.processors.core.baseline import BaselinePolicy
+from trainguard.processors.core.goodput import GoodputPolicy, GoodputState, advance, breakdown
+from trainguard.schemas import CheckpointWritten, GoodputReport, Interruption, InterruptionRecovered, Page
+
+from .streams import Job
+
+POLICY = CorePolicy(baseline=BaselinePolicy(reference_world_size=16))
+HOUR = 3600.0
+
+
+def of(kind: type, outputs: list) -> list:
+    return [o for o in outputs if isinstance(o, kind)]
+
+
+def hourly(outputs: list) -> list[GoodputReport]:
+    return [r for r in of(GoodputReport, outputs) if r.window_s == HOUR]
+
+
+def test_a_healthy_run_loses_only_its_checkpoint_blocking() -> None:
+    job = Job(step_s=60.0, checkpoint_every=10, checkpoint_blocking_s=30.0).start().steps(150)  # 2.5 h
+    _, outputs = run_all(job.events, POLICY)
+    reports = hourly(outputs)
+    assert len(reports) >= 12  # every 10 minutes of event time
+    last = reports[-1]
+    blocked = sum(e.blocking_s for e in of(CheckpointWritten, job.events) if last.ts - HOUR < e.ts <= last.ts)
+    assert last.checkpoint_s == pytest.approx(blocked, abs=31)  # minute buckets at the edges
+    assert last.elapsed_s == pytest.approx(HOUR, abs=61)
+    assert last.lost_s == last.restart_s == last.straggler_s == 0
+    assert last.goodput == pytest.approx(1 - last.checkpoint_s / last.elapsed_s)
+    assert 0.94 < last.goodput < 0.97 and not of(Page, outputs)
+    # 1 h, 24 h and 7 d reports, each with its own window
+    assert {r.window_s for r in of(GoodputReport, outputs)} == {HOUR, 86_400.0, 604_800.0}
+
+
+def test_an_interruption_costs_its_lost_steps_and_its_restart() -> None:
+    job = Job(step_s=60.0, checkpoint_every=10).start().steps(45)  # last checkpoint at 40
+    job.exit(3, exit_code=1)
+    job.restart(resumed_from_step=40, delay_s=300.0)
+    job.steps(60)
+    _, outputs = run_all(job.events, POLICY)
+    (crash,) = of(Interruption, outputs)
+    (recovered,) = of(InterruptionRecovered, outputs)
+    report = [r for r in hourly(outputs) if r.ts > recovered.ts][0]
+    assert report.lost_s == pytest.approx(crash.lost_steps * 60.0, rel=0.06)  # median step ~60 s
+    assert report.restart_s == pytest.approx(recovered.restart_s, abs=1.0)
+    overhead = (report.lost_s + report.restart_s) / report.elapsed_s
+    assert report.goodput == pytest.approx(1 - overhead)
+
+
+def test_restarts_eating_the_hour_page_at_most_once_an_hour() -> None:
+    job = Job(step_s=60.0, checkpoint_every=10).start().steps(30)
+    for rank in range(1, 8):  # a crash every ~12 minutes, 10-minute restarts
+        job.exit(rank, exit_code=1)
+        job.restart(resumed_from_step=job.step - job.step % 10, delay_s=600.0)
+        job.steps(2)
+    job.steps(30)
+    _, outputs = run_all(job.events, POLICY)
+    collapse = [p for p in of(Page, outputs) if p.rule == "goodput"]
+    assert collapse and all(b.ts - a.ts >= HOUR for a, b in zip(collapse, collapse[1:], strict=False))
+    reports = {r.event_id: r for r in hourly(outputs)}
+    for page in collapse:
+        assert reports[page.caused_by[0]].goodput < 0.3 and "goodput 0." in page.reason.text
+    # every hourly report under 0.3 with enough history is covered by a page in its hour
+    low = [r for r in reports.values() if r.goodput < 0.3 and r.elapsed_s >= 1800]
+    assert all(any(0 <= r.ts - p.ts < HOUR for p in collapse) for r in low)
+
+
+def test_a_straggler_costs_its_slowdown_of_the_training_time() -> None:
+    state, policy = GoodputState(), GoodputPolicy()
+    advance(state, 0.0, False, policy)
+    state.slowdowns[17] = 1.25  # flagged: the job runs at this rank's pace
+    for t in range(60, 3601, 60):
+        advance(state, float(t), False, policy)
+    b = breakdown(state, 3600.0, HOUR)
+    assert b.straggler == pytest.approx(0.2 * 3600.0)  # (1 - 1/1.25) of the hour
+    assert b.goodput == pytest.approx(0.8)
+    del state.slowdowns[17]  # cleared: no further cost
+    advance(state, 3660.0, False, policy)
+    assert breakdown(state, 3660.0, HOUR).straggler == pytest.approx(0.2 * 3540.0)

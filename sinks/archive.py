@@ -26,11 +26,20 @@ from trainguard.broker.topics import TopicNames
 
 from ..schemas import Rejected, decode, decode_batch
 from ..schemas.codec import ACKS, COMMANDS, DERIVED
-from .archive_store import Archive, DeadLetter, Item, Located, WriteResult, summary, timeline
+from .archive_store import (
+    Archive,
+    DeadLetter,
+    Item,
+    Located,
+    WriteResult,
+    goodput_breakdown,
+    summary,
+    timeline,
+)
 
 __all__ = [
     "Archive", "ArchiveWriter", "DeadLetter", "Item", "Located", "Role", "WriteResult", "WriterStats",
-    "decode_message", "summary", "timeline",
+    "decode_message", "goodput_breakdown", "summary", "timeline",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)

@@ -157,6 +157,19 @@ DDL: tuple[str, ...] = (
            d.reason_code, d.reason_text, d.attempt
     FROM interruption_detected d
     LEFT JOIN interruption_recovered r USING (interruption_id)""",
+    # Goodput reports (processors/core/goodput.py): where each run's time went, per window.
+    """
+    CREATE OR REPLACE VIEW goodput AS
+    SELECT run_id, ts AS "at",
+           CAST(payload->>'window_s' AS DOUBLE)     AS window_s,
+           CAST(payload->>'elapsed_s' AS DOUBLE)    AS elapsed_s,
+           CAST(payload->>'checkpoint_s' AS DOUBLE) AS checkpoint_s,
+           CAST(payload->>'lost_s' AS DOUBLE)       AS lost_s,
+           CAST(payload->>'restart_s' AS DOUBLE)    AS restart_s,
+           CAST(payload->>'straggler_s' AS DOUBLE)  AS straggler_s,
+           CAST(payload->>'goodput' AS DOUBLE)      AS goodput
+    FROM raw_event
+    WHERE kind = 'goodput_report'""",
     # The seed's run row, from RunStarted: the newest attempt's shape, the first start.
     """
     CREATE OR REPLACE VIEW run AS

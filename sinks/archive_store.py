@@ -403,6 +403,27 @@ def timeline(db: Db, run_id: str | None = None) -> list[dict[str, Any]]:
         return [dict(zip(names, row, strict=True)) for row in result.fetchall()]
 
 
+_GOODPUT_SQL = """
+SELECT run_id, window_s, arg_max("at", "at") AS "at", arg_max(goodput, "at") AS goodput,
+       arg_max(elapsed_s, "at") AS elapsed_s, arg_max(checkpoint_s, "at") AS checkpoint_s,
+       arg_max(lost_s, "at") AS lost_s, arg_max(restart_s, "at") AS restart_s,
+       arg_max(straggler_s, "at") AS straggler_s
+FROM goodput
+WHERE $run_id IS NULL OR run_id = $run_id
+GROUP BY run_id, window_s
+ORDER BY run_id, window_s
+"""
+
+
+def goodput_breakdown(db: Db, run_id: str | None = None) -> list[dict[str, Any]]:
+    """Each run's latest goodput report per window: goodput and the seconds lost to
+    checkpoints, re-done work, restarts and stragglers."""
+    with _Reader(db) as con:
+        result = con.execute(_GOODPUT_SQL, {"run_id": run_id})
+        names = [d[0] for d in result.description]
+        return [dict(zip(names, row, strict=True)) for row in result.fetchall()]
+
+
 def summary(db: Db) -> dict[str, int]:
     """Row counts of the archive's tables and main views."""
     with _Reader(db) as con:

@@ -323,6 +323,17 @@ def timeline(
 
 
 @app.command()
+def goodput(
+    db: Annotated[Path, typer.Option(help="DuckDB archive.")] = Path(".trainguard/trainguard.duckdb"),
+    run: Annotated[str | None, typer.Option(help="Only this run_id.")] = None,
+) -> None:
+    """Print each run's goodput breakdown over 1 h, 24 h and 7 d (from the DuckDB archive)."""
+    from .report import make_console, print_goodput
+
+    print_goodput(db, run, make_console())
+
+
+@app.command()
 def demo(
     scenario: Annotated[Path | None, typer.Option(help="Scenario YAML; default: the 64-rank demo.")] = None,
     workdir: Annotated[Path, typer.Option(help="Where the demo's broker data and DuckDB file go.")] = Path(

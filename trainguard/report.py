@@ -54,6 +54,30 @@ def print_timeline(db: Path, run_id: str | None, console: Console) -> None:
     console.print(timeline_table(rows))
 
 
+def print_goodput(db: Path, run_id: str | None, console: Console) -> None:
+    """Each run's latest goodput breakdown per window (from GoodputReport events)."""
+    from .sinks.archive_store import goodput_breakdown
+
+    rows = goodput_breakdown(db, run_id)
+    if not rows:
+        console.print(f"no goodput reports recorded in {db} (the first comes 10 min into a run)")
+        return
+    table = Table(title="Goodput: where the time went (latest report per window)")
+    for column in ("run", "window", "goodput", "elapsed s", "checkpoints s", "lost work s", "restarts s"):
+        table.add_column(column)
+    table.add_column("stragglers s")
+    for row in rows:
+        window = row["window_s"]
+        span = f"{window / 86_400:g} d" if window % 86_400 == 0 else f"{window / 3600:g} h"
+        table.add_row(
+            row["run_id"],
+            span,
+            f"{row['goodput']:.3f}",
+            *(f"{row[k]:,.0f}" for k in ("elapsed_s", "checkpoint_s", "lost_s", "restart_s", "straggler_s")),
+        )
+    console.print(table)
+
+
 def evaluation_table(title: str, scores: list[Any]) -> Table:
     """Per detector, summed over scenarios: TP / FP / FN and detection latency."""
     from statistics import median

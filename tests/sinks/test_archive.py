@@ -19,6 +19,7 @@ from trainguard.schemas import (
     Ack,
     AckStatus,
     CheckpointNow,
+    GoodputReport,
     Interruption,
     InterruptionCause,
     InterruptionRecovered,
@@ -38,6 +39,7 @@ from trainguard.sinks.archive import (
     Located,
     Role,
     decode_message,
+    goodput_breakdown,
     summary,
     timeline,
 )
@@ -402,3 +404,44 @@ def _dicts(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
     result = con.execute(sql)
     names = [d[0] for d in result.description]
     return [dict(zip(names, row, strict=True)) for row in result.fetchall()]
+
+
+def goodput_report(window_s: float, at: float, goodput: float, run_id: str = RUN) -> GoodputReport:
+    return GoodputReport(
+        event_id=f"g-{run_id}-{window_s:.0f}-{at:.0f}",
+        run_id=run_id,
+        attempt=0,
+        rank=-1,
+        node="",
+        step=100,
+        ts=at,
+        reason=Reason(code=ReasonCode.GOODPUT, text="goodput"),
+        window_s=window_s,
+        elapsed_s=min(window_s, at - T0),
+        checkpoint_s=120.0,
+        lost_s=300.0,
+        restart_s=(1 - goodput) * window_s - 420.0 if goodput < 0.8 else 0.0,
+        straggler_s=0.0,
+        goodput=goodput,
+    )
+
+
+def test_the_goodput_view_gives_each_runs_latest_breakdown_per_window(tmp_path: Path) -> None:
+    with Archive(tmp_path / "a.duckdb") as archive:
+        archive.write(
+            [
+                goodput_report(3600.0, T0 + 4200, 0.9),
+                goodput_report(3600.0, T0 + 4800, 0.5),  # the newer hour
+                goodput_report(86_400.0, T0 + 4800, 0.85),
+                goodput_report(3600.0, T0 + 4800, 0.7, run_id="run-b"),
+            ]
+        )
+        rows = goodput_breakdown(archive)
+        only_a = goodput_breakdown(archive.connection, run_id=RUN)
+    assert [(r["run_id"], r["window_s"], r["goodput"]) for r in rows] == [
+        (RUN, 3600.0, 0.5),
+        (RUN, 86_400.0, 0.85),
+        ("run-b", 3600.0, 0.7),
+    ]
+    assert [r["at"] for r in only_a] == [T0 + 4800, T0 + 4800]
+    assert only_a[0]["restart_s"] == pytest.approx(0.5 * 3600 - 420)

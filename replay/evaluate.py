@@ -59,7 +59,9 @@ class Detection:
 def detector_of(output: Derived) -> str | None:
     """The detector a derived event reports for, or None for bookkeeping outputs."""
     if isinstance(output, Interruption):
-        return output.cause.value  # crash, hang, non_finite, sdc, ...
+        # crash, hang, non_finite, ...; an SDC rollback's interruption follows the
+        # SdcMismatch that is the detection
+        return None if output.cause.value == "sdc" else output.cause.value
     if isinstance(output, StragglerFlagged):
         return "straggler"
     if isinstance(output, SdcMismatch):

@@ -31,14 +31,16 @@ from ...schemas import (
     RankExit,
     Reason,
     ReasonCode,
+    Rollback,
     RunStarted,
+    SdcMismatch,
     SdcSelfCheck,
     StepStats,
     StepTiming,
     StragglerCleared,
     StragglerFlagged,
 )
-from . import baseline, diagnosis, interval, paging, quarantine, sdc, straggler
+from . import baseline, diagnosis, interval, paging, quarantine, rollback, sdc, straggler
 from . import goodput as accounting
 from .ids import derived_id
 from .outputs import Forward, abort_for, node_of
@@ -122,12 +124,16 @@ def step(
         accounting.on_checkpoint(run.goodput, event)
     elif isinstance(event, CheckpointValidated):
         run.last_validated_step = max(run.last_validated_step, event.checkpoint_step)
+        rollback.on_validated(run.rollback, event)
     elif isinstance(event, RankExit) and rank is not None:
         outputs += _on_exit(run, rank, event)
     if run.pending_hang is not None:
         outputs += _maybe_conclude_hang(run, event.ts, policy)
     outputs += baseline.on_time(run.baseline, run, event, policy.baseline)
     if outputs:
+        if policy.rollback_on_sdc:
+            for found in [o for o in outputs if isinstance(o, SdcMismatch)]:  # back to the clean ancestor
+                outputs += _roll_back(run, found)
         for interruption in [o for o in outputs if isinstance(o, Interruption)]:
             outputs += baseline.on_interruption(run.baseline, run, interruption, policy.baseline)
             outputs += paging.on_interruption(
@@ -334,6 +340,28 @@ def _on_exit(run: RunState, rank: RankState, event: RankExit) -> list[Output]:
         ),
     )
     return [interruption, abort_for(run, interruption, stack_dump=False)]
+
+
+def _roll_back(run: RunState, found: SdcMismatch) -> list[Output]:
+    """An SDC mismatch: roll back to the clean ancestor (or page that none is left). The
+    rollback ends the attempt, so it is an interruption, its lost work counted back to the
+    checkpoint it returns to."""
+    decided: list[Output] = list(rollback.on_mismatch(run.rollback, found, run.sdc.last_passing_check_step))
+    target = next((d for d in decided if isinstance(d, Rollback)), None)
+    if target is None or run.phase in (RunPhase.INTERRUPTED, RunPhase.FINISHED):
+        return decided
+    interruption = _interruption(
+        run,
+        cause=InterruptionCause.SDC,
+        detected_by="sdc",
+        cause_id=found.event_id,
+        at=found.ts,
+        culprit=found.rank,
+        reason=target.reason,
+    )
+    lost = max(0, run.job_step - target.checkpoint_step)
+    update = {"lost_steps": lost, "last_checkpoint_step": target.checkpoint_step, "node": found.node}
+    return [interruption.model_copy(update=update), *decided]
 
 
 def _maybe_conclude_hang(run: RunState, now_ts: float, policy: CorePolicy) -> list[Output]:

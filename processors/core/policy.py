@@ -62,6 +62,11 @@ class CorePolicy(BaseModel):
     interval: IntervalPolicy = IntervalPolicy()
     paging: PagingPolicy = PagingPolicy()
     goodput: GoodputPolicy = GoodputPolicy()
+    rollback_on_sdc: bool = Field(
+        True,
+        description="On an SDC mismatch, roll back to the clean ancestor (R6); false: quarantine "
+        "and report only, and leave the rollback to a human.",
+    )
     dedupe_window: int = Field(
         200_000, ge=1000, description="Event ids remembered per run to drop redelivered events."
     )

@@ -13,6 +13,7 @@ from .diagnosis import HealthState
 from .goodput import GoodputState
 from .interval import IntervalState
 from .paging import PagingState
+from .rollback import RollbackState
 from .sdc_state import SdcState
 from .straggler import StragglerState
 
@@ -113,6 +114,8 @@ class RunState:
     paging: PagingState = field(default_factory=PagingState)
     #: Where the run's time went, by minute (seed §6).
     goodput: GoodputState = field(default_factory=GoodputState)
+    #: Validated checkpoints, for the rollback to the clean ancestor (R6).
+    rollback: RollbackState = field(default_factory=RollbackState)
     seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
     duplicates: int = 0
     stale: int = 0

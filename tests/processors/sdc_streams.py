@@ -149,7 +149,9 @@ class Pipeline:
     def __post_init__(self) -> None:
         self.wired = "sdc" in CorePolicy.model_fields
         if self.wired:
-            self.core_policy = self.core_policy.model_copy(update={"sdc": self.policy})
+            # The detector alone: the rollback it triggers is tested in test_rollback.py.
+            update = {"sdc": self.policy, "rollback_on_sdc": False}
+            self.core_policy = self.core_policy.model_copy(update=update)
 
     def run(self, run_id: str = "run-test") -> RunState:
         return self.core.runs[run_id]

@@ -84,6 +84,8 @@ class ReasonCode(StrEnum):
     QUARANTINE = "quarantine"
     GOODPUT = "goodput"
     PAGE_GOODPUT = "page_goodput"
+    ROLLBACK = "rollback"
+    NO_CLEAN_ANCESTOR = "no_clean_ancestor"
 
 
 class Reason(Record):

@@ -128,23 +128,17 @@ def on_checkpoint(state: GoodputState, event: CheckpointWritten) -> None:
 
 def breakdown(state: GoodputState, now: float, window_s: float) -> Breakdown:
     since = int((now - window_s) // _MINUTE)
-    parts = [m for key, m in state.minutes.items() if key > since]
-    return Breakdown(
-        window_s,
-        elapsed=sum(m.elapsed for m in parts),
-        checkpoint=sum(m.checkpoint for m in parts),
-        lost=sum(m.lost for m in parts),
-        restart=sum(m.restart for m in parts),
-        straggler=sum(m.straggler for m in parts),
-    )
+    return _sum(window_s, [m for key, m in state.minutes.items() if key > since])
 
 
 def total(state: GoodputState) -> Breakdown:
     """Everything kept (the longest window)."""
-    parts = list(state.minutes.values())
-    span = _MINUTE * len(state.minutes)
+    return _sum(_MINUTE * len(state.minutes), list(state.minutes.values()))
+
+
+def _sum(window_s: float, parts: list[Minute]) -> Breakdown:
     return Breakdown(
-        span,
+        window_s,
         elapsed=sum(m.elapsed for m in parts),
         checkpoint=sum(m.checkpoint for m in parts),
         lost=sum(m.lost for m in parts),

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ...schemas import GoodputReport, Interruption, Page, Reason, ReasonCode
+from ...schemas import Envelope, GoodputReport, Interruption, Page, Reason, ReasonCode
 from .baseline import BaselinePolicy, BaselineState, baseline_rate_per_h, rate_1h, window_count
 from .ids import derived_id
 
@@ -79,7 +79,7 @@ def on_interruption(
                 f"node {node} caused {len(seen)} interruptions of run {interruption.run_id}: "
                 "its quarantine did not hold; take it out of the pool by hand"
             )
-            pages.append(_page(interruption, "same_node", ReasonCode.PAGE_SAME_NODE, text, seen))
+            pages.append(page(interruption, "same_node", ReasonCode.PAGE_SAME_NODE, text, seen))
     if step >= 0:
         seen = state.by_step.setdefault(step, [])
         seen.append(interruption.interruption_id)
@@ -89,7 +89,7 @@ def on_interruption(
                 f"run {interruption.run_id} failed at step {step} {len(seen)} times across restarts: "
                 "data or code, not hardware; restarting again will fail again"
             )
-            pages.append(_page(interruption, "same_step", ReasonCode.PAGE_SAME_STEP, text, seen))
+            pages.append(page(interruption, "same_step", ReasonCode.PAGE_SAME_STEP, text, seen))
     pages += _rate(state, interruption, baseline, baseline_policy, policy)
     return pages
 
@@ -117,18 +117,20 @@ def _rate(
     )
     since = now - baseline_policy.window_s
     evidence = [iid for ts, iid in state.timeline if ts > since]
-    return [_page(interruption, "failure_rate", ReasonCode.PAGE_FAILURE_RATE, text, evidence)]
+    return [page(interruption, "failure_rate", ReasonCode.PAGE_FAILURE_RATE, text, evidence)]
 
 
-def _page(interruption: Interruption, rule: str, code: ReasonCode, text: str, evidence: list[str]) -> Page:
+def page(cause: Envelope, rule: str, code: ReasonCode, text: str, evidence: list[str]) -> Page:
+    """A page about `cause` (its run, rank, node, step and time); its id is derived from the
+    rule and the cause, so a re-made decision pages once."""
     return Page(
-        event_id=derived_id("page", rule, interruption.interruption_id),
-        run_id=interruption.run_id,
-        attempt=interruption.attempt,
-        rank=interruption.rank,
-        node=interruption.node,
-        step=interruption.step,
-        ts=interruption.ts,
+        event_id=derived_id("page", rule, cause.event_id),
+        run_id=cause.run_id,
+        attempt=cause.attempt,
+        rank=cause.rank,
+        node=cause.node,
+        step=cause.step,
+        ts=cause.ts,
         reason=Reason(code=code, text=text),
         caused_by=list(evidence)[-64:],
         rule=rule,
@@ -147,18 +149,4 @@ def on_goodput(state: PagingState, report: GoodputReport, below: float, min_elap
         f"run {report.run_id}: goodput {report.goodput:.2f} over the last {report.window_s / 3600:g} h "
         f"(rule: under {below:g}); {report.reason.text}"
     )
-    return [
-        Page(
-            event_id=derived_id("page", "goodput", report.event_id),
-            run_id=report.run_id,
-            attempt=report.attempt,
-            rank=-1,
-            node="",
-            step=report.step,
-            ts=report.ts,
-            reason=Reason(code=ReasonCode.PAGE_GOODPUT, text=text),
-            caused_by=[report.event_id],
-            rule="goodput",
-            evidence=[report.event_id],
-        )
-    ]
+    return [page(report, "goodput", ReasonCode.PAGE_GOODPUT, text, [report.event_id])]

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from ...schemas import CheckpointValidated, Page, Reason, ReasonCode, Rollback, SdcMismatch
 from .ids import derived_id
+from .paging import page
 
 
 def retention_count(sdc_check_interval_steps: int, checkpoint_interval_steps: int) -> int:
@@ -63,21 +64,7 @@ def on_mismatch(state: RollbackState, found: SdcMismatch, watermark: int) -> lis
             f"verification watermark (step {watermark}); the newest is step {newest}, written after "
             "the last passing check. Choose an older milestone or accept the risk."
         )
-        return [
-            Page(
-                event_id=derived_id("page", "no_clean_ancestor", found.event_id),
-                run_id=found.run_id,
-                attempt=found.attempt,
-                rank=found.rank,
-                node=found.node,
-                step=found.step,
-                ts=found.ts,
-                reason=Reason(code=ReasonCode.NO_CLEAN_ANCESTOR, text=text),
-                caused_by=[found.event_id],
-                rule="no_clean_ancestor",
-                evidence=[found.event_id],
-            )
-        ]
+        return [page(found, "no_clean_ancestor", ReasonCode.NO_CLEAN_ANCESTOR, text, [found.event_id])]
     text = (
         f"SDC at step {found.step} on {found.node or '?'}: roll back to checkpoint {target.step}, the "
         f"newest validated one at or before the verification watermark (step {watermark}); "

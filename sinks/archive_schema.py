@@ -170,6 +170,19 @@ DDL: tuple[str, ...] = (
            CAST(payload->>'goodput' AS DOUBLE)      AS goodput
     FROM raw_event
     WHERE kind = 'goodput_report'""",
+    # Quarantines (processors/core/quarantine.py and the SDC detector): "which node killed
+    # the most jobs" is `SELECT * FROM node_quarantine ORDER BY runs_affected DESC`.
+    """
+    CREATE OR REPLACE VIEW node_quarantine AS
+    SELECT node AS node_id,
+           count(DISTINCT run_id) AS runs_affected,
+           count(*)               AS quarantines,
+           min(ts)                AS first_at,
+           max(ts)                AS last_at,
+           list(DISTINCT run_id ORDER BY run_id) AS run_ids
+    FROM raw_event
+    WHERE kind = 'quarantine'
+    GROUP BY node""",
     # The seed's run row, from RunStarted: the newest attempt's shape, the first start.
     """
     CREATE OR REPLACE VIEW run AS

@@ -23,6 +23,7 @@ from trainguard.schemas import (
     Interruption,
     InterruptionCause,
     InterruptionRecovered,
+    Quarantine,
     Reason,
     ReasonCode,
     Record,
@@ -445,3 +446,31 @@ def test_the_goodput_view_gives_each_runs_latest_breakdown_per_window(tmp_path: 
     ]
     assert [r["at"] for r in only_a] == [T0 + 4800, T0 + 4800]
     assert only_a[0]["restart_s"] == pytest.approx(0.5 * 3600 - 420)
+
+
+def quarantine_event(node: str, run_id: str, at: float) -> Quarantine:
+    return Quarantine(
+        event_id=f"q-{node}-{run_id}-{at:.0f}",
+        run_id=run_id,
+        attempt=0,
+        rank=3,
+        node=node,
+        step=50,
+        ts=at,
+        reason=Reason(code=ReasonCode.QUARANTINE, text="node caused an interruption"),
+        run_ids_affected=[run_id],
+    )
+
+
+def test_which_node_killed_the_most_jobs_is_one_query(tmp_path: Path) -> None:
+    with Archive(tmp_path / "a.duckdb") as archive:
+        archive.write(
+            [quarantine_event("n0417", f"run-{i}", T0 + 100 * i) for i in range(6)]
+            + [quarantine_event("n0417", "run-0", T0 + 900), quarantine_event("n0002", "run-9", T0 + 50)]
+        )
+        rows = archive.connection.execute(
+            "SELECT node_id, runs_affected, quarantines, run_ids FROM node_quarantine "
+            "ORDER BY runs_affected DESC"
+        ).fetchall()
+    assert rows[0] == ("n0417", 6, 7, [f"run-{i}" for i in range(6)])
+    assert rows[1][:3] == ("n0002", 1, 1)

@@ -101,13 +101,7 @@ def step(
         outputs += _on_step(run, rank, event)
         if new_step:
             outputs += sdc.on_step_completed(run.sdc, run, event.step, event.ts, event.event_id, policy.sdc)
-        for found in straggler.observe_step(run.straggler, run, event, policy.straggler):
-            outputs.append(found)
-            if isinstance(found, StragglerFlagged):  # diagnose before any action (R2)
-                outputs.append(diagnosis.diagnosed(run.health, run, found, policy.diagnosis))
-                run.goodput.slowdowns[found.rank] = found.slowdown
-            elif isinstance(found, StragglerCleared):
-                run.goodput.slowdowns.pop(found.rank, None)
+        outputs += _stragglers(run, event, policy)
     elif isinstance(event, GpuHealth):
         diagnosis.observe_health(run.health, run, event, policy.diagnosis)
     elif isinstance(event, StepStats):
@@ -163,6 +157,20 @@ def run_all(
     return state, outputs
 
 
+def _stragglers(run: RunState, event: StepTiming, policy: CorePolicy) -> list[Output]:
+    """The straggler detector on one step timing; a flag is diagnosed before any action
+    (R2), and the flagged slowdowns are what goodput accounting charges the run for."""
+    outputs: list[Output] = []
+    for found in straggler.observe_step(run.straggler, run, event, policy.straggler):
+        outputs.append(found)
+        if isinstance(found, StragglerFlagged):
+            outputs.append(diagnosis.diagnosed(run.health, run, found, policy.diagnosis))
+            run.goodput.slowdowns[found.rank] = found.slowdown
+        elif isinstance(found, StragglerCleared):
+            run.goodput.slowdowns.pop(found.rank, None)
+    return outputs
+
+
 def _on_shard_event(run: RunState, event: Envelope, policy: CorePolicy) -> list[Output]:
     """A non-coordinator shard: per-rank detectors on its ranks (stragglers, their
     diagnosis); reports that need a run-level decision are forwarded to shard 0, and
@@ -175,12 +183,7 @@ def _on_shard_event(run: RunState, event: Envelope, policy: CorePolicy) -> list[
     rank = _rank(run, event)
     if isinstance(event, StepTiming) and rank is not None:
         _on_step(run, rank, event)
-        outputs: list[Output] = []
-        for found in straggler.observe_step(run.straggler, run, event, policy.straggler):
-            outputs.append(found)
-            if isinstance(found, StragglerFlagged):
-                outputs.append(diagnosis.diagnosed(run.health, run, found, policy.diagnosis))
-        return outputs
+        return _stragglers(run, event, policy)
     if isinstance(event, GpuHealth):
         diagnosis.observe_health(run.health, run, event, policy.diagnosis)
         return []

@@ -60,8 +60,8 @@ def detector_of(output: Derived) -> str | None:
     """The detector a derived event reports for, or None for bookkeeping outputs."""
     if isinstance(output, Interruption):
         # crash, hang, non_finite, ...; an SDC rollback's interruption follows the
-        # SdcMismatch that is the detection
-        return None if output.cause.value == "sdc" else output.cause.value
+        # SdcMismatch that is the detection; an eviction's follows its straggler flag
+        return None if output.cause.value in ("sdc", "eviction") else output.cause.value
     if isinstance(output, StragglerFlagged):
         return "straggler"
     if isinstance(output, SdcMismatch):

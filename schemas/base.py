@@ -69,12 +69,17 @@ class ReasonCode(StrEnum):
     NODE_LINK = "node_link"
     NETWORK_CONTENTION = "network_contention"
     UNKNOWN_CAUSE = "unknown_cause"
+    EVICTION = "eviction"
+    EVICTION_DECLINED = "eviction_declined"
+    EVICTION_DEFERRED = "eviction_deferred"
+    PAGE_SAME_RACK = "page_same_rack"
     # silent data corruption (seed §7, R3)
     NON_FINITE_LOSS = "non_finite_loss"
     GRAD_SPIKE = "grad_spike"
     SELF_CHECK_MISMATCH = "self_check_mismatch"
     CROSS_RANK_MISMATCH = "cross_rank_mismatch"
     SDC_CHECK_SCHEDULED = "sdc_check_scheduled"
+    NODE_SELF_TEST = "node_self_test"
     # failure-rate baseline
     MTBF = "mtbf"
     CHECKPOINT_INTERVAL = "checkpoint_interval"

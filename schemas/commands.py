@@ -91,6 +91,24 @@ class QuarantineNode(Command):
     node: str = Field(min_length=1, max_length=128)
 
 
+class RunNodeSelfTest(Command):
+    """Test a node suspected of silent data corruption before it returns to the pool (seed
+    §SDC (c)): short runs with known answers catch the deterministically wrong GPU that only
+    shows under load. `ranks` are the node's ranks; each tests its own device."""
+
+    KIND: ClassVar[str] = "run_node_self_test"
+    VERSION: ClassVar[int] = 1
+
+    node: str = Field(min_length=1, max_length=128)
+    tests: list[str] = Field(
+        default_factory=lambda: ["gemm", "collective"],
+        min_length=1,
+        max_length=16,
+        description="Self-tests to run, each a short workload with known answers: gemm (a matrix "
+        "multiply on every GPU of the node), collective (an all-reduce across them) (seed §SDC (c)).",
+    )
+
+
 class ResumeFrom(Command):
     KIND: ClassVar[str] = "resume_from"
     VERSION: ClassVar[int] = 1
@@ -118,6 +136,7 @@ COMMAND_KINDS: tuple[type[Command], ...] = (
     RunCrossRankCheck,
     EvictRank,
     QuarantineNode,
+    RunNodeSelfTest,
     ResumeFrom,
     Rollback,
 )

@@ -246,6 +246,37 @@ class StragglerDiagnosed(Derived):
     evidence: dict[str, float] = Field(default_factory=dict)
 
 
+class EvictionVerdict(StrEnum):
+    """What the eviction policy decided about a diagnosed straggler (seed R2)."""
+
+    EVICT = "evict"  # EvictRank issued: the rank leaves at the next checkpoint boundary
+    DECLINED = "declined"  # payback R / (P(healthy) x cost) longer than the horizon
+    DEFERRED = "deferred"  # worth it, but the run had an eviction less than min_gap_s ago
+    PAGED = "paged"  # the previous eviction was in the same rack: a human decides
+    NOT_EVICTED = "not_evicted"  # the diagnosis does not recommend eviction, or it is disabled
+
+
+class EvictionDecision(Derived):
+    """The straggler-eviction decision and its numbers (seed R2): expected benefit =
+    P(healthy replacement) x straggler cost; payback = R / benefit. rank/node: the straggler."""
+
+    KIND: ClassVar[str] = "eviction_decision"
+    VERSION: ClassVar[int] = 1
+
+    decision: EvictionVerdict
+    slowdown: float = Field(ge=0, description="The straggler's compute_s / median compute_s.")
+    straggler_cost: float = Field(
+        ge=0, le=1, description="Fraction of job throughput lost to it: 1 - 1/slowdown."
+    )
+    p_healthy: float = Field(ge=0, le=1, description="P(the replacement is healthy), from past evictions.")
+    restart_s: float = Field(ge=0, description="R: what the planned restart costs.")
+    benefit: float = Field(ge=0, le=1, description="p_healthy x straggler_cost.")
+    payback_s: float = Field(ge=0, description="restart_s / benefit; 1e12 stands for never.")
+    horizon_s: float = Field(gt=0, description="Evict only if payback_s is not longer than this.")
+    evictions_resolved: int = Field(ge=0, description="Past evictions of the run that resolved the straggle.")
+    evictions_unresolved: int = Field(ge=0, description="Past evictions after which it straggled again.")
+
+
 class RanksMissing(Derived):
     """Ranks that reported nothing for a step the others completed: reported, not ignored."""
 
@@ -324,8 +355,19 @@ class InterruptionRecovered(Derived):
     VERSION: ClassVar[int] = 1
 
     interruption_id: str = Field(max_length=200)
-    restart_s: float = Field(ge=0)
+    restart_s: float = Field(ge=0, description="Detection to the next attempt's first completed step.")
     resumed_attempt: int = Field(ge=0)
+    phases: dict[str, float] = Field(
+        default_factory=dict,
+        description="Seconds per restart phase, in order: detect (fault onset to detection: a hang's "
+        "stall), reschedule (detection to the next attempt's launch), startup (launch to its first "
+        "completed step: process start, checkpoint load, process-group init, first step).",
+    )
+    lost_s: float = Field(default=0.0, ge=0, description="Work re-done: lost steps x the median step time.")
+    world_size: int = Field(default=0, ge=0)
+    gpu_hours: float = Field(
+        default=0.0, ge=0, description="Cost: world_size x (detect + restart + lost seconds) / 3600."
+    )
 
 
 class Quarantine(Derived):
@@ -369,12 +411,14 @@ class GoodputReport(Derived):
     )
     straggler_s: float = Field(ge=0, description="Training time lost to the slowest rank's pace.")
     goodput: float = Field(ge=0, le=1)
+    interruptions: int = Field(default=0, ge=0, description="Interruptions detected inside the window.")
 
 
 DERIVED_KINDS: tuple[type[Derived], ...] = (
     StragglerFlagged,
     StragglerCleared,
     StragglerDiagnosed,
+    EvictionDecision,
     RanksMissing,
     GradSpike,
     MtbfUpdate,

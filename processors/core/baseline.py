@@ -168,13 +168,25 @@ def rate_ratio(state: BaselineState, now: float, policy: BaselinePolicy) -> floa
     return rate_1h(state, now, policy) / baseline_rate_per_h(state, policy)
 
 
-def burst_p_value(state: BaselineState, now: float, policy: BaselinePolicy) -> float:
-    """P(at least this many interruptions in the window | the baseline rate): the Poisson
-    tail, P(N >= k | m) = P(k, m) with m = baseline rate x window. 1.0 when k = 0."""
-    k = window_count(state, now, policy)
-    if k == 0:
+def background_rate_per_h(state: BaselineState, now: float, policy: BaselinePolicy) -> float:
+    """The posterior mean rate from everything BEFORE the trailing window (its interruptions
+    and its exposure left out): what a burst is judged against, so that it does not raise
+    its own baseline (four failures in a young run's first hours would otherwise double it)."""
+    alpha0 = policy.prior_weight_interruptions
+    shape = alpha0 + state.interruptions - window_count(state, now, policy)
+    rate = alpha0 * _prior_s(state, policy) + max(0.0, state.exposure_s - policy.window_s)
+    return _HOUR * shape / rate
+
+
+def burst_p_value(state: BaselineState, now: float, policy: BaselinePolicy, given_one: bool = False) -> float:
+    """P(at least this many interruptions in the window | the background rate): the Poisson
+    tail, P(N >= k | m) = P(k, m) with m = background rate x window. 1.0 when k = 0.
+    `given_one`: the check is made at an interruption, which is given; the p-value is that
+    of the k - 1 others in the window (checking at every interruption scans the timeline)."""
+    k = window_count(state, now, policy) - (1 if given_one else 0)
+    if k <= 0:
         return 1.0
-    return regularized_gamma_p(k, policy.window_s / mtbf_s(state, policy))
+    return regularized_gamma_p(k, background_rate_per_h(state, now, policy) * policy.window_s / _HOUR)
 
 
 # --------------------------------------------------------------------------- driving

@@ -40,7 +40,7 @@ from ...schemas import (
     StragglerCleared,
     StragglerFlagged,
 )
-from . import baseline, diagnosis, interval, paging, quarantine, rollback, sdc, straggler
+from . import baseline, diagnosis, eviction, interval, paging, quarantine, rollback, sdc, straggler
 from . import goodput as accounting
 from .ids import derived_id
 from .outputs import Forward, abort_for, node_of
@@ -101,6 +101,7 @@ def step(
         outputs += _on_step(run, rank, event)
         if new_step:
             outputs += sdc.on_step_completed(run.sdc, run, event.step, event.ts, event.event_id, policy.sdc)
+            eviction.on_step(run.eviction, event.attempt, event.step, policy.eviction)
         outputs += _stragglers(run, event, policy)
     elif isinstance(event, GpuHealth):
         diagnosis.observe_health(run.health, run, event, policy.diagnosis)
@@ -118,30 +119,38 @@ def step(
         accounting.on_checkpoint(run.goodput, event)
     elif isinstance(event, CheckpointValidated):
         run.last_validated_step = max(run.last_validated_step, event.checkpoint_step)
-        rollback.on_validated(run.rollback, event)
+        rollback.on_validated(run.rollback, event, rollback.keep_count(run, policy), policy.retention)
     elif isinstance(event, RankExit) and rank is not None:
         outputs += _on_exit(run, rank, event)
     if run.pending_hang is not None:
         outputs += _maybe_conclude_hang(run, event.ts, policy)
     outputs += baseline.on_time(run.baseline, run, event, policy.baseline)
+    if run.eviction.deferred:
+        outputs += eviction.on_time(run.eviction, event.ts, run.attempt, policy.eviction)
     if outputs:
         if policy.rollback_on_sdc:
             for found in [o for o in outputs if isinstance(o, SdcMismatch)]:  # back to the clean ancestor
                 outputs += _roll_back(run, found)
         for interruption in [o for o in outputs if isinstance(o, Interruption)]:
-            outputs += baseline.on_interruption(run.baseline, run, interruption, policy.baseline)
-            outputs += paging.on_interruption(
-                run.paging, interruption, run.baseline, policy.baseline, policy.paging
-            )
-            outputs += quarantine.on_interruption(run.paging, interruption)
+            if interruption.cause != InterruptionCause.EVICTION:  # planned: not a failure
+                starting = interruption.step <= run.resumed_from_step  # no step done in its attempt
+                outputs += baseline.on_interruption(run.baseline, run, interruption, policy.baseline)
+                outputs += paging.on_interruption(
+                    run.paging, interruption, run.baseline, policy.baseline, policy.paging, starting
+                )
+                outputs += quarantine.on_interruption(run.paging, interruption, starting)
             accounting.on_interruption(run.goodput, interruption, list(run.step_times))
+        for recovered in [o for o in outputs if isinstance(o, InterruptionRecovered)]:
+            eviction.on_recovered(run.eviction, recovered, policy.eviction)
         for update in [o for o in outputs if isinstance(o, MtbfUpdate)]:  # M moved: re-derive T
             outputs += interval.rederive(run.interval, run.run_id, update, update.mtbf_s, policy.interval)
     reports = accounting.reports(run.goodput, run.run_id, event, policy.goodput)
     if reports:
         outputs += reports
         gp = policy.goodput
-        outputs += paging.on_goodput(run.paging, reports[0], gp.page_below, gp.page_min_elapsed_s)
+        usual_restart = eviction.restart_estimate_s(run.eviction, policy.eviction)
+        interval_s = run.interval.current_s or policy.interval.initial_s
+        outputs += paging.on_goodput(run.paging, reports[0], gp, usual_restart, interval_s)
     return state, outputs
 
 
@@ -159,15 +168,23 @@ def run_all(
 
 def _stragglers(run: RunState, event: StepTiming, policy: CorePolicy) -> list[Output]:
     """The straggler detector on one step timing; a flag is diagnosed before any action
-    (R2), and the flagged slowdowns are what goodput accounting charges the run for."""
+    (R2), and the flagged slowdowns are what goodput accounting charges the run for. On
+    the coordinator, a diagnosis recommending eviction goes to the payback decision (a
+    sharded run's other shards flag and diagnose; their evictions are not decided yet)."""
     outputs: list[Output] = []
     for found in straggler.observe_step(run.straggler, run, event, policy.straggler):
         outputs.append(found)
         if isinstance(found, StragglerFlagged):
-            outputs.append(diagnosis.diagnosed(run.health, run, found, policy.diagnosis))
+            diagnosed = diagnosis.diagnosed(run.health, run, found, policy.diagnosis)
+            outputs.append(diagnosed)
             run.goodput.slowdowns[found.rank] = found.slowdown
+            if run.coordinator:
+                eviction.on_flagged(run.eviction, found, policy.eviction)
+                rack = run.racks.get(found.node)
+                outputs += eviction.on_diagnosed(run.eviction, diagnosed, rack, None, policy.eviction)
         elif isinstance(found, StragglerCleared):
             run.goodput.slowdowns.pop(found.rank, None)
+            eviction.on_cleared(run.eviction, found.rank)
     return outputs
 
 
@@ -213,6 +230,9 @@ def _rank(run: RunState, event: Envelope) -> RankState | None:
 
 
 def _on_run_started(run: RunState, event: RunStarted) -> list[Output]:
+    opened = run.open_interruption
+    if opened is not None and event.attempt > run.attempt and opened.launched_ts is None:
+        opened.launched_ts = event.ts  # the restart's reschedule phase ends here
     run.world_size = event.world_size
     run.ranks_per_node = event.ranks_per_node
     run.racks = dict(event.racks)
@@ -223,7 +243,28 @@ def _on_run_started(run: RunState, event: RunStarted) -> list[Output]:
 
 def _begin_attempt(run: RunState, event: Envelope, resumed_from_step: int) -> list[Output]:
     outputs: list[Output] = []
-    if event.attempt > run.attempt and run.phase in (RunPhase.TRAINING, RunPhase.STARTING) and run.ranks:
+    evicted = eviction.issued_in(run.eviction, run.attempt) if event.attempt > run.attempt else None
+    if evicted is not None and run.phase in (RunPhase.TRAINING, RunPhase.STARTING) and run.ranks:
+        # The planned restart of an eviction (at a checkpoint boundary): it stopped when
+        # its ranks did, and it is a cost to account, not a failure.
+        decision_id, rank = evicted
+        stopped = max((r.last_seen_ts for r in run.ranks.values()), default=event.ts)
+        outputs.append(
+            _interruption(
+                run,
+                cause=InterruptionCause.EVICTION,
+                detected_by="eviction",
+                cause_id=decision_id,
+                at=min(stopped, event.ts),
+                culprit=rank,
+                reason=Reason(
+                    code=ReasonCode.EVICTION,
+                    text=f"attempt {run.attempt} stopped at a checkpoint to evict rank {rank} "
+                    f"({node_of(run, rank) or 'unknown node'}); attempt {event.attempt} replaces it",
+                ),
+            )
+        )
+    elif event.attempt > run.attempt and run.phase in (RunPhase.TRAINING, RunPhase.STARTING) and run.ranks:
         # A new attempt started although the core declared no interruption: the
         # launcher saw something we did not. Record it so the timeline stays complete.
         outputs.append(
@@ -266,28 +307,43 @@ def _on_step(run: RunState, rank: RankState, event: StepTiming) -> list[Output]:
     if run.phase == RunPhase.STARTING:
         run.move_to(RunPhase.TRAINING)
         if run.open_interruption is not None:
-            opened = run.open_interruption
+            outputs.append(_recovered(run, run.open_interruption, event))
             run.open_interruption = None
-            outputs.append(
-                InterruptionRecovered(
-                    event_id=derived_id("interruption_recovered", opened.interruption_id),
-                    run_id=run.run_id,
-                    attempt=run.attempt,
-                    rank=-1,
-                    node="",
-                    step=event.step,
-                    ts=event.ts,
-                    reason=Reason(
-                        code=ReasonCode.RESUMED,
-                        text=f"attempt {run.attempt} completed step {event.step}",
-                    ),
-                    caused_by=[opened.event_id, event.event_id],
-                    interruption_id=opened.interruption_id,
-                    restart_s=max(0.0, event.ts - opened.detected_ts),
-                    resumed_attempt=run.attempt,
-                )
-            )
     return outputs
+
+
+def _recovered(run: RunState, opened: OpenInterruption, event: StepTiming) -> InterruptionRecovered:
+    """The interruption is over: its restart phases, lost work and cost in GPU-hours."""
+    restart_s = max(0.0, event.ts - opened.detected_ts)
+    launched = opened.launched_ts if opened.launched_ts is not None else opened.detected_ts
+    reschedule_s = min(restart_s, max(0.0, launched - opened.detected_ts))
+    phases = {"detect": opened.detect_s, "reschedule": reschedule_s, "startup": restart_s - reschedule_s}
+    lost_s = opened.lost_steps * (statistics.median(run.step_times) if run.step_times else 0.0)
+    world = run.world_size or len(run.ranks)
+    cost_s = opened.detect_s + restart_s + lost_s
+    return InterruptionRecovered(
+        event_id=derived_id("interruption_recovered", opened.interruption_id),
+        run_id=run.run_id,
+        attempt=run.attempt,
+        rank=-1,
+        node="",
+        step=event.step,
+        ts=event.ts,
+        reason=Reason(
+            code=ReasonCode.RESUMED,
+            text=f"attempt {run.attempt} completed step {event.step} {restart_s:.0f} s after the "
+            f"detection; {opened.lost_steps} steps ({lost_s:.0f} s) to re-do; cost "
+            f"{world * cost_s / 3600:,.1f} GPU-hours",
+        ),
+        caused_by=[opened.event_id, event.event_id],
+        interruption_id=opened.interruption_id,
+        restart_s=restart_s,
+        resumed_attempt=run.attempt,
+        phases=phases,
+        lost_s=lost_s,
+        world_size=world,
+        gpu_hours=world * cost_s / 3600,
+    )
 
 
 def _on_heartbeat(run: RunState, rank: RankState, event: Heartbeat, policy: CorePolicy) -> list[Output]:
@@ -315,7 +371,7 @@ def _on_heartbeat(run: RunState, rank: RankState, event: Heartbeat, policy: Core
         stalled_s=stalled,
         timeout_s=timeout,
     )
-    run.pending_hang = PendingHang(hang.event_id, event.ts, run.job_step, event.rank)
+    run.pending_hang = PendingHang(hang.event_id, event.ts, run.job_step, event.rank, stalled)
     return [hang, abort_for(run, hang, stack_dump=True)]
 
 
@@ -339,7 +395,8 @@ def _on_exit(run: RunState, rank: RankState, event: RankExit) -> list[Output]:
         culprit=event.rank,
         reason=Reason(
             code=ReasonCode.RANK_EXITED,
-            text=f"rank {event.rank} on {event.node} died ({how}) at step {rank.last_step}",
+            text=f"rank {event.rank} on {event.node} died ({how}) after step "
+            f"{max(rank.last_step, run.job_step)}",
         ),
     )
     return [interruption, abort_for(run, interruption, stack_dump=False)]
@@ -363,6 +420,8 @@ def _roll_back(run: RunState, found: SdcMismatch) -> list[Output]:
         reason=target.reason,
     )
     lost = max(0, run.job_step - target.checkpoint_step)
+    if run.open_interruption is not None:
+        run.open_interruption.lost_steps = lost
     update = {"lost_steps": lost, "last_checkpoint_step": target.checkpoint_step, "node": found.node}
     return [interruption.model_copy(update=update), *decided]
 
@@ -402,6 +461,7 @@ def _maybe_conclude_hang(run: RunState, now_ts: float, policy: CorePolicy) -> li
             at=pending.detected_ts,
             culprit=culprit,
             reason=reason,
+            detect_s=pending.stalled_s,
         )
     ]
 
@@ -418,14 +478,15 @@ def _interruption(
     at: float,
     culprit: int,
     reason: Reason,
+    detect_s: float = 0.0,
 ) -> Interruption:
     """Declare an interruption (id derived from the event that revealed it)."""
     checkpoint = max(run.last_validated_step, run.resumed_from_step)
-    lost = run.job_step - checkpoint if checkpoint >= 0 else run.job_step + 1
+    lost = max(0, run.job_step - checkpoint if checkpoint >= 0 else run.job_step + 1)
     event_id = derived_id("interruption", cause_id)
     run.move_to(RunPhase.INTERRUPTED)
     run.interruptions += 1
-    run.open_interruption = OpenInterruption(event_id, event_id, at)
+    run.open_interruption = OpenInterruption(event_id, event_id, at, detect_s, lost)
     return Interruption(
         event_id=event_id,
         run_id=run.run_id,
@@ -439,7 +500,7 @@ def _interruption(
         interruption_id=event_id,
         cause=cause,
         detected_by=detected_by,
-        lost_steps=max(0, lost),
+        lost_steps=lost,
         last_checkpoint_step=checkpoint,
     )
 

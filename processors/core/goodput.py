@@ -5,18 +5,24 @@ event time, over trailing windows (1 h, 24 h, 7 d), reported as GoodputReport ev
     overhead = (checkpoint + lost + restart) / elapsed
 
 measured, not modelled: `checkpoint` is the blocking time of the checkpoints written,
-`lost` the steps re-done after each interruption (lost_steps x the median step time),
+`lost` the steps re-done after each interruption (lost_steps x the median step time,
+charged to the minutes in which that work was done, so that no window loses more time
+than it holds),
 `restart` the time from each interruption's detection to the next attempt's first step,
 and ideal/actual = 1 - straggler / (elapsed - restart), where `straggler` accrues, while a
 straggler is flagged, (1 - 1/slowdown) of the training time (the job runs at its slowest
 rank's pace; the seed's "a single 20%-slow rank multiplies the second term by 0.83").
 
-Time is kept in one-minute buckets of the run's clock (its newest event ts), so a window
-is a sum over at most 10,080 buckets and the state of a week-long run stays small.
+Time is kept in one-minute buckets of the run's clock (its newest event ts), and the
+state of a week-long run stays small. A window's sum is kept incrementally: running totals
+of every bucket ever filled, minus, per window, the buckets that have slid out of it (a
+cursor that only moves forward), so a report costs the minutes since the previous one, not
+the 10,080 (or 43,200) minutes of its window.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -51,6 +57,23 @@ class Minute:
     lost: float = 0.0
     checkpoint: float = 0.0
     straggler: float = 0.0
+    interruptions: int = 0
+
+    def add(self, other: Minute) -> None:
+        self.elapsed += other.elapsed
+        self.restart += other.restart
+        self.lost += other.lost
+        self.checkpoint += other.checkpoint
+        self.straggler += other.straggler
+        self.interruptions += other.interruptions
+
+
+@dataclass
+class _Slid:
+    """Minutes at or before `cursor` have slid out of a window; `out` is their sum."""
+
+    cursor: int
+    out: Minute = field(default_factory=Minute)
 
 
 @dataclass(frozen=True)
@@ -61,6 +84,7 @@ class Breakdown:
     lost: float
     restart: float
     straggler: float
+    interruptions: int = 0
 
     @property
     def goodput(self) -> float:
@@ -76,6 +100,10 @@ class Breakdown:
 class GoodputState:
     clock: float | None = None
     minutes: OrderedDict[int, Minute] = field(default_factory=OrderedDict)
+    #: Sum of every minute ever filled (kept when old minutes are dropped).
+    totals: Minute = field(default_factory=Minute)
+    #: Per window length: what has slid out of it.
+    slid: dict[float, _Slid] = field(default_factory=dict)
     #: Slowdown of each flagged straggler (rank -> compute / median compute).
     slowdowns: dict[int, float] = field(default_factory=dict)
     checkpoints: set[tuple[int, int]] = field(default_factory=set)
@@ -83,12 +111,22 @@ class GoodputState:
     last_report_ts: float | None = None
 
 
-def _minute(state: GoodputState, ts: float) -> Minute:
-    key = int(ts // _MINUTE)
+def _minute(state: GoodputState, key: int) -> Minute:
     bucket = state.minutes.get(key)
     if bucket is None:
         bucket = state.minutes[key] = Minute()
     return bucket
+
+
+def _add(state: GoodputState, ts: float, amount: Minute) -> None:
+    """Charge `amount` to the minute of `ts` (which may be behind the clock: a late event),
+    keeping the totals and every window that minute has already slid out of consistent."""
+    key = int(ts // _MINUTE)
+    _minute(state, key).add(amount)
+    state.totals.add(amount)
+    for slid in state.slid.values():
+        if key <= slid.cursor:
+            slid.out.add(amount)
 
 
 def advance(state: GoodputState, ts: float, interrupted: bool, policy: GoodputPolicy) -> None:
@@ -99,16 +137,32 @@ def advance(state: GoodputState, ts: float, interrupted: bool, policy: GoodputPo
     dt = ts - state.clock
     if dt <= 0:
         return
-    state.clock = ts
-    bucket = _minute(state, ts)
-    bucket.elapsed += dt
-    if interrupted:
-        bucket.restart += dt
-    elif state.slowdowns:
-        bucket.straggler += dt * (1.0 - 1.0 / max(state.slowdowns.values()))
+    previous, state.clock = state.clock, ts
+    slow = 0.0 if interrupted or not state.slowdowns else 1.0 - 1.0 / max(state.slowdowns.values())
+    # The time since the previous event belongs to the minutes it spans (a quiet gap, such
+    # as a long restart, is not all charged to the minute that ends it). Those minutes are
+    # newer than every window's cursor: no window to correct.
+    totals, t = state.totals, previous
+    while t < ts:
+        key = int(t // _MINUTE)
+        until = min(ts, (key + 1) * _MINUTE)
+        part, t = until - t, until
+        bucket = _minute(state, key)
+        bucket.elapsed += part
+        totals.elapsed += part
+        if interrupted:
+            bucket.restart += part
+            totals.restart += part
+        elif slow:
+            bucket.straggler += part * slow
+            totals.straggler += part * slow
+    # Drop minutes older than the longest window once that window's sum has passed them.
+    longest = state.slid.get(max(policy.windows_s))
     horizon = int((ts - max(policy.windows_s)) // _MINUTE)
-    while state.minutes and next(iter(state.minutes)) < horizon:
-        state.minutes.popitem(last=False)
+    if longest is not None:
+        horizon = min(horizon, longest.cursor + 1)
+        while state.minutes and next(iter(state.minutes)) < horizon:
+            state.minutes.popitem(last=False)
 
 
 def on_interruption(state: GoodputState, interruption: Interruption, step_times: list[float]) -> None:
@@ -116,34 +170,75 @@ def on_interruption(state: GoodputState, interruption: Interruption, step_times:
         return
     state.counted.add(interruption.interruption_id)
     step_s = statistics.median(step_times) if step_times else 0.0
-    _minute(state, interruption.ts).lost += interruption.lost_steps * step_s
+    _add(state, interruption.ts, Minute(interruptions=1))
+    # The lost work was done in the minutes before the interruption: charge it there.
+    start = interruption.ts - interruption.lost_steps * step_s
+    t = start
+    while t < interruption.ts:
+        key = int(t // _MINUTE)
+        until = min(interruption.ts, (key + 1) * _MINUTE)
+        _add(state, key * _MINUTE, Minute(lost=until - t))
+        t = until
 
 
 def on_checkpoint(state: GoodputState, event: CheckpointWritten) -> None:
     key = (event.attempt, event.checkpoint_step)
     if key not in state.checkpoints:  # one checkpoint, reported by several ranks
         state.checkpoints.add(key)
-        _minute(state, event.ts).checkpoint += event.blocking_s
+        _add(state, event.ts, Minute(checkpoint=event.blocking_s))
 
 
 def breakdown(state: GoodputState, now: float, window_s: float) -> Breakdown:
-    since = int((now - window_s) // _MINUTE)
-    return _sum(window_s, [m for key, m in state.minutes.items() if key > since])
+    """The minutes after `now - window_s`. `now` must not go back for a given window (the
+    run's clock does not): the window's cursor only moves forward."""
+    since = math.ceil((now - window_s) / _MINUTE) - 1  # the minutes that start in the window
+    slid = state.slid.get(window_s)
+    if slid is None:  # first use of this window: everything but its minutes is out of it
+        inside = Minute()
+        for key, bucket in state.minutes.items():
+            if key > since:
+                inside.add(bucket)
+        t = state.totals
+        slid = state.slid[window_s] = _Slid(since)
+        slid.out = Minute(
+            t.elapsed - inside.elapsed,
+            t.restart - inside.restart,
+            t.lost - inside.lost,
+            t.checkpoint - inside.checkpoint,
+            t.straggler - inside.straggler,
+            t.interruptions - inside.interruptions,
+        )
+    elif since > slid.cursor:
+        minutes = state.minutes
+        if since - slid.cursor <= len(minutes):
+            for key in range(slid.cursor + 1, since + 1):
+                found = minutes.get(key)
+                if found is not None:
+                    slid.out.add(found)
+        else:  # a long quiet gap: walk the buckets instead of the empty minutes
+            for key, bucket in minutes.items():
+                if slid.cursor < key <= since:
+                    slid.out.add(bucket)
+        slid.cursor = since
+    t, out = state.totals, slid.out
+    return Breakdown(
+        window_s,
+        elapsed=t.elapsed - out.elapsed,
+        checkpoint=t.checkpoint - out.checkpoint,
+        lost=t.lost - out.lost,
+        restart=t.restart - out.restart,
+        straggler=t.straggler - out.straggler,
+        interruptions=t.interruptions - out.interruptions,
+    )
 
 
 def total(state: GoodputState) -> Breakdown:
-    """Everything kept (the longest window)."""
-    return _sum(_MINUTE * len(state.minutes), list(state.minutes.values()))
-
-
-def _sum(window_s: float, parts: list[Minute]) -> Breakdown:
+    """Everything kept: the longest window reported so far (everything, before any report)."""
+    if state.slid and state.clock is not None:
+        return breakdown(state, state.clock, max(state.slid))
+    t = state.totals
     return Breakdown(
-        window_s,
-        elapsed=sum(m.elapsed for m in parts),
-        checkpoint=sum(m.checkpoint for m in parts),
-        lost=sum(m.lost for m in parts),
-        restart=sum(m.restart for m in parts),
-        straggler=sum(m.straggler for m in parts),
+        _MINUTE * len(state.minutes), t.elapsed, t.checkpoint, t.lost, t.restart, t.straggler, t.interruptions
     )
 
 
@@ -184,6 +279,7 @@ def reports(state: GoodputState, run_id: str, cause: Envelope, policy: GoodputPo
                 restart_s=b.restart,
                 straggler_s=b.straggler,
                 goodput=b.goodput,
+                interruptions=b.interruptions,
             )
         )
     return out

@@ -5,14 +5,23 @@ evidence (the interruptions that make it).
   same_node     one node caused `same_node_interruptions` interruptions of the run: the
                 quarantine that should have removed it after the first did not work
   same_step     the job failed at the same step `same_step_interruptions` times across
-                restarts: data or code, not hardware (a restart will not fix it)
+                restarts: data or code, not hardware (a restart will not fix it). A failure
+                before the attempt completed any step counts apart, as "starting from
+                checkpoint s", and pages at `same_start_interruptions` (3): a crash just after
+                a checkpoint and a failure during the next restart both stop at step s by
+                chance, and at 16,384 ranks with 10-minute restarts 5% of restarts are hit by
+                another failure, so two in a row happen about monthly; three do not
   failure_rate  the last hour's interruptions exceed `rate_multiple` x the baseline rate
                 (the run's MTBF posterior) with at least `rate_min_interruptions` of them:
                 the ratio alone is weak (at 16,384 ranks any two failures in an hour are
                 6x the baseline), so a count floor makes it a pattern, not bad luck
 
-  goodput       the last hour's measured goodput is under 0.3 (processors/core/goodput.py):
-                restarts are eating the run; paged again at most once per window
+  goodput       the last hour's measured goodput is under 0.3 (processors/core/goodput.py),
+                and still would be with each of its interruptions' usual price forgiven (the
+                run's usual restart and up to one checkpoint interval of lost work): a stuck
+                restart, a straggler nobody fixed, checkpoints that block for minutes. One
+                ordinary failure is not a pattern, although with a long interval it can cost
+                most of an hour. Paged again at most once per window
 """
 
 from __future__ import annotations
@@ -22,7 +31,15 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...schemas import Envelope, GoodputReport, Interruption, Page, Reason, ReasonCode
-from .baseline import BaselinePolicy, BaselineState, baseline_rate_per_h, rate_1h, window_count
+from .baseline import (
+    BaselinePolicy,
+    BaselineState,
+    background_rate_per_h,
+    burst_p_value,
+    rate_1h,
+    window_count,
+)
+from .goodput import Breakdown, GoodputPolicy
 from .ids import derived_id
 
 
@@ -31,11 +48,27 @@ class PagingPolicy(BaseModel):
 
     same_node_interruptions: int = Field(2, ge=2, description="Page when one node caused this many.")
     same_step_interruptions: int = Field(2, ge=2, description="Page when one step failed this many times.")
+    same_start_interruptions: int = Field(
+        3,
+        ge=2,
+        description="Page when this many attempts resumed from one checkpoint failed before "
+        "completing a step (a first step that always fails; two happen by chance).",
+    )
     rate_multiple: float = Field(
         5.0, gt=1, description="Page when the last hour's rate exceeds this x baseline."
     )
     rate_min_interruptions: int = Field(
         3, ge=1, description="...and at least this many interruptions fell in that hour."
+    )
+    rate_max_p_value: float = Field(
+        1e-3,
+        gt=0,
+        le=1,
+        description="...and that many in an hour is this unlikely at the background rate. The rule "
+        "is checked at every interruption, so the p-value is that of the OTHERS in the hour before "
+        "it (a scan statistic; testing all k would page about monthly by chance at 16,384 ranks). "
+        "At 0.32/h, four in an hour happen about monthly (p 0.005 for the three others); five do "
+        "not (p 0.0004, ~0.1 false pages a month over 233 checks).",
     )
 
 
@@ -47,7 +80,8 @@ class PagingState:
     #: (detection ts, interruption_id) in the order counted: the failure-rate evidence.
     timeline: list[tuple[float, str]] = field(default_factory=list)
     by_node: dict[str, list[str]] = field(default_factory=dict)
-    by_step: dict[int, list[str]] = field(default_factory=dict)
+    #: (step, before any step of its attempt completed) -> interruption ids.
+    by_step: dict[tuple[int, bool], list[str]] = field(default_factory=dict)
     #: (rule, subject) already paged: a pattern pages once.
     paged: set[tuple[str, str]] = field(default_factory=set)
     #: ts of the last failure-rate page (re-armed once its window has passed).
@@ -62,8 +96,10 @@ def on_interruption(
     baseline: BaselineState,
     baseline_policy: BaselinePolicy,
     policy: PagingPolicy,
+    starting: bool = False,
 ) -> list[Page]:
-    """Call after the baseline has counted `interruption` (once per interruption_id)."""
+    """Call after the baseline has counted `interruption` (once per interruption_id);
+    `starting`: its attempt had not completed a step."""
     if interruption.interruption_id in state.counted:
         return []
     state.counted.add(interruption.interruption_id)
@@ -81,12 +117,15 @@ def on_interruption(
             )
             pages.append(page(interruption, "same_node", ReasonCode.PAGE_SAME_NODE, text, seen))
     if step >= 0:
-        seen = state.by_step.setdefault(step, [])
+        seen = state.by_step.setdefault((step, starting), [])
         seen.append(interruption.interruption_id)
-        if len(seen) >= policy.same_step_interruptions and ("same_step", str(step)) not in state.paged:
-            state.paged.add(("same_step", str(step)))
+        subject = f"{step}{' starting' if starting else ''}"
+        needed = policy.same_start_interruptions if starting else policy.same_step_interruptions
+        if len(seen) >= needed and ("same_step", subject) not in state.paged:
+            state.paged.add(("same_step", subject))
+            where = f"starting from step {step}, before completing a step," if starting else f"at step {step}"
             text = (
-                f"run {interruption.run_id} failed at step {step} {len(seen)} times across restarts: "
+                f"run {interruption.run_id} failed {where} {len(seen)} times across restarts: "
                 "data or code, not hardware; restarting again will fail again"
             )
             pages.append(page(interruption, "same_step", ReasonCode.PAGE_SAME_STEP, text, seen))
@@ -105,15 +144,22 @@ def _rate(
     if state.rate_paged_ts is not None and now - state.rate_paged_ts < baseline_policy.window_s:
         return []
     count = window_count(baseline, now, baseline_policy)
-    recent, expected = rate_1h(baseline, now, baseline_policy), baseline_rate_per_h(baseline, baseline_policy)
+    recent, expected = (
+        rate_1h(baseline, now, baseline_policy),
+        background_rate_per_h(baseline, now, baseline_policy),
+    )
     if count < policy.rate_min_interruptions or recent <= policy.rate_multiple * expected:
+        return []
+    p_value = burst_p_value(baseline, now, baseline_policy, given_one=True)
+    if p_value >= policy.rate_max_p_value:
         return []
     state.rate_paged_ts = now
     window_h = baseline_policy.window_s / 3600
     text = (
         f"{count} interruptions of run {interruption.run_id} in the last {window_h:g} h: "
         f"{recent:.2f}/h against a baseline of {expected:.2f}/h ({recent / expected:.1f}x, "
-        f"rule: over {policy.rate_multiple:g}x with at least {policy.rate_min_interruptions})"
+        f"rule: over {policy.rate_multiple:g}x with at least {policy.rate_min_interruptions}); "
+        f"p = {p_value:.1e} for the {count - 1} before it by chance at the baseline rate"
     )
     since = now - baseline_policy.window_s
     evidence = [iid for ts, iid in state.timeline if ts > since]
@@ -138,15 +184,38 @@ def page(cause: Envelope, rule: str, code: ReasonCode, text: str, evidence: list
     )
 
 
-def on_goodput(state: PagingState, report: GoodputReport, below: float, min_elapsed_s: float) -> list[Page]:
-    """R5 rule 4: the window's goodput collapsed (call with the shortest window's report)."""
-    if report.elapsed_s < min_elapsed_s or report.goodput >= below:
+def on_goodput(
+    state: PagingState,
+    report: GoodputReport,
+    policy: GoodputPolicy,
+    usual_restart_s: float,
+    interval_s: float,
+) -> list[Page]:
+    """R5 rule 4: the window's goodput collapsed, and not only by what its interruptions
+    usually cost (call with the shortest window's report). One independent failure's
+    normal price is the run's usual restart (`usual_restart_s`) plus at most one checkpoint
+    interval of lost work; failures at an unusual rate page by their own rule."""
+    below = policy.page_below
+    if report.elapsed_s < policy.page_min_elapsed_s or report.goodput >= below:
+        return []
+    n = report.interruptions
+    excess = Breakdown(
+        report.window_s,
+        report.elapsed_s,
+        report.checkpoint_s,
+        lost=max(0.0, report.lost_s - n * interval_s),
+        restart=max(0.0, report.restart_s - n * usual_restart_s),
+        straggler=report.straggler_s,
+    )
+    if excess.goodput >= below:
         return []
     if state.goodput_paged_ts is not None and report.ts - state.goodput_paged_ts < report.window_s:
         return []
     state.goodput_paged_ts = report.ts
     text = (
         f"run {report.run_id}: goodput {report.goodput:.2f} over the last {report.window_s / 3600:g} h "
-        f"(rule: under {below:g}); {report.reason.text}"
+        f"(rule: under {below:g}, and {excess.goodput:.2f} with its {n} interruption(s) charged their "
+        f"usual {usual_restart_s:,.0f} s restart and up to {interval_s:,.0f} s of lost work each); "
+        f"{report.reason.text}"
     )
     return [page(report, "goodput", ReasonCode.PAGE_GOODPUT, text, [report.event_id])]

@@ -11,9 +11,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .baseline import BaselinePolicy
 from .diagnosis import DiagnosisPolicy
+from .eviction import EvictionPolicy
 from .goodput import GoodputPolicy
 from .interval import IntervalPolicy
 from .paging import PagingPolicy
+from .retention import RetentionPolicy
 from .sdc_state import SdcPolicy
 from .straggler import StragglerPolicy
 
@@ -62,6 +64,8 @@ class CorePolicy(BaseModel):
     interval: IntervalPolicy = IntervalPolicy()
     paging: PagingPolicy = PagingPolicy()
     goodput: GoodputPolicy = GoodputPolicy()
+    retention: RetentionPolicy = RetentionPolicy()
+    eviction: EvictionPolicy = EvictionPolicy()
     rollback_on_sdc: bool = Field(
         True,
         description="On an SDC mismatch, roll back to the clean ancestor (R6); false: quarantine "

@@ -23,12 +23,14 @@ from .paging import PagingState
 QUARANTINED_CAUSES = frozenset({InterruptionCause.CRASH, InterruptionCause.HANG})
 
 
-def on_interruption(paging: PagingState, interruption: Interruption) -> list[Quarantine | QuarantineNode]:
+def on_interruption(
+    paging: PagingState, interruption: Interruption, starting: bool = False
+) -> list[Quarantine | QuarantineNode]:
     """Call after paging has recorded `interruption` (its by-step history is read here)."""
     node = interruption.node
     if interruption.cause not in QUARANTINED_CAUSES or not node or interruption.rank < 0:
         return []
-    if len(paging.by_step.get(interruption.step, ())) > 1:
+    if len(paging.by_step.get((interruption.step, starting), ())) > 1:
         return []  # the same step failed before: data or code, not this node
     reason = Reason(
         code=ReasonCode.QUARANTINE,

@@ -6,19 +6,32 @@ that old any more, it says so: a page, because a human must choose between an ol
 milestone elsewhere and accepting the risk.
 
 The index of validated checkpoints is the core's own record of CheckpointValidated
-events (step, uri, and the last_verified_step each carries). Retention must keep enough
-of them for a clean ancestor to exist: `retention_count` is the seed's rule, at least
-3 x (sdc_check_interval / checkpoint_interval) + 2 (plus a milestone every 6 h).
+events (step, uri, ts, and the last_verified_step each carries), pruned on every new one
+to what retention keeps (:mod:`.retention`): at least 3 x (sdc_check_interval /
+checkpoint_interval) + 2 recent ones plus a milestone every 6 h. The rollback can only
+choose a retained checkpoint, so when retention has dropped every one at or before the
+watermark, the page says so. `retention_count` is the same rule in steps.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ...schemas import CheckpointValidated, Page, Reason, ReasonCode, Rollback, SdcMismatch
 from .ids import derived_id
 from .paging import page
+from .retention import RetentionPolicy, keep_count_for, retained, watermark_interval_steps
+
+if TYPE_CHECKING:
+    from .policy import CorePolicy
+    from .state import RunState
+
+#: keep_count meaning "prune nothing" (the cadence cannot be expressed in time yet).
+KEEP_ALL = 1 << 62
 
 
 def retention_count(sdc_check_interval_steps: int, checkpoint_interval_steps: int) -> int:
@@ -31,19 +44,68 @@ class Validated:
     step: int
     uri: str
     last_verified_step: int
+    #: When it was validated (the CheckpointValidated's ts): retention's clock.
+    ts: float = 0.0
 
 
 @dataclass
 class RollbackState:
+    #: The retained validated checkpoints by step.
     validated: dict[int, Validated] = field(default_factory=dict)
     #: Attempts already rolled back (one rollback per attempt, however many mismatches).
     handled: set[int] = field(default_factory=set)
+    #: Validated checkpoints retention dropped, in the order it dropped them (for reports;
+    #: the checkpoint manager deletes them).
+    pruned: list[Validated] = field(default_factory=list)
+    #: ts of the run's first validated checkpoint: the milestone periods count from here.
+    origin_ts: float | None = None
+    #: Recent gaps between consecutive validations: the checkpoint interval as measured.
+    gaps_s: deque[float] = field(default_factory=lambda: deque(maxlen=16))
+    last_ts: float | None = None
+    _pruned_keys: set[tuple[int, float]] = field(default_factory=set, repr=False)
 
 
-def on_validated(state: RollbackState, event: CheckpointValidated) -> None:
-    state.validated[event.checkpoint_step] = Validated(
-        event.checkpoint_step, event.uri, event.last_verified_step
-    )
+def on_validated(
+    state: RollbackState, event: CheckpointValidated, keep_count: int, policy: RetentionPolicy
+) -> list[int]:
+    """Index the checkpoint, then prune the index to what retention keeps (`keep_count`
+    recent ones and the milestones). Returns the steps pruned now, oldest first. A
+    redelivered validation of a checkpoint already pruned is ignored (prunes nothing)."""
+    record = Validated(event.checkpoint_step, event.uri, event.last_verified_step, event.ts)
+    if (record.step, record.ts) in state._pruned_keys:
+        return []
+    state.validated[record.step] = record
+    if state.origin_ts is None:
+        state.origin_ts = record.ts
+    if state.last_ts is None or record.ts > state.last_ts:
+        if state.last_ts is not None:
+            state.gaps_s.append(record.ts - state.last_ts)
+        state.last_ts = record.ts
+    keep = retained(state.validated.values(), keep_count, policy, state.origin_ts)
+    gone = sorted((v for v in state.validated.values() if v.step not in keep), key=lambda v: (v.ts, v.step))
+    for v in gone:
+        del state.validated[v.step]
+        state.pruned.append(v)
+        state._pruned_keys.add((v.step, v.ts))
+    return [v.step for v in gone]
+
+
+def keep_count(run: RunState, policy: CorePolicy) -> int:
+    """Recent validated checkpoints the run keeps now: :func:`.retention.keep_count_for`
+    with W = the watermark's staleness in steps x the median step time, and T = the
+    checkpoint interval in force (the core's published one, else the launcher's initial
+    one) or the measured gap between validations, whichever is shorter: a launcher that
+    checkpoints more often than the core believes gets a larger count, never a smaller one.
+    Until a step time has been measured, nothing is pruned."""
+    configured = run.interval.current_s or policy.interval.initial_s
+    gaps = run.rollback.gaps_s
+    interval_s = min(configured, statistics.median(gaps)) if gaps else configured
+    steps = watermark_interval_steps(policy.sdc)
+    if steps == 0:
+        return keep_count_for(0.0, interval_s)
+    if not run.step_times:
+        return KEEP_ALL
+    return keep_count_for(steps * statistics.median(run.step_times), interval_s)
 
 
 def clean_ancestor(state: RollbackState, watermark: int) -> Validated | None:
@@ -59,10 +121,12 @@ def on_mismatch(state: RollbackState, found: SdcMismatch, watermark: int) -> lis
     target = clean_ancestor(state, watermark)
     if target is None:
         newest = max(state.validated, default=-1)
+        dropped = max((v.step for v in state.pruned if v.step <= watermark), default=None)
+        why = f"; retention already dropped step {dropped}" if dropped is not None else ""
         text = (
             f"SDC at step {found.step} on {found.node or '?'}: no validated checkpoint at or before the "
-            f"verification watermark (step {watermark}); the newest is step {newest}, written after "
-            "the last passing check. Choose an older milestone or accept the risk."
+            f"verification watermark (step {watermark}){why}; the newest is step {newest}, written "
+            "after the last passing check. Choose an older milestone or accept the risk."
         )
         return [page(found, "no_clean_ancestor", ReasonCode.NO_CLEAN_ANCESTOR, text, [found.event_id])]
     text = (

@@ -6,7 +6,8 @@ Three defences, cheapest first, each a pure function of the state and one event:
   (once, however many ranks report it) with an all-rank stack-dump abort; a grad norm
   above ``multiplier x`` the running p99 of earlier steps skips that update and counts;
 * the rotating bitwise self-check (one rank recomputes its own microbatch on the same
-  device, ``==`` on digests): any difference names the node and quarantines it;
+  device, ``==`` on digests): any difference names the node, quarantines it and commands
+  a node self-test (seed §SDC (c));
 * the rare cross-rank check (:mod:`.sdc_cross`) at a tolerance measured on good hardware,
   bisected with a third rank when two disagree.
 
@@ -257,7 +258,7 @@ def _due(step: int, last: int, every: int) -> int | None:
 
 def on_self_check(state: SdcState, run: RunState, event: SdcSelfCheck, policy: SdcPolicy) -> list[Output]:
     """Digests equal: the watermark advances. Different: the device is faulty -> SdcMismatch
-    naming the rank and node, and QuarantineNode (once per node per attempt)."""
+    naming the rank and node, QuarantineNode and RunNodeSelfTest (once per node per attempt)."""
     current = state.for_attempt(run.attempt, run.resumed_from_step)
     if not remember(current.seen_checks, ("self", event.microbatch_id, (event.rank,))):
         return []

@@ -12,7 +12,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
-from ...schemas import CrossRankCheck, QuarantineNode, Reason, ReasonCode, SdcMismatch, SdcSelfCheck
+from ...schemas import (
+    CrossRankCheck,
+    QuarantineNode,
+    Reason,
+    ReasonCode,
+    RunNodeSelfTest,
+    SdcMismatch,
+    SdcSelfCheck,
+)
 from .ids import derived_id
 from .sdc_state import AttemptSdc, SdcState
 from .state import RunState
@@ -140,11 +148,16 @@ def mismatch(
     )
 
 
-def quarantine(current: AttemptSdc, run: RunState, found: SdcMismatch) -> list[QuarantineNode]:
-    """QuarantineNode for the node that computed a wrong answer, once per node per attempt."""
+def quarantine(
+    current: AttemptSdc, run: RunState, found: SdcMismatch
+) -> list[QuarantineNode | RunNodeSelfTest]:
+    """For the node that computed a wrong answer, once per node per attempt: QuarantineNode,
+    and RunNodeSelfTest on its ranks (seed §SDC (c): a GEMM / collective test with known
+    answers before the node may return to the pool)."""
     if not found.node or found.node in current.quarantined:
         return []
     current.quarantined.add(found.node)
+    ranks = sorted({found.rank} | {r for r, state in run.ranks.items() if state.node == found.node} - {-1})
     return [
         QuarantineNode(
             command_id=derived_id("quarantine_node", run.run_id, run.attempt, found.node),
@@ -155,5 +168,20 @@ def quarantine(current: AttemptSdc, run: RunState, found: SdcMismatch) -> list[Q
             reason=found.reason,
             caused_by=[found.event_id],
             node=found.node,
-        )
+        ),
+        RunNodeSelfTest(
+            command_id=derived_id("run_node_self_test", run.run_id, run.attempt, found.node),
+            run_id=run.run_id,
+            attempt=run.attempt,
+            ranks=ranks or None,
+            issued_ts=found.ts,
+            reason=Reason(
+                code=ReasonCode.NODE_SELF_TEST,
+                text=f"{found.node} computed a wrong answer (rank {found.rank}, {found.method} at step "
+                f"{found.step}): run a GEMM / collective self-test with known answers on it before it "
+                "returns to the pool",
+            ),
+            caused_by=[found.event_id],
+            node=found.node,
+        ),
     ]

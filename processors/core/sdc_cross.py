@@ -23,7 +23,7 @@ def on_cross_check(
 ) -> list[Derived | Command]:
     """Two values: within tolerance -> a good-hardware sample and the watermark advances;
     beyond -> RunCrossRankCheck with a third rank. Three values: the odd one out gets an
-    SdcMismatch and its node a QuarantineNode; if nobody can be named, SdcMismatch with
+    SdcMismatch and its node a QuarantineNode and a RunNodeSelfTest; if nobody can be named, SdcMismatch with
     rank -1 says why. Before the tolerance is calibrated, the spread is recorded only."""
     current = state.for_attempt(run.attempt, run.resumed_from_step)
     ranks, values = list(event.ranks), list(event.values)

@@ -10,6 +10,7 @@ from enum import StrEnum
 from ...schemas.sharding import owned_ranks
 from .baseline import BaselineState
 from .diagnosis import HealthState
+from .eviction import EvictionState
 from .goodput import GoodputState
 from .interval import IntervalState
 from .paging import PagingState
@@ -63,6 +64,7 @@ class PendingHang:
     detected_ts: float
     last_step: int
     stalled_rank: int
+    stalled_s: float = 0.0
 
 
 @dataclass
@@ -72,6 +74,11 @@ class OpenInterruption:
     interruption_id: str
     event_id: str
     detected_ts: float
+    #: Fault onset to detection (a hang's stall; 0 for a crash, which reports itself).
+    detect_s: float = 0.0
+    lost_steps: int = 0
+    #: ts of the next attempt's launch (its RunStarted), when seen.
+    launched_ts: float | None = None
 
 
 @dataclass
@@ -114,6 +121,8 @@ class RunState:
     paging: PagingState = field(default_factory=PagingState)
     #: Where the run's time went, by minute (seed §6).
     goodput: GoodputState = field(default_factory=GoodputState)
+    #: Straggler evictions: the rate limit, the rack rule and P(healthy) (seed R2).
+    eviction: EvictionState = field(default_factory=EvictionState)
     #: Validated checkpoints, for the rollback to the clean ancestor (R6).
     rollback: RollbackState = field(default_factory=RollbackState)
     seen: OrderedDict[str, None] = field(default_factory=OrderedDict)

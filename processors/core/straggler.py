@@ -170,6 +170,9 @@ class StragglerState:
     any_absent: bool = False
     #: Ranks reported missing and not back since (not waited for).
     missing: set[int] = field(default_factory=set)
+    #: The same ranks as a mask over the capacity (counting them is then one numpy call,
+    #: however many are missing: a run whose most ranks never report stays cheap).
+    missing_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, np.bool_))
     flagged: dict[int, _Flag] = field(default_factory=dict)
     #: An evaluated step's buffers, reused by the next (no fresh pages every step).
     spare: _Pending | None = None
@@ -269,6 +272,7 @@ def _grow(state: StragglerState, capacity: int) -> None:
     state.z_sum += [0.0] * extra
     state.ratio_sum += [0.0] * extra
     state.absent = np.concatenate([state.absent, np.zeros(extra, np.int32)])
+    state.missing_mask = np.concatenate([state.missing_mask, np.zeros(extra, np.bool_)])
     state.spare = None
     state.scratch = (np.empty(capacity), np.empty(capacity), np.empty(capacity, np.bool_))
     for p in state.pending.values():
@@ -287,7 +291,12 @@ def _need(state: StragglerState, p: _Pending) -> int:
         reported = p.count
     else:
         reported = int(np.count_nonzero(np.frombuffer(p.seen, np.bool_)[lo:n]))
-    excused = sum(1 for r in state.missing if lo <= r < n and not p.seen[r])
+    excused = 0
+    if state.missing:
+        mask = state.missing_mask[lo:n]
+        if p.count:
+            mask = mask & ~np.frombuffer(p.seen, np.bool_)[lo:n]
+        excused = int(np.count_nonzero(mask))
     return n - lo - reported - excused
 
 
@@ -404,11 +413,16 @@ def _track_absence(
         absent[~seen] += 1
         state.any_absent = True
         newly = (np.flatnonzero(absent == policy.missing_after_steps) + lo).tolist()
-    returned = {r for r in state.missing if lo <= r < n and p.seen[r]}
+    returned: list[int] = []
+    if state.missing:
+        back = state.missing_mask[lo:n] & np.frombuffer(p.seen, np.bool_)[lo:n]
+        returned = (np.flatnonzero(back) + lo).tolist()
     if not newly and not returned:
         return []
-    state.missing -= returned
+    state.missing.difference_update(returned)
     state.missing.update(newly)
+    state.missing_mask[returned] = False
+    state.missing_mask[newly] = True
     _recount(state)
     if not newly:
         return []

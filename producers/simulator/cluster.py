@@ -63,6 +63,7 @@ from ...schemas import (
     ResumeFrom,
     Rollback,
     RunCrossRankCheck,
+    RunNodeSelfTest,
     RunSelfCheck,
     RunStarted,
     SdcSelfCheck,
@@ -108,6 +109,8 @@ _CRASH_POINT = 0.5
 _SHARD_BYTES = 1 << 30
 #: Relative error of an SDC-faulty (nondeterministically wrong) GPU's cross-rank value.
 _SDC_CROSS_RANK_ERROR = 1e-3
+#: The node self-tests a simulated node can run (RunNodeSelfTest.tests).
+_SELF_TESTS = ("gemm", "collective")
 
 
 class Phase(StrEnum):
@@ -213,6 +216,8 @@ class SimulatedCluster:
         #: Self-checks and cross-rank checks the ranks ran.
         self.self_checks_run = 0
         self.cross_rank_checks_run = 0
+        #: Node self-tests run: (node, passed).
+        self.node_self_tests: list[tuple[str, bool]] = []
         #: Step completions, repeats after restarts included; and the furthest step reached.
         self.steps_completed = 0
         self.high_water_step = -1
@@ -848,6 +853,38 @@ class SimulatedCluster:
         if self.phase is not Phase.TRAINING:
             raise CommandRefused(f"no step will run: attempt {self.attempt} is {self.phase}")
 
+    def _node_self_test(self, command: RunNodeSelfTest, out: list[Envelope]) -> str:
+        """A short test with known answers on the node's GPUs (seed §SDC (c)). GEMM fails on
+        a GPU the scenario made compute wrong answers (an SDC fault or a deterministically
+        wrong GPU, once the run has reached its at_step); the collective passes (the
+        simulator corrupts no reduction). Healthy hardware passes, and so do a GPU whose bit
+        flip was transient and a node whose trouble was in the data (NaN, grad spike). The
+        node may already have left the pool (quarantined, replaced): that is when the test
+        runs. A node the run never had is refused."""
+        unknown = [test for test in command.tests if test not in _SELF_TESTS]
+        if unknown:
+            raise CommandRefused(f"no {', '.join(unknown)} self-test here (known: {', '.join(_SELF_TESTS)})")
+        node = command.node
+        if node not in self._rack_of:  # every node the run ever had: originals and spares
+            raise CommandRefused(f"node {node} is not part of the job")
+        reached = max(self.high_water_step, self._step)
+        rpn = self.scenario.ranks_per_node
+        wrong = sorted(
+            fault.rank
+            for _, fault in self._gpu_faults
+            if isinstance(fault, SdcFault | WrongGpuFault)
+            and fault.at_step <= reached
+            and self._original_nodes[fault.rank // rpn] == node
+        )
+        failed = ["gemm"] if wrong and "gemm" in command.tests else []
+        passed = [test for test in command.tests if test not in failed]
+        self.node_self_tests.append((node, not failed))
+        if not failed:
+            return f"node {node} passed {', '.join(passed)} self-test{'s' if len(passed) > 1 else ''}"
+        ranks = ", ".join(map(str, wrong))
+        rest = f"; {', '.join(passed)} passed" if passed else ""
+        return f"node {node} failed gemm self-test: wrong answer on rank {ranks}{rest}"
+
     def _skip(self, command: SkipUpdate, out: list[Envelope]) -> str:
         self.skipped_updates.append(command.step)
         n = len(self.skipped_updates)
@@ -863,5 +900,6 @@ class SimulatedCluster:
         Rollback: _resume,
         RunSelfCheck: _self_check,
         RunCrossRankCheck: _cross_rank_check,
+        RunNodeSelfTest: _node_self_test,
         SkipUpdate: _skip,
     }

@@ -56,22 +56,41 @@ def test_an_interruption_costs_its_lost_steps_and_its_restart() -> None:
     assert report.goodput == pytest.approx(1 - overhead)
 
 
-def test_restarts_eating_the_hour_page_at_most_once_an_hour() -> None:
+def test_a_stuck_restart_pages_on_goodput_at_most_once_an_hour() -> None:
     job = Job(step_s=60.0, checkpoint_every=10).start().steps(30)
-    for rank in range(1, 8):  # a crash every ~12 minutes, 10-minute restarts
+    for rank in (1, 2):  # two ordinary failures: 5-minute restarts
         job.exit(rank, exit_code=1)
-        job.restart(resumed_from_step=job.step - job.step % 10, delay_s=600.0)
-        job.steps(2)
+        job.restart(resumed_from_step=job.step - job.step % 10, delay_s=300.0)
+        job.steps(40)
+    job.exit(3, exit_code=1)  # then a restart that hangs for 100 minutes
+    job.restart(resumed_from_step=job.step - job.step % 10, delay_s=6000.0)
     job.steps(30)
     _, outputs = run_all(job.events, POLICY)
     collapse = [p for p in of(Page, outputs) if p.rule == "goodput"]
     assert collapse and all(b.ts - a.ts >= HOUR for a, b in zip(collapse, collapse[1:], strict=False))
     reports = {r.event_id: r for r in hourly(outputs)}
     for page in collapse:
-        assert reports[page.caused_by[0]].goodput < 0.3 and "goodput 0." in page.reason.text
+        assert reports[page.caused_by[0]].goodput < 0.3 and "usual 359 s restart" in page.reason.text
+    stuck = of(Interruption, outputs)[-1]
+    assert all(p.ts > stuck.ts for p in collapse)  # the ordinary failures paged nothing
     # every hourly report under 0.3 with enough history is covered by a page in its hour
     low = [r for r in reports.values() if r.goodput < 0.3 and r.elapsed_s >= 1800]
-    assert all(any(0 <= r.ts - p.ts < HOUR for p in collapse) for r in low)
+    assert low and all(any(0 <= r.ts - p.ts < HOUR for p in collapse) for r in low)
+
+
+def test_failures_at_their_usual_price_page_on_rate_not_goodput() -> None:
+    """A crash every ~12 minutes with the run's usual restarts: the hour's goodput is
+    gone, and the pattern is the failure rate (paged by that rule), not the goodput."""
+    job = Job(step_s=60.0, checkpoint_every=10).start().steps(30)
+    for rank in range(1, 8):
+        job.exit(rank, exit_code=1)
+        job.restart(resumed_from_step=job.step - job.step % 10, delay_s=600.0)
+        job.steps(2)
+    job.steps(30)
+    _, outputs = run_all(job.events, POLICY)
+    assert any(r.goodput < 0.3 and r.elapsed_s >= 1800 for r in hourly(outputs))
+    rules = [p.rule for p in of(Page, outputs)]
+    assert "failure_rate" in rules and "goodput" not in rules
 
 
 def test_a_straggler_costs_its_slowdown_of_the_training_time() -> None:

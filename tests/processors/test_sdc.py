@@ -23,6 +23,7 @@ from trainguard.schemas import (
     QuarantineNode,
     ReasonCode,
     RunCrossRankCheck,
+    RunNodeSelfTest,
     RunSelfCheck,
     SdcMismatch,
     SdcSelfCheck,
@@ -32,7 +33,7 @@ from trainguard.schemas import (
 
 from .sdc_streams import Pipeline, SdcJob, closed_loop
 
-ALARMS = (Interruption, Abort, GradSpike, SkipUpdate, SdcMismatch, QuarantineNode)
+ALARMS = (Interruption, Abort, GradSpike, SkipUpdate, SdcMismatch, QuarantineNode, RunNodeSelfTest)
 
 
 def of(outputs: list, kind: type) -> list:
@@ -179,6 +180,11 @@ def test_transient_bit_flip_names_the_node_and_quarantines_within_the_check_inte
     quarantine = out[out.index(found) + 1]  # acted on at once, on the same event
     assert isinstance(quarantine, QuarantineNode) and quarantine.node == "node-001"
     assert quarantine.caused_by == [found.event_id] and quarantine.reason == found.reason
+    selftest = out[out.index(found) + 2]  # and the node proves itself before it returns (§SDC c)
+    assert isinstance(selftest, RunNodeSelfTest) and selftest.node == "node-001"
+    assert selftest.ranks == [4, 5, 6, 7] and selftest.tests == ["gemm", "collective"]
+    assert selftest.caused_by == [found.event_id] and selftest.reason.code == ReasonCode.NODE_SELF_TEST
+    assert [c.node for c in of(out, RunNodeSelfTest)] == ["node-001"]  # not the good ranks' nodes
     state = pipe.state()
     assert state.suspect_since_step == found.step == 2201
     assert state.last_passing_check_step == 2101  # the check before; 2301 passed but is after the fault
@@ -192,12 +198,13 @@ def test_watermark_advances_on_passes_only_and_a_rollback_clears_suspicion() -> 
     pipe.feed([self_check(job, 0, 100, ok=True), self_check(job, 1, 200, ok=True)])
     assert state.last_passing_check_step == 200
     out = pipe.feed([self_check(job, 2, 300, ok=False)])
-    assert [type(o) for o in out] == [SdcMismatch, QuarantineNode]
+    assert [type(o) for o in out] == [SdcMismatch, QuarantineNode, RunNodeSelfTest]
     assert state.last_passing_check_step == 200 and state.suspect_since_step == 300
     pipe.feed([self_check(job, 3, 400, ok=True)])
     assert state.last_passing_check_step == 200  # corruption is in the weights: 400 verifies nothing
     late = pipe.feed([self_check(job, 3, 150, ok=False)])  # reordered: an older failure arrives late
     assert of(late, SdcMismatch) and of(late, QuarantineNode) == []  # node-001 already quarantined
+    assert of(late, RunNodeSelfTest) == []  # ... and tested: once per node and attempt
     assert state.last_passing_check_step == 100 and state.suspect_since_step == 150
 
     job.restart(resumed_from_step=100)  # rollback to the clean ancestor
@@ -214,8 +221,22 @@ def test_resent_self_check_is_judged_once() -> None:
     bad = self_check(job, 2, 300, ok=False)
     resent = self_check(job, 2, 300, ok=False, event_id="resent-by-agent")
     out = pipe.feed([bad, bad, resent])
-    assert [type(o) for o in out] == [SdcMismatch, QuarantineNode]
+    assert [type(o) for o in out] == [SdcMismatch, QuarantineNode, RunNodeSelfTest]
     assert pipe.state().mismatches == 1
+
+
+def test_node_self_test_is_commanded_once_per_node_and_attempt() -> None:
+    job = SdcJob(world_size=8, ranks_per_node=4).start()
+    pipe = Pipeline()
+    closed_loop(job, pipe, 1)
+    first = pipe.feed([self_check(job, 5, 300, ok=False), self_check(job, 6, 310, ok=False)])
+    (test,) = of(first, RunNodeSelfTest)  # two bad ranks of node-001: one test for the node
+    assert test.node == "node-001" and test.ranks == [4, 5, 6, 7] and test.attempt == 0
+    job.restart(resumed_from_step=100)
+    closed_loop(job, pipe, 2)
+    again = pipe.feed([self_check(job, 5, 200, ok=False)])
+    (retest,) = of(again, RunNodeSelfTest)  # a new attempt: the node is tested again
+    assert retest.attempt == 1 and retest.command_id != test.command_id
 
 
 # --------------------------------------------------------------------------- cross-rank check
@@ -235,12 +256,14 @@ def test_deterministically_wrong_gpu_passes_self_checks_and_is_named_by_bisectio
     assert scheduled[-1].ranks == [1, 9]
 
     alarms = [o for o in out if isinstance(o, (RunCrossRankCheck, *ALARMS)) and o not in scheduled]
-    assert [type(o) for o in alarms] == [RunCrossRankCheck, SdcMismatch, QuarantineNode]
-    bisect, found, quarantine = alarms
+    assert [type(o) for o in alarms] == [RunCrossRankCheck, SdcMismatch, QuarantineNode, RunNodeSelfTest]
+    bisect, found, quarantine, selftest = alarms
     assert bisect.ranks == [1, 9, 5] and bisect.microbatch_id == scheduled[-1].microbatch_id
     assert bisect.reason.code == ReasonCode.CROSS_RANK_MISMATCH  # "one of them is lying"
     assert found.method == "cross_rank" and found.reason.code == ReasonCode.CROSS_RANK_MISMATCH
     assert found.rank == 9 and found.node == "node-002" and quarantine.node == "node-002"
+    tested = set(selftest.ranks or [])
+    assert selftest.node == "node-002" and 9 in tested and not {1, 5} & tested  # not the good ranks
     assert found.deviation == pytest.approx(1e-3, rel=1e-3)
     # 5 sigma of a ~1.4e-7 rank-to-rank spread: measured, not guessed
     assert 3e-7 < (found.tolerance or 0) < 2e-6

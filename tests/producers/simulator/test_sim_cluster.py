@@ -25,6 +25,7 @@ from trainguard.schemas import (
     RankExit,
     Reason,
     ReasonCode,
+    RunNodeSelfTest,
     RunStarted,
     SdcSelfCheck,
     StepStats,
@@ -409,6 +410,42 @@ def test_sdc_fault_fails_self_checks_and_freezes_the_watermark() -> None:
     assert failed and {s.rank for s in failed} == {2} and min(s.step for s in failed) == 10
     validated = {v.checkpoint_step: v.last_verified_step for v in of(CheckpointValidated, events)}
     assert validated[25] == 5 and validated[50] == 5  # never past the last clean check
+
+
+def test_node_self_test_fails_on_hardware_that_computes_wrong_answers_and_passes_elsewhere() -> None:
+    sc = scenario(faults=[
+        {"kind": "wrong_gpu", "rank": 41, "at_step": 10, "bias": 1e-3},  # node-0005
+        {"kind": "sdc", "rank": 18, "at_step": 10},  # node-0002
+        {"kind": "bitflip", "rank": 3, "at_step": 10},  # node-0000: transient
+        {"kind": "nan", "rank": 60, "at_step": 10, "repeat": True},  # node-0007: the data's fault
+    ])  # fmt: skip
+    c = cluster(sc)
+    drive(c, T0 + 1)  # step ~5: no fault has struck yet
+    assert "passed" in c.apply(command(RunNodeSelfTest, c, node="node-0005")).detail
+    drive(c, T0 + 4)
+    detail = c.apply(command(RunNodeSelfTest, c, node="node-0005")).detail
+    assert detail == "node node-0005 failed gemm self-test: wrong answer on rank 41; collective passed"
+    gemm_only = c.apply(command(RunNodeSelfTest, c, node="node-0002", tests=["gemm"])).detail
+    assert gemm_only == "node node-0002 failed gemm self-test: wrong answer on rank 18"
+    for healthy in ("node-0000", "node-0001", "node-0007"):
+        result = c.apply(command(RunNodeSelfTest, c, node=healthy))
+        assert result.detail == f"node {healthy} passed gemm, collective self-tests" and result.events == []
+    assert c.node_self_tests[1:3] == [("node-0005", False), ("node-0002", False)]
+    with pytest.raises(CommandRefused, match="not part of the job"):
+        c.apply(command(RunNodeSelfTest, c, node="node-9999"))
+    with pytest.raises(CommandRefused, match="no memtest self-test"):
+        c.apply(command(RunNodeSelfTest, c, node="node-0005", tests=["memtest"]))
+
+
+def test_a_quarantined_node_is_still_tested_after_a_spare_replaced_it() -> None:
+    c = cluster(scenario(faults=[{"kind": "wrong_gpu", "rank": 41, "at_step": 0}]))
+    drive(c, T0 + 2)
+    c.apply(command(QuarantineNode, c, node="node-0005"))
+    c.apply(abort(c, stack_dump=False))
+    drive(c, T0 + 6)
+    assert c.attempt == 1 and "node-0005" not in c.node_of(41)
+    assert "failed gemm" in c.apply(command(RunNodeSelfTest, c, node="node-0005")).detail
+    assert "passed" in c.apply(command(RunNodeSelfTest, c, node=c.node_of(41))).detail  # the spare
 
 
 # --------------------------------------------------------------------------- determinism

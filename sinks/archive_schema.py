@@ -150,13 +150,63 @@ DDL: tuple[str, ...] = (
         raw    BLOB    NOT NULL,
         ts     DOUBLE  NOT NULL     -- Kafka record timestamp
     )""",
+    # Cost and restart phases come from the recovered record's payload (processors/core:
+    # InterruptionRecovered): NULL until the run has recovered.
     """
     CREATE OR REPLACE VIEW interruption AS
     SELECT d.run_id, d.interruption_id, d."at", d.detected_by, d.cause, d.node_id, d.rank,
            d.lost_steps, d.last_checkpoint_step, r.restart_seconds, r.resumed_attempt,
-           d.reason_code, d.reason_text, d.attempt
+           d.reason_code, d.reason_text, d.attempt,
+           CAST(e.payload->>'lost_s' AS DOUBLE)               AS lost_seconds,
+           CAST(e.payload->>'gpu_hours' AS DOUBLE)            AS gpu_hours,
+           CAST(e.payload->'phases'->>'detect' AS DOUBLE)     AS detect_seconds,
+           CAST(e.payload->'phases'->>'reschedule' AS DOUBLE) AS reschedule_seconds,
+           CAST(e.payload->'phases'->>'startup' AS DOUBLE)    AS startup_seconds
     FROM interruption_detected d
-    LEFT JOIN interruption_recovered r USING (interruption_id)""",
+    LEFT JOIN interruption_recovered r USING (interruption_id)
+    LEFT JOIN raw_event e ON e.event_id = r.event_id""",
+    # Decisions: the core's commands and its decision events, each with its reason and the
+    # ids of what caused it.
+    """
+    CREATE OR REPLACE VIEW decision AS
+    SELECT run_id, event_id AS decision_id, kind, ts AS "at",
+           payload->'reason'->>'code' AS reason_code, payload->'reason'->>'text' AS reason_text,
+           CAST(payload->'caused_by' AS VARCHAR[]) AS caused_by
+    FROM raw_event
+    WHERE kind IN ('quarantine', 'page', 'eviction_decision', 'interval_update', 'straggler_diagnosed')
+    UNION ALL
+    SELECT run_id, command_id, kind, issued_ts, reason_code, reason_text,
+           CAST(payload->'caused_by' AS VARCHAR[])
+    FROM command""",
+    # The timeline (seed §3 /timeline): every interruption with its cost and the decisions it
+    # caused (directly, or through a decision it caused: the quarantine's command), each
+    # with its reason. A decision shares a cause with the interruption when both follow the
+    # same detection (an SDC mismatch's rollback and its interruption).
+    """
+    CREATE OR REPLACE VIEW timeline AS
+    WITH cause AS (
+        SELECT i.interruption_id, i.run_id,
+               list_concat(coalesce(CAST(e.payload->'caused_by' AS VARCHAR[]), []),
+                           [i.interruption_id, i.event_id]) AS ids
+        FROM interruption_detected i
+        LEFT JOIN raw_event e ON e.event_id = i.event_id
+    ), direct AS (
+        SELECT c.interruption_id, d.*
+        FROM cause c JOIN decision d ON d.run_id = c.run_id AND list_has_any(d.caused_by, c.ids)
+    ), linked AS (
+        SELECT * FROM direct
+        UNION
+        SELECT f.interruption_id, d.*
+        FROM direct f JOIN decision d ON d.run_id = f.run_id AND list_contains(d.caused_by, f.decision_id)
+    )
+    SELECT i.*,
+           list(l.kind ORDER BY l."at", l.kind, l.decision_id) FILTER (WHERE l.kind IS NOT NULL)
+               AS decisions,
+           list(l.kind || ': ' || l.reason_text ORDER BY l."at", l.kind, l.decision_id)
+               FILTER (WHERE l.kind IS NOT NULL) AS decision_reasons
+    FROM interruption i
+    LEFT JOIN linked l USING (interruption_id)
+    GROUP BY ALL""",
     # Goodput reports (processors/core/goodput.py): where each run's time went, per window.
     """
     CREATE OR REPLACE VIEW goodput AS

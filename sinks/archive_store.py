@@ -387,8 +387,10 @@ class _Reader:
 
 _TIMELINE_SQL = """
 SELECT run_id, interruption_id, "at", cause, node_id AS node, rank, lost_steps, last_checkpoint_step,
-       restart_seconds, resumed_attempt, detected_by, reason_text AS reason, reason_code
-FROM interruption
+       restart_seconds, resumed_attempt, detected_by, reason_text AS reason, reason_code,
+       lost_seconds, gpu_hours, detect_seconds, reschedule_seconds, startup_seconds,
+       coalesce(decisions, []) AS decisions, coalesce(decision_reasons, []) AS decision_reasons
+FROM timeline
 WHERE $run_id IS NULL OR run_id = $run_id
 ORDER BY "at", interruption_id
 """

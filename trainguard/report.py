@@ -20,16 +20,17 @@ def make_console() -> Console:
 def _when(ts: float | None) -> str:
     if ts is None:
         return "-"
-    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%H:%M:%S.%f")[:-3]
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%m-%d %H:%M:%S.%f")[:-3]
 
 
 def timeline_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(title="Interruptions (seed §3 /timeline)", show_lines=False)
-    for column in ("when (UTC)", "run", "cause", "node", "rank", "lost steps", "restart s", "detected by"):
+    for column in ("when (UTC)", "run", "cause", "node", "rank", "lost steps", "restart s", "GPU-h"):
         table.add_column(column)
     table.add_column("reason", overflow="fold")
+    table.add_column("decisions", overflow="fold")
     for row in rows:
-        restart = row.get("restart_seconds")
+        restart, cost = row.get("restart_seconds"), row.get("gpu_hours")
         table.add_row(
             _when(row["at"]),
             str(row["run_id"]),
@@ -38,20 +39,38 @@ def timeline_table(rows: list[dict[str, Any]]) -> Table:
             str(row["rank"]),
             str(row["lost_steps"]),
             "-" if restart is None else f"{restart:.1f}",
-            str(row["detected_by"]),
-            str(row["reason"]),
+            "-" if cost is None else f"{cost:,.1f}",
+            f"{row['reason']} [{row['detected_by']}]",
+            _decisions(row),
         )
     return table
 
 
-def print_timeline(db: Path, run_id: str | None, console: Console) -> None:
+def _decisions(row: dict[str, Any]) -> str:
+    """Each decision with its reason, once: decisions that give the same reason are named
+    together, and one that only repeats the interruption's reason is named alone."""
+    grouped: dict[str, list[str]] = {}
+    for kind, line in zip(row.get("decisions") or (), row.get("decision_reasons") or (), strict=True):
+        text = line[len(kind) + 2 :]
+        grouped.setdefault("" if text == row["reason"] else text, []).append(kind)
+    lines = [" + ".join(kinds) + (f": {text}" if text else "") for text, kinds in grouped.items()]
+    return "\n".join(lines) or "-"
+
+
+def print_timeline(db: Path, run_id: str | None, console: Console, last: int | None = None) -> None:
+    """Every interruption (or the `last` ones) with its cost and the decisions it caused."""
     from .sinks.archive_store import timeline
 
     rows = timeline(db, run_id)
     if not rows:
         console.print(f"no interruptions recorded in {db}")
         return
-    console.print(timeline_table(rows))
+    shown = rows[-last:] if last else rows
+    console.print(timeline_table(shown))
+    if len(shown) < len(rows):
+        console.print(
+            f"(the last {len(shown)} of {len(rows)} interruptions; `trainguard timeline` lists all)"
+        )
 
 
 def print_goodput(db: Path, run_id: str | None, console: Console) -> None:
@@ -119,3 +138,50 @@ def scenario_lines(scores: list[Any]) -> list[str]:
             for a in scenario.false_alarms
         ]
     return lines
+
+
+def longrun_table(result: Any) -> Table:
+    """A month-long simulated run (replay/longrun.py): what happened, what the core measured
+    and decided, and what the seed's formulas say, side by side."""
+    run, truth, m = result.run, result.truth, result.measured
+    final_t = result.interval_updates[-1].interval_s if result.interval_updates else None
+    in_force = final_t if final_t is not None else truth.intervals[-1][1]
+    t_star, best = result.formula()
+    _, at_t = result.formula(in_force)
+    low, high = result.poisson_range()
+    e = truth.elapsed_s
+    shape = f"C={run.checkpoint_s:g} s, R={run.restart_s:g} s"
+    table = Table(title=f"{run.days:g}-day run at {run.world_size:,} ranks ({shape})")
+    for column in ("", "simulated (truth)", "core measured / decided", "seed formula"):
+        table.add_column(column)
+    table.add_row(
+        "interruptions",
+        str(truth.failures),
+        str(m.interruptions),
+        f"{run.expected_interruptions():.1f} (99%: {low}-{high})",
+    )
+    table.add_row("MTBF", f"{run.failure_mtbf_s / 3600:.2f} h", f"{result.mtbf_s / 3600:.2f} h", "-")
+    table.add_row(
+        "checkpoint interval",
+        f"{in_force / 60:.1f} min in force",
+        f"{final_t / 60:.1f} min" if final_t else "none published",
+        f"T* {t_star / 60:.1f} min",
+    )
+    for name, true_s, measured_s, formula in (
+        ("checkpoint C/T", truth.checkpoint_s, m.checkpoint, run.checkpoint_s / in_force),
+        ("lost work T/2M", truth.lost_s, m.lost, in_force / (2 * run.failure_mtbf_s)),
+        ("restart R/M", truth.restart_s, m.restart, run.restart_s / run.failure_mtbf_s),
+    ):
+        table.add_row(
+            name, f"{100 * true_s / e:.2f}%", f"{100 * measured_s / m.elapsed:.2f}%", f"{100 * formula:.2f}%"
+        )
+    table.add_row(
+        "overhead",
+        f"{100 * truth.overhead:.2f}%",
+        f"{100 * result.measured_overhead:.2f}%",
+        f"{100 * at_t:.2f}% at this T ({100 * best:.2f}% at T*)",
+    )
+    table.add_row("goodput", f"{1 - truth.overhead:.3f}", f"{m.goodput:.3f}", f"{1 - at_t:.3f}")
+    rules = ", ".join(sorted({p.rule for p in result.pages})) or "none"
+    table.add_row("pages", "-", f"{len(result.pages)} ({rules})", "R5: patterns only")
+    return table

@@ -176,9 +176,37 @@ def test_timeline_orders_interruptions_by_detection_time(tmp_path: Path) -> None
         "run_id": RUN, "interruption_id": "i-early", "at": T0 + 100, "cause": "crash", "node": "n1",
         "rank": 5, "lost_steps": 20, "last_checkpoint_step": 100, "restart_seconds": 31.0,
         "resumed_attempt": 1, "detected_by": "hang_watchdog", "reason": "rank 5 exited with signal 9",
-        "reason_code": "rank_exited",
+        "reason_code": "rank_exited", "lost_seconds": 0.0, "gpu_hours": 0.0, "detect_seconds": None,
+        "reschedule_seconds": None, "startup_seconds": None, "decisions": [], "decision_reasons": [],
     }  # fmt: skip
     assert late["restart_seconds"] is None and late["node"] == "n3"
+
+
+def test_timeline_lists_each_interruptions_decisions_and_cost(tmp_path: Path) -> None:
+    """The core's own records of one crash: the decisions it caused (directly, or through
+    the quarantine: its command) with their reasons, and the cost of the restart."""
+    from trainguard.processors.core import CorePolicy, run_all
+
+    from ..processors.streams import Job
+
+    job = Job(step_s=60.0, checkpoint_every=10).start().steps(45)
+    job.exit(9, exit_code=1)
+    job.restart(resumed_from_step=40, delay_s=300.0)
+    job.steps(20)
+    _, outputs = run_all(job.events, CorePolicy())
+    with Archive(tmp_path / "a.duckdb") as archive:
+        archive.write([*job.events, *outputs])
+        (row,) = timeline(archive)
+    assert row["cause"] == "crash" and row["node"] == job.node(9)
+    assert row["decisions"] == ["abort", "quarantine", "quarantine_node"]
+    assert any(
+        job.node(9) in text and text.startswith("quarantine_node: ") for text in row["decision_reasons"]
+    )
+    # 4 steps re-done at 60 s each, a 300 s relaunch then the first step: the cost in GPU-hours
+    assert row["lost_steps"] == 4 and row["lost_seconds"] == pytest.approx(240.0, rel=0.05)
+    assert row["reschedule_seconds"] + row["startup_seconds"] == pytest.approx(row["restart_seconds"])
+    cost = job.world_size * (row["restart_seconds"] + row["lost_seconds"]) / 3600
+    assert row["gpu_hours"] == pytest.approx(cost)
 
 
 def test_dead_letters_keep_reason_and_original_bytes(tmp_path: Path) -> None:

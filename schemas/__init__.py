@@ -52,6 +52,7 @@ from .events import (
     Quarantine,
     RankExit,
     RanksMissing,
+    RestartPhases,
     RunStarted,
     SdcMismatch,
     SdcSelfCheck,
@@ -73,8 +74,8 @@ __all__ = [
     "RunNodeSelfTest",
     "CheckpointFailed", "CheckpointValidated", "CheckpointWritten", "CrossRankCheck", "Derived",
     "GpuHealth", "HangDetected", "Heartbeat", "Interruption", "InterruptionCause",
-    "InterruptionRecovered", "IntervalUpdate", "Page", "Quarantine", "RankExit", "RunStarted",
-    "SdcMismatch", "SdcSelfCheck", "StepStats", "StepTiming", "StragglerFlagged", "Tick",
+    "InterruptionRecovered", "IntervalUpdate", "Page", "Quarantine", "RankExit", "RestartPhases",
+    "RunStarted", "SdcMismatch", "SdcSelfCheck", "StepStats", "StepTiming", "StragglerFlagged", "Tick",
     "Diagnosis", "GoodputReport", "GradSpike", "MtbfUpdate", "RanksMissing", "StragglerAction",
     "StragglerCleared", "StragglerDiagnosed", "EvictionDecision", "EvictionVerdict",
 ]  # fmt: skip

@@ -155,6 +155,21 @@ class RankExit(Envelope):
     stack_signature: str = Field(default="", max_length=2000)
 
 
+class RestartPhases(Envelope):
+    """The launcher's measurement of one restart (seed §6 R; issue 5): seconds per phase from
+    the moment it noticed the interruption to the new attempt's first completed step, in
+    order: detect, reschedule, process_start, checkpoint_load, pg_init, first_step. `attempt`
+    is the attempt that started; rank -1."""
+
+    KIND: ClassVar[str] = "restart_phases"
+    VERSION: ClassVar[int] = 1
+
+    interrupted_attempt: int = Field(ge=0, description="The attempt that ended.")
+    cause: str = Field(default="", max_length=64, description="What the launcher saw: crash, abort, ...")
+    phases: dict[str, float] = Field(description="Phase name -> seconds, in order.")
+    resumed_from_step: int = Field(default=-1, ge=-1)
+
+
 class Tick(Envelope):
     """Processing-time marker written INTO the telemetry log by the live driver, so that
     silence (no events at all) still advances the core's clock, and replay sees the same ticks."""
@@ -175,6 +190,7 @@ TELEMETRY_KINDS: tuple[type[Envelope], ...] = (
     CheckpointValidated,
     CheckpointFailed,
     RankExit,
+    RestartPhases,
     Tick,
 )
 

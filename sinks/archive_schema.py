@@ -165,6 +165,15 @@ DDL: tuple[str, ...] = (
     FROM interruption_detected d
     LEFT JOIN interruption_recovered r USING (interruption_id)
     LEFT JOIN raw_event e ON e.event_id = r.event_id""",
+    # The launcher's restart phases (schemas RestartPhases): one row per phase, in order, so
+    # "restart seconds by phase" is a GROUP BY phase.
+    """
+    CREATE OR REPLACE VIEW restart_phase AS
+    SELECT e.run_id, e.attempt, CAST(e.payload->>'interrupted_attempt' AS BIGINT) AS interrupted_attempt,
+           e.payload->>'cause' AS cause, p.key AS phase, p.id AS phase_order,
+           CAST(p.value AS DOUBLE) AS seconds, e.ts AS "at"
+    FROM raw_event e, json_each(e.payload->'phases') p
+    WHERE e.kind = 'restart_phases'""",
     # Decisions: the core's commands and its decision events, each with its reason and the
     # ids of what caused it.
     """

@@ -34,6 +34,12 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "checkpoint_validated": dict(checkpoint_step=100, uri="file:///c/100", last_verified_step=100),
     "checkpoint_failed": dict(checkpoint_step=100, uri="file:///c/100", error="ENOSPC"),
     "rank_exit": dict(signal=9, stack_signature="collective:allreduce"),
+    "restart_phases": dict(
+        interrupted_attempt=2,
+        cause="crash",
+        phases={"detect": 0.4, "reschedule": 1.2, "process_start": 2.5, "checkpoint_load": 0.8},
+        resumed_from_step=120,
+    ),
     "tick": {},
     "straggler_flagged": dict(
         reason=REASON, robust_z=4.2, slowdown=1.21, consecutive_steps=100, onset_step=20

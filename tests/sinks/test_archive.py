@@ -27,6 +27,7 @@ from trainguard.schemas import (
     Reason,
     ReasonCode,
     Record,
+    RestartPhases,
     RunStarted,
     StepTiming,
     encode,
@@ -502,3 +503,23 @@ def test_which_node_killed_the_most_jobs_is_one_query(tmp_path: Path) -> None:
         ).fetchall()
     assert rows[0] == ("n0417", 6, 7, [f"run-{i}" for i in range(6)])
     assert rows[1][:3] == ("n0002", 1, 1)
+
+
+def test_restart_phases_are_one_row_per_phase_in_order(tmp_path: Path) -> None:
+    phases = {
+        "detect": 0.4,
+        "reschedule": 1.2,
+        "process_start": 2.5,
+        "checkpoint_load": 0.8,
+        "first_step": 0.3,
+    }
+    record = RestartPhases(
+        event_id="rp-1", run_id=RUN, attempt=3, rank=-1, node="", step=120, ts=T0 + 60,
+        interrupted_attempt=2, cause="crash", phases=phases, resumed_from_step=120,
+    )  # fmt: skip
+    with Archive(tmp_path / "a.duckdb") as archive:
+        archive.write([record, record])  # redelivered: stored once
+        rows = archive.connection.execute(
+            "SELECT phase, seconds, interrupted_attempt FROM restart_phase ORDER BY phase_order"
+        ).fetchall()
+    assert rows == [(phase, seconds, 2) for phase, seconds in phases.items()]

@@ -1,0 +1,205 @@
+"""What one checkpoint holds for a rank: model, optimizer, RNG states and data position.
+
+:class:`TrainState` is a :class:`~torch.distributed.checkpoint.stateful.Stateful`: its
+``state_dict()`` returns live references (model parameters and optimizer state, through
+``torch.distributed.checkpoint.state_dict.get_state_dict``, so plain, DDP and FSDP models
+all work), and ``load_state_dict()`` puts a loaded one back. Everything a resumed run
+needs to continue *bitwise* identically sits in that one dictionary, so it is written in
+one atomic checkpoint (seed §4: weights and data position in separate writes repeat data
+silently after a crash between them).
+
+Layout (flattened by DCP to ``app.model.<fqn>``, ``app.rank3.rng.torch`` ...)::
+
+    {"model": ..., "optim": ..., "rank<r>": {"rng": ..., "sampler": ..., "extra": ...}}
+
+Model and optimizer are keyed by name and deduplicated across ranks by DCP; the RNG
+states, the sampler position and ``extra`` differ per rank, so they sit under the rank's
+own key (a shared key would be written by one rank only and the others' states lost).
+
+Two pitfalls the training loop must respect (docs in /work/shared/NOTES.md):
+
+* ``iter(DataLoader)`` draws a base seed from the global torch RNG, even with
+  ``num_workers=0``. Create the iterator *before* ``load`` restores the RNG, or give the
+  loader its own ``torch.Generator`` and put it in ``extra`` (generators are saved).
+* :class:`ResumableSampler` counts what it *yielded*. With ``num_workers > 0`` the loader
+  prefetches, so the position runs ahead of what was trained; use ``num_workers=0`` or a
+  loader whose own state is checkpointed (torchdata's ``StatefulDataLoader`` in ``extra``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.utils.data import Sampler
+
+__all__ = ["ResumableSampler", "TrainState", "capture_rng", "restore_rng"]
+
+
+class ResumableSampler(Sampler[int]):
+    """A deterministic, resumable, rank-strided sampler.
+
+    Epoch ``e`` visits ``randperm(num_samples, seed + e)`` (or ``range`` unshuffled); rank
+    ``r`` of ``W`` takes every ``W``-th index starting at ``r`` (the tail is padded by
+    wrapping so all ranks yield the same count, as ``DistributedSampler`` does). The state
+    is ``(epoch, position)``: ``position`` counts the indices this rank has yielded in the
+    epoch, so a sampler restored from ``state_dict()`` continues with exactly the next
+    index, repeating and skipping none. When an epoch is exhausted the epoch advances.
+    """
+
+    def __init__(
+        self, num_samples: int, *, rank: int = 0, world_size: int = 1, seed: int = 0, shuffle: bool = True
+    ) -> None:
+        if num_samples <= 0:
+            raise ValueError("num_samples must be positive")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside world size {world_size}")
+        self.num_samples = num_samples
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.position = 0
+
+    def __len__(self) -> int:
+        """Indices per rank per epoch."""
+        return -(-self.num_samples // self.world_size)
+
+    def _order(self, epoch: int) -> list[int]:
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + epoch)
+            order = torch.randperm(self.num_samples, generator=g).tolist()
+        else:
+            order = list(range(self.num_samples))
+        total = len(self) * self.world_size
+        order += order[: total - len(order)]
+        return order[self.rank : total : self.world_size]
+
+    def __iter__(self) -> Iterator[int]:
+        mine = self._order(self.epoch)
+        while self.position < len(mine):
+            index = mine[self.position]
+            self.position += 1
+            yield index
+        self.epoch += 1
+        self.position = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its beginning."""
+        self.epoch = epoch
+        self.position = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "num_samples": self.num_samples,
+            "world_size": self.world_size,
+            "shuffle": self.shuffle,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in ("seed", "num_samples", "world_size", "shuffle"):
+            if key in state and state[key] != getattr(self, key):
+                raise ValueError(
+                    f"sampler {key} changed: checkpoint {state[key]!r}, now {getattr(self, key)!r}"
+                )
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+
+
+def capture_rng() -> dict[str, Any]:
+    """The global RNG states: torch CPU (and CUDA when present), numpy, python ``random``."""
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = [s.cpu() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"].cpu())
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _extra_state(value: Any) -> Any:
+    if isinstance(value, torch.Generator):
+        return value.get_state()
+    if hasattr(value, "state_dict") and hasattr(value, "load_state_dict"):
+        return value.state_dict()
+    return value
+
+
+class TrainState:
+    """Model, optimizer, RNG states, sampler position and ``extra`` of one rank (Stateful).
+
+    ``extra`` maps names to picklable values (restored into the dict), ``torch.Generator``
+    objects (their state is saved), or objects with ``state_dict``/``load_state_dict``
+    (a ``StatefulDataLoader``, an LR scheduler), restored in place.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        sampler: ResumableSampler | Any | None = None,
+        extra: dict[str, Any] | None = None,
+        *,
+        rank: int | None = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.sampler = sampler
+        self.extra: dict[str, Any] = extra if extra is not None else {}
+        if rank is None:
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        self.rank = rank
+
+    @property
+    def rank_key(self) -> str:
+        return f"rank{self.rank}"
+
+    def state_dict(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        own: dict[str, Any] = {
+            "rng": capture_rng(),
+            "extra": {name: _extra_state(value) for name, value in self.extra.items()},
+        }
+        if self.sampler is not None:
+            own["sampler"] = self.sampler.state_dict()
+        return {"model": model_sd, "optim": optim_sd, self.rank_key: own}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state_dict["model"],
+            optim_state_dict=state_dict["optim"],
+        )
+        own = state_dict[self.rank_key]
+        if self.sampler is not None:
+            self.sampler.load_state_dict(own["sampler"])
+        for name, saved in own["extra"].items():
+            current: Any = self.extra.get(name)
+            if isinstance(current, torch.Generator):
+                current.set_state(saved)
+            elif hasattr(current, "load_state_dict"):
+                current.load_state_dict(saved)
+            else:
+                self.extra[name] = saved
+        restore_rng(own["rng"])  # last: nothing after it may draw

@@ -1,0 +1,187 @@
+"""GPU and link health through NVML, sampled off the training thread.
+
+NVML comes from the ``pynvml`` module (the ``nvidia-ml-py`` distribution), used only if it
+is importable and NVML initialises; trainguard does not depend on it. Where there is no
+GPU (or no NVML), the rank reports ``GpuHealth(present=False)`` once and nothing else:
+numbers are never made up (seed R2's diagnosis reads these fields, and a fake "healthy"
+reading would send it the wrong way).
+
+Which GPU: the rank's CUDA device, found in NVML by UUID (NVML ignores
+CUDA_VISIBLE_DEVICES, so indices differ between the two), else by LOCAL_RANK.
+
+Every reading is independent: a field the GPU does not support (NVLink on a PCIe card,
+ECC off) is None, not an error. NVML calls take around a millisecond each, so sampling
+runs on :class:`GpuHealthSampler`'s own thread every `interval_s` (default 30 s).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+#: NVML clock-event (throttle) reason bits, from nvml.h (stable across NVML versions).
+_POWER_CAP = 0x0000000000000004  # SwPowerCap
+_HW_POWER_BRAKE = 0x0000000000000080  # HwPowerBrakeSlowdown
+_SW_THERMAL = 0x0000000000000020  # SwThermalSlowdown
+_HW_THERMAL = 0x0000000000000040  # HwThermalSlowdown
+_MAX_NVLINKS = 18  # NVML_NVLINK_MAX_LINKS on Hopper
+
+
+class HealthReader(Protocol):
+    """Reads one GPU's health: GpuHealth fields (present included)."""
+
+    def sample(self) -> dict[str, Any]: ...
+
+
+def _try(fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception:  # NVMLError_NotSupported and friends: the field stays unknown
+        return None
+
+
+class NvmlReader:
+    """One device through pynvml. Build it with :func:`open_reader`."""
+
+    def __init__(self, nvml: Any, handle: Any) -> None:
+        self.nvml = nvml
+        self.handle = handle
+
+    def sample(self) -> dict[str, Any]:
+        n, h = self.nvml, self.handle
+        out: dict[str, Any] = {"present": True}
+        temp = _try(n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU)
+        out["temperature_c"] = None if temp is None else float(temp)
+        clock = _try(n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_SM)
+        out["sm_clock_mhz"] = None if clock is None else float(clock)
+        reasons_fn = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+            n, "nvmlDeviceGetCurrentClocksThrottleReasons", None
+        )
+        reasons = _try(reasons_fn, h) if reasons_fn is not None else None
+        if reasons is not None:
+            out["power_capped"] = bool(reasons & (_POWER_CAP | _HW_POWER_BRAKE))
+            out["thermal_throttle"] = bool(reasons & (_SW_THERMAL | _HW_THERMAL))
+        out.update(self._nvlink())
+        corrected = _try(
+            n.nvmlDeviceGetTotalEccErrors, h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC
+        )
+        uncorrected = _try(
+            n.nvmlDeviceGetTotalEccErrors, h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC
+        )
+        out["ecc_corrected"] = None if corrected is None else int(corrected)
+        out["ecc_uncorrected"] = None if uncorrected is None else int(uncorrected)
+        return out
+
+    def _nvlink(self) -> dict[str, Any]:
+        """Active links (width), links the device has (expected), and replay + recovery
+        error counts summed over links (retries)."""
+        n, h = self.nvml, self.handle
+        links = active = 0
+        retries: int | None = None
+        for link in range(getattr(n, "NVML_NVLINK_MAX_LINKS", _MAX_NVLINKS)):
+            state = _try(n.nvmlDeviceGetNvLinkState, h, link)
+            if state is None:
+                continue
+            links += 1
+            active += int(state == getattr(n, "NVML_FEATURE_ENABLED", 1))
+            for counter in ("NVML_NVLINK_ERROR_DL_REPLAY", "NVML_NVLINK_ERROR_DL_RECOVERY"):
+                if hasattr(n, counter):
+                    value = _try(n.nvmlDeviceGetNvLinkErrorCounter, h, link, getattr(n, counter))
+                    if value is not None:
+                        retries = (retries or 0) + int(value)
+        if not links:
+            return {}
+        return {"nvlink_width": active, "nvlink_expected_width": links, "nvlink_retries": retries}
+
+
+def _cuda_uuid() -> str | None:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        uuid = torch.cuda.get_device_properties(torch.cuda.current_device()).uuid
+        return str(uuid)
+    except Exception:
+        return None
+
+
+def open_reader(local_rank: int | None = None) -> NvmlReader | None:
+    """An NVML reader for this rank's GPU, or None where there is no GPU or no NVML."""
+    try:
+        import pynvml  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+    except Exception as exc:
+        log.info("NVML unavailable (%s): GPU health reported as absent", exc)
+        return None
+    if not count:
+        return None
+    uuid = _cuda_uuid()
+    if uuid:
+        for candidate in (uuid, f"GPU-{uuid}"):
+            handle = _try(pynvml.nvmlDeviceGetHandleByUUID, candidate)
+            if handle is not None:
+                return NvmlReader(pynvml, handle)
+    index = local_rank if local_rank is not None else int(os.environ.get("LOCAL_RANK", "0"))
+    handle = _try(pynvml.nvmlDeviceGetHandleByIndex, index % count)
+    return None if handle is None else NvmlReader(pynvml, handle)
+
+
+class GpuHealthSampler:
+    """Emits GpuHealth through `emit` (the agent's ``gpu_health``): every `interval_s` on
+    its own daemon thread with a reader, or ``present=False`` once without one."""
+
+    def __init__(
+        self,
+        emit: Callable[..., None],
+        reader: HealthReader | None,
+        interval_s: float = 30.0,
+    ) -> None:
+        self.emit = emit
+        self.reader = reader
+        self.interval_s = interval_s
+        self.samples = 0
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> GpuHealthSampler:
+        if self.reader is None:
+            self.emit(present=False)
+            self.samples += 1
+            return self
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="trainguard-gpu-health", daemon=True)
+            self._thread.start()
+        return self
+
+    def sample_once(self) -> None:
+        if self.reader is None:
+            return
+        try:
+            fields = self.reader.sample()
+        except Exception:
+            self.errors += 1
+            log.exception("GPU health sample failed")
+            return
+        self.emit(**fields)
+        self.samples += 1
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample_once()
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5.0)

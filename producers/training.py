@@ -1,0 +1,625 @@
+"""Supervising a torch training loop: the few lines a user adds to their own loop.
+
+The model, optimizer and data loader stay the user's; the :class:`Supervisor` of a rank
+measures each step, checks the cheap invariants, reports through its
+:class:`~.agent.RankAgent` (never blocking: the agent only queues events), and executes
+the commands the processors send (:mod:`.rank_handlers`)::
+
+    sup = Supervisor.from_env(model=model, optimizer=opt)     # env set by the launcher
+    sup.replay_fn = lambda batch: loss_fn(model.module(batch)).backward()   # self-check
+    for step, batch in sup.steps(loader, start=resumed_step + 1):
+        with sup.step(step, batch) as s:
+            loss = loss_fn(model(batch))
+            loss.backward()
+            s.compute_done()                                   # single process: ends compute
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if s.check(loss, norm):                            # False: do not apply
+                opt.step()
+            opt.zero_grad()
+    sup.close()
+
+Compute time before the collective (seed §7 failure 2). After the all-reduce every rank
+has waited for the slowest, so only the time before it tells ranks apart. Under DDP the
+all-reduce overlaps backward and ``loss.backward()`` returns only after it, so timing
+``backward()`` measures the collective too. The supervisor therefore registers a DDP
+communication hook (:meth:`Supervisor.instrument_ddp`, automatic when `model` is a
+``DistributedDataParallel``) that stamps the moment the LAST gradient bucket is handed to
+the all-reduce: every gradient of this rank is computed then, and nothing waited for
+another rank yet (earlier buckets' all-reduces are asynchronous). compute_s is step
+start to that stamp (or to :meth:`StepScope.compute_done`, whichever comes first); total_s
+is the whole scope. It keeps DDP's overlap of communication with backward (unlike
+``no_sync()`` plus an explicit all-reduce). A user with a comm hook of their own passes it
+as `inner`. On CUDA the stamps are CUDA events (host time only says when kernels were
+queued); they are resolved a step or two later without waiting, so the StepTiming of a
+step may be sent after the next one starts. FSDP: not instrumented yet; call
+``compute_done()`` before the step's first collective.
+
+Invariants (seed §7 failure 3 (a)), in :meth:`StepScope.check`: a non-finite loss or grad
+norm is never applied (StepStats finite=False goes out; the processors decide the abort,
+or set ``on_non_finite="raise"``); a grad norm above 10 x the running p99 of accepted
+steps (after 50 of them; the core's definition, processors/core/sdc_state.py) is skipped
+and counted; a step named by a SkipUpdate command is skipped. Under torch.distributed
+the ranks agree on skipping with one all-reduce of a scalar (MAX), so that a skip seen by
+one rank (its own NaN loss, a command that reached it first) skips everywhere and the
+replicas never diverge.
+
+Self-check (R3): when a RunSelfCheck command names this rank, at the first step at or
+after its step the scope's batch is replayed twice by ``replay_fn`` after the update,
+and the two gradient digests are reported (:mod:`.grad_checks`). The replay must not run
+a collective: under DDP call the unwrapped ``model.module``.
+
+Nothing here blocks on the broker, the network or storage: events are queued; commands
+are read and acked on the actuator's thread; GPU health is sampled on its own thread;
+heartbeats come from the shipper's thread, so they continue while a step is stuck.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+import torch
+
+from ..broker.topics import topic_names
+from ..processors.core.sdc_state import RunningQuantile
+from ..schemas import Envelope, auth
+from . import grad_checks
+from .actuator import Actuator
+from .agent import EventSink, NodeAgents, RankAgent
+from .gpu_health import GpuHealthSampler, HealthReader, open_reader
+from .rank_handlers import CheckpointManager, RankControl, RankHandlers
+from .shipper import ShipperConfig, TelemetryShipper
+
+log = logging.getLogger(__name__)
+
+ENV_RUN_ID = "TRAINGUARD_RUN_ID"
+ENV_ATTEMPT = "TRAINGUARD_ATTEMPT"
+ENV_NODE = "TRAINGUARD_NODE"
+ENV_BOOTSTRAP = "TRAINGUARD_BOOTSTRAP"
+ENV_TOPIC_PREFIX = "TRAINGUARD_TOPIC_PREFIX"
+ENV_RUN_DIR = "TRAINGUARD_RUN_DIR"
+
+
+class Verdict(StrEnum):
+    """What :meth:`StepScope.check` decided about a step's update."""
+
+    APPLY = "apply"
+    NON_FINITE = "non_finite"  # loss or grad norm NaN/Inf: never applied
+    GRAD_SPIKE = "grad_spike"  # grad norm > multiplier x running p99: skipped, counted
+    COMMANDED = "commanded"  # a SkipUpdate command named this step
+    PEER = "peer"  # another rank skipped this step (agreement all-reduce)
+
+
+_CODES = {Verdict.APPLY: 0, Verdict.GRAD_SPIKE: 1, Verdict.COMMANDED: 2, Verdict.NON_FINITE: 3}
+
+
+class NonFiniteLoss(FloatingPointError):
+    """Raised by check() with ``on_non_finite="raise"``."""
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    """The rank side's settings; every field is optional."""
+
+    #: Seconds between heartbeats (sent from the shipper's thread, not the loop).
+    heartbeat_interval_s: float = 5.0
+    #: Seconds between the shipper's batches (a rank process ships its own records).
+    flush_interval_s: float = 2.0
+    #: Seconds between GPU health samples (NVML), on their own thread.
+    gpu_health_interval_s: float = 30.0
+    #: A grad norm above this multiple of the running p99 is a spike (seed §7a).
+    grad_spike_multiplier: float = 10.0
+    #: Accepted steps the p99 is taken over.
+    grad_norm_window: int = 1000
+    #: Accepted steps with a grad norm before spikes are judged.
+    grad_norm_min_samples: int = 50
+    #: Measure the grad norm in check() when the loop does not pass one (one reduction).
+    measure_grad_norm: bool = True
+    #: "skip": a non-finite step is not applied, reported, and training goes on until the
+    #: processors' Abort; "raise": check() raises NonFiniteLoss (after reporting).
+    on_non_finite: Literal["skip", "raise"] = "skip"
+    #: Under torch.distributed, all-reduce the skip decision so that every rank agrees.
+    agree_on_skip: bool = True
+    #: Seconds between checkpoints until a SetCheckpointInterval command says otherwise.
+    checkpoint_interval_s: float | None = None
+    #: Exit after an abort/rollback command: wait this long for the ack, then flush for
+    #: at most exit_flush_s, then os._exit.
+    exit_grace_s: float = 1.0
+    exit_flush_s: float = 3.0
+    #: Register the compute-time comm hook on a DistributedDataParallel model.
+    instrument_ddp: bool = True
+
+
+@dataclass
+class SupervisorCounters:
+    steps: int = 0
+    applied: int = 0
+    non_finite: int = 0
+    grad_spikes: int = 0
+    commanded_skips: int = 0
+    peer_skips: int = 0
+    self_checks: int = 0
+    self_check_mismatches: int = 0
+    checkpoints: int = 0
+
+
+class MemorySink:
+    """An in-process sink (tests, dry runs without a broker): keeps the last `limit` events."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self.events: deque[Envelope] = deque(maxlen=limit)
+        self._lock = threading.Lock()
+
+    def submit(self, event: Envelope) -> bool:
+        with self._lock:
+            self.events.append(event)
+        return True
+
+    def of(self, kind: type[Envelope]) -> list[Any]:
+        with self._lock:
+            return [e for e in self.events if isinstance(e, kind)]
+
+
+# --------------------------------------------------------------------------- timing
+
+
+class _HostMarks:
+    """Step marks on the host clock (CPU training: what the host sees is what ran)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+
+    def mark(self) -> Any:
+        return self.clock()
+
+    @staticmethod
+    def ready(*marks: Any) -> bool:
+        return True
+
+    @staticmethod
+    def seconds(a: Any, b: Any) -> float:
+        return max(0.0, float(b - a))
+
+
+class _CudaMarks:
+    """Step marks as CUDA events on the current stream; resolved once they completed."""
+
+    def mark(self) -> Any:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @staticmethod
+    def ready(*marks: Any) -> bool:
+        return all(m.query() for m in marks)
+
+    @staticmethod
+    def seconds(a: Any, b: Any) -> float:
+        return max(0.0, a.elapsed_time(b) / 1000.0)
+
+
+@dataclass
+class _Pending:
+    step: int
+    start: Any
+    compute: Any
+    end: Any
+    loss: float | None
+    grad_norm: float | None
+
+
+# --------------------------------------------------------------------------- step scope
+
+
+class StepScope:
+    """One step; use through ``with sup.step(step, batch) as s``."""
+
+    def __init__(self, sup: Supervisor, step: int, batch: Any, microbatch_id: str) -> None:
+        self.sup = sup
+        self.step = step
+        self.batch = batch
+        self.microbatch_id = microbatch_id
+        self.loss: float | None = None
+        self.grad_norm: float | None = None
+        self.verdict: Verdict | None = None
+        self._start: Any = None
+        self._compute: Any = None
+
+    def __enter__(self) -> StepScope:
+        self.sup._begin(self)
+        self._start = self.sup._marks.mark()
+        return self
+
+    def compute_done(self) -> None:
+        """Mark the end of this rank's compute, before any gradient collective. Under an
+        instrumented DDP model the comm hook has marked it already; this is then a no-op."""
+        if self._compute is None:
+            self._compute = self.sup._marks.mark()
+
+    def check(self, loss: torch.Tensor | float, grad_norm: torch.Tensor | float | None = None) -> bool:
+        """The invariants; True: apply the update. Reads the loss (and grad norm) as host
+        floats, which waits for the device to compute them."""
+        return self.sup._check(self, loss, grad_norm)
+
+    @property
+    def applied(self) -> bool:
+        return self.verdict is Verdict.APPLY
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.sup._end(self, failed=exc_type is not None and not isinstance(exc, NonFiniteLoss))
+
+
+# --------------------------------------------------------------------------- supervisor
+
+
+class Supervisor:
+    """One rank's supervision: agent, shipper, actuator and handlers, GPU health.
+
+    Telemetry goes to `sink` when given (no broker: tests, dry runs), else to Kafka at
+    `bootstrap` (with the actuator reading the run's commands, which needs the master
+    `secret`), else to an in-memory :class:`MemorySink` (a warning says so)."""
+
+    def __init__(
+        self,
+        run_id: str,
+        rank: int = 0,
+        world_size: int = 1,
+        attempt: int = 0,
+        node: str = "",
+        *,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        params: Iterable[torch.Tensor] | None = None,
+        checkpoint: CheckpointManager | None = None,
+        replay_fn: Callable[[Any], object] | None = None,
+        sink: EventSink | None = None,
+        bootstrap: str | None = None,
+        topic_prefix: str = "",
+        secret: bytes | None = None,
+        run_dir: Path | str | None = None,
+        config: SupervisorConfig | None = None,
+        gpu_reader: HealthReader | None | Literal["auto"] = "auto",
+        terminate: Callable[[int], None] = os._exit,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.config = config or SupervisorConfig()
+        self.run_id, self.rank, self.world_size, self.attempt = run_id, rank, world_size, attempt
+        self.node = node or socket.gethostname()
+        self.model = model
+        self.optimizer = optimizer
+        self.params = self._param_list(model, optimizer, params)
+        self.checkpoint = checkpoint
+        self.replay_fn = replay_fn
+        self.run_dir = Path(run_dir) if run_dir is not None else Path("trainguard-runs") / run_id
+        self.counters = SupervisorCounters()
+        self.control = RankControl(checkpoint_interval_s=self.config.checkpoint_interval_s)
+        self.self_check_results: list[grad_checks.SelfCheckResult] = []
+        self._clock = clock
+        self._last_checkpoint_t = time.monotonic()
+        self._grad_norms = RunningQuantile()
+        self._pending: deque[_Pending] = deque()
+        self._scope: StepScope | None = None
+        self._batches: dict[int, Any] = {}
+        self._closed = False
+        self._ticker_stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+        cuda = any(p.is_cuda for p in self.params)
+        self._marks: _HostMarks | _CudaMarks = _CudaMarks() if cuda else _HostMarks(clock)
+
+        # Telemetry: a sink, or a shipper with heartbeats from its flush thread.
+        self.beats = NodeAgents(self.config.heartbeat_interval_s)
+        self.shipper: TelemetryShipper | None = None
+        self.actuator: Actuator | None = None
+        if sink is None and bootstrap:
+            names = topic_names(topic_prefix)
+            self.shipper = TelemetryShipper(
+                ShipperConfig(bootstrap, names.telemetry, flush_interval_s=self.config.flush_interval_s),
+                run_id,
+                world_size,
+                on_flush=self.beats.on_flush,
+                name=f"rank{rank}",
+            )
+            sink = self.shipper
+        elif sink is None:
+            log.warning("trainguard: no broker (%s unset): telemetry is kept in memory only", ENV_BOOTSTRAP)
+            sink = MemorySink()
+        self.sink: EventSink = sink
+        self.agent = self.beats.add(RankAgent(sink, run_id, attempt, rank, self.node))
+        if self.shipper is None:  # no shipper thread to carry the heartbeats
+            self._ticker = threading.Thread(target=self._tick, name="trainguard-heartbeat", daemon=True)
+            self._ticker.start()
+
+        self.handlers = RankHandlers(
+            self.agent,
+            self.control,
+            self.run_dir,
+            close_telemetry=self._close_telemetry,
+            terminate=terminate,
+            grace_s=self.config.exit_grace_s,
+            flush_s=self.config.exit_flush_s,
+            can_self_check=lambda: self.replay_fn is not None,
+        )
+        if bootstrap and self.shipper is not None:
+            if secret is None:
+                secret = auth.load_master_secret()
+            names = topic_names(topic_prefix)
+            self.actuator = Actuator(
+                bootstrap,
+                names.commands,
+                names.acks,
+                run_id,
+                attempt,
+                [rank],
+                auth.run_key(secret, run_id),
+                node=self.node,
+                instance=f"{self.node}-rank{rank}",
+                journal_path=self.run_dir / "actuator" / f"rank-{rank:05d}.journal",
+            )
+            self.handlers.register(self.actuator)
+            self.actuator.start()
+
+        reader = open_reader() if gpu_reader == "auto" else gpu_reader
+        self.gpu = GpuHealthSampler(self.agent.gpu_health, reader, self.config.gpu_health_interval_s).start()
+
+        if self.config.instrument_ddp and model is not None and _is_ddp(model):
+            self.instrument_ddp(model)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **kwargs: Any) -> Supervisor:
+        """Build from the launcher's environment: TRAINGUARD_RUN_ID, TRAINGUARD_ATTEMPT,
+        TRAINGUARD_NODE, TRAINGUARD_BOOTSTRAP, TRAINGUARD_TOPIC_PREFIX, TRAINGUARD_RUN_DIR,
+        TRAINGUARD_SECRET or TRAINGUARD_SECRET_FILE, and torch's RANK and WORLD_SIZE.
+        Keyword arguments (model, optimizer, checkpoint, sink, config...) pass through."""
+        env = dict(os.environ) if env is None else env
+        run_id = env.get(ENV_RUN_ID)
+        if not run_id:
+            raise KeyError(f"{ENV_RUN_ID} is not set (the trainguard launcher sets it)")
+        bootstrap = env.get(ENV_BOOTSTRAP) or None
+        if bootstrap and "secret" not in kwargs and "sink" not in kwargs:
+            kwargs["secret"] = auth.load_master_secret(env)
+        if bootstrap and "sink" not in kwargs:
+            kwargs["bootstrap"] = bootstrap
+        kwargs.setdefault("topic_prefix", env.get(ENV_TOPIC_PREFIX, ""))
+        if env.get(ENV_RUN_DIR):
+            kwargs.setdefault("run_dir", env[ENV_RUN_DIR])
+        return cls(
+            run_id,
+            rank=int(env.get("RANK", "0")),
+            world_size=int(env.get("WORLD_SIZE", "1")),
+            attempt=int(env.get(ENV_ATTEMPT, "0")),
+            node=env.get(ENV_NODE, ""),
+            **kwargs,
+        )
+
+    @staticmethod
+    def _param_list(
+        model: torch.nn.Module | None,
+        optimizer: torch.optim.Optimizer | None,
+        params: Iterable[torch.Tensor] | None,
+    ) -> list[torch.Tensor]:
+        if params is not None:
+            return list(params)
+        if model is not None:
+            return list(model.parameters())
+        if optimizer is not None:
+            return [p for group in optimizer.param_groups for p in group["params"]]
+        return []
+
+    def instrument_ddp(
+        self, ddp: torch.nn.Module, inner: Callable[..., Any] | None = None, state: Any = None
+    ) -> None:
+        """Register a comm hook on a DistributedDataParallel model that marks the end of
+        this rank's compute when the last bucket goes to the all-reduce, then runs `inner`
+        (default: DDP's plain all-reduce) with `state`. DDP takes one hook per model."""
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        run = inner or allreduce_hook
+
+        def hook(hook_state: Any, bucket: Any) -> Any:
+            if bucket.is_last() and self._scope is not None:
+                self._scope.compute_done()
+            return run(hook_state, bucket)
+
+        # DDP checks the hook's annotations as objects (this module's are strings).
+        hook.__annotations__ = {
+            "hook_state": object,
+            "bucket": torch.distributed.GradBucket,
+            "return": torch.futures.Future[torch.Tensor],
+        }
+        ddp.register_comm_hook(state, hook)  # type: ignore[operator]
+
+    def wait_ready(self, timeout_s: float = 30.0) -> bool:
+        """With a broker: True once the actuator reads the commands topic (tests, drills)."""
+        return self.actuator is None or self.actuator.wait_ready(timeout_s)
+
+    # ------------------------------------------------------------------ loop API
+    def steps(self, loader: Iterable[Any], start: int = 0) -> Iterator[tuple[int, Any]]:
+        """``(step, batch)`` pairs numbered from `start`; ``sup.step(step)`` then knows the
+        batch (for the self-check replay) without being given it."""
+        for step, batch in enumerate(loader, start):
+            self._batches = {step: batch}
+            yield step, batch
+
+    def step(self, step: int, batch: Any = None, microbatch_id: str | None = None) -> StepScope:
+        """The scope of one step (a context manager); see the module docstring."""
+        if batch is None:
+            batch = self._batches.get(step)
+        mb = microbatch_id or f"step-{step}/rank-{self.rank}"
+        return StepScope(self, step, batch, mb)
+
+    def should_checkpoint(self, step: int | None = None, now: float | None = None) -> bool:
+        """For loops that save themselves (no `checkpoint` manager given): True when a
+        CheckpointNow came or the interval has passed. Call :meth:`checkpoint_saved`
+        after saving."""
+        if self.control.take_checkpoint_request():
+            return True
+        interval = self.control.checkpoint_interval_s
+        now = time.monotonic() if now is None else now
+        return interval is not None and now - self._last_checkpoint_t >= interval
+
+    def checkpoint_saved(self, step: int, now: float | None = None) -> None:
+        self._last_checkpoint_t = time.monotonic() if now is None else now
+        self.counters.checkpoints += 1
+
+    # ------------------------------------------------------------------ internals
+    def _begin(self, scope: StepScope) -> None:
+        self._scope = scope
+        with self.control.lock:
+            self.control.current_step = scope.step
+            self.control.training_thread = threading.get_ident()
+
+    def _check(
+        self, scope: StepScope, loss: torch.Tensor | float, grad_norm: torch.Tensor | float | None
+    ) -> bool:
+        loss_f = float(loss.detach().float().item()) if isinstance(loss, torch.Tensor) else float(loss)
+        if grad_norm is None and self.config.measure_grad_norm and self.params:
+            norm: float | None = grad_checks.grad_norm(self.params)
+        elif isinstance(grad_norm, torch.Tensor):
+            norm = float(grad_norm.detach().float().item())
+        else:
+            norm = None if grad_norm is None else float(grad_norm)
+        scope.loss, scope.grad_norm = loss_f, norm
+        verdict = self._local_verdict(scope.step, loss_f, norm)
+        verdict = self._agree(verdict)
+        scope.verdict = verdict
+        if verdict is Verdict.APPLY:
+            if norm is not None:
+                self._grad_norms.add(norm, self.config.grad_norm_window)
+            self.counters.applied += 1
+        else:
+            attr = {
+                Verdict.NON_FINITE: "non_finite",
+                Verdict.GRAD_SPIKE: "grad_spikes",
+                Verdict.COMMANDED: "commanded_skips",
+                Verdict.PEER: "peer_skips",
+            }[verdict]
+            setattr(self.counters, attr, getattr(self.counters, attr) + 1)
+            log.warning("rank %d step %d: update not applied (%s)", self.rank, scope.step, verdict)
+        self.control.record_decision(scope.step, verdict is Verdict.APPLY)
+        if verdict is Verdict.NON_FINITE and self.config.on_non_finite == "raise":
+            raise NonFiniteLoss(f"step {scope.step}: loss {loss_f}, grad norm {norm}")
+        return verdict is Verdict.APPLY
+
+    def _local_verdict(self, step: int, loss: float, norm: float | None) -> Verdict:
+        if not (math.isfinite(loss) and (norm is None or math.isfinite(norm))):
+            return Verdict.NON_FINITE
+        if self.control.take_skip(step):
+            return Verdict.COMMANDED
+        judged = norm is not None and len(self._grad_norms) >= self.config.grad_norm_min_samples
+        if judged and norm > self.config.grad_spike_multiplier * self._grad_norms.quantile(0.99):  # type: ignore[operator]
+            return Verdict.GRAD_SPIKE
+        return Verdict.APPLY
+
+    def _agree(self, verdict: Verdict) -> Verdict:
+        """Every rank skips if one does: MAX of the verdict codes over the default group."""
+        dist = torch.distributed
+        if not (self.config.agree_on_skip and dist.is_available() and dist.is_initialized()):
+            return verdict
+        if dist.get_world_size() < 2:
+            return verdict
+        device = (
+            self.params[0].device if self.params and dist.get_backend() == "nccl" else torch.device("cpu")
+        )
+        code = torch.tensor([_CODES[verdict]], dtype=torch.int32, device=device)
+        dist.all_reduce(code, op=dist.ReduceOp.MAX)
+        if verdict is not Verdict.APPLY or int(code.item()) == 0:
+            return verdict
+        return Verdict.PEER
+
+    def _end(self, scope: StepScope, failed: bool) -> None:
+        end = self._marks.mark()
+        compute = scope._compute if scope._compute is not None else end
+        self._scope = None
+        self.counters.steps += 1
+        self._pending.append(_Pending(scope.step, scope._start, compute, end, scope.loss, scope.grad_norm))
+        self._drain(block=False)
+        if failed:
+            return
+        if scope.verdict is None:  # the loop did not call check(): assume it applied
+            self.control.record_decision(scope.step, True)
+        if self.control.take_self_check(scope.step):
+            self._self_check(scope)
+        if self.checkpoint is not None and self.should_checkpoint(scope.step):
+            self.checkpoint.save(scope.step)
+            self.checkpoint_saved(scope.step)
+
+    def _drain(self, block: bool) -> None:
+        marks = self._marks
+        while self._pending:
+            p = self._pending[0]
+            if block and isinstance(marks, _CudaMarks):
+                p.end.synchronize()
+            elif not marks.ready(p.start, p.compute, p.end):
+                return
+            self._pending.popleft()
+            compute_s = marks.seconds(p.start, p.compute)
+            total_s = max(compute_s, marks.seconds(p.start, p.end))
+            self.agent.step(p.step, compute_s, total_s, loss=p.loss, grad_norm=p.grad_norm)
+
+    def _self_check(self, scope: StepScope) -> None:
+        if self.replay_fn is None or scope.batch is None:
+            log.warning("rank %d: self-check due at step %d but no replay_fn or batch", self.rank, scope.step)
+            return
+        module = self.model
+        if module is not None and _is_ddp(module):
+            inner = module.module
+            module = inner if isinstance(inner, torch.nn.Module) else None
+        result = grad_checks.self_check(
+            self.replay_fn, scope.batch, self.params, scope.step, scope.microbatch_id, module=module
+        )
+        self.self_check_results.append(result)
+        self.counters.self_checks += 1
+        if not result.passed:
+            self.counters.self_check_mismatches += 1
+            log.error("rank %d step %d: self-check MISMATCH %s", self.rank, scope.step, result)
+        self.agent.self_check(scope.step, result.microbatch_id, result.digest_first, result.digest_second)
+
+    def _tick(self) -> None:
+        while not self._ticker_stop.wait(min(1.0, self.config.heartbeat_interval_s)):
+            self.beats.on_flush()
+
+    def _close_telemetry(self, timeout_s: float) -> None:
+        """Ship what is queued, bounded by timeout_s (used before an exit)."""
+        self._drain(block=True)
+        if self.shipper is not None:
+            self.shipper.close(timeout_s)
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self, exit_code: int | None = 0, timeout_s: float = 10.0) -> None:
+        """End of training: report the rank's exit, stop the threads, ship what is left."""
+        if self._closed:
+            return
+        self._closed = True
+        self._drain(block=True)
+        if not self.agent.exited:
+            self.agent.exit(exit_code=exit_code)
+        self.gpu.stop()
+        self._ticker_stop.set()
+        if self.actuator is not None:
+            self.actuator.stop(timeout_s)
+        if self.shipper is not None:
+            self.shipper.close(timeout_s)
+
+    def __enter__(self) -> Supervisor:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        self.close(exit_code=0 if exc_type is None else 1)
+
+
+def _is_ddp(model: Any) -> bool:
+    return isinstance(model, torch.nn.parallel.DistributedDataParallel)

@@ -31,6 +31,15 @@ a synchronous job). DCP's collectives and the commit's run on a dedicated gloo g
 the single background thread, so they never interleave with the training's collectives
 on the default group (NOTES: ``async_save`` on the default group hung DDP). DCP raises
 a write failure on every rank, so all ranks keep and retry the same snapshots.
+
+Peer replica (R1, :mod:`.peer_replica`). With ``replica=True`` (or a
+:class:`~.peer_replica.PeerReplica`), every staged snapshot is also handed to the replica,
+which keeps it and exchanges it with the rank ``W/2`` away in the background; the staged
+buffers are reused only once both the write and the replica are done with them.
+``load()`` then restores from host memory when every rank can restore the same step
+from its own copy or its holder's and that step is at least as new as the newest
+validated checkpoint on storage; otherwise (or if a copy fails its checks on any rank)
+every rank loads storage's. ``last_restore`` says which step and from where.
 """
 
 from __future__ import annotations
@@ -70,6 +79,7 @@ from .checkpoint_validate import (
     write_marker,
 )
 from .host_stager import HostStager, state_nbytes
+from .peer_replica import PeerReplica, agree_restore, holder_of, load_into
 from .train_state import TrainState
 
 __all__ = ["CheckpointError", "CheckpointManager", "CheckpointReporter", "SaveHandle", "step_dir_name"]
@@ -134,6 +144,7 @@ class _Snapshot:
     handle: SaveHandle
     staged_at: float
     failure_reported: bool = False
+    holds: int = 1  # readers of ``state`` (the write, the replica); released at 0
 
 
 class _Writer(dcp.FileSystemWriter):
@@ -167,6 +178,7 @@ class CheckpointManager:
         storage_hook: Callable[[], None] | None = None,
         on_committed: Callable[[int, Path], None] | None = None,
         norm_band: NormBand | None = None,
+        replica: PeerReplica | bool = False,
     ) -> None:
         if keep is not None and keep < 1:
             raise ValueError("keep must be at least 1")
@@ -198,6 +210,14 @@ class CheckpointManager:
         self._validator = ThreadPoolExecutor(1, thread_name_prefix="ckpt-validate") if rank == 0 else None
         self._band = norm_band if norm_band is not None else NormBand()
         self._closed = False
+        self._holds = threading.Lock()
+        self._own_replica = replica is True and self._dist
+        self.replica: PeerReplica | None = None
+        if isinstance(replica, PeerReplica):
+            self.replica = replica
+        elif self._own_replica:
+            self.replica = PeerReplica(rank, world_size, run_id=run_id)
+        self.last_restore: tuple[int, str] | None = None  # (step, "own" | "peer" | "storage")
         if rank == 0:
             self._seed_band()
 
@@ -219,8 +239,17 @@ class CheckpointManager:
         blocking = time.perf_counter() - t0
         handle = SaveHandle(step, blocking, state_nbytes(staged))
         snap = _Snapshot(step, staged, last_verified_step, handle, time.time())
+        if self.replica is not None:
+            snap.holds = 2
+            self.replica.push(step, staged, on_done=lambda: self._release(snap))
         self._io.submit(self._run_save, snap)
         return handle
+
+    def _release(self, snap: _Snapshot) -> None:
+        with self._holds:
+            snap.holds -= 1
+            if snap.holds == 0:
+                self._stager.release(snap.state)
 
     def flush(self, timeout: float | None = None) -> int:
         """Retry writing the snapshots kept in host memory; returns how many are still kept."""
@@ -276,7 +305,7 @@ class CheckpointManager:
                         self._report_failed(kept.step, f"{error}; kept in host memory, will retry")
                 return len(self._pending)
             self._pending.pop(0)
-            self._stager.release(snap.state)
+            self._release(snap)
             if not snap.handle.attempted.done():
                 snap.handle.attempted.set_result("committed")
             snap.handle.committed.set_result(True)
@@ -472,20 +501,39 @@ class CheckpointManager:
             return None, f"no validated checkpoint under {self.root}"
         return None, "; ".join(reasons)
 
-    def load(self, step: int | None = None, *, verify: bool = True) -> int:
+    def load(self, step: int | None = None, *, verify: bool = True, peer: bool = True) -> int:
         """Restore the newest validated checkpoint (or ``step``) into the state; returns its step.
 
         Waits for queued saves first. ``verify`` re-checks the digests (a checkpoint whose
         files changed since validation is marked ``REJECTED``, and the previous one is
-        tried). Raises :class:`CheckpointError` when there is nothing resumable.
+        tried; a peer copy's sha256). With a replica, ``peer`` and no ``step``, host
+        memory is preferred when it is at least as new (module docstring). Raises
+        :class:`CheckpointError` when there is nothing resumable.
         """
         self.wait()
-        choice: list[Any] = [None, ""]
+        use_peer = peer and step is None and self.replica is not None
+        copies: list[Any] = []
+        if use_peer:
+            assert self.replica is not None
+            copies = self._all_gather(self.replica.steps())
+        choice: list[Any] = [None, "", None, "none"]
         if self.rank == 0:
-            choice = list(self._choose(step, verify))
+            choice = [*self._choose(step, verify), None, "none"]
+            if use_peer:
+                assert self.replica is not None
+                shift = self.replica.shift
+                choice[2:] = agree_restore(
+                    [own for own, _ in copies],
+                    [held for _, held in copies],
+                    choice[0],
+                    holder=lambda j: holder_of(j, self.world_size, shift),
+                    rejected=lambda s: (self.step_dir(s) / REJECTED).exists(),
+                )
         if self._dist:
             dist.broadcast_object_list(choice, src=0, group=self._group)
-        chosen, why = choice
+        chosen, why, agreed, source = choice
+        if source == "memory" and self._load_memory(int(agreed), copies, verify):
+            return int(agreed)
         if chosen is None:
             raise CheckpointError(why)
         reader = dcp.FileSystemReader(str(self.step_dir(chosen)))
@@ -496,7 +544,28 @@ class CheckpointManager:
                 dcp.load({"app": self.state}, storage_reader=reader, no_dist=True)
         except CheckpointException as exc:  # a BaseException: callers catching Exception would miss it
             raise CheckpointError(f"loading checkpoint step {chosen} failed: {_describe(exc)}") from None
+        self.last_restore = (int(chosen), "storage")
         return int(chosen)
+
+    def _load_memory(self, step: int, copies: list[Any], verify: bool) -> bool:
+        """Every rank restores ``step`` from its own copy or its holder's; False (on all
+        ranks) when any rank failed, and then storage is loaded instead."""
+        assert self.replica is not None
+        needs_peer = [own != step for own, _ in copies]
+        error = None
+        try:
+            restored = self.replica.fetch(step, needs_peer, verify=verify)
+            load_into(self.state, restored)
+        except Exception as exc:
+            error = f"rank {self.rank}: {type(exc).__name__}: {exc}"
+            log.warning("restoring step %d from host memory failed: %s", step, error)
+        errors = [e for e in self._all_gather(error) if e is not None]
+        if errors:
+            # ranks that did restore overwrite it from storage next; report once
+            self._report_failed(step, "peer restore failed, loading storage: " + "; ".join(errors))
+            return False
+        self.last_restore = (step, "peer" if needs_peer[self.rank] else "own")
+        return True
 
     # ------------------------------------------------------------------ misc
 
@@ -513,6 +582,8 @@ class CheckpointManager:
         self._io.shutdown(wait=True)
         if self._validator is not None:
             self._validator.shutdown(wait=True)
+        if self._own_replica and self.replica is not None:
+            self.replica.close()
         if self._own_group and self._group is not None:
             dist.destroy_process_group(self._group)
             self._group = None

@@ -392,6 +392,85 @@ def goodput(
     print_goodput(db, run, make_console())
 
 
+@app.command(context_settings={"allow_interspersed_args": False})
+def launch(
+    command: Annotated[list[str], typer.Argument(help="The rank program, after --: python train.py args.")],
+    nproc: Annotated[int, typer.Option(help="World size: rank processes per attempt.")],
+    run_id: Annotated[str, typer.Option(help="The run's id (commands are signed for it).")],
+    checkpoint_dir: Annotated[Path, typer.Option(help="Validated checkpoints: DIR/step-N/VALIDATED.")],
+    ranks_per_node: Annotated[int, typer.Option(help="Ranks of one modelled node.")] = 1,
+    spares: Annotated[int, typer.Option(help="Spare nodes quarantine can swap in.")] = 2,
+    nodes_per_rack: Annotated[int, typer.Option(help="Nodes per modelled rack.")] = 4,
+    max_restarts: Annotated[int, typer.Option(help="Restarts before giving up (any cause).")] = 3,
+    grace_s: Annotated[float, typer.Option(help="After an Abort: seconds the ranks get to exit.")] = 15.0,
+    decision_wait_s: Annotated[
+        float, typer.Option(help="After a crash: seconds to wait for the processor's decisions.")
+    ] = 3.0,
+    offline: Annotated[
+        bool, typer.Option(help="No Kafka: no telemetry, no commands (restarts on crashes only).")
+    ] = False,
+    bootstrap: Bootstrap = None,
+    topic_prefix: Prefix = "",
+) -> None:
+    """Start and supervise NPROC rank processes of COMMAND: restarts from the newest validated
+    checkpoint, executes Abort/QuarantineNode/EvictRank/Rollback/ResumeFrom, records the restart
+    phases in DIR/.trainguard/restarts.jsonl. Exit 0 ok, 1 failed, 130 stopped."""
+    from .producers.launcher import (
+        Launcher,
+        LauncherConfig,
+        MemorySink,
+        install_signal_handlers,
+        make_actuator,
+    )
+
+    config = LauncherConfig(
+        command=tuple(command),
+        nproc=nproc,
+        ranks_per_node=ranks_per_node,
+        run_id=run_id,
+        checkpoint_dir=checkpoint_dir.resolve(),
+        spares=spares,
+        nodes_per_rack=nodes_per_rack,
+        max_restarts=max_restarts,
+        grace_s=grace_s,
+        decision_wait_s=decision_wait_s,
+        bootstrap="" if offline else resolve_bootstrap(bootstrap),
+        topic_prefix=topic_prefix,
+        secret_file=os.environ.get("TRAINGUARD_SECRET_FILE", ""),
+    )
+    if offline:
+        launcher = Launcher(config, MemorySink())
+        install_signal_handlers(launcher)
+        result = launcher.run()
+    else:
+        from .broker.topics import topic_names
+        from .producers.shipper import ShipperConfig, TelemetryShipper
+
+        names = topic_names(topic_prefix)
+        secret = master_secret()
+        shipper = TelemetryShipper(
+            ShipperConfig(config.bootstrap, names.telemetry), run_id, nproc, name="launcher"
+        )
+        launcher = Launcher(config, shipper)
+        install_signal_handlers(launcher)
+        actuator = make_actuator(launcher, config.bootstrap, names.commands, names.acks, secret)
+        try:
+            with actuator:
+                if not actuator.wait_ready(30):
+                    console.print("[yellow]commands topic not assigned yet; continuing")
+                result = launcher.run()
+        finally:
+            shipper.close()
+    for rec in result.restarts:
+        console.print(
+            f"interruption {rec.interruption}: {rec.cause} ({rec.detail}) attempt {rec.from_attempt}"
+            f"->{rec.to_attempt}, restart {rec.restart_s if rec.restart_s is not None else '?'} s",
+            markup=False,
+        )
+    console.print(f"{result.status}: {result.reason} ({result.attempts} attempts)", markup=False)
+    raise typer.Exit({"ok": 0, "failed": 1, "stopped": 130}[result.status])
+
+
 @app.command()
 def demo(
     scenario: Annotated[Path | None, typer.Option(help="Scenario YAML; default: the 64-rank demo.")] = None,

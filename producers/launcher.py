@@ -1,0 +1,764 @@
+"""`trainguard launch`: starts N rank processes, supervises them, executes restart and
+quarantine decisions, and measures every restart phase by phase.
+
+Built on torch elastic where it fits
+------------------------------------
+The rank processes are started, watched and torn down by torch elastic's process layer,
+:func:`torch.distributed.elastic.multiprocessing.start_processes` (the ``PContext`` that
+``LocalElasticAgent`` and therefore ``torchrun`` use): one process per rank in its own
+session, per-rank environments, ``close(SIGTERM)`` that escalates to SIGKILL for
+stragglers and gives up on an unkillable (D-state) process instead of wedging. The
+ranks see torchrun's environment contract (RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR/PORT, TORCHELASTIC_RUN_ID,
+TORCHELASTIC_RESTART_COUNT), so a script written for torchrun runs unchanged.
+
+The restart loop is ours, not the elastic agent's. ``elastic_launch`` /
+``LocalElasticAgent`` restart a failed worker group ``max_restarts`` times with the same
+spec on the same host, and their rendezvous assigns ranks by arrival. Here every restart
+is a decision with inputs the agent does not have: the placement changes (a quarantined
+node's ranks move to a spare), the environment changes (TRAINGUARD_NODE, the attempt,
+TRAINGUARD_RESUME_STEP chosen from the VALIDATED checkpoints or named by a Rollback),
+and signed commands arriving on another thread (Abort, EvictRank, Rollback...) must stop
+the group; ``elastic_launch`` blocks its caller and handles signals only in the main
+thread. So: one ``start_processes`` group per attempt, and this module decides, between
+attempts, placement, environment and resume step. (Not done: replacing one rank in
+place without tearing down the world, seed §6 (3).)
+
+Crash policy
+------------
+A rank that ends on its own with a non-zero status (SIGKILL, an exception) ends the
+attempt: a synchronous job cannot continue, so the launcher tears the group down at
+once. It then waits ``decision_wait_s`` for the processor's decisions about the crashed
+attempt (a QuarantineNode decided from our RankExit must arrive while the actuator
+still accepts that attempt's commands) and restarts on its own, from the newest
+validated checkpoint, without waiting for an Abort. So the run keeps going when the
+processor is down, and the processor's quarantine still shapes the next placement when
+it is up. ``max_restarts`` bounds the restarts of a run (any cause, torchrun's meaning).
+
+Commands (executed on the actuator thread; they only set requests the loop reads):
+
+- Abort: the ranks dump their stacks and exit themselves (their own actuators); the
+  launcher waits ``grace_s`` for the group to end, then SIGTERM, then SIGKILL; restart.
+- QuarantineNode: the node leaves the pool; takes effect at the next restart.
+- EvictRank: quarantines the rank's node and restarts at the next checkpoint boundary:
+  as soon as a checkpoint newer than the newest one at the command is VALIDATED.
+- Rollback / ResumeFrom: stop the group now and restart from the named checkpoint step
+  (it must carry a VALIDATED marker). After a rollback to S, the checkpoints newer than S
+  validated before the rollback (the suspect lineage) are never chosen again.
+
+Every exit after an Abort, or during the launcher's own teardown, is reported
+``requested=True``.
+
+Restart phases
+--------------
+Per interruption (see :class:`RestartPhases`): detect (fault to the launcher noticing:
+the last poll that saw the rank alive to the poll that saw it gone, for a crash; the
+command's issued_ts to its arrival, for a command), reschedule (noticing to the new
+processes being spawned: teardown, decision wait, placement), and from the per-rank
+file ``<run_dir>/attempt-N/rank-R.phases.json`` written by the rank-side Supervisor
+(path in TRAINGUARD_PHASES_FILE): process start (spawn to the slowest rank's
+``start_ts``), checkpoint load and process-group init (slowest rank's
+``checkpoint_load_s`` / ``pg_init_s``), first step (the slowest rank's
+``first_step_ts − start_ts − load − init``) and ``restart_s`` (fault to the last rank's
+first step: the R of seed §6). Records go to ``<run_dir>/restarts.jsonl`` and
+:attr:`LaunchResult.restarts`. The same file may carry ``last_step``,
+``stack_dump_ref`` and ``stack_signature``, which the launcher copies into RankExit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from ..schemas import (
+    NO_STEP,
+    RUN_LEVEL_RANK,
+    Abort,
+    Envelope,
+    EvictRank,
+    QuarantineNode,
+    RankExit,
+    ResumeFrom,
+    Rollback,
+    RunStarted,
+)
+from .agent import EventSink  # a TelemetryShipper satisfies it
+from .launch_plan import NodePool, Placement, PoolExhausted, make_pool, plan
+
+log = logging.getLogger(__name__)
+
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+VALIDATED_MARKER = "VALIDATED"
+
+
+class MemorySink:
+    """Keeps emitted events in a list (tests, dry runs)."""
+
+    def __init__(self) -> None:
+        self.events: list[Envelope] = []
+        self._lock = threading.Lock()
+
+    def submit(self, event: Envelope) -> bool:
+        with self._lock:
+            self.events.append(event)
+        return True
+
+    def of(self, kind: type[Envelope]) -> list[Any]:
+        with self._lock:
+            return [e for e in self.events if isinstance(e, kind)]
+
+
+class RestartCause(StrEnum):
+    CRASH = "crash"  # a rank ended on its own with a non-zero status
+    ABORT = "abort"  # Abort command
+    ROLLBACK = "rollback"  # Rollback command
+    RESUME = "resume"  # ResumeFrom command
+    EVICTION = "eviction"  # EvictRank, at the next validated checkpoint
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def validated_steps(checkpoint_dir: Path) -> dict[int, float]:
+    """Steps with a ``step-NNN/VALIDATED`` marker, and each marker's mtime."""
+    out: dict[int, float] = {}
+    try:
+        entries = list(os.scandir(checkpoint_dir))
+    except OSError:
+        return out
+    for entry in entries:
+        m = _STEP_DIR.match(entry.name)
+        if m is None or not entry.is_dir():
+            continue
+        try:
+            out[int(m.group(1))] = (Path(entry.path) / VALIDATED_MARKER).stat().st_mtime
+        except OSError:
+            continue
+    return out
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    attempt: int
+    rank: int
+    node: str
+    returncode: int | None  # None: could not be reaped (abandoned after SIGKILL)
+    ts: float
+    requested: bool
+
+    @property
+    def signal(self) -> int | None:
+        return -self.returncode if self.returncode is not None and self.returncode < 0 else None
+
+
+@dataclass
+class RestartPhases:
+    """One interruption and the restart that followed, phase by phase (seconds; None:
+    not measured: no phase file from the ranks, or no restart)."""
+
+    run_id: str
+    interruption: int  # 0, 1, ... within this launcher's run
+    cause: RestartCause
+    detail: str
+    from_attempt: int
+    to_attempt: int | None
+    rank: int  # culprit rank, -1 when the cause is run-level (a command)
+    node: str
+    exit_code: int | None
+    signal: int | None
+    command_id: str
+    fault_ts: float
+    detected_ts: float
+    spawn_ts: float | None = None
+    resumed_from_step: int = -1
+    detect_s: float = 0.0
+    reschedule_s: float | None = None
+    process_start_s: float | None = None
+    checkpoint_load_s: float | None = None
+    pg_init_s: float | None = None
+    first_step_s: float | None = None
+    restart_s: float | None = None
+    ranks_reported: int = 0
+    complete: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class LaunchResult:
+    status: Literal["ok", "failed", "stopped"]
+    reason: str
+    attempts: int
+    restarts: list[RestartPhases] = field(default_factory=list)
+    exits: list[RankEnd] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LauncherConfig:
+    """Everything `trainguard launch` takes; every field documented."""
+
+    #: The rank program and its arguments, e.g. ["python", "train.py", "--lr", "3e-4"].
+    command: tuple[str, ...]
+    #: World size: rank processes per attempt.
+    nproc: int
+    #: Ranks of one modelled node (on one machine, a node is a group of ranks).
+    ranks_per_node: int
+    run_id: str
+    #: Where validated checkpoints live (root/step-000000123/VALIDATED).
+    checkpoint_dir: Path
+    #: Spare node names beyond the job's own nodes (what quarantine can swap in).
+    spares: int = 2
+    nodes_per_rack: int = 4
+    #: Restarts (of any cause) before the launcher gives up with status "failed".
+    max_restarts: int = 3
+    #: After an Abort: time the ranks get to dump their stacks and exit on their own.
+    grace_s: float = 15.0
+    #: After SIGTERM: time before SIGKILL (whole seconds; torch elastic's close()).
+    term_timeout_s: int = 10
+    #: After a crash: time the processor gets to decide (quarantine) before the respawn.
+    decision_wait_s: float = 3.0
+    poll_s: float = 0.05
+    #: Launcher files: attempt-N/rank-R.phases.json, restarts.jsonl (default: DIR/.trainguard).
+    run_dir: Path | None = None
+    master_addr: str = "127.0.0.1"
+    bootstrap: str = ""
+    topic_prefix: str = ""
+    secret_file: str = ""
+    #: Extra environment for every rank.
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def resolved_run_dir(self) -> Path:
+        return self.run_dir if self.run_dir is not None else self.checkpoint_dir / ".trainguard"
+
+
+def free_port(addr: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((addr, 0))
+        return int(s.getsockname()[1])
+
+
+def phases_path(run_dir: Path, attempt: int, rank: int) -> Path:
+    return run_dir / f"attempt-{attempt}" / f"rank-{rank}.phases.json"
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # absent, or caught mid-write (writers should write-then-rename)
+    return data if isinstance(data, dict) else {}
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+# --------------------------------------------------------------------------- launcher
+
+
+@dataclass
+class _Request:
+    cause: RestartCause
+    command_id: str
+    issued_ts: float
+    received_ts: float
+    detail: str
+    resume_step: int | None = None
+    evict_after_step: int | None = None
+
+
+class Launcher:
+    """Runs one training run: attempts of `config.nproc` rank processes until the run
+    ends (all ranks exit 0), fails (max_restarts, pool exhausted) or is stopped."""
+
+    def __init__(
+        self,
+        config: LauncherConfig,
+        sink: EventSink,
+        pool: NodePool | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if config.nproc < 1 or config.ranks_per_node < 1 or not config.command:
+            raise ValueError("nproc >= 1, ranks_per_node >= 1 and a command are required")
+        self.config = config
+        self.sink = sink
+        self.pool = pool or make_pool(
+            config.nproc, config.ranks_per_node, config.spares, config.nodes_per_rack
+        )
+        self.clock = clock
+        self.run_dir = config.resolved_run_dir
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.quarantined: set[str] = set()
+        self.placement: Placement | None = None
+        # A relaunched launcher continues the attempt numbering (attempt dirs are kept).
+        self.attempt = 1 + max(
+            (int(p.name.split("-")[1]) for p in self.run_dir.glob("attempt-*") if p.name[8:].isdigit()),
+            default=-1,
+        )
+        self.on_attempt: Callable[[int], None] | None = None  # e.g. actuator.set_attempt
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._request: _Request | None = None
+        self._evict: _Request | None = None
+        self._forced_resume: int | None = None
+        #: (step S, ts): checkpoints newer than S validated before ts are excluded (rollbacks).
+        self._rollbacks: list[tuple[int, float]] = []
+        self._ids = iter(range(1 << 62))
+        self._id_prefix = uuid.uuid4().hex[:16]
+        self._restarts_file = self.run_dir / "restarts.jsonl"
+        self._interruptions = (
+            sum(1 for _ in self._restarts_file.open()) if self._restarts_file.exists() else 0
+        )
+
+    # ------------------------------------------------------------------ control (any thread)
+    def stop(self) -> None:
+        """Tear the group down (exits reported requested) and end with status "stopped"."""
+        self._stop.set()
+
+    def handle_abort(self, command: Abort, rank: int) -> str:
+        with self._lock:
+            if self._request is not None:
+                return f"attempt {self.attempt} is already stopping ({self._request.cause})"
+            self._request = _Request(
+                RestartCause.ABORT, command.command_id, command.issued_ts, self.clock(), command.reason.text
+            )
+        return f"attempt {self.attempt}: ranks get {self.config.grace_s:g}s to exit, then the group restarts"
+
+    def handle_quarantine(self, command: QuarantineNode, rank: int) -> str:
+        return self.quarantine(command.node)
+
+    def quarantine(self, node: str) -> str:
+        if node not in self.pool.nodes:
+            raise ValueError(f"node {node} is not in the pool")
+        with self._lock:
+            self.quarantined.add(node)
+            try:
+                nxt = plan(self.pool, self.quarantined, self.config.nproc, self.placement)
+            except PoolExhausted as exc:
+                return f"{node} left the pool; the next restart will fail: {exc}"
+        moved = ", ".join(f"{old}->{new}" for old, new in nxt.moved.values()) or "no rank moves"
+        return f"{node} leaves the pool at the next restart ({moved})"
+
+    def handle_evict(self, command: EvictRank, rank: int) -> str:
+        placement = self.placement
+        if placement is None or not 0 <= command.rank < self.config.nproc:
+            raise ValueError(f"rank {command.rank} is not part of the job")
+        node = placement.node_of(command.rank)
+        detail = self.quarantine(node)
+        newest = max(self._eligible(), default=-1)
+        with self._lock:
+            self._evict = _Request(
+                RestartCause.EVICTION,
+                command.command_id,
+                command.issued_ts,
+                self.clock(),
+                f"evict rank {command.rank} ({node})",
+                evict_after_step=newest,
+            )
+        return f"rank {command.rank}: {detail}; restart once a checkpoint after step {newest} is validated"
+
+    def handle_resume(self, command: Rollback | ResumeFrom, rank: int) -> str:
+        step = command.checkpoint_step
+        if step not in self._eligible(ignore_rollbacks=True):
+            raise ValueError(f"no validated checkpoint at step {step} in {self.config.checkpoint_dir}")
+        cause = RestartCause.ROLLBACK if isinstance(command, Rollback) else RestartCause.RESUME
+        with self._lock:
+            self._request = _Request(
+                cause, command.command_id, command.issued_ts, self.clock(), command.reason.text, step
+            )
+        return f"stopping attempt {self.attempt}; restarting from checkpoint {step}"
+
+    def register(self, actuator: Any) -> None:
+        """Register the handlers on an Actuator (local_ranks=[-1]) and keep its attempt in step."""
+        actuator.register(Abort, self.handle_abort)
+        actuator.register(QuarantineNode, self.handle_quarantine)
+        actuator.register(EvictRank, self.handle_evict)
+        actuator.register(Rollback, self.handle_resume)
+        actuator.register(ResumeFrom, self.handle_resume)
+        self.on_attempt = actuator.set_attempt
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> LaunchResult:
+        result = LaunchResult("failed", "", 0)
+        pending: RestartPhases | None = None
+        restarts = 0
+        first = True
+        while True:
+            if not first:
+                self.attempt += 1
+            first = False
+            with self._lock:
+                try:
+                    self.placement = plan(self.pool, self.quarantined, self.config.nproc, self.placement)
+                except PoolExhausted as exc:
+                    result.status, result.reason = "failed", str(exc)
+                    break
+                late = self._request  # a Rollback/ResumeFrom that came between attempts
+                if late is not None and late.resume_step is not None:
+                    self._take_resume(late)
+                self._request, self._evict = None, None
+                resume = self._forced_resume if self._forced_resume is not None else self._newest()
+                self._forced_resume = None
+            if self.on_attempt is not None:
+                self.on_attempt(self.attempt)
+            result.attempts += 1
+            end, interruption = self._run_attempt(self.placement, resume, pending, result)
+            if pending is not None:
+                self._finish(pending, result)
+                pending = None
+            if end == "ok":
+                result.status, result.reason = "ok", f"all {self.config.nproc} ranks exited 0"
+                break
+            if end == "stopped":
+                result.status, result.reason = "stopped", "the launcher was stopped"
+                if interruption is not None:
+                    self._finish(interruption, result)
+                break
+            assert interruption is not None
+            if restarts >= self.config.max_restarts:
+                self._finish(interruption, result)
+                result.status = "failed"
+                result.reason = (
+                    f"{interruption.cause} after {restarts} restarts (max_restarts): {interruption.detail}"
+                )
+                break
+            restarts += 1
+            if interruption.cause is RestartCause.CRASH and self._stop.wait(self.config.decision_wait_s):
+                self._finish(interruption, result)
+                result.status, result.reason = "stopped", "the launcher was stopped"
+                break
+            pending = interruption
+        return result
+
+    # ------------------------------------------------------------------ one attempt
+    def _run_attempt(
+        self, placement: Placement, resume: int, pending: RestartPhases | None, result: LaunchResult
+    ) -> tuple[str, RestartPhases | None]:
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+        from torch.distributed.elastic.multiprocessing.api import SubprocessContext
+
+        cfg, attempt, n = self.config, self.attempt, self.config.nproc
+        port = free_port(cfg.master_addr)
+        (self.run_dir / f"attempt-{attempt}").mkdir(parents=True, exist_ok=True)
+        envs = {r: self._env(r, placement, resume, port) for r in range(n)}
+        self._emit(
+            RunStarted,
+            RUN_LEVEL_RANK,
+            "",
+            resume,
+            world_size=n,
+            ranks_per_node=cfg.ranks_per_node,
+            nodes=list(placement.nodes),
+            racks={node: self.pool.racks.get(node, "") for node in placement.nodes},
+            resumed_from_step=resume,
+        )
+        log.info("attempt %d: %d ranks on %s, resume step %d", attempt, n, placement.nodes, resume)
+        spawn_ts = self.clock()
+        # PContext.start() installs torch elastic's own SIGINT/SIGTERM handlers (raising
+        # SignalException); keep ours (stop(): a clean teardown and status "stopped").
+        main = threading.current_thread() is threading.main_thread()
+        saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
+        ctx = start_processes(
+            name=f"trainguard-{cfg.run_id}-{attempt}",
+            entrypoint=cfg.command[0],
+            args={r: tuple(cfg.command[1:]) for r in range(n)},
+            envs=envs,
+            logs_specs=DefaultLogsSpecs(log_dir=str(self.run_dir / f"attempt-{attempt}" / "logs")),
+        )
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        assert isinstance(ctx, SubprocessContext)  # a str entrypoint: one binary per rank
+        procs = {r: h.proc for r, h in ctx.subprocess_handlers.items()}
+        if pending is not None:
+            pending.to_attempt, pending.spawn_ts, pending.resumed_from_step = attempt, spawn_ts, resume
+            pending.reschedule_s = spawn_ts - pending.detected_ts
+        live = set(range(n))
+        last_poll = spawn_ts
+        stopping = False  # exits from now on are requested
+        grace_until: float | None = None
+        interruption: RestartPhases | None = None
+        next_phases = 0.0
+
+        def reap(now: float) -> list[tuple[int, int]]:
+            ended = [(r, rc) for r in sorted(live) if (rc := procs[r].poll()) is not None]
+            for r, rc in ended:
+                live.discard(r)
+                self._exit(result, RankEnd(attempt, r, placement.node_of(r), rc, now, stopping))
+            return ended
+
+        def teardown() -> None:
+            nonlocal stopping
+            stopping = True
+            ctx.close(signal.SIGTERM, timeout=max(1, int(math.ceil(cfg.term_timeout_s))))
+            now = self.clock()
+            reap(now)
+            for r in sorted(live):  # unkillable (D-state): abandoned by close()
+                self._exit(result, RankEnd(attempt, r, placement.node_of(r), None, now, True))
+            live.clear()
+
+        try:
+            while live:
+                now = self.clock()
+                crashed = [(r, rc) for r, rc in reap(now) if rc != 0]
+                if crashed and not stopping and interruption is None:
+                    signaled = [c for c in crashed if c[1] < 0] or crashed  # the killed one is the cause
+                    r, rc = signaled[0]
+                    interruption = self._interruption(
+                        RestartCause.CRASH, f"rank {r} exited {rc}", attempt, last_poll, now,
+                        rank=r, node=placement.node_of(r), returncode=rc,
+                    )  # fmt: skip
+                    teardown()
+                    break
+                last_poll = now
+                if not live:
+                    break
+                if self._stop.is_set():
+                    teardown()
+                    break
+                with self._lock:
+                    request, evict = self._request, self._evict
+                if (
+                    interruption is None
+                    and evict is not None
+                    and max(self._eligible(), default=-1)
+                    > (evict.evict_after_step if evict.evict_after_step is not None else -1)
+                ):
+                    request = evict
+                    with self._lock:
+                        self._request = evict
+                if interruption is None and request is not None:
+                    interruption = self._interruption(
+                        request.cause, request.detail, attempt, request.issued_ts, request.received_ts,
+                        command_id=request.command_id,
+                    )  # fmt: skip
+                    stopping = True
+                    if request.resume_step is not None:
+                        with self._lock:
+                            self._take_resume(request)
+                    if request.cause is RestartCause.ABORT:
+                        grace_until = now + cfg.grace_s
+                    else:
+                        teardown()
+                        break
+                if grace_until is not None and now >= grace_until:
+                    teardown()
+                    break
+                if pending is not None and not pending.complete and now >= next_phases:
+                    next_phases = now + 0.5
+                    self._collect_phases(pending)
+                time.sleep(cfg.poll_s)
+        except BaseException:
+            teardown()
+            raise
+        finally:
+            ctx.close(signal.SIGKILL, timeout=1)  # no-op when all are gone; frees the log files
+        if self._stop.is_set() and interruption is None:
+            return "stopped", None
+        if interruption is not None:
+            return ("stopped" if self._stop.is_set() else "restart"), interruption
+        return "ok", None
+
+    # ------------------------------------------------------------------ helpers
+    def _env(self, rank: int, placement: Placement, resume: int, port: int) -> dict[str, str]:
+        cfg = self.config
+        rpn = cfg.ranks_per_node
+        env = {
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            **cfg.env,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank % rpn),
+            "WORLD_SIZE": str(cfg.nproc),
+            "LOCAL_WORLD_SIZE": str(len(placement.ranks_of(placement.node_of(rank)))),
+            "GROUP_RANK": str(rank // rpn),
+            "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(cfg.nproc),
+            "MASTER_ADDR": cfg.master_addr,
+            "MASTER_PORT": str(port),
+            "TORCHELASTIC_RUN_ID": cfg.run_id,
+            "TORCHELASTIC_RESTART_COUNT": str(self.attempt),
+            "TRAINGUARD_RUN_ID": cfg.run_id,
+            "TRAINGUARD_ATTEMPT": str(self.attempt),
+            "TRAINGUARD_NODE": placement.node_of(rank),
+            # Always set (empty: none), so that the launcher's own environment cannot leak in.
+            "TRAINGUARD_BOOTSTRAP": cfg.bootstrap,
+            "TRAINGUARD_TOPIC_PREFIX": cfg.topic_prefix,
+            "TRAINGUARD_SECRET_FILE": cfg.secret_file,
+            "TRAINGUARD_CHECKPOINT_DIR": str(cfg.checkpoint_dir),
+            "TRAINGUARD_RESUME_STEP": str(resume),
+            "TRAINGUARD_PHASES_FILE": str(phases_path(self.run_dir, self.attempt, rank)),
+            "TRAINGUARD_RUN_DIR": str(self.run_dir),  # the Supervisor's stack dumps and journals
+        }
+        return env
+
+    def _take_resume(self, request: _Request) -> None:
+        """Under the lock: the next attempt resumes from the named step."""
+        assert request.resume_step is not None
+        self._forced_resume = request.resume_step
+        if request.cause is RestartCause.ROLLBACK:
+            self._rollbacks.append((request.resume_step, self.clock()))
+        self._request = None
+
+    def _eligible(self, ignore_rollbacks: bool = False) -> list[int]:
+        steps = validated_steps(self.config.checkpoint_dir)
+        rules = [] if ignore_rollbacks else list(self._rollbacks)
+        return [s for s, mtime in steps.items() if all(s <= bound or mtime >= ts for bound, ts in rules)]
+
+    def _newest(self) -> int:
+        return max(self._eligible(), default=-1)
+
+    def _interruption(
+        self,
+        cause: RestartCause,
+        detail: str,
+        attempt: int,
+        fault_ts: float,
+        detected_ts: float,
+        rank: int = RUN_LEVEL_RANK,
+        node: str = "",
+        returncode: int | None = None,
+        command_id: str = "",
+    ) -> RestartPhases:
+        self._interruptions += 1
+        return RestartPhases(
+            run_id=self.config.run_id,
+            interruption=self._interruptions - 1,
+            cause=cause,
+            detail=detail[:500],
+            from_attempt=attempt,
+            to_attempt=None,
+            rank=rank,
+            node=node,
+            exit_code=returncode,
+            signal=-returncode if returncode is not None and returncode < 0 else None,
+            command_id=command_id,
+            fault_ts=fault_ts,
+            detected_ts=detected_ts,
+            detect_s=max(0.0, detected_ts - fault_ts),
+        )
+
+    def _collect_phases(self, rec: RestartPhases) -> None:
+        if rec.to_attempt is None or rec.spawn_ts is None:
+            return
+        files = [_read_json(phases_path(self.run_dir, rec.to_attempt, r)) for r in range(self.config.nproc)]
+        starts = [v for f in files if (v := _num(f.get("start_ts"))) is not None]
+        loads = [v for f in files if (v := _num(f.get("checkpoint_load_s"))) is not None]
+        inits = [v for f in files if (v := _num(f.get("pg_init_s"))) is not None]
+        firsts = [v for f in files if (v := _num(f.get("first_step_ts"))) is not None]
+        rec.ranks_reported = sum(1 for f in files if f)
+        rec.process_start_s = max(starts) - rec.spawn_ts if starts else None
+        rec.checkpoint_load_s = max(loads) if loads else None
+        rec.pg_init_s = max(inits) if inits else None
+        own = []
+        for f in files:
+            first, start = _num(f.get("first_step_ts")), _num(f.get("start_ts"))
+            if first is not None and start is not None:
+                setup = (_num(f.get("checkpoint_load_s")) or 0.0) + (_num(f.get("pg_init_s")) or 0.0)
+                own.append(first - start - setup)
+        rec.first_step_s = max(0.0, max(own)) if own else None
+        rec.complete = len(firsts) == self.config.nproc
+        rec.restart_s = max(firsts) - rec.fault_ts if rec.complete else None
+
+    def _finish(self, rec: RestartPhases, result: LaunchResult) -> None:
+        self._collect_phases(rec)
+        result.restarts.append(rec)
+        with self._restarts_file.open("a") as fh:
+            fh.write(json.dumps(rec.to_json()) + "\n")
+
+    def _exit(self, result: LaunchResult, end: RankEnd) -> None:
+        result.exits.append(end)
+        info = _read_json(phases_path(self.run_dir, end.attempt, end.rank))
+        last_step = info.get("last_step")
+        self._emit(
+            RankExit,
+            end.rank,
+            end.node,
+            last_step if isinstance(last_step, int) and last_step >= NO_STEP else NO_STEP,
+            attempt=end.attempt,
+            exit_code=end.returncode,
+            signal=end.signal,
+            requested=end.requested,
+            stack_dump_ref=str(info.get("stack_dump_ref", ""))[:2000],
+            stack_signature=str(info.get("stack_signature", ""))[:2000],
+        )
+
+    def _emit(
+        self, cls: type[Envelope], rank: int, node: str, step: int, attempt: int | None = None, **fields: Any
+    ) -> None:
+        try:
+            event = cls(
+                event_id=f"launcher-{self._id_prefix}-{next(self._ids)}",
+                run_id=self.config.run_id,
+                attempt=self.attempt if attempt is None else attempt,
+                rank=rank,
+                node=node,
+                step=step,
+                ts=self.clock(),
+                **fields,
+            )
+        except ValidationError as exc:  # telemetry must never stop the launcher
+            log.warning("launcher: %s not sent (invalid values): %s", cls.KIND, exc)
+            return
+        self.sink.submit(event)
+
+
+# --------------------------------------------------------------------------- wiring
+
+
+def make_actuator(
+    launcher: Launcher, bootstrap: str, commands_topic: str, acks_topic: str, master_secret: bytes
+) -> Any:
+    """An Actuator for the launcher (rank -1: it answers commands addressed to every rank,
+    which is how the processor sends Abort, QuarantineNode, EvictRank and Rollback), with
+    its journal under the run dir, and the launcher's handlers registered."""
+    from ..schemas import auth
+    from .actuator import Actuator
+
+    actuator = Actuator(
+        bootstrap,
+        commands_topic,
+        acks_topic,
+        launcher.config.run_id,
+        attempt=launcher.attempt,
+        local_ranks=[RUN_LEVEL_RANK],
+        key=auth.run_key(master_secret, launcher.config.run_id),
+        node="launcher",
+        instance="launcher",
+        journal_path=launcher.run_dir / "launcher.journal",
+    )
+    launcher.register(actuator)
+    return actuator
+
+
+def install_signal_handlers(
+    launcher: Launcher, signals: Iterable[int] = (signal.SIGINT, signal.SIGTERM)
+) -> None:
+    """SIGINT/SIGTERM stop the launcher: the group is torn down, exits reported requested."""
+    for sig in signals:
+        signal.signal(sig, lambda *_: launcher.stop())
+
+
+def python_command(script: str, *args: str) -> tuple[str, ...]:
+    """The current interpreter running `script` (tests, examples)."""
+    return (sys.executable, script, *args)

@@ -1,0 +1,332 @@
+"""The launcher with real rank processes (a tiny non-torch script; one gloo smoke test)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from trainguard.broker.topics import TopicNames
+from trainguard.producers.launcher import (
+    Launcher,
+    LauncherConfig,
+    LaunchResult,
+    MemorySink,
+    RestartCause,
+    make_actuator,
+    python_command,
+)
+from trainguard.producers.shipper import ShipperConfig, TelemetryShipper
+from trainguard.schemas import (
+    Abort,
+    Ack,
+    AckStatus,
+    Envelope,
+    QuarantineNode,
+    RankExit,
+    Reason,
+    ReasonCode,
+    Rollback,
+    RunStarted,
+    auth,
+    decode,
+    encode,
+)
+from trainguard.schemas.codec import ACKS, decode_batch
+
+from ..readers import TopicReader
+
+#: A fake rank: steps with progress files; rank 0 writes a VALIDATED checkpoint every
+#: CKPT_EVERY steps; FAKE_KILL="rank:step:attempt" SIGKILLs that rank at that step (once
+#: checkpoint FAKE_KILL_AFTER_CKPT is validated); FAKE_HANG=attempt makes every rank
+#: hang at its second step of that attempt. It writes the phases file the Supervisor would write.
+FAKE_RANK = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    from pathlib import Path
+    start = time.time()
+    env = os.environ
+    rank, attempt = int(env["RANK"]), int(env["TRAINGUARD_ATTEMPT"])
+    resume = int(env["TRAINGUARD_RESUME_STEP"])
+    ckpt = Path(env["TRAINGUARD_CHECKPOINT_DIR"])
+    phases_file = Path(env["TRAINGUARD_PHASES_FILE"])
+    out = Path(env["FAKE_OUT"])
+    keys = [k for k in env if k.startswith("TRAINGUARD_") or k in (
+        "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")]
+    seen = {**{k: env[k] for k in keys}, "PID": os.getpid()}
+    (out / f"env-{attempt}-{rank}.json").write_text(json.dumps(seen))
+    phases = {"start_ts": start, "checkpoint_load_s": 0.01, "pg_init_s": 0.02}
+    def write_phases():
+        tmp = phases_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(phases))
+        os.replace(tmp, phases_file)
+    time.sleep(0.03)
+    write_phases()
+    kill = env.get("FAKE_KILL", "")
+    steps, every = int(env.get("FAKE_STEPS", "20")), int(env.get("CKPT_EVERY", "5"))
+    for step in range(resume + 1, steps):
+        time.sleep(0.02)
+        if env.get("FAKE_HANG") == str(attempt) and step == resume + 2:
+            time.sleep(3600)
+        if kill and kill.split(":") == [str(rank), str(step), str(attempt)]:
+            wait_for = ckpt / ("step-%09d" % int(env.get("FAKE_KILL_AFTER_CKPT", "0"))) / "VALIDATED"
+            while env.get("FAKE_KILL_AFTER_CKPT") and not wait_for.exists():
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if rank == 0 and step % every == 0:
+            d = ckpt / ("step-%09d" % step)
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "VALIDATED").write_text("ok")
+        phases["last_step"] = step
+        if "first_step_ts" not in phases:
+            phases["first_step_ts"] = time.time()
+        write_phases()
+    """
+)
+
+
+def make_launcher(tmp_path: Path, sink: Any, env: dict[str, str], **overrides: Any) -> Launcher:
+    script = tmp_path / "rank.py"
+    script.write_text(FAKE_RANK)
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    fields: dict[str, Any] = dict(
+        command=python_command(str(script)),
+        nproc=4,
+        ranks_per_node=2,
+        run_id="r1",
+        checkpoint_dir=tmp_path / "ckpt",
+        max_restarts=2,
+        grace_s=0.5,
+        term_timeout_s=2,
+        decision_wait_s=0.1,
+        env={"FAKE_OUT": str(out), **env},
+    )
+    fields.update(overrides)
+    return Launcher(LauncherConfig(**fields), sink)
+
+
+def seen_env(tmp_path: Path, attempt: int, rank: int) -> dict[str, str]:
+    data: dict[str, str] = json.loads((tmp_path / "out" / f"env-{attempt}-{rank}.json").read_text())
+    return data
+
+
+def test_sigkill_ends_the_attempt_and_the_group_restarts_from_the_newest_validated(tmp_path: Path) -> None:
+    sink = MemorySink()
+    launcher = make_launcher(tmp_path, sink, {"FAKE_KILL": "1:12:0", "FAKE_KILL_AFTER_CKPT": "10"})
+    result = launcher.run()
+    assert result.status == "ok", result.reason
+    assert result.attempts == 2
+    started = sink.of(RunStarted)
+    assert [(s.attempt, s.resumed_from_step) for s in started] == [(0, -1), (1, 10)]
+    assert started[0].nodes == ["node-0000", "node-0001"] and started[0].rank == -1
+    exits = {(e.attempt, e.rank): e for e in sink.of(RankExit)}
+    assert len(exits) == 8
+    culprit = exits[(0, 1)]
+    assert (culprit.signal, culprit.exit_code, culprit.requested, culprit.node) == (9, -9, False, "node-0000")
+    assert all(exits[(0, r)].requested for r in (0, 2, 3))
+    assert all(exits[(1, r)].exit_code == 0 and not exits[(1, r)].requested for r in range(4))
+    env = seen_env(tmp_path, 1, 3)
+    assert env["TRAINGUARD_RESUME_STEP"] == "10" and env["TRAINGUARD_ATTEMPT"] == "1"
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["TRAINGUARD_NODE"]) == (
+        "3",
+        "1",
+        "4",
+        "node-0001",
+    )
+    assert env["TRAINGUARD_RUN_ID"] == "r1" and env["TRAINGUARD_BOOTSTRAP"] == ""
+    [phases] = result.restarts
+    assert phases.cause is RestartCause.CRASH and (phases.rank, phases.signal) == (1, 9)
+    assert (phases.from_attempt, phases.to_attempt, phases.resumed_from_step) == (0, 1, 10)
+    assert phases.complete and phases.ranks_reported == 4
+    for name in ("reschedule_s", "process_start_s", "first_step_s", "restart_s"):
+        value = getattr(phases, name)
+        assert value is not None and 0 <= value < 10, name
+    assert phases.checkpoint_load_s == 0.01 and phases.pg_init_s == 0.02
+    assert phases.detect_s < 1
+    lines = (tmp_path / "ckpt" / ".trainguard" / "restarts.jsonl").read_text().splitlines()
+    assert json.loads(lines[0])["cause"] == "crash"
+
+
+def test_quarantine_moves_the_nodes_ranks_to_a_spare_at_the_next_attempt(tmp_path: Path) -> None:
+    sink = MemorySink()
+    launcher = make_launcher(tmp_path, sink, {"FAKE_KILL": "2:4:0"})
+    command = QuarantineNode(
+        command_id="q1", run_id="r1", attempt=0, issued_ts=1.0,
+        reason=Reason(code=ReasonCode.OPERATOR, text="test"), node="node-0001",
+    )  # fmt: skip
+    details: list[str] = []
+
+    def on_attempt(attempt: int) -> None:
+        if attempt == 0:  # during attempt 0: takes effect at the next restart
+            details.append(launcher.handle_quarantine(command, -1))
+
+    launcher.on_attempt = on_attempt
+    result = launcher.run()
+    assert result.status == "ok", result.reason
+    assert details == ["node-0001 leaves the pool at the next restart (node-0001->spare-0000)"]
+    assert [s.nodes for s in sink.of(RunStarted)] == [["node-0000", "node-0001"], ["node-0000", "spare-0000"]]
+    assert seen_env(tmp_path, 1, 2)["TRAINGUARD_NODE"] == "spare-0000"
+    assert seen_env(tmp_path, 1, 1)["TRAINGUARD_NODE"] == "node-0000"
+    assert {e.node for e in sink.of(RankExit) if e.attempt == 1} == {"node-0000", "spare-0000"}
+
+
+def test_rollback_stops_the_group_and_resumes_from_the_named_step(tmp_path: Path) -> None:
+    sink = MemorySink()
+    launcher = make_launcher(tmp_path, sink, {"FAKE_HANG": "0"})
+    ckpt = tmp_path / "ckpt"
+    for step in (5, 10):
+        (ckpt / f"step-{step:09d}").mkdir(parents=True)
+        (ckpt / f"step-{step:09d}" / "VALIDATED").write_text("ok")
+    rollback = Rollback(
+        command_id="rb", run_id="r1", attempt=0, issued_ts=time.time(),
+        reason=Reason(code=ReasonCode.ROLLBACK, text="sdc"), checkpoint_step=5, uri="",
+    )  # fmt: skip
+    details: list[str] = []
+
+    def on_attempt(attempt: int) -> None:
+        if attempt == 0:
+            time.sleep(0.3)  # let the ranks get going
+            details.append(launcher.handle_resume(rollback, -1))
+
+    # Attempt 0 (resumed from 10) hangs; the rollback stops it; attempt 1 resumes from 5.
+    launcher.on_attempt = lambda a: threading.Thread(target=on_attempt, args=(a,)).start()
+    result = launcher.run()
+    assert result.status == "ok", result.reason
+    assert details == ["stopping attempt 0; restarting from checkpoint 5"]
+    assert [s.resumed_from_step for s in sink.of(RunStarted)] == [10, 5]
+    assert [r.cause for r in result.restarts] == [RestartCause.ROLLBACK]
+    assert result.restarts[0].command_id == "rb" and result.restarts[0].complete
+    assert all(e.requested for e in sink.of(RankExit) if e.attempt == 0)
+    assert seen_env(tmp_path, 1, 0)["TRAINGUARD_RESUME_STEP"] == "5"
+
+
+def test_max_restarts_bounds_a_crash_loop(tmp_path: Path) -> None:
+    sink = MemorySink()
+    launcher = make_launcher(tmp_path, sink, {"FAKE_KILL": "0:2:0"}, max_restarts=0)
+    result = launcher.run()
+    assert result.status == "failed" and "max_restarts" in result.reason and "crash" in result.reason
+    assert [(r.cause, r.to_attempt) for r in result.restarts] == [(RestartCause.CRASH, None)]
+
+
+def test_launcher_stop_tears_the_group_down(tmp_path: Path) -> None:
+    sink = MemorySink()
+    launcher = make_launcher(tmp_path, sink, {"FAKE_HANG": "0"})
+    threading.Timer(1.0, launcher.stop).start()
+    started = time.monotonic()
+    result = launcher.run()
+    assert result.status == "stopped" and time.monotonic() - started < 8
+    exits = sink.of(RankExit)
+    assert len(exits) == 4 and all(e.requested and e.signal == signal.SIGTERM for e in exits)
+
+
+GLOO_RANK = textwrap.dedent(
+    """
+    import os, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    assert t.item() == sum(range(1, dist.get_world_size() + 1)), t
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_gloo_smoke_two_real_torch_ranks(tmp_path: Path) -> None:
+    script = tmp_path / "gloo_rank.py"
+    script.write_text(GLOO_RANK)
+    config = LauncherConfig(
+        command=python_command(str(script)),
+        nproc=2,
+        ranks_per_node=1,
+        run_id="gloo",
+        checkpoint_dir=tmp_path / "ckpt",
+        max_restarts=0,
+        env={"PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+    )
+    sink = MemorySink()
+    result = Launcher(config, sink).run()
+    assert result.status == "ok", result.reason
+    assert [e.exit_code for e in sink.of(RankExit)] == [0, 0]
+
+
+@pytest.mark.broker
+def test_real_broker_events_reach_telemetry_and_a_signed_abort_restarts_the_group(
+    bootstrap: str, topics: TopicNames, tmp_path: Path
+) -> None:
+    secret = b"s" * 32
+    shipper = TelemetryShipper(ShipperConfig(bootstrap, topics.telemetry, flush_interval_s=0.2), "rb1", 4)
+    launcher = make_launcher(tmp_path, shipper, {"FAKE_HANG": "0"}, run_id="rb1")
+    actuator = make_actuator(launcher, bootstrap, topics.commands, topics.acks, secret)
+    acks = TopicReader(bootstrap, topics.acks)
+    telemetry = TopicReader(bootstrap, topics.telemetry)
+    outcome: list[LaunchResult] = []
+    with actuator:
+        assert actuator.wait_ready(30)
+        runner = threading.Thread(target=lambda: outcome.append(launcher.run()))
+        runner.start()
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "out" / "env-0-3.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        abort = Abort(
+            command_id="abort-1", run_id="rb1", attempt=0, issued_ts=time.time(),
+            reason=Reason(code=ReasonCode.OPERATOR, text="hang"),
+        )  # fmt: skip
+        producer = Producer({"bootstrap.servers": bootstrap})
+        producer.produce(
+            topics.commands, key=b"rb1", value=encode(auth.sign(abort, auth.run_key(secret, "rb1")))
+        )
+        assert producer.flush(30) == 0
+        runner.join(60)
+    shipper.close()
+    assert outcome and outcome[0].status == "ok", outcome
+    assert [r.cause for r in outcome[0].restarts] == [RestartCause.ABORT]
+    seen = acks.until(lambda s: len(s) >= 1, 30)
+    ack = decode(seen[0].value, ACKS)
+    assert isinstance(ack, Ack)
+    assert (ack.command_id, ack.status, ack.rank, ack.attempt) == ("abort-1", AckStatus.EXECUTED, -1, 0)
+
+    def events() -> list[Envelope]:
+        return [e for s in telemetry.seen for e in decode_batch(s.value).events]
+
+    telemetry.until(lambda _: len([e for e in events() if isinstance(e, RankExit)]) >= 8, 30)
+    got = events()
+    assert sorted(e.attempt for e in got if isinstance(e, RunStarted)) == [0, 1]
+    exits = [e for e in got if isinstance(e, RankExit)]
+    assert len(exits) == 8
+    assert all(e.requested for e in exits if e.attempt == 0)
+    assert all(e.exit_code == 0 and not e.requested for e in exits if e.attempt == 1)
+    acks.close()
+    telemetry.close()
+
+
+def test_cli_sigterm_tears_the_group_down_cleanly(tmp_path: Path) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text(FAKE_RANK)
+    (tmp_path / "out").mkdir()
+    argv = [sys.executable, "-m", "trainguard", "launch", "--nproc", "2", "--run-id", "cli"]
+    argv += ["--checkpoint-dir", str(tmp_path / "ckpt"), "--offline", "--", sys.executable, str(script)]
+    env = {**os.environ, "FAKE_OUT": str(tmp_path / "out"), "FAKE_HANG": "0"}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "out" / "env-0-1.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130, out
+    assert "stopped: the launcher was stopped (1 attempts)" in out
+    for r in range(2):  # the ranks are gone (reaped), not orphaned
+        pid = json.loads((tmp_path / "out" / f"env-0-{r}.json").read_text())["PID"]
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

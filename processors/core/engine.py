@@ -377,8 +377,9 @@ def _on_heartbeat(run: RunState, rank: RankState, event: Heartbeat, policy: Core
 
 def _on_exit(run: RunState, rank: RankState, event: RankExit) -> list[Output]:
     rank.exited = True
-    rank.requested_exit = event.requested
-    rank.stack_signature = event.stack_signature
+    rank.requested_exit = rank.requested_exit or event.requested
+    if event.stack_signature:  # the launcher's report of the same exit may come without it
+        rank.stack_signature = event.stack_signature
     if run.phase == RunPhase.INTERRUPTED or run.pending_hang is not None or event.requested:
         return []  # teardown of an attempt already being handled
     if event.exit_code == 0 and event.signal is None:

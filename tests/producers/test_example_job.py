@@ -7,6 +7,7 @@ yet bitwise (see the issue 5 notes)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -43,9 +44,12 @@ def test_the_example_trains_checkpoints_and_resumes_bitwise_after_a_kill(tmp_pat
 
     killed, killed_ckpt = launch(tmp_path / "killed", fault="kill:1:17:0")  # rank 1, step 17, attempt 0
     assert killed.returncode == 0, killed.stdout[-2000:] + killed.stderr[-2000:]
-    restarts = (killed_ckpt / ".trainguard" / "restarts.jsonl").read_text().splitlines()
-    assert len(restarts) == 1 and '"signal": 9' in restarts[0]
-    assert '"resumed_from_step": 14' in restarts[0] or '"resumed_from_step": 9' in restarts[0]
+    (restart,) = [json.loads(line) for line in (killed_ckpt / ".trainguard" / "restarts.jsonl").open()]
+    assert restart["signal"] == 9 and restart["rank"] == 1
+    # From the newest checkpoint validated by then (how far validation got depends on the load).
+    resumed = restart["resumed_from_step"]
+    assert resumed in (-1, 4, 9, 14)
+    assert resumed == -1 or (killed_ckpt / f"step-{resumed:09d}" / "VALIDATED").exists()
 
     expected = torch.load(clean_ckpt / ".trainguard" / "final.pt")
     resumed = torch.load(killed_ckpt / ".trainguard" / "final.pt")

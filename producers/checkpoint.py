@@ -218,6 +218,7 @@ class CheckpointManager:
         elif self._own_replica:
             self.replica = PeerReplica(rank, world_size, run_id=run_id)
         self.last_restore: tuple[int, str] | None = None  # (step, "own" | "peer" | "storage")
+        self.last_load_s: float | None = None
         if rank == 0:
             self._seed_band()
 
@@ -508,8 +509,16 @@ class CheckpointManager:
         files changed since validation is marked ``REJECTED``, and the previous one is
         tried; a peer copy's sha256). With a replica, ``peer`` and no ``step``, host
         memory is preferred when it is at least as new (module docstring). Raises
-        :class:`CheckpointError` when there is nothing resumable.
+        :class:`CheckpointError` when there is nothing resumable. Its duration is kept in
+        ``last_load_s`` (a restart phase: the launcher reads it through the Supervisor).
         """
+        started = time.perf_counter()
+        try:
+            return self._load(step, verify=verify, peer=peer)
+        finally:
+            self.last_load_s = time.perf_counter() - started
+
+    def _load(self, step: int | None, *, verify: bool, peer: bool) -> int:
         self.wait()
         use_peer = peer and step is None and self.replica is not None
         copies: list[Any] = []

@@ -99,6 +99,7 @@ from ..schemas import (
     Rollback,
     RunStarted,
 )
+from ..schemas import RestartPhases as RestartPhasesEvent
 from .agent import EventSink  # a TelemetryShipper satisfies it
 from .launch_plan import NodePool, Placement, PoolExhausted, make_pool, plan
 
@@ -328,6 +329,7 @@ class Launcher:
         self._ids = iter(range(1 << 62))
         self._id_prefix = uuid.uuid4().hex[:16]
         self._restarts_file = self.run_dir / "restarts.jsonl"
+        self._published: set[int] = set()
         self._interruptions = (
             sum(1 for _ in self._restarts_file.open()) if self._restarts_file.exists() else 0
         )
@@ -568,6 +570,8 @@ class Launcher:
                 if pending is not None and not pending.complete and now >= next_phases:
                     next_phases = now + 0.5
                     self._collect_phases(pending)
+                    if pending.complete:  # every rank completed its first step: publish now
+                        self._publish(pending)
                 time.sleep(cfg.poll_s)
         except BaseException:
             teardown()
@@ -682,9 +686,36 @@ class Launcher:
 
     def _finish(self, rec: RestartPhases, result: LaunchResult) -> None:
         self._collect_phases(rec)
+        self._publish(rec)
         result.restarts.append(rec)
         with self._restarts_file.open("a") as fh:
             fh.write(json.dumps(rec.to_json()) + "\n")
+
+    def _publish(self, rec: RestartPhases) -> None:
+        """The restart's phases as a RestartPhases telemetry event (once per interruption;
+        only the phases measured), for the archive's `restart_phase` view."""
+        if rec.to_attempt is None or rec.interruption in self._published:
+            return
+        self._published.add(rec.interruption)
+        measured = {
+            "detect": rec.detect_s,
+            "reschedule": rec.reschedule_s,
+            "process_start": rec.process_start_s,
+            "checkpoint_load": rec.checkpoint_load_s,
+            "pg_init": rec.pg_init_s,
+            "first_step": rec.first_step_s,
+        }
+        self._emit(
+            RestartPhasesEvent,
+            RUN_LEVEL_RANK,
+            "",
+            rec.resumed_from_step,
+            attempt=rec.to_attempt,
+            interrupted_attempt=rec.from_attempt,
+            cause=str(rec.cause),
+            phases={name: max(0.0, s) for name, s in measured.items() if s is not None},
+            resumed_from_step=rec.resumed_from_step,
+        )
 
     def _exit(self, result: LaunchResult, end: RankEnd) -> None:
         result.exits.append(end)

@@ -55,6 +55,7 @@ heartbeats come from the shipper's thread, so they continue while a step is stuc
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -69,6 +70,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
+import psutil
 import torch
 
 from ..broker.topics import topic_names
@@ -89,6 +91,8 @@ ENV_NODE = "TRAINGUARD_NODE"
 ENV_BOOTSTRAP = "TRAINGUARD_BOOTSTRAP"
 ENV_TOPIC_PREFIX = "TRAINGUARD_TOPIC_PREFIX"
 ENV_RUN_DIR = "TRAINGUARD_RUN_DIR"
+#: Where the launcher reads this rank's restart phases (producers/launcher.py).
+ENV_PHASES_FILE = "TRAINGUARD_PHASES_FILE"
 
 
 class Verdict(StrEnum):
@@ -290,6 +294,7 @@ class Supervisor:
         topic_prefix: str = "",
         secret: bytes | None = None,
         run_dir: Path | str | None = None,
+        phases_file: Path | str | None = None,
         config: SupervisorConfig | None = None,
         gpu_reader: HealthReader | None | Literal["auto"] = "auto",
         terminate: Callable[[int], None] = os._exit,
@@ -304,6 +309,7 @@ class Supervisor:
         self.checkpoint = checkpoint
         self.replay_fn = replay_fn
         self.run_dir = Path(run_dir) if run_dir is not None else Path("trainguard-runs") / run_id
+        self.phases_file = Path(phases_file) if phases_file is not None else None
         self.counters = SupervisorCounters()
         self.control = RankControl(checkpoint_interval_s=self.config.checkpoint_interval_s)
         self.self_check_results: list[grad_checks.SelfCheckResult] = []
@@ -396,6 +402,8 @@ class Supervisor:
         kwargs.setdefault("topic_prefix", env.get(ENV_TOPIC_PREFIX, ""))
         if env.get(ENV_RUN_DIR):
             kwargs.setdefault("run_dir", env[ENV_RUN_DIR])
+        if env.get(ENV_PHASES_FILE):
+            kwargs.setdefault("phases_file", env[ENV_PHASES_FILE])
         return cls(
             run_id,
             rank=int(env.get("RANK", "0")),
@@ -545,6 +553,8 @@ class Supervisor:
         compute = scope._compute if scope._compute is not None else end
         self._scope = None
         self.counters.steps += 1
+        if self.counters.steps == 1:
+            self._write_phases(scope.step)
         self._pending.append(_Pending(scope.step, scope._start, compute, end, scope.loss, scope.grad_norm))
         self._drain(block=False)
         if failed:
@@ -556,6 +566,27 @@ class Supervisor:
         if self.checkpoint is not None and self.should_checkpoint(scope.step):
             self.checkpoint.save(scope.step)
             self.checkpoint_saved(scope.step)
+
+    def _write_phases(self, step: int) -> None:
+        """After the first step of this process: when it started, how long the checkpoint
+        load took, when the first step completed, for the launcher's restart phases. Best
+        effort (never raises into the loop)."""
+        if self.phases_file is None:
+            return
+        load_s = getattr(self.checkpoint, "last_load_s", None)
+        phases = {
+            "start_ts": psutil.Process().create_time(),
+            "checkpoint_load_s": load_s,
+            "first_step_ts": time.time(),
+            "last_step": step,
+        }
+        try:
+            self.phases_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.phases_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps({k: v for k, v in phases.items() if v is not None}))
+            os.replace(tmp, self.phases_file)
+        except OSError as exc:
+            log.warning("trainguard: restart phases not written to %s: %s", self.phases_file, exc)
 
     def _drain(self, block: bool) -> None:
         marks = self._marks

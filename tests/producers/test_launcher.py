@@ -42,6 +42,7 @@ from trainguard.schemas import (
     decode,
     encode,
 )
+from trainguard.schemas import RestartPhases as RestartPhasesEvent
 from trainguard.schemas.codec import ACKS, decode_batch
 
 from ..readers import TopicReader
@@ -156,6 +157,18 @@ def test_sigkill_ends_the_attempt_and_the_group_restarts_from_the_newest_validat
     assert phases.detect_s < 1
     lines = (tmp_path / "ckpt" / ".trainguard" / "restarts.jsonl").read_text().splitlines()
     assert json.loads(lines[0])["cause"] == "crash"
+    # ...and as telemetry, once, for the archive's restart_phase view
+    (event,) = sink.of(RestartPhasesEvent)
+    assert (event.interrupted_attempt, event.attempt, event.cause) == (0, 1, "crash")
+    assert list(event.phases) == [
+        "detect",
+        "reschedule",
+        "process_start",
+        "checkpoint_load",
+        "pg_init",
+        "first_step",
+    ]
+    assert event.phases["checkpoint_load"] == 0.01 and event.phases["reschedule"] == phases.reschedule_s
 
 
 def test_quarantine_moves_the_nodes_ranks_to_a_spare_at_the_next_attempt(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ and one command through the real broker."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import queue
@@ -115,6 +116,35 @@ def test_from_env_without_a_broker(tmp_path: Path) -> None:
     sup.close()
     with pytest.raises(KeyError):
         Supervisor.from_env({})
+
+
+def test_the_first_step_writes_the_restart_phases_the_launcher_reads(tmp_path: Path) -> None:
+    phases_file = tmp_path / "attempt-1" / "rank-0.phases.json"
+    env = {
+        "TRAINGUARD_RUN_ID": "run-env",
+        "TRAINGUARD_PHASES_FILE": str(phases_file),
+        "TRAINGUARD_RUN_DIR": str(tmp_path),
+    }
+
+    class Loaded:  # a checkpoint manager that took 0.25 s to load
+        last_load_s = 0.25
+
+        def save(self, step: int) -> None: ...
+
+    net = torch.nn.Linear(4, 1)
+    sup = Supervisor.from_env(env, model=net, checkpoint=Loaded(), gpu_reader=None)
+    before = time.time()
+    for step in (7, 8):
+        with sup.step(step) as s:
+            net(torch.ones(2, 4)).sum().backward()
+            s.compute_done()
+            s.check(torch.tensor(1.0))
+        if step == 7:
+            first = json.loads(phases_file.read_text())
+    sup.close()
+    assert first["checkpoint_load_s"] == 0.25 and first["last_step"] == 7
+    assert first["start_ts"] <= before <= first["first_step_ts"]  # process start, then the first step
+    assert json.loads(phases_file.read_text()) == first  # written once, after the first step only
 
 
 # --------------------------------------------------------------------------- DDP, 2 gloo ranks

@@ -143,6 +143,11 @@ class SupervisorConfig:
     exit_flush_s: float = 3.0
     #: Register the compute-time comm hook on a DistributedDataParallel model.
     instrument_ddp: bool = True
+    #: With that hook, all-reduce each parameter's gradient on its own, so that a resumed
+    #: run is bitwise identical to an uninterrupted one at any world size (DDP's first
+    #: iteration buckets gradients differently; see grad_checks.per_parameter_allreduce).
+    #: False: DDP's per-bucket all-reduce (fewer collectives, last-bit drift on resume).
+    deterministic_reduction: bool = True
 
 
 @dataclass
@@ -432,10 +437,14 @@ class Supervisor:
     ) -> None:
         """Register a comm hook on a DistributedDataParallel model that marks the end of
         this rank's compute when the last bucket goes to the all-reduce, then runs `inner`
-        (default: DDP's plain all-reduce) with `state`. DDP takes one hook per model."""
+        (default: a per-parameter all-reduce when `config.deterministic_reduction`, else DDP's
+        plain all-reduce) with `state`. DDP takes one hook per model."""
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-        run = inner or allreduce_hook
+        default = (
+            grad_checks.per_parameter_allreduce if self.config.deterministic_reduction else allreduce_hook
+        )
+        run = inner or default
 
         def hook(hook_state: Any, bucket: Any) -> Any:
             if bucket.is_last() and self._scope is not None:

@@ -30,6 +30,7 @@ import math
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -56,6 +57,24 @@ class EventSink(Protocol):
     """What the agent needs from a shipper (TelemetryShipper satisfies it)."""
 
     def submit(self, event: Envelope) -> bool: ...
+
+
+class MemorySink:
+    """An in-process EventSink (tests, dry runs without a broker): keeps the last `limit`
+    events, thread-safe (the launcher and the Supervisor emit from several threads)."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self.events: deque[Envelope] = deque(maxlen=limit)
+        self._lock = threading.Lock()
+
+    def submit(self, event: Envelope) -> bool:
+        with self._lock:
+            self.events.append(event)
+        return True
+
+    def of(self, kind: type[Envelope]) -> list[Any]:
+        with self._lock:
+            return [e for e in self.events if isinstance(e, kind)]
 
 
 class RankAgent:

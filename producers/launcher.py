@@ -100,30 +100,13 @@ from ..schemas import (
     RunStarted,
 )
 from ..schemas import RestartPhases as RestartPhasesEvent
-from .agent import EventSink  # a TelemetryShipper satisfies it
+from .agent import EventSink  # a TelemetryShipper satisfies EventSink
 from .launch_plan import NodePool, Placement, PoolExhausted, make_pool, plan
 
 log = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 VALIDATED_MARKER = "VALIDATED"
-
-
-class MemorySink:
-    """Keeps emitted events in a list (tests, dry runs)."""
-
-    def __init__(self) -> None:
-        self.events: list[Envelope] = []
-        self._lock = threading.Lock()
-
-    def submit(self, event: Envelope) -> bool:
-        with self._lock:
-            self.events.append(event)
-        return True
-
-    def of(self, kind: type[Envelope]) -> list[Any]:
-        with self._lock:
-            return [e for e in self.events if isinstance(e, kind)]
 
 
 class RestartCause(StrEnum):

@@ -75,10 +75,10 @@ import torch
 
 from ..broker.topics import topic_names
 from ..processors.core.sdc_state import RunningQuantile
-from ..schemas import Envelope, auth
+from ..schemas import auth
 from . import grad_checks
 from .actuator import Actuator
-from .agent import EventSink, NodeAgents, RankAgent
+from .agent import EventSink, MemorySink, NodeAgents, RankAgent
 from .gpu_health import GpuHealthSampler, HealthReader, open_reader
 from .rank_handlers import CheckpointManager, RankControl, RankHandlers
 from .shipper import ShipperConfig, TelemetryShipper
@@ -161,23 +161,6 @@ class SupervisorCounters:
     self_checks: int = 0
     self_check_mismatches: int = 0
     checkpoints: int = 0
-
-
-class MemorySink:
-    """An in-process sink (tests, dry runs without a broker): keeps the last `limit` events."""
-
-    def __init__(self, limit: int = 100_000) -> None:
-        self.events: deque[Envelope] = deque(maxlen=limit)
-        self._lock = threading.Lock()
-
-    def submit(self, event: Envelope) -> bool:
-        with self._lock:
-            self.events.append(event)
-        return True
-
-    def of(self, kind: type[Envelope]) -> list[Any]:
-        with self._lock:
-            return [e for e in self.events if isinstance(e, kind)]
 
 
 # --------------------------------------------------------------------------- timing

@@ -415,13 +415,8 @@ def launch(
     """Start and supervise NPROC rank processes of COMMAND: restarts from the newest validated
     checkpoint, executes Abort/QuarantineNode/EvictRank/Rollback/ResumeFrom, records the restart
     phases in DIR/.trainguard/restarts.jsonl. Exit 0 ok, 1 failed, 130 stopped."""
-    from .producers.launcher import (
-        Launcher,
-        LauncherConfig,
-        MemorySink,
-        install_signal_handlers,
-        make_actuator,
-    )
+    from .producers.agent import MemorySink
+    from .producers.launcher import Launcher, LauncherConfig, install_signal_handlers, make_actuator
 
     config = LauncherConfig(
         command=tuple(command),

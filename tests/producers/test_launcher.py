@@ -17,11 +17,11 @@ import pytest
 from confluent_kafka import Producer
 
 from trainguard.broker.topics import TopicNames
+from trainguard.producers.agent import MemorySink
 from trainguard.producers.launcher import (
     Launcher,
     LauncherConfig,
     LaunchResult,
-    MemorySink,
     RestartCause,
     make_actuator,
     python_command,

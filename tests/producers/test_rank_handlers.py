@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from trainguard.producers.actuator import CommandGate, Verdict
+from trainguard.producers.agent import MemorySink
 from trainguard.producers.rank_handlers import REQUESTED_EXIT_CODE, TooLate, stack_signature
-from trainguard.producers.training import MemorySink, Supervisor, SupervisorConfig
+from trainguard.producers.training import Supervisor, SupervisorConfig
 from trainguard.schemas import (
     CheckpointNow,
     Command,

@@ -19,8 +19,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from trainguard.broker.topics import TopicNames
+from trainguard.producers.agent import MemorySink
 from trainguard.producers.training import (
-    MemorySink,
     NonFiniteLoss,
     Supervisor,
     SupervisorConfig,

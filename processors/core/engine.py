@@ -243,45 +243,9 @@ def _on_run_started(run: RunState, event: RunStarted) -> list[Output]:
 
 def _begin_attempt(run: RunState, event: Envelope, resumed_from_step: int) -> list[Output]:
     outputs: list[Output] = []
-    evicted = eviction.issued_in(run.eviction, run.attempt) if event.attempt > run.attempt else None
-    if evicted is not None and run.phase in (RunPhase.TRAINING, RunPhase.STARTING) and run.ranks:
-        # The planned restart of an eviction (at a checkpoint boundary): it stopped when
-        # its ranks did, and it is a cost to account, not a failure.
-        decision_id, rank = evicted
-        stopped = max((r.last_seen_ts for r in run.ranks.values()), default=event.ts)
-        outputs.append(
-            _interruption(
-                run,
-                cause=InterruptionCause.EVICTION,
-                detected_by="eviction",
-                cause_id=decision_id,
-                at=min(stopped, event.ts),
-                culprit=rank,
-                reason=Reason(
-                    code=ReasonCode.EVICTION,
-                    text=f"attempt {run.attempt} stopped at a checkpoint to evict rank {rank} "
-                    f"({node_of(run, rank) or 'unknown node'}); attempt {event.attempt} replaces it",
-                ),
-            )
-        )
-    elif event.attempt > run.attempt and run.phase in (RunPhase.TRAINING, RunPhase.STARTING) and run.ranks:
-        # A new attempt started although the core declared no interruption: the
-        # launcher saw something we did not. Record it so the timeline stays complete.
-        outputs.append(
-            _interruption(
-                run,
-                cause=InterruptionCause.OPERATOR,
-                detected_by="launcher",
-                cause_id=event.event_id,
-                at=event.ts,
-                culprit=-1,
-                reason=Reason(
-                    code=ReasonCode.INTERRUPTION,
-                    text=f"attempt {event.attempt} started while attempt {run.attempt} had no "
-                    "detected interruption",
-                ),
-            )
-        )
+    undeclared = event.attempt > run.attempt and run.phase in (RunPhase.TRAINING, RunPhase.STARTING)
+    if undeclared and run.ranks:  # the attempt ended without an interruption of the core's
+        outputs.append(_undeclared_restart(run, event))
     run.attempt = event.attempt
     run.ranks = {}
     run.pending_hang = None
@@ -289,6 +253,42 @@ def _begin_attempt(run: RunState, event: Envelope, resumed_from_step: int) -> li
     run.job_step = resumed_from_step
     run.move_to(RunPhase.STARTING)
     return outputs
+
+
+def _undeclared_restart(run: RunState, event: Envelope) -> Interruption:
+    """A new attempt started although the core declared no interruption: the planned
+    restart of an eviction it issued (at a checkpoint boundary: a cost to account, not a
+    failure; it stopped when its ranks did), or something only the launcher saw. Either
+    way it is recorded, so the timeline stays complete."""
+    evicted = eviction.issued_in(run.eviction, run.attempt)
+    if evicted is not None:
+        decision_id, rank = evicted
+        stopped = max((r.last_seen_ts for r in run.ranks.values()), default=event.ts)
+        return _interruption(
+            run,
+            cause=InterruptionCause.EVICTION,
+            detected_by="eviction",
+            cause_id=decision_id,
+            at=min(stopped, event.ts),
+            culprit=rank,
+            reason=Reason(
+                code=ReasonCode.EVICTION,
+                text=f"attempt {run.attempt} stopped at a checkpoint to evict rank {rank} "
+                f"({node_of(run, rank) or 'unknown node'}); attempt {event.attempt} replaces it",
+            ),
+        )
+    return _interruption(
+        run,
+        cause=InterruptionCause.OPERATOR,
+        detected_by="launcher",
+        cause_id=event.event_id,
+        at=event.ts,
+        culprit=-1,
+        reason=Reason(
+            code=ReasonCode.INTERRUPTION,
+            text=f"attempt {event.attempt} started while attempt {run.attempt} had no detected interruption",
+        ),
+    )
 
 
 def _on_step(run: RunState, rank: RankState, event: StepTiming) -> list[Output]:

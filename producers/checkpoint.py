@@ -21,8 +21,9 @@ one, re-checking its digests first and falling back to the previous one when the
 Storage unavailable. A failed write (any exception from DCP, an ``OSError`` in
 particular, or a ``storage_hook`` that raises) keeps the snapshot in host memory,
 reports ``checkpoint_failed`` once for that step, and training goes on. Every later
-``save`` and :meth:`flush` retries the kept snapshots oldest first; at most
-``max_pending`` are kept (the oldest is dropped, and reported). A write that *hangs*
+``save`` (before it makes room for its own snapshot) and :meth:`flush` retry the kept
+snapshots oldest first; at most ``max_pending`` are kept (the oldest is dropped, and
+reported). A write that *hangs*
 rather than fails cannot be bounded without blocking: ``save`` then waits once more than
 ``max_pending`` saves are queued.
 
@@ -272,6 +273,8 @@ class CheckpointManager:
 
     def _run_save(self, snap: _Snapshot) -> None:
         try:
+            if self._pending:  # storage may be back: write the kept ones before making room
+                self._flush_pending()
             self._pending.append(snap)
             while len(self._pending) > self.max_pending:
                 old = self._pending.pop(0)

@@ -184,6 +184,28 @@ def test_storage_outage_keeps_training_and_flushes_later(tmp_path: Path) -> None
         assert torch.equal(tensor, at_6[name])
 
 
+def test_a_save_after_storage_is_back_writes_the_kept_ones_before_making_room(tmp_path: Path) -> None:
+    down = threading.Event()
+    down.set()
+
+    def storage() -> None:
+        if down.is_set():
+            raise OSError(5, "Input/output error (storage unavailable)")
+
+    rec = Recorder()
+    a = make_state(0)
+    mgr = manager(tmp_path, a, reporter=rec, storage_hook=storage, max_pending=2)
+    kept = [mgr.save(step) for step in (2, 4)]
+    assert [h.wait(10) for h in kept] == ["pending", "pending"]
+    down.clear()  # storage is back before the next save, which needs a third slot
+    assert mgr.save(6).wait(10) == "committed"
+    mgr.wait_validated()
+    assert all(h.committed.result(10) for h in kept)  # none was dropped for room
+    assert mgr.validated_steps() == [2, 4, 6]
+    assert not any("dropped" in r for step in (2, 4) for r in rec.reasons(step))
+    mgr.close()
+
+
 def test_retention_keeps_the_newest_validated(tmp_path: Path) -> None:
     a = make_state(0)
     loop = Loop(a)

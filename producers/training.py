@@ -93,6 +93,12 @@ ENV_TOPIC_PREFIX = "TRAINGUARD_TOPIC_PREFIX"
 ENV_RUN_DIR = "TRAINGUARD_RUN_DIR"
 #: Where the launcher reads this rank's restart phases (producers/launcher.py).
 ENV_PHASES_FILE = "TRAINGUARD_PHASES_FILE"
+#: SupervisorConfig fields an operator may set from the environment (seconds).
+ENV_CONFIG = {
+    "TRAINGUARD_FLUSH_INTERVAL_S": "flush_interval_s",
+    "TRAINGUARD_HEARTBEAT_INTERVAL_S": "heartbeat_interval_s",
+    "TRAINGUARD_GPU_HEALTH_INTERVAL_S": "gpu_health_interval_s",
+}
 
 
 class Verdict(StrEnum):
@@ -148,6 +154,48 @@ class SupervisorConfig:
     #: iteration buckets gradients differently; see grad_checks.per_parameter_allreduce).
     #: False: DDP's per-bucket all-reduce (fewer collectives, last-bit drift on resume).
     deterministic_reduction: bool = True
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> SupervisorConfig:
+        """The defaults, with the fields of ENV_CONFIG that `env` sets (positive seconds)."""
+        values: dict[str, float] = {}
+        for name, attr in ENV_CONFIG.items():
+            if (raw := env.get(name)) is None:
+                continue
+            try:
+                value = float(raw)
+            except ValueError:
+                value = math.nan
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name}={raw!r}: expected a positive number of seconds")
+            values[attr] = value
+        return cls(**values)  # type: ignore[arg-type]
+
+
+#: Seconds this process spent in :func:`init_process_group` (the restart phase pg_init).
+_pg_init_s: float | None = None
+
+
+def init_process_group(*args: Any, **kwargs: Any) -> None:
+    """``torch.distributed.init_process_group``, timed: the Supervisor reports the seconds
+    as the ``pg_init`` restart phase (the rendezvous with every other rank)."""
+    global _pg_init_s
+    t0 = time.perf_counter()
+    torch.distributed.init_process_group(*args, **kwargs)
+    _pg_init_s = time.perf_counter() - t0
+
+
+def process_start_ts() -> float:
+    """When this process started, on the wall clock. /proc's start time (clock ticks since
+    boot) is placed on the boot-time clock; psutil's create_time adds /proc/stat's boot
+    time, which is in whole seconds, and can be up to a second off."""
+    try:
+        with open("/proc/self/stat") as fh:
+            after_name = fh.read().rpartition(")")[2].split()
+        started = int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
+        return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+    except (OSError, ValueError, IndexError, AttributeError):  # not Linux
+        return psutil.Process().create_time()
 
 
 @dataclass
@@ -225,6 +273,8 @@ class StepScope:
         self.loss: float | None = None
         self.grad_norm: float | None = None
         self.verdict: Verdict | None = None
+        #: Save a checkpoint at the end of this step: decided in check(), agreed over ranks.
+        self.checkpoint_due: bool | None = None
         self._start: Any = None
         self._compute: Any = None
 
@@ -376,9 +426,12 @@ class Supervisor:
     def from_env(cls, env: dict[str, str] | None = None, **kwargs: Any) -> Supervisor:
         """Build from the launcher's environment: TRAINGUARD_RUN_ID, TRAINGUARD_ATTEMPT,
         TRAINGUARD_NODE, TRAINGUARD_BOOTSTRAP, TRAINGUARD_TOPIC_PREFIX, TRAINGUARD_RUN_DIR,
-        TRAINGUARD_SECRET or TRAINGUARD_SECRET_FILE, and torch's RANK and WORLD_SIZE.
-        Keyword arguments (model, optimizer, checkpoint, sink, config...) pass through."""
+        TRAINGUARD_SECRET or TRAINGUARD_SECRET_FILE, and torch's RANK and WORLD_SIZE; without a
+        `config`, the intervals of ENV_CONFIG (e.g. TRAINGUARD_FLUSH_INTERVAL_S) override the
+        defaults. Keyword arguments (model, optimizer, checkpoint, sink...) pass through."""
         env = dict(os.environ) if env is None else env
+        if "config" not in kwargs:
+            kwargs["config"] = SupervisorConfig.from_env(env)
         run_id = env.get(ENV_RUN_ID)
         if not run_id:
             raise KeyError(f"{ENV_RUN_ID} is not set (the trainguard launcher sets it)")
@@ -494,7 +547,8 @@ class Supervisor:
             norm = None if grad_norm is None else float(grad_norm)
         scope.loss, scope.grad_norm = loss_f, norm
         verdict = self._local_verdict(scope.step, loss_f, norm)
-        verdict = self._agree(verdict)
+        wants_checkpoint = self.checkpoint is not None and self.should_checkpoint(scope.step)
+        verdict, scope.checkpoint_due = self._agree(verdict, wants_checkpoint)
         scope.verdict = verdict
         if verdict is Verdict.APPLY:
             if norm is not None:
@@ -524,21 +578,25 @@ class Supervisor:
             return Verdict.GRAD_SPIKE
         return Verdict.APPLY
 
-    def _agree(self, verdict: Verdict) -> Verdict:
-        """Every rank skips if one does: MAX of the verdict codes over the default group."""
+    def _agree(self, verdict: Verdict, wants_checkpoint: bool) -> tuple[Verdict, bool]:
+        """Every rank skips if one does, and checkpoints if one wants to: one MAX all-reduce
+        over the default group of (verdict code, checkpoint wanted). A CheckpointNow or the
+        interval reaches each rank at its own step; a checkpoint is collective, so all
+        ranks must save the same step."""
         dist = torch.distributed
         if not (self.config.agree_on_skip and dist.is_available() and dist.is_initialized()):
-            return verdict
+            return verdict, wants_checkpoint
         if dist.get_world_size() < 2:
-            return verdict
+            return verdict, wants_checkpoint
         device = (
             self.params[0].device if self.params and dist.get_backend() == "nccl" else torch.device("cpu")
         )
-        code = torch.tensor([_CODES[verdict]], dtype=torch.int32, device=device)
-        dist.all_reduce(code, op=dist.ReduceOp.MAX)
-        if verdict is not Verdict.APPLY or int(code.item()) == 0:
-            return verdict
-        return Verdict.PEER
+        codes = torch.tensor([_CODES[verdict], int(wants_checkpoint)], dtype=torch.int32, device=device)
+        dist.all_reduce(codes, op=dist.ReduceOp.MAX)
+        worst, checkpoint = (int(v) for v in codes.tolist())
+        if verdict is not Verdict.APPLY or worst == 0:
+            return verdict, bool(checkpoint)
+        return Verdict.PEER, bool(checkpoint)
 
     def _end(self, scope: StepScope, failed: bool) -> None:
         end = self._marks.mark()
@@ -555,7 +613,10 @@ class Supervisor:
             self.control.record_decision(scope.step, True)
         if self.control.take_self_check(scope.step):
             self._self_check(scope)
-        if self.checkpoint is not None and self.should_checkpoint(scope.step):
+        due = scope.checkpoint_due  # None: check() was not called, so nothing was agreed
+        if due is None:
+            due = self.checkpoint is not None and self.should_checkpoint(scope.step)
+        if due and self.checkpoint is not None:
             self.checkpoint.save(scope.step)
             self.checkpoint_saved(scope.step)
 
@@ -567,8 +628,9 @@ class Supervisor:
             return
         load_s = getattr(self.checkpoint, "last_load_s", None)
         phases = {
-            "start_ts": psutil.Process().create_time(),
+            "start_ts": process_start_ts(),
             "checkpoint_load_s": load_s,
+            "pg_init_s": _pg_init_s,
             "first_step_ts": time.time(),
             "last_step": step,
         }

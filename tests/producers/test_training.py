@@ -8,6 +8,8 @@ import math
 import os
 import queue
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -113,9 +115,20 @@ def test_from_env_without_a_broker(tmp_path: Path) -> None:
     sup = Supervisor.from_env(env, gpu_reader=None)
     assert (sup.run_id, sup.attempt, sup.node, sup.rank, sup.world_size) == ("run-env", 2, "n7", 3, 4)
     assert isinstance(sup.sink, MemorySink) and sup.actuator is None and sup.run_dir == tmp_path
+    assert sup.config == SupervisorConfig()
     sup.close()
     with pytest.raises(KeyError):
         Supervisor.from_env({})
+
+
+def test_the_environment_tunes_the_intervals_and_a_bad_value_is_named() -> None:
+    env = {"TRAINGUARD_FLUSH_INTERVAL_S": "0.25", "TRAINGUARD_HEARTBEAT_INTERVAL_S": "1"}
+    config = SupervisorConfig.from_env(env)
+    assert (config.flush_interval_s, config.heartbeat_interval_s) == (0.25, 1.0)
+    assert config.gpu_health_interval_s == SupervisorConfig().gpu_health_interval_s
+    for bad in ("0", "-1", "nan", "fast"):
+        with pytest.raises(ValueError, match=f"TRAINGUARD_FLUSH_INTERVAL_S={bad!r}: expected a positive"):
+            SupervisorConfig.from_env({"TRAINGUARD_FLUSH_INTERVAL_S": bad})
 
 
 def test_the_first_step_writes_the_restart_phases_the_launcher_reads(tmp_path: Path) -> None:
@@ -147,6 +160,16 @@ def test_the_first_step_writes_the_restart_phases_the_launcher_reads(tmp_path: P
     assert json.loads(phases_file.read_text()) == first  # written once, after the first step only
 
 
+def test_the_process_start_time_is_accurate_to_the_clock_tick() -> None:
+    """The launcher subtracts its spawn time from it (the process_start phase): /proc/stat's
+    whole-second boot time would put it up to a second off, before the spawn even."""
+    code = "from trainguard.producers.training import process_start_ts; print(process_start_ts())"
+    before = time.time()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    started = float(out.stdout)
+    assert before - 0.02 <= started <= before + 1.0  # a clock tick is 10 ms
+
+
 # --------------------------------------------------------------------------- DDP, 2 gloo ranks
 
 SLOW_S = 0.25
@@ -160,7 +183,14 @@ def _ddp_rank(rank: int, port: int, out: Any) -> None:
     model = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.001)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     sink = MemorySink()
-    sup = Supervisor("run-ddp", rank=rank, world_size=2, sink=sink, model=model, gpu_reader=None)
+    saved: list[int] = []
+
+    class Checkpoints:  # a checkpoint is collective: every rank must save the same step
+        def save(self, step: int) -> None:
+            saved.append(step)
+
+    sup = Supervisor("run-ddp", rank=rank, world_size=2, sink=sink, model=model, gpu_reader=None,
+                     checkpoint=Checkpoints())  # fmt: skip
     sup.replay_fn = lambda batch: net(batch).square().mean().backward()  # unwrapped: no collective
     if rank == 0:  # as a RunSelfCheck for rank 0 would: one rank replays, the other does not
         sup.control.self_checks_due.append(3)
@@ -174,6 +204,8 @@ def _ddp_rank(rank: int, port: int, out: Any) -> None:
             loss = model(s.batch).square().mean()
             if rank == 1 and step == 3:
                 loss = loss * float("nan")  # rank 1's NaN reaches rank 0 through the all-reduce
+            if rank == 0 and step == 2:  # a CheckpointNow that reached rank 0 first
+                sup.control.checkpoint_requested = True
             loss.backward()  # returns after the all-reduce
             s.compute_done()
             if s.check(loss):
@@ -189,6 +221,7 @@ def _ddp_rank(rank: int, port: int, out: Any) -> None:
             verdicts,
             [e.digest_first == e.digest_second for e in sink.of(SdcSelfCheck)],
             params.numpy().tobytes(),
+            saved,
         )
     )
     sup.close()
@@ -215,10 +248,10 @@ def test_ddp_compute_time_is_measured_before_the_all_reduce(monkeypatch: pytest.
         assert time.monotonic() < deadline, "ranks did not report"
         assert all(p.exitcode in (None, 0) for p in procs), [p.exitcode for p in procs]
         try:
-            rank, timings, verdicts, checks, params = out.get(timeout=0.5)
+            rank, timings, verdicts, checks, params, saved = out.get(timeout=0.5)
         except queue.Empty:
             continue
-        results[rank] = (timings, verdicts, checks, params)
+        results[rank] = (timings, verdicts, checks, params, saved)
     for p in procs:
         p.join(30)
         assert p.exitcode == 0
@@ -236,6 +269,7 @@ def test_ddp_compute_time_is_measured_before_the_all_reduce(monkeypatch: pytest.
     assert all(v is Verdict.APPLY for r in (0, 1) for i, v in enumerate(results[r][1]) if i not in (3, 4))
     assert results[0][3] == results[1][3]
     assert results[0][2] == [True] and results[1][2] == []  # rank 0 self-checked without a hang
+    assert results[0][4] == results[1][4] == [2]  # the checkpoint only rank 0 was asked for, on both
 
 
 # --------------------------------------------------------------------------- real broker

@@ -11,9 +11,13 @@ and the model are deterministic (fixed seeds), so a run that was interrupted and
 ends with exactly the weights of an uninterrupted one: the final weights are written to
 TRAINGUARD_RUN_DIR/final.pt for tests to compare.
 
-Optional fault plan for tests, TRAINGUARD_EXAMPLE_FAULT="kind:rank:step:attempt" with
-kind one of kill (SIGKILL itself before the step), hang (sleep inside the step, so the
-others wait in the all-reduce), slow (0.05 s more compute per step from that step on).
+Optional fault plan for tests, TRAINGUARD_EXAMPLE_FAULT="kind:rank:step:attempt[:steps]"
+(in that attempt, from that step on) with kind one of kill (the rank SIGKILLs itself
+before the step), hang (it sleeps inside the step, so the others wait in the
+all-reduce), slow (0.05 s more compute per step, before the collective), flip (its
+device turns faulty: every second gradient it computes has one mantissa bit flipped,
+training and self-check replays alike) or storage (every rank's checkpoint writes fail
+for `steps` steps, default 15; the rank field is ignored).
 """
 
 from __future__ import annotations
@@ -29,33 +33,61 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainguard.producers.checkpoint import CheckpointManager  # trainguard
+from trainguard.producers.grad_checks import flip_bit
 from trainguard.producers.train_state import ResumableSampler, TrainState  # trainguard
-from trainguard.producers.training import Supervisor  # trainguard
+from trainguard.producers.training import Supervisor, init_process_group  # trainguard
 
 STEPS = int(os.environ.get("TRAIN_STEPS", "60"))
 CHECKPOINT_EVERY = int(os.environ.get("TRAIN_CHECKPOINT_EVERY", "10"))
 BATCH = 16
 
 
-def fault_plan() -> tuple[str, int, int, int] | None:
-    plan = os.environ.get("TRAINGUARD_EXAMPLE_FAULT")
-    if not plan:
-        return None
-    kind, rank, step, attempt = plan.split(":")
-    return kind, int(rank), int(step), int(attempt)
+class Fault:
+    """The injected fault of TRAINGUARD_EXAMPLE_FAULT (module docstring); inert when unset."""
+
+    def __init__(self, plan: str, rank: int, attempt: int) -> None:
+        kind, at_rank, step, at_attempt, *steps = (plan or "none:-1:0:-1").split(":")
+        self.kind, self.step, self.steps = kind, int(step), int(steps[0]) if steps else 15
+        self.armed = int(at_attempt) == attempt and (kind == "storage" or int(at_rank) == rank)
+        self.now = -1  # the loop's current step
+        self.backwards = 0  # gradients this rank computed since the device turned faulty
+
+    def active(self, kind: str) -> bool:
+        return self.armed and self.kind == kind and self.now >= self.step
+
+    def storage(self) -> None:  # CheckpointManager's storage probe: raise = unavailable
+        if self.active("storage") and self.now < self.step + self.steps:
+            raise OSError(f"injected: storage unavailable at step {self.now}")
+
+    def gradient(self, grad: torch.Tensor) -> torch.Tensor:  # a hook on one weight's gradient
+        if not self.active("flip"):
+            return grad
+        self.backwards += 1
+        if self.backwards % 2:
+            grad = grad.clone()
+            flip_bit(grad, 0, 12)  # a low mantissa bit: no invariant notices it
+        return grad
 
 
 def main() -> None:
-    dist.init_process_group("gloo")
+    init_process_group("gloo")  # trainguard: torch's, timed for the restart phases
     rank, world = dist.get_rank(), dist.get_world_size()
+    attempt = int(os.environ.get("TRAINGUARD_ATTEMPT", "0"))
+    fault = Fault(os.environ.get("TRAINGUARD_EXAMPLE_FAULT", ""), rank, attempt)
     torch.manual_seed(0)  # the same initial weights on every rank
     inputs = torch.randn(2048, 16, generator=torch.Generator().manual_seed(1))
     targets = inputs @ torch.randn(16, 1, generator=torch.Generator().manual_seed(2))
-    model = DistributedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1)))
+    net = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
+    net[0].weight.register_hook(fault.gradient)
+    model = DistributedDataParallel(net)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     sampler = ResumableSampler(len(inputs), rank=rank, world_size=world, seed=3)
 
+    def loss_of(batch: torch.Tensor, module: nn.Module = model) -> torch.Tensor:
+        return nn.functional.mse_loss(module(inputs[batch]), targets[batch])
+
     sup = Supervisor.from_env(model=model, optimizer=optimizer)  # trainguard
+    sup.replay_fn = lambda batch: loss_of(batch, net).backward()  # trainguard: the self-check replay
     ckpt = CheckpointManager(  # trainguard
         Path(os.environ["TRAINGUARD_CHECKPOINT_DIR"]),
         TrainState(model, optimizer, sampler),
@@ -63,24 +95,23 @@ def main() -> None:
         world_size=world,
         run_id=sup.run_id,
         reporter=sup.agent,
+        storage_hook=fault.storage,
     )
     sup.checkpoint = ckpt  # trainguard: CheckpointNow commands save through it
     resume = int(os.environ.get("TRAINGUARD_RESUME_STEP", "-1"))
     start = ckpt.load(resume) + 1 if resume >= 0 else 0  # trainguard: validated checkpoints only
 
-    fault = fault_plan()
-    attempt = int(os.environ.get("TRAINGUARD_ATTEMPT", "0"))
     order = (index for _ in iter(int, 1) for index in sampler)  # epoch after epoch, resumable
     for step in range(start, STEPS):
+        fault.now = step
         batch = torch.tensor([next(order) for _ in range(BATCH)])
-        hit = fault is not None and fault[1] == rank and fault[3] == attempt and step >= fault[2]
-        if hit and fault is not None and fault[0] == "kill" and step == fault[2]:
+        if fault.active("kill") and step == fault.step:
             os.kill(os.getpid(), signal.SIGKILL)
-        with sup.step(step) as s:  # trainguard
-            loss = nn.functional.mse_loss(model(inputs[batch]), targets[batch])
-            if hit and fault is not None and fault[0] == "slow":
+        with sup.step(step, batch) as s:  # trainguard
+            loss = loss_of(batch)
+            if fault.active("slow"):
                 time.sleep(0.05)  # before the collective: this rank computes slower
-            if hit and fault is not None and fault[0] == "hang" and step == fault[2]:
+            if fault.active("hang") and step == fault.step:
                 time.sleep(3600)  # stuck: the others wait in the all-reduce
             loss.backward()
             s.compute_done()  # trainguard (DDP: already marked by its comm hook)

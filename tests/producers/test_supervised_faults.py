@@ -1,0 +1,278 @@
+"""Issue 5's end-to-end test: the README's example (docs/examples/train_tiny.py), 4 real
+gloo ranks on CPU training a small model on a deterministic dataset, launched by
+`trainguard launch` and supervised through the real broker by a real processor (its own
+process, as in production), with each fault injected in turn:
+
+- SIGKILL of one rank, and one rank hung inside the step while the others wait in the
+  all-reduce: detected, the run restarts from the newest validated checkpoint, and its
+  final weights are bitwise those of the uninterrupted run (no step lost, no sample
+  repeated or skipped);
+- one rank slowed before the collective: flagged as a straggler, diagnosed, evicted at
+  the next checkpoint boundary, and the run finishes;
+- one rank's device flipping a gradient bit: the commanded self-check catches it, the
+  node is quarantined and the run rolls back to the clean ancestor (the newest validated
+  checkpoint at or before the verification watermark);
+- storage unavailable for a while (two checkpoint intervals): the failed writes are
+  reported, training goes on, the snapshots kept in host memory are flushed and validated
+  once storage is back, and the weights are again bitwise those of the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from trainguard.broker.topics import TopicNames, delete_topics, ensure_topics, topic_names
+from trainguard.schemas import (
+    Abort,
+    CheckpointFailed,
+    CheckpointValidated,
+    Command,
+    Derived,
+    Envelope,
+    EvictRank,
+    HangDetected,
+    Interruption,
+    InterruptionCause,
+    QuarantineNode,
+    Rollback,
+    SdcMismatch,
+    SdcSelfCheck,
+    StragglerDiagnosed,
+    StragglerFlagged,
+    decode,
+)
+from trainguard.schemas.codec import COMMANDS, DERIVED, decode_batch
+from trainguard.stack import start_processor
+
+from ..readers import TopicReader
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.broker
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "docs" / "examples" / "train_tiny.py"
+POLICY = Path(__file__).with_name("supervised_policy.yaml")
+SECRET = "supervised-faults-test-secret-0123456789"
+STEPS = 220
+CHECKPOINT_EVERY = 10
+
+
+@dataclass
+class Pipeline:
+    bootstrap: str
+    prefix: str
+    names: TopicNames
+    log: Path
+
+
+@dataclass
+class Run:
+    run_id: str
+    done: subprocess.CompletedProcess[str]
+    ckpt: Path
+
+    def restarts(self) -> list[dict[str, object]]:
+        path = self.ckpt / ".trainguard" / "restarts.jsonl"
+        return [json.loads(line) for line in path.open()] if path.exists() else []
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        final: dict[str, torch.Tensor] = torch.load(self.ckpt / ".trainguard" / "final.pt")
+        return final
+
+    def validated(self, step: int) -> bool:
+        return (self.ckpt / f"step-{step:09d}" / "VALIDATED").exists()
+
+    def explain(self) -> str:
+        return self.done.stdout[-3000:] + self.done.stderr[-3000:]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def pipeline(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    ensure_topics(bootstrap, prefix=prefix)
+    names = topic_names(prefix)
+    log = tmp_path_factory.mktemp("processor") / "processor.log"
+    processor, _ = start_processor(
+        bootstrap, POLICY, free_port(), log, {"TRAINGUARD_SECRET": SECRET}, topic_prefix=prefix
+    )
+    try:
+        yield Pipeline(bootstrap, prefix, names, log)
+    finally:
+        processor.terminate()
+        try:
+            processor.wait(30)
+        except subprocess.TimeoutExpired:
+            processor.kill()
+        delete_topics(bootstrap, list(names.all()))
+
+
+def launch(pipeline: Pipeline, workdir: Path, fault: str | None = None) -> Run:
+    run_id = f"tiny-{uuid.uuid4().hex[:8]}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    ckpt = workdir / "ckpt"
+    env = {**os.environ, "TRAINGUARD_SECRET": SECRET, "OMP_NUM_THREADS": "1"}
+    env |= {"TRAIN_STEPS": str(STEPS), "TRAIN_CHECKPOINT_EVERY": str(CHECKPOINT_EVERY)}
+    # A tiny step takes ~15 ms: ship and beat often enough for decisions to land in time.
+    env |= {"TRAINGUARD_FLUSH_INTERVAL_S": "0.25", "TRAINGUARD_HEARTBEAT_INTERVAL_S": "1"}
+    env.pop("TRAINGUARD_SECRET_FILE", None)
+    env.pop("TRAINGUARD_EXAMPLE_FAULT", None)
+    if fault:
+        env["TRAINGUARD_EXAMPLE_FAULT"] = fault
+    command = [
+        sys.executable, "-m", "trainguard", "launch", "--nproc", "4", "--ranks-per-node", "2",
+        "--run-id", run_id, "--checkpoint-dir", str(ckpt),
+        "--bootstrap", pipeline.bootstrap, "--topic-prefix", pipeline.prefix,
+        "--max-restarts", "2", "--decision-wait-s", "2", "--grace-s", "5",
+        "--", sys.executable, str(EXAMPLE),
+    ]  # fmt: skip
+    done = subprocess.run(command, env=env, cwd=workdir, capture_output=True, text=True, timeout=400)
+    return Run(run_id, done, ckpt)
+
+
+def decisions(pipeline: Pipeline, run_id: str) -> tuple[list[Derived], list[Command]]:
+    """The processor's derived events and commands for one run (all of them: the run is over)."""
+    found: list[list[Envelope]] = []
+    for topic, kinds in ((pipeline.names.events, DERIVED), (pipeline.names.commands, COMMANDS)):
+        reader = TopicReader(pipeline.bootstrap, topic)
+        found.append([r for r in (decode(s.value, kinds) for s in reader.settle(3.0)) if r.run_id == run_id])
+        reader.close()
+    derived = [d for d in found[0] if isinstance(d, Derived)]
+    commands = [c for c in found[1] if isinstance(c, Command)]
+    return derived, commands
+
+
+def telemetry(pipeline: Pipeline, run_id: str) -> list[Envelope]:
+    reader = TopicReader(pipeline.bootstrap, pipeline.names.telemetry)
+    events = [e for seen in reader.settle(3.0) for e in decode_batch(seen.value).events if e.run_id == run_id]
+    reader.close()
+    return events
+
+
+@pytest.fixture(scope="module")
+def clean(pipeline: Pipeline, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The uninterrupted run, also supervised: it must not be interrupted at all."""
+    run = launch(pipeline, tmp_path_factory.mktemp("clean"))
+    assert run.done.returncode == 0, run.explain()
+    return run
+
+
+def assert_bitwise(run: Run, clean: Run) -> None:
+    expected, got = clean.weights(), run.weights()
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[name], got[name]) for name in expected), "weights diverged"
+
+
+def test_the_uninterrupted_run_is_never_interrupted(pipeline: Pipeline, clean: Run) -> None:
+    assert clean.restarts() == []
+    assert clean.validated(STEPS - 1)
+    derived, commands = decisions(pipeline, clean.run_id)
+    assert not [d for d in derived if isinstance(d, Interruption | StragglerFlagged | SdcMismatch)], derived
+    assert not [c for c in commands if isinstance(c, Abort | EvictRank | QuarantineNode | Rollback)]
+
+
+def test_sigkill_of_one_rank_restarts_and_ends_bitwise(
+    pipeline: Pipeline, clean: Run, tmp_path: Path
+) -> None:
+    run = launch(pipeline, tmp_path, fault="kill:3:57:0")
+    assert run.done.returncode == 0, run.explain()
+    (restart,) = run.restarts()
+    assert (restart["cause"], restart["rank"], restart["signal"]) == ("crash", 3, 9)
+    resumed = restart["resumed_from_step"]
+    assert isinstance(resumed, int) and resumed < 57 and run.validated(resumed)
+    derived, commands = decisions(pipeline, run.run_id)
+    (crash,) = [d for d in derived if isinstance(d, Interruption)]
+    assert (crash.cause, crash.rank) == (InterruptionCause.CRASH, 3)
+    assert [c.node for c in commands if isinstance(c, QuarantineNode)] == [crash.node]
+    assert_bitwise(run, clean)
+
+
+def test_a_rank_hung_in_the_step_is_detected_aborted_and_the_run_ends_bitwise(
+    pipeline: Pipeline, clean: Run, tmp_path: Path
+) -> None:
+    run = launch(pipeline, tmp_path, fault="hang:1:64:0")
+    assert run.done.returncode == 0, run.explain()
+    (restart,) = run.restarts()
+    assert restart["cause"] == "abort"
+    derived, commands = decisions(pipeline, run.run_id)
+    assert len([d for d in derived if isinstance(d, HangDetected)]) == 1
+    (hang,) = [d for d in derived if isinstance(d, Interruption)]
+    assert (hang.cause, hang.rank) == (InterruptionCause.HANG, 1)  # named by its odd stack
+    assert [c.command_id for c in commands if isinstance(c, Abort)] == [restart["command_id"]]
+    resumed = restart["resumed_from_step"]
+    assert isinstance(resumed, int) and resumed < 64 and run.validated(resumed)
+    assert_bitwise(run, clean)
+
+
+def test_a_rank_slowed_before_the_collective_is_flagged_and_evicted(
+    pipeline: Pipeline, tmp_path: Path
+) -> None:
+    run = launch(pipeline, tmp_path, fault="slow:2:20:0")
+    assert run.done.returncode == 0, run.explain()
+    derived, commands = decisions(pipeline, run.run_id)
+    (flagged,) = [d for d in derived if isinstance(d, StragglerFlagged)]
+    assert flagged.rank == 2 and flagged.step >= 20 + 100 - 1  # 100 slow steps after the onset
+    assert [d.rank for d in derived if isinstance(d, StragglerDiagnosed)] == [2]
+    (evict,) = [c for c in commands if isinstance(c, EvictRank)]
+    assert evict.rank == 2
+    (restart,) = run.restarts()
+    assert (restart["cause"], restart["command_id"]) == ("eviction", evict.command_id)
+    resumed = restart["resumed_from_step"]
+    assert isinstance(resumed, int) and resumed > flagged.step and run.validated(resumed)  # the next boundary
+    assert run.validated(STEPS - 1)
+
+
+def test_a_flipped_gradient_bit_is_caught_by_the_self_check_and_rolled_back(
+    pipeline: Pipeline, clean: Run, tmp_path: Path
+) -> None:
+    run = launch(pipeline, tmp_path, fault="flip:1:100:0")
+    assert run.done.returncode == 0, run.explain()
+    derived, commands = decisions(pipeline, run.run_id)
+    mismatches = [d for d in derived if isinstance(d, SdcMismatch)]
+    assert {(m.rank, m.attempt) for m in mismatches} == {(1, 0)}  # and none after the rollback
+    mismatch = min(mismatches, key=lambda m: m.step)
+    assert mismatch.step >= 100
+    assert [c.node for c in commands if isinstance(c, QuarantineNode)] == [mismatch.node]
+    (rollback,) = [c for c in commands if isinstance(c, Rollback)]
+    (restart,) = run.restarts()
+    assert (restart["cause"], restart["command_id"]) == ("rollback", rollback.command_id)
+    # The clean ancestor: the newest validated checkpoint at or before the watermark, the
+    # newest step at which a self-check passed before the mismatch.
+    events = [e for e in telemetry(pipeline, run.run_id) if e.attempt == 0]
+    checks = [e for e in events if isinstance(e, SdcSelfCheck)]
+    assert [c.rank for c in checks if c.digest_first != c.digest_second] == [1]
+    watermark = max(c.step for c in checks if c.digest_first == c.digest_second and c.step < mismatch.step)
+    validated = [e.checkpoint_step for e in events if isinstance(e, CheckpointValidated)]
+    clean_ancestor = max(step for step in validated if step <= watermark)
+    assert rollback.checkpoint_step == clean_ancestor == restart["resumed_from_step"]
+    assert run.validated(STEPS - 1)
+    if clean_ancestor < 100:  # no other rank's check passed between the onset and the catch:
+        assert_bitwise(run, clean)  # every corrupted step was discarded
+
+
+def test_storage_unavailable_for_a_while_loses_nothing(
+    pipeline: Pipeline, clean: Run, tmp_path: Path
+) -> None:
+    run = launch(pipeline, tmp_path, fault="storage:-1:41:0:25")  # down from step 41 to 65
+    assert run.done.returncode == 0, run.explain()
+    assert run.restarts() == []
+    failed = {e.checkpoint_step for e in telemetry(pipeline, run.run_id) if isinstance(e, CheckpointFailed)}
+    assert failed == {49, 59}  # the two writes while it was down were reported...
+    assert all(run.validated(step) for step in failed)  # ...kept in host memory, flushed later
+    assert_bitwise(run, clean)

@@ -1,0 +1,117 @@
+"""A recorded run, read back from the Kafka log: its telemetry records in the order the
+processor consumed them, and the decisions the live processor published for it.
+
+Order is what makes a replay exact. A run's records (every shard's, and the ticks and
+forwards the processor itself wrote into the log) sit on the telemetry topic's
+partitions; the live processor folds each partition's records in offset order, and a
+run's shard state depends on the records of its own partition only (a forward to shard
+0 is a record on shard 0's partition). So reading partition after partition, each from
+its first offset to the end it had when the read began, gives every shard state the
+sequence it had live. Records of other runs are left out: the core keeps no state
+across runs.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from ..broker.topics import TopicNames
+from ..schemas import Command, Derived, decode
+from ..schemas.codec import COMMANDS, DERIVED
+
+#: One telemetry record as the processor consumed it: (partition, offset, value).
+Record = tuple[int, int, bytes]
+
+
+@dataclass
+class Recording:
+    """One run as the log holds it."""
+
+    run_id: str
+    #: Telemetry records of the run, partition by partition, each in offset order.
+    records: list[Record] = field(default_factory=list)
+    #: What the live processor published for the run, in publication order.
+    derived: list[Derived] = field(default_factory=list)
+    commands: list[Command] = field(default_factory=list)
+
+
+def run_of_key(key: bytes | None) -> str:
+    """The run id of a telemetry record key (`run` or `run#shard`, schemas/sharding.py)."""
+    return (key or b"").decode(errors="replace").partition("#")[0]
+
+
+def read_topic(
+    bootstrap: str,
+    topic: str,
+    keep: Callable[[bytes | None], bool] = lambda _: True,
+    progress: Callable[[int, int], None] | None = None,
+    timeout_s: float = 120.0,
+) -> list[Record]:
+    """Every record of `topic` whose key `keep`s, partition after partition in offset
+    order, up to the end each partition had when the read began. `progress(done, total)`
+    is called as records arrive (total: the records the partitions held)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"trainguard-replay-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+        }
+    )
+    try:
+        partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+        ends: dict[int, tuple[int, int]] = {}
+        for p in partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if high > low:
+                ends[p] = (low, high)
+        total, done = sum(h - lo for lo, h in ends.values()), 0
+        out: list[Record] = []
+        deadline = time.monotonic() + timeout_s
+        for p, (low, high) in ends.items():
+            consumer.assign([TopicPartition(topic, p, low)])
+            offset = low
+            while offset < high:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{topic}[{p}]: read {offset - low} of {high - low} records in time")
+                for msg in consumer.consume(5000, 0.5):
+                    error = msg.error()
+                    if error is not None:
+                        if error.code() != KafkaError._PARTITION_EOF:
+                            raise RuntimeError(f"{topic}[{p}]: {error}")
+                        continue
+                    offset = (msg.offset() or 0) + 1
+                    done += 1
+                    if (msg.offset() or 0) < high and keep(msg.key()):
+                        out.append((p, msg.offset() or 0, msg.value() or b""))
+                if progress is not None:
+                    progress(done, total)
+        return out
+    finally:
+        consumer.close()
+
+
+def read_recording(
+    bootstrap: str,
+    names: TopicNames,
+    run_id: str,
+    progress: Callable[[int, int], None] | None = None,
+) -> Recording:
+    """The run's telemetry and the processor's decisions for it, from the topics."""
+    records = read_topic(bootstrap, names.telemetry, lambda key: run_of_key(key) == run_id, progress)
+    recording = Recording(run_id, records)
+    mine: Callable[[bytes | None], bool] = lambda key: (key or b"") == run_id.encode()  # noqa: E731
+    for _, _, value in read_topic(bootstrap, names.events, mine):
+        record = decode(value, DERIVED)  # the processor's own output: a failure here is a bug
+        if isinstance(record, Derived):
+            recording.derived.append(record)
+    for _, _, value in read_topic(bootstrap, names.commands, mine):
+        command = decode(value, COMMANDS)
+        if isinstance(command, Command):
+            recording.commands.append(command)
+    return recording

@@ -1,0 +1,170 @@
+"""`trainguard replay`: drive the policy core with a recorded run and compare its
+decisions with the ones the live processor published.
+
+The replay runs the very code path of the live processor: each telemetry record's bytes
+go through :class:`~trainguard.processors.driver.CoreDriver` (decode, fold into the
+core, sign the commands), in the order the processor consumed them (:mod:`.log`). With
+the policy the run used, every derived event and every command comes out again with the
+same id (ids are uuid5 of their cause), the same content and in the same order; a
+difference is a bug (non-determinism in the core) or a sign that the run was processed
+under another policy or code version.
+
+Decisions are compared by id. The live log is at least once, so a decision published
+twice (a worker that restarted before committing) counts once. Commands are compared
+without their signature: a replay need not hold the master secret.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..processors.core import CorePolicy
+from ..processors.driver import CoreDriver
+from ..schemas import Command, Derived, Record
+from .log import Recording
+
+#: The key a replay signs with when it is not given the run's secret (signatures are
+#: not compared).
+REPLAY_SECRET = b"trainguard-replay-does-not-sign-for-real"
+
+Decision = Derived | Command
+
+
+@dataclass
+class Replayed:
+    """What the core decided for the run when driven with its recorded telemetry."""
+
+    derived: list[Derived] = field(default_factory=list)
+    commands: list[Command] = field(default_factory=list)
+    records: int = 0
+    events: int = 0
+    duplicates: int = 0
+    rejections: int = 0
+    seconds: float = 0.0
+
+    @property
+    def events_per_s(self) -> float:
+        return self.events / self.seconds if self.seconds > 0 else 0.0
+
+
+def replay(
+    recording: Recording,
+    policy: CorePolicy,
+    secret: bytes = REPLAY_SECRET,
+    progress: Callable[[int, int], None] | None = None,
+) -> Replayed:
+    """Fold every telemetry record of `recording` into a fresh core under `policy`."""
+    driver = CoreDriver(policy, secret)
+    out = Replayed()
+    total = len(recording.records)
+    t0 = time.perf_counter()
+    for i, (_, _, value) in enumerate(recording.records, 1):
+        result = driver.handle(value)
+        out.records += 1
+        out.events += result.events
+        out.duplicates += result.duplicates
+        out.rejections += len(result.rejections)
+        out.derived += [d for d in result.derived if d.run_id == recording.run_id]
+        out.commands += [c for c in result.commands if c.run_id == recording.run_id]
+        if progress is not None and (i % 500 == 0 or i == total):
+            progress(i, total)
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def decision_id(record: Decision) -> str:
+    return record.command_id if isinstance(record, Command) else record.event_id
+
+
+def comparable(record: Record) -> dict[str, Any]:
+    """A decision's content as compared: everything but a command's signature."""
+    data = record.model_dump(mode="json")
+    data.pop("signature", None)
+    return {"kind": record.KIND, **data}
+
+
+def unique(records: Sequence[Decision]) -> list[Decision]:
+    """First occurrence of each id (the live log is at least once)."""
+    seen: set[str] = set()
+    out = []
+    for record in records:
+        if (key := decision_id(record)) not in seen:
+            seen.add(key)
+            out.append(record)
+    return out
+
+
+@dataclass(frozen=True)
+class Difference:
+    what: Literal["missing", "extra", "changed", "moved"]
+    decision_id: str
+    kind: str
+    step: int
+    detail: str
+
+
+@dataclass
+class Comparison:
+    """Recorded against replayed decisions (derived events and commands alike)."""
+
+    recorded: int
+    replayed: int
+    matched: int
+    differences: list[Difference]
+
+    @property
+    def identical(self) -> bool:
+        return not self.differences
+
+
+def compare(recorded: Sequence[Decision], replayed: Sequence[Decision]) -> Comparison:
+    """Decision for decision: missing (recorded, not replayed), extra (replayed only),
+    changed (same id, other content), moved (same decisions, another order)."""
+    rec, rep = unique(recorded), unique(replayed)
+    rec_by_id = {decision_id(r): r for r in rec}
+    rep_by_id = {decision_id(r): r for r in rep}
+    diffs: list[Difference] = []
+    for r in rec:
+        other = rep_by_id.get(decision_id(r))
+        if other is None:
+            diffs.append(Difference("missing", decision_id(r), r.KIND, _step(r), _text(r)))
+        elif comparable(other) != comparable(r):
+            changed = sorted(k for k, v in comparable(r).items() if comparable(other).get(k) != v)
+            diffs.append(
+                Difference("changed", decision_id(r), r.KIND, _step(r), "fields: " + ", ".join(changed))
+            )
+    diffs += [
+        Difference("extra", decision_id(r), r.KIND, _step(r), _text(r))
+        for r in rep
+        if decision_id(r) not in rec_by_id
+    ]
+    common_rec = [decision_id(r) for r in rec if decision_id(r) in rep_by_id]
+    common_rep = [decision_id(r) for r in rep if decision_id(r) in rec_by_id]
+    for i, (a, b) in enumerate(zip(common_rec, common_rep, strict=True)):
+        if a != b:  # report the first place the order diverges
+            diffs.append(Difference("moved", a, rec_by_id[a].KIND, _step(rec_by_id[a]), f"position {i}: {b}"))
+            break
+    matched = sum(
+        1 for r in rec if (o := rep_by_id.get(decision_id(r))) is not None and comparable(o) == comparable(r)
+    )
+    return Comparison(len(rec), len(rep), matched, diffs)
+
+
+def _step(record: Decision) -> int:
+    return int(getattr(record, "step", -1))
+
+
+def _text(record: Decision) -> str:
+    return record.reason.text[:160]
+
+
+def decisions_of(recording: Recording) -> list[Decision]:
+    """The recorded decisions, derived events then commands (each in publication order)."""
+    return [*recording.derived, *recording.commands]
+
+
+def replayed_decisions(replayed: Replayed) -> list[Decision]:
+    return [*replayed.derived, *replayed.commands]

@@ -2,7 +2,8 @@
 
 Naming follows Prometheus conventions (units in names, `_total` counters). Label
 cardinality is bounded: no per-rank or per-node label; the slowest rank is a gauge
-*value*. Per-run gauges carry `run_id` only while the run is live in this worker.
+*value*, the stragglers a count. Per-run gauges, and the pages counter (`run_id` and a
+rule from a fixed set), carry `run_id` only while the run is live in this worker.
 Gauges are refreshed from the core's state by the driver's event loop (a snapshot),
 never read from it by the scrape thread, so a scrape cannot race the core.
 """
@@ -11,9 +12,26 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from ..processors.core import CoreState, RunPhase, goodput, step_time_summary
+from ..processors.core import CoreState, RunPhase, RunState, goodput, step_time_summary
 from ..processors.driver import DriverResult
-from ..schemas import Interruption
+from ..schemas import Interruption, Page
+
+#: Every rule the core pages on (processors/core: paging.py, eviction.py, rollback.py): the
+#: values of the pages counter's `rule` label, with OTHER_RULE for one not listed here, so a
+#: new rule still pages (sinks/prometheus/trainguard.rules.yml) and the label stays bounded.
+PAGE_RULES = ("same_node", "same_step", "failure_rate", "goodput", "same_rack_eviction", "no_clean_ancestor")
+OTHER_RULE = "other"
+
+
+def page_rule(rule: str) -> str:
+    """The `rule` label of a page."""
+    return rule if rule in PAGE_RULES else OTHER_RULE
+
+
+def flagged_ranks(run: RunState) -> int:
+    """Ranks of the current attempt flagged as stragglers; the detector keeps an older
+    attempt's flags until the new attempt's first step, and those ranks may be gone."""
+    return len(run.straggler.flagged) if run.straggler.attempt == run.attempt else 0
 
 
 class ProcessorMetrics:
@@ -67,8 +85,39 @@ class ProcessorMetrics:
             ["run_id"],
             registry=r,
         )
+        # run_id, so that the alert names the run to act on. Bounded like the gauges: a run has
+        # series only while it has gauges (every live run plus `keep_finished` finished ones),
+        # one per rule of a fixed set. They start at 0 with the run's gauges, because
+        # increase() over a series born at 1 is 0: the run's first page would not alert
+        # (for one paged before its first scrape the alerts read `trainguard_pages_created`).
+        self.pages = Counter(
+            "trainguard_pages_total",
+            "Pages sent by the core (seed R5), by rule.",
+            ["run_id", "rule"],
+            registry=r,
+        )
+        self.stragglers = Gauge(
+            "trainguard_stragglers",
+            "Ranks of the run's current attempt flagged as stragglers, in the run's shards held "
+            "by this worker.",
+            ["run_id"],
+            registry=r,
+        )
+        self.world_size = Gauge(
+            "trainguard_world_size", "Ranks in the run (0 while unknown).", ["run_id"], registry=r
+        )
+        self._per_run = (
+            self.goodput,
+            self.step_p50,
+            self.step_max,
+            self.slowest_rank,
+            self.stragglers,
+            self.world_size,
+        )
         self._counted: set[str] = set()
         self._labelled: set[str] = set()
+        #: Runs with page series (a page may come before its run's first refresh).
+        self._paged_runs: set[str] = set()
 
     def observe(self, result: DriverResult) -> None:
         self.events.inc(result.events - result.duplicates)
@@ -82,6 +131,10 @@ class ProcessorMetrics:
             if isinstance(derived, Interruption) and derived.interruption_id not in self._counted:
                 self._counted.add(derived.interruption_id)
                 self.interruptions.labels(cause=derived.cause.value).inc()
+            elif isinstance(derived, Page) and derived.event_id not in self._counted:
+                self._counted.add(derived.event_id)
+                self._page_series(derived.run_id)
+                self.pages.labels(run_id=derived.run_id, rule=page_rule(derived.rule)).inc()
 
     def refresh(self, state: CoreState) -> None:
         # Every run still training, plus the most recent finished ones: bounded labels.
@@ -91,8 +144,14 @@ class ProcessorMetrics:
         live = {run_id for run_id, run in runs.items() if run.phase != RunPhase.FINISHED}
         live |= {run_id for _, run_id in finished[-self.keep_finished :]}
         for gone in self._labelled - live:
-            for gauge in (self.goodput, self.step_p50, self.step_max, self.slowest_rank):
+            for gauge in self._per_run:
                 gauge.remove(gone)
+        for gone in self._paged_runs - live:
+            self.pages.remove_by_labels({"run_id": gone})
+        self._paged_runs &= live
+        shards: dict[str, list[RunState]] = {}
+        for run in state.runs.values():
+            shards.setdefault(run.run_id, []).append(run)
         for run_id in live:
             run = state.runs[run_id]
             p50, worst, slowest = step_time_summary(run)
@@ -100,7 +159,17 @@ class ProcessorMetrics:
             self.step_p50.labels(run_id=run_id).set(p50)
             self.step_max.labels(run_id=run_id).set(worst)
             self.slowest_rank.labels(run_id=run_id).set(slowest)
+            self.stragglers.labels(run_id=run_id).set(sum(map(flagged_ranks, shards[run_id])))
+            self.world_size.labels(run_id=run_id).set(run.world_size or 0)
+            self._page_series(run_id)
         self._labelled = live
+
+    def _page_series(self, run_id: str) -> None:
+        """The run's page counters, every rule at 0 until it pages."""
+        if run_id not in self._paged_runs:
+            self._paged_runs.add(run_id)
+            for rule in (*PAGE_RULES, OTHER_RULE):
+                self.pages.labels(run_id=run_id, rule=rule)
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         start_http_server(port, addr=addr, registry=self.registry)

@@ -15,18 +15,21 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import time
 import uuid
 from collections.abc import Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import faust
 from faust.types import RecordMetadata
 
 from ..broker.topics import TopicNames, partition_count, topic_names
-from ..schemas import Envelope, Tick, encode
+from ..schemas import Command, Envelope, Tick, encode
 from ..schemas.sharding import telemetry_key, telemetry_partition
 from ..sinks.metrics import ProcessorMetrics
+from . import api_web
+from .api import ApiContext, RunsView
 from .core import CorePolicy
 from .driver import CoreDriver, DriverResult
 
@@ -44,10 +47,22 @@ class ProcessorSettings:
     metrics_addr: str = "127.0.0.1"
     metrics_refresh_s: float = 1.0
     tick_interval_s: float = 5.0
+    #: The run API (processors/api.py) on this port; None: off. It needs `api_token`.
+    api_port: int | None = None
+    api_host: str = "127.0.0.1"
+    api_token: str | None = field(default=None, repr=False)
 
     @property
     def topics(self) -> TopicNames:
         return topic_names(self.topic_prefix)
+
+
+def _datadir() -> str:
+    """faust's worker directory (no table lives there: the store is memory://), under
+    $TRAINGUARD_HOME (else ./.trainguard) rather than in the working directory."""
+    parent = os.path.join(os.environ.get("TRAINGUARD_HOME") or ".trainguard", "processor")
+    os.makedirs(parent, exist_ok=True)  # faust creates only the last level
+    return os.path.join(parent, "{conf.id}-data")
 
 
 def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, ProcessorMetrics]:
@@ -55,7 +70,8 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
         f"{settings.topic_prefix}{settings.app_id}",
         broker=f"kafka://{settings.bootstrap}",
         store="memory://",
-        web_enabled=False,
+        datadir=_datadir(),
+        **api_web.web_options(settings.api_port, settings.api_host),
         topic_replication_factor=1,
         topic_allow_declare=False,  # topics are created by the project, not by faust
         consumer_auto_offset_reset="earliest",
@@ -78,6 +94,8 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
 
     driver = CoreDriver(settings.policy, settings.master_secret)
     metrics = ProcessorMetrics()
+    # The API's projection of the outputs, folded with the core in the same step.
+    view = RunsView() if settings.api_port is not None else None
     # Records this worker writes into the telemetry log (ticks, forwards) go to the run's
     # shard-0 partition, computed as the shippers compute it (schemas/sharding.py).
     partitions = partition_count(settings.bootstrap, names.telemetry)
@@ -113,6 +131,8 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
             message = event.message
             value = event.value if isinstance(event.value, bytes) else b""
             result = driver.handle(value)
+            if view is not None:
+                view.observe(result.derived, result.commands)
             metrics.observe(result)
             if result.rejections or result.derived or result.commands or result.forwards:
                 await publish(result, f"{message.topic}:{message.partition}:{message.offset}")
@@ -149,6 +169,18 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
     @app.timer(interval=settings.metrics_refresh_s)
     async def refresh_metrics() -> None:
         metrics.refresh(driver.state)
+
+    if view is not None:
+
+        async def publish_command(command: Command) -> None:
+            await (await commands.send(key=command.run_id.encode(), value=encode(command)))
+
+        token = settings.api_token or ""  # mount refuses an empty or short one
+        api_web.mount(
+            app,
+            ApiContext(driver.state, view, settings.policy, token, settings.master_secret),
+            publish_command,
+        )
 
     return app, driver, metrics
 

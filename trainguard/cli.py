@@ -181,11 +181,21 @@ def process(
     metrics_port: Annotated[int, typer.Option(help="Prometheus /metrics port (0: off).")] = 9464,
     metrics_addr: Annotated[str, typer.Option(help="Address the metrics server binds.")] = "127.0.0.1",
     loglevel: Annotated[str, typer.Option(help="faust log level")] = "warning",
+    api_port: Annotated[
+        int, typer.Option(help="Run API port (0: off); needs TRAINGUARD_API_TOKEN(_FILE).")
+    ] = 0,
+    api_host: Annotated[str, typer.Option(help="Address the run API binds.")] = "127.0.0.1",
 ) -> None:
     """Run the stream processor: telemetry -> detections, interruptions and signed commands."""
+    from .processors.api_web import ApiTokenError, load_api_token
     from .processors.app import ProcessorSettings, run_worker
     from .processors.core.policy import load_policy
 
+    try:
+        api_token = load_api_token() if api_port else None
+    except ApiTokenError as exc:
+        console.print(f"[red]{exc}")
+        raise typer.Exit(2) from exc
     settings = ProcessorSettings(
         bootstrap=resolve_bootstrap(bootstrap),
         master_secret=master_secret(),
@@ -193,6 +203,9 @@ def process(
         policy=load_policy(policy),
         metrics_port=metrics_port or None,
         metrics_addr=metrics_addr,
+        api_port=api_port or None,
+        api_host=api_host,
+        api_token=api_token,
     )
     run_worker(settings, loglevel=loglevel)
 

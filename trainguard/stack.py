@@ -80,14 +80,17 @@ def start_processor(
     log: Path,
     secret_env: dict[str, str] | None = None,
     topic_prefix: str = "",
+    api_port: int | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """One processor worker (`trainguard process`) in its own process, logging to `log`;
     returns once its metrics endpoint answers. Workers started on the same broker share
-    the telemetry partitions (one consumer group)."""
+    the telemetry partitions (one consumer group). With `api_port`, it serves the run API
+    there too (its token must be in `secret_env` or the environment)."""
     url = f"http://127.0.0.1:{metrics_port}/metrics"
     command = [sys.executable, "-m", "trainguard", "process", "--bootstrap", bootstrap]
     command += ["--policy", str(policy), "--metrics-port", str(metrics_port), "--loglevel", "info"]
     command += ["--topic-prefix", topic_prefix] if topic_prefix else []
+    command += ["--api-port", str(api_port)] if api_port else []
     with log.open("wb") as out:
         processor = subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(secret_env or {})}

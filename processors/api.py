@@ -1,0 +1,1029 @@
+"""The run API (seed §3), as pure functions: a request and the processor's state in, a
+status, a JSON body and the commands to publish out. No socket, no clock, no randomness
+(the web glue in :mod:`.api_web` passes a fresh `request_id` and publishes the commands).
+
+Endpoints (every one but ``GET /`` and ``GET /openapi.json`` needs ``Authorization:
+Bearer <token>``; :data:`ROUTES` is the one table the server and the OpenAPI document
+are both built from):
+
+  POST /runs                   validate a run spec, allocate its run_id (202)
+  GET  /runs/{id}/health       step times, slowest rank, goodput, interruptions, quarantined
+                               nodes, SDC checks, from the live core state
+  POST /runs/{id}/checkpoint   publish a signed CheckpointNow for the current attempt (202)
+  POST /runs/{id}/resume       publish a signed ResumeFrom a *validated* checkpoint, the newest
+                               one by default (202); 409 when there is none, 422 when the
+                               named step is not one
+  GET  /runs/{id}/timeline     every interruption: cause, node, rank, lost steps, restart
+                               seconds, cost, the decisions it caused and their reasons
+
+What registering a run means. The log is the only source of truth: a run exists for the
+core when its launcher's RunStarted arrives, and a replay of the log must rebuild the same
+state. So ``POST /runs`` writes nothing and keeps nothing: it validates the spec, derives a
+run_id (from the Idempotency-Key when given, so a retried POST gets the same id), a config
+digest, the `trainguard launch` command line that starts it, and says where the spec
+differs from this processor's policy (the core applies one policy to every run). An
+API-side registry would be state that the log does not have, lost on restart and
+invisible to replay; a RunDeclared event would need a new schema kind and a core that
+acted on it. Until the launcher starts it, ``GET /runs/{id}/health`` answers 404.
+
+Read-only snapshot. The handlers read the core's state (never write it; the core is only
+driven by events) between two records of the stream: the processor folds a record
+synchronously on the event loop the server shares, so a request never sees a record half
+applied. The goodput is summed from the core's minute buckets without touching its
+window cursors.
+
+The timeline needs what the core emits but does not keep (an interruption's cause,
+lost steps, restart seconds, cost and the decisions it led to): :class:`RunsView` is a
+projection folded from the processor's own outputs, the same derived events and commands
+it publishes, in the order it publishes them; deterministic, bounded, and rebuilt
+exactly as the core is. It mirrors the archive's ``timeline`` view (sinks/archive_schema.py):
+a decision belongs to an interruption when it shares a cause with it, or was caused by a
+decision that does (the quarantine's QuarantineNode).
+
+Commands the API publishes are signed with the run's key like the core's, for the run's
+current attempt, stamped with the run's event time (its newest event's ts). Their
+command_id is uuid5 of (kind, run_id, Idempotency-Key) when the client sends the header,
+so a retried POST yields the same id and the actuators execute it once; without it, each
+request is a new command.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import re
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema
+from pydantic.json_schema import models_json_schema
+
+from ..schemas import (
+    CheckpointNow,
+    Command,
+    Derived,
+    EvictionDecision,
+    Interruption,
+    InterruptionRecovered,
+    IntervalUpdate,
+    Page,
+    Quarantine,
+    QuarantineNode,
+    Reason,
+    ReasonCode,
+    ResumeFrom,
+    SdcMismatch,
+    StragglerDiagnosed,
+)
+from ..schemas.auth import run_key, sign
+from .core import CorePolicy, CoreState, RunPhase, RunState, step_time_summary
+from .core.goodput import Breakdown, GoodputState, Minute
+
+API_VERSION = "1.0.0"
+WEEK_S = 604_800.0
+#: Interruptions a run's timeline keeps (Llama 3 saw 419 in 54 days on 16,384 GPUs).
+MAX_INTERRUPTIONS = 10_000
+#: Recent decisions kept per run to attach to an interruption declared after them (a
+#: hang's abort comes before the interruption its stack dumps conclude).
+RECENT_DECISIONS = 512
+_NAMESPACE = uuid.UUID("0b8f4c1e-6a53-4c49-9d0e-617069747267")
+_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+# --------------------------------------------------------------------------- request models
+
+
+def _seconds(value: object, expected: str = "seconds or a duration like '90s', '5m', '1.5h'") -> object:
+    """A duration: seconds as a number, or a string like "90s", "5m", "1.5h"."""
+    if isinstance(value, str) and (found := _DURATION.match(value)):
+        return float(found.group(1)) * _UNITS[found.group(2)]
+    if isinstance(value, str | bool) or value is None:
+        raise ValueError(f"expected {expected}; got {value!r}")
+    return value
+
+
+def _interval(value: object) -> object:
+    """'auto' or positive seconds; checked here so that an error names the field, not a
+    branch of the union."""
+    if value == "auto":
+        return value
+    expected = "'auto', positive seconds or a duration like '10m'"
+    seconds = _seconds(value, expected)
+    if not isinstance(seconds, int | float) or not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"expected {expected}; got {value!r}")
+    return float(seconds)
+
+
+_DURATION_SCHEMA = {
+    "oneOf": [
+        {"type": "number", "exclusiveMinimum": 0, "description": "seconds"},
+        {"type": "string", "pattern": _DURATION.pattern, "examples": ["90s", "5m", "1.5h"]},
+    ]
+}
+Seconds = Annotated[float, BeforeValidator(_seconds), Field(gt=0), WithJsonSchema(_DURATION_SCHEMA)]
+Interval = Annotated[
+    Literal["auto"] | Annotated[float, Field(gt=0)],
+    BeforeValidator(_interval),
+    WithJsonSchema({"oneOf": [{"const": "auto"}, *_DURATION_SCHEMA["oneOf"]]}),
+]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class CheckpointSpec(_Body):
+    uri: str = Field(min_length=1, max_length=2000, description="Where the run's checkpoints go.")
+    interval: Interval = Field(
+        "auto", description='"auto": Young/Daly from measured C and MTBF (seed §6), or fixed seconds.'
+    )
+
+
+class HealthSpec(_Body):
+    step_timeout: Seconds = Field(90.0, description="Hang timeout until 3 x p99 step time is measured.")
+    straggler_sigma: float = Field(3.0, gt=0, description="Robust z above which a rank is slow.")
+
+
+class RunSpec(_Body):
+    """POST /runs (seed §3)."""
+
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", description="Becomes the run_id's prefix."
+    )
+    world_size: int = Field(ge=1, le=1_048_576)
+    image: str = Field("", max_length=2000, description="Container image (informational).")
+    entrypoint: list[str] = Field(default_factory=list, max_length=256, description="The rank program.")
+    checkpoint: CheckpointSpec
+    health: HealthSpec = HealthSpec()
+
+
+class CheckpointRequest(_Body):
+    """POST /runs/{run_id}/checkpoint (the body is optional)."""
+
+    reason: str = Field("", max_length=500, description="Why, for the command's reason (e.g. maintenance).")
+
+
+class ResumeRequest(_Body):
+    """POST /runs/{run_id}/resume (the body is optional)."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    from_step: int | None = Field(
+        None, alias="from", ge=0, description="A validated checkpoint step; default: the newest one."
+    )
+    reason: str = Field("", max_length=500)
+
+
+# --------------------------------------------------------------------------- response models
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class FieldError(_Out):
+    field: str
+    reason: str
+
+
+class ApiError(_Out):
+    status: int
+    error: str = Field(description="A short code: unauthorized, not_found, invalid_field, ...")
+    message: str
+    fields: list[FieldError] = Field(default_factory=list)
+
+
+class Status(_Out):
+    status: str = "OK"
+
+
+class RunDeclared(_Out):
+    run_id: str
+    name: str
+    world_size: int
+    config_digest: str = Field(description="sha256 of the validated spec (16 hex digits).")
+    known: bool = Field(description="True when the core already has the run (its RunStarted arrived).")
+    launch: list[str] = Field(description="The command line that starts it under trainguard.")
+    checkpoint: CheckpointSpec
+    health: HealthSpec
+    policy_differences: list[str] = Field(
+        description="Where the spec asks for something this processor's policy (one for every run) differs."
+    )
+
+
+class InterruptionSummary(_Out):
+    interruption_id: str
+    at: float
+    cause: str
+    node: str
+    rank: int
+    step: int
+    restart_seconds: float | None
+
+
+class QuarantinedNode(_Out):
+    node: str
+    since: float
+    attempt: int
+    reason: str
+    interruption_id: str | None
+
+
+class SdcResult(_Out):
+    step: int
+    result: Literal["pass", "mismatch"]
+    method: str | None = None
+    node: str | None = None
+    rank: int | None = None
+
+
+class SdcChecks(_Out):
+    last: SdcResult | None = Field(description="The newest check result the processor knows.")
+    status: Literal["none", "pass", "mismatch"] = Field(
+        description="mismatch: a mismatch is unresolved (no rollback to a clean ancestor yet)."
+    )
+    verified_step: int = Field(description="The verification watermark: newest step a check passed at.")
+    mismatches: int
+    self_checks_issued: int
+    cross_checks_issued: int
+
+
+class Health(_Out):
+    run_id: str
+    phase: str
+    attempt: int
+    world_size: int | None
+    step: int
+    as_of: float = Field(description="Event time of the newest record the core has of the run.")
+    step_time_p50: float | None
+    step_time_max: float | None
+    slowest_rank: int | None
+    goodput_7d: float
+    interruptions: list[InterruptionSummary]
+    quarantined_nodes: list[QuarantinedNode]
+    sdc_checks: SdcChecks
+    validated_checkpoints: list[int] = Field(description="Resumable steps the core keeps, oldest first.")
+
+
+class DecisionOut(_Out):
+    decision_id: str
+    kind: str
+    at: float
+    reason_code: str
+    reason: str
+
+
+class TimelineEntry(_Out):
+    interruption_id: str
+    at: float
+    attempt: int
+    cause: str
+    detected_by: str
+    node: str
+    rank: int
+    step: int
+    lost_steps: int
+    last_checkpoint_step: int
+    restart_seconds: float | None = Field(description="None until the next attempt completes a step.")
+    resumed_attempt: int | None
+    lost_seconds: float | None
+    gpu_hours: float | None = Field(description="Cost: world size x (detect + restart + lost seconds).")
+    phases: dict[str, float]
+    reason_code: str
+    reason: str
+    decisions: list[DecisionOut]
+
+
+class Timeline(_Out):
+    run_id: str
+    interruptions: list[TimelineEntry]
+
+
+class CommandAccepted(_Out):
+    run_id: str
+    command_id: str
+    kind: str
+    attempt: int
+    issued_ts: float
+    checkpoint_step: int | None = None
+    uri: str | None = None
+    warnings: list[str] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- the projection
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    decision_id: str
+    kind: str
+    at: float
+    reason_code: str
+    reason: str
+    caused_by: tuple[str, ...]
+
+
+@dataclass
+class InterruptionRecord:
+    event: Interruption
+    recovered: InterruptionRecovered | None = None
+    decisions: dict[str, DecisionRecord] = field(default_factory=dict)
+
+    @property
+    def ids(self) -> set[str]:
+        """What a decision caused by this interruption names in its caused_by."""
+        return {*self.event.caused_by, self.event.interruption_id, self.event.event_id}
+
+
+@dataclass
+class QuarantineRecord:
+    node: str
+    since: float
+    attempt: int
+    reason: str
+    caused_by: tuple[str, ...]
+
+
+@dataclass
+class RunView:
+    interruptions: OrderedDict[str, InterruptionRecord] = field(default_factory=OrderedDict)
+    #: id -> (interruption_id, depth): depth 0 an id the interruption names, 1 a decision
+    #: it caused (whose own decisions belong to it too, as in the archive's timeline).
+    links: dict[str, tuple[str, int]] = field(default_factory=dict)
+    recent: deque[DecisionRecord] = field(default_factory=lambda: deque(maxlen=RECENT_DECISIONS))
+    quarantined: dict[str, QuarantineRecord] = field(default_factory=dict)
+    last_mismatch: SdcMismatch | None = None
+
+
+#: Derived kinds that are decisions (the archive's `decision` view); every command is one.
+_DECISION_KINDS = (Quarantine, Page, EvictionDecision, IntervalUpdate, StragglerDiagnosed)
+
+
+@dataclass
+class RunsView:
+    """The API's projection of the processor's outputs (see the module docstring)."""
+
+    runs: dict[str, RunView] = field(default_factory=dict)
+
+    def observe(self, derived: Iterable[Derived], commands: Iterable[Command]) -> None:
+        for event in derived:
+            run = self.runs.setdefault(event.run_id, RunView())
+            if isinstance(event, Interruption):
+                _on_interruption(run, event)
+            elif isinstance(event, InterruptionRecovered):
+                if (record := run.interruptions.get(event.interruption_id)) is not None:
+                    record.recovered = event
+            elif isinstance(event, SdcMismatch) and (
+                run.last_mismatch is None or event.ts >= run.last_mismatch.ts
+            ):
+                run.last_mismatch = event
+            if isinstance(event, Quarantine):
+                _quarantined(run, event.node, event.ts, event.attempt, event.reason, event.caused_by)
+            if isinstance(event, _DECISION_KINDS):
+                _on_decision(
+                    run, _decision(event.event_id, event.KIND, event.ts, event.reason, event.caused_by)
+                )
+        for command in commands:
+            run = self.runs.setdefault(command.run_id, RunView())
+            if isinstance(command, QuarantineNode):  # the SDC detector's come without a Quarantine
+                args = (command.issued_ts, command.attempt, command.reason, command.caused_by)
+                _quarantined(run, command.node, *args)
+            reason, caused_by = command.reason, command.caused_by
+            _on_decision(
+                run, _decision(command.command_id, command.KIND, command.issued_ts, reason, caused_by)
+            )
+
+
+def _decision(decision_id: str, kind: str, at: float, reason: Reason, caused_by: list[str]) -> DecisionRecord:
+    return DecisionRecord(decision_id, kind, at, reason.code.value, reason.text, tuple(caused_by))
+
+
+def _quarantined(
+    run: RunView, node: str, at: float, attempt: int, reason: Reason, caused_by: list[str]
+) -> None:
+    if node and node not in run.quarantined:  # the first one says why
+        run.quarantined[node] = QuarantineRecord(node, at, attempt, reason.text, tuple(caused_by))
+
+
+def _on_interruption(run: RunView, event: Interruption) -> None:
+    if event.interruption_id in run.interruptions:  # re-made after a restart: same id
+        return
+    record = run.interruptions[event.interruption_id] = InterruptionRecord(event)
+    for cause in record.ids:
+        run.links.setdefault(cause, (event.interruption_id, 0))
+    for _ in range(2):  # decisions made before it was declared, then the decisions they caused
+        for decision in run.recent:
+            _link(run, decision)
+    if len(run.interruptions) > MAX_INTERRUPTIONS:
+        oldest, _ = run.interruptions.popitem(last=False)
+        for key in [k for k, (iid, _) in run.links.items() if iid == oldest]:
+            del run.links[key]
+
+
+def _on_decision(run: RunView, decision: DecisionRecord) -> None:
+    run.recent.append(decision)
+    _link(run, decision)
+
+
+def _link(run: RunView, decision: DecisionRecord) -> None:
+    for cause in decision.caused_by:
+        found = run.links.get(cause)
+        record = run.interruptions.get(found[0]) if found is not None else None
+        if found is None or record is None:
+            continue
+        record.decisions.setdefault(decision.decision_id, decision)
+        if found[1] == 0:
+            run.links.setdefault(decision.decision_id, (found[0], 1))
+        return
+
+
+# --------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True)
+class ApiRequest:
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    body: bytes = b""
+    #: A fresh unique id per request (from the glue): the command id when no
+    #: Idempotency-Key is sent.
+    request_id: str = ""
+
+    @classmethod
+    def make(
+        cls, method: str, path: str, headers: Mapping[str, str], body: bytes = b"", request_id: str = ""
+    ) -> ApiRequest:
+        lowered = {k.lower(): v for k, v in headers.items()}
+        return cls(method.upper(), path, lowered, body, request_id)
+
+
+@dataclass(frozen=True)
+class ApiResponse:
+    status: int
+    body: dict[str, Any]
+    headers: Mapping[str, str] = field(default_factory=dict)
+    #: Signed commands the glue must publish (delivered) before answering.
+    commands: tuple[Command, ...] = ()
+
+
+@dataclass(frozen=True)
+class ApiContext:
+    """What the handlers read: the live core state, the projection, the policy in force,
+    and the secrets (the API token; the master secret the commands are signed with)."""
+
+    state: CoreState
+    view: RunsView
+    policy: CorePolicy
+    token: str = field(repr=False)
+    master_secret: bytes = field(repr=False)
+
+
+Handler = Callable[[ApiContext, ApiRequest, dict[str, str], Any], ApiResponse]
+
+
+def error(
+    status: int, code: str, message: str, fields: Iterable[FieldError] = (), **headers: str
+) -> ApiResponse:
+    body = ApiError(status=status, error=code, message=message, fields=list(fields))
+    return ApiResponse(
+        status, body.model_dump(mode="json"), {k.replace("_", "-"): v for k, v in headers.items()}
+    )
+
+
+def _ok(status: int, model: BaseModel, commands: tuple[Command, ...] = ()) -> ApiResponse:
+    return ApiResponse(status, model.model_dump(mode="json", by_alias=True), {}, commands)
+
+
+def _authenticate(token: str, headers: Mapping[str, str]) -> ApiResponse | None:
+    challenge = 'Bearer realm="trainguard"'
+    scheme, _, given = headers.get("authorization", "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        message = "missing credentials: send 'Authorization: Bearer <token>'"
+        return error(401, "unauthorized", message, WWW_Authenticate=challenge)
+    if not hmac.compare_digest(given.strip().encode(), token.encode()):  # constant time
+        return error(401, "unauthorized", "wrong API token", WWW_Authenticate=challenge)
+    return None
+
+
+def _parse(model: type[_Body], raw: bytes, required: bool) -> _Body | ApiResponse:
+    if not raw.strip():
+        if required:
+            return error(400, "malformed_json", "a JSON object body is required")
+        return model()
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return error(400, "malformed_json", f"the body is not valid JSON: {exc}")
+    if not isinstance(data, dict):
+        return _invalid("<body>", f"expected a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = [
+            FieldError(
+                field=".".join(map(str, e["loc"])) or "<body>",
+                reason=e["msg"].removeprefix("Value error, "),
+            )
+            for e in exc.errors(include_url=False)
+        ]
+        listed = "; ".join(f"{p.field}: {p.reason}" for p in problems)
+        return error(422, "invalid_field", f"invalid request body: {listed}", problems)
+
+
+def _invalid(name: str, reason: str) -> ApiResponse:
+    message = f"invalid request body: {name}: {reason}"
+    return error(422, "invalid_field", message, [FieldError(field=name, reason=reason)])
+
+
+def _run(ctx: ApiContext, run_id: str) -> RunState | ApiResponse:
+    run = ctx.state.runs.get(run_id)
+    if run is None or not run.coordinator:  # shards of a sharded run are keyed "id#n"
+        message = (
+            f"no run {run_id!r} on this processor: it has seen no telemetry of it (a declared run "
+            "exists once its launcher starts it; a run whose partitions another worker owns is there)"
+        )
+        return error(404, "not_found", message)
+    return run
+
+
+def _idempotency_key(request: ApiRequest) -> str | None | ApiResponse:
+    key = request.headers.get("idempotency-key")
+    if key is None:
+        return None
+    if not _IDEMPOTENCY_KEY.match(key):
+        return error(400, "invalid_header", "Idempotency-Key must be 1-255 visible ASCII characters")
+    return key
+
+
+def _derived_uuid(*parts: str) -> str:
+    return uuid.uuid5(_NAMESPACE, orjson.dumps(parts).decode()).hex  # a JSON list: unambiguous
+
+
+def command_id(kind: str, run_id: str, idempotency_key: str | None, request_id: str) -> str:
+    """uuid5 of (kind, run_id, key): a retried POST is the same command (actuators execute
+    a command_id once); without a key, one per request."""
+    if idempotency_key is not None:
+        return _derived_uuid("api", kind, run_id, idempotency_key)
+    return _derived_uuid("api", kind, run_id, "request", request_id)
+
+
+# --------------------------------------------------------------------------- handlers
+
+
+def _status(ctx: ApiContext, request: ApiRequest, params: dict[str, str], body: Any) -> ApiResponse:
+    return _ok(200, Status())
+
+
+def _openapi(ctx: ApiContext, request: ApiRequest, params: dict[str, str], body: Any) -> ApiResponse:
+    return ApiResponse(200, openapi_document())
+
+
+def _declare(ctx: ApiContext, request: ApiRequest, params: dict[str, str], body: RunSpec) -> ApiResponse:
+    key = _idempotency_key(request)
+    if isinstance(key, ApiResponse):
+        return key
+    # With a key, a retried POST gets the same id; without one, each POST a new id.
+    suffix = _derived_uuid("run", key) if key is not None else _derived_uuid("run", request.request_id, "")
+    run_id = f"{body.name}-{suffix[:12]}"
+    digest = hashlib.sha256(body.model_dump_json().encode()).hexdigest()[:16]
+    directory = body.checkpoint.uri.removeprefix("file://")
+    launch = ["trainguard", "launch", "--run-id", run_id, "--nproc", str(body.world_size)]
+    launch += ["--checkpoint-dir", directory, "--", *body.entrypoint]
+    known = (run := ctx.state.runs.get(run_id)) is not None and run.coordinator
+    declared = RunDeclared(
+        run_id=run_id,
+        name=body.name,
+        world_size=body.world_size,
+        config_digest=digest,
+        known=known,
+        launch=launch,
+        checkpoint=body.checkpoint,
+        health=body.health,
+        policy_differences=policy_differences(body, ctx.policy),
+    )
+    return _ok(202, declared)
+
+
+def policy_differences(spec: RunSpec, policy: CorePolicy) -> list[str]:
+    found = []
+    where = "the core applies one policy to every run: set it in this processor's policy file"
+    interval = policy.interval
+    applied: str | float = "auto" if interval.mode == "auto" else interval.initial_s
+    if spec.checkpoint.interval != applied:
+        requested = spec.checkpoint.interval
+        found.append(f"checkpoint.interval: requested {requested!r}, applied {applied!r} ({where})")
+    if not math.isclose(spec.health.step_timeout, policy.hang.default_timeout_s):
+        found.append(
+            f"health.step_timeout: requested {spec.health.step_timeout:g}s, applied "
+            f"{policy.hang.default_timeout_s:g}s (hang.default_timeout_s; {where})"
+        )
+    if not math.isclose(spec.health.straggler_sigma, policy.straggler.sigma):
+        found.append(
+            f"health.straggler_sigma: requested {spec.health.straggler_sigma:g}, applied "
+            f"{policy.straggler.sigma:g} (straggler.sigma; {where})"
+        )
+    return found
+
+
+def goodput_over(state: GoodputState, window_s: float) -> float:
+    """Goodput over the trailing `window_s` of the run's clock, summed from the minute
+    buckets: read-only (core.goodput.breakdown moves its window cursors). Over all it keeps
+    when its longest reported window is shorter."""
+    if state.clock is None:
+        return Breakdown(window_s, 0.0, 0.0, 0.0, 0.0, 0.0).goodput
+    since = math.ceil((state.clock - window_s) / 60.0) - 1  # as breakdown counts minutes
+    inside = Minute()
+    for key, bucket in state.minutes.items():
+        if key > since:
+            inside.add(bucket)
+    b = inside
+    return Breakdown(window_s, b.elapsed, b.checkpoint, b.lost, b.restart, b.straggler).goodput
+
+
+def _sdc_checks(run: RunState, view: RunView) -> SdcChecks:
+    sdc, mismatch = run.sdc, view.last_mismatch
+    last: SdcResult | None = None
+    if sdc.last_passing_check_step >= 0:
+        last = SdcResult(step=sdc.last_passing_check_step, result="pass")
+    if mismatch is not None and (last is None or mismatch.step >= last.step):
+        last = SdcResult(
+            step=mismatch.step,
+            result="mismatch",
+            method=mismatch.method,
+            node=mismatch.node,
+            rank=mismatch.rank,
+        )
+    status: Literal["none", "pass", "mismatch"] = "pass" if sdc.last_passing_check_step >= 0 else "none"
+    if sdc.suspect_since_step is not None:
+        status = "mismatch"
+    return SdcChecks(
+        last=last,
+        status=status,
+        verified_step=sdc.last_passing_check_step,
+        mismatches=sdc.mismatches,
+        self_checks_issued=sdc.self_checks_issued,
+        cross_checks_issued=sdc.cross_checks_issued,
+    )
+
+
+def _interruption_of(view: RunView, caused_by: tuple[str, ...]) -> str | None:
+    return next((view.links[c][0] for c in caused_by if c in view.links), None)
+
+
+def _health(ctx: ApiContext, request: ApiRequest, params: dict[str, str], body: Any) -> ApiResponse:
+    run = _run(ctx, params["run_id"])
+    if isinstance(run, ApiResponse):
+        return run
+    view = ctx.view.runs.get(run.run_id, RunView())
+    p50, worst, slowest = step_time_summary(run)
+    stepped = slowest >= 0
+    interruptions = [
+        InterruptionSummary(
+            interruption_id=r.event.interruption_id,
+            at=r.event.ts,
+            cause=r.event.cause.value,
+            node=r.event.node,
+            rank=r.event.rank,
+            step=r.event.step,
+            restart_seconds=r.recovered.restart_s if r.recovered else None,
+        )
+        for r in view.interruptions.values()
+    ]
+    quarantined = [
+        QuarantinedNode(
+            node=q.node,
+            since=q.since,
+            attempt=q.attempt,
+            reason=q.reason,
+            interruption_id=_interruption_of(view, q.caused_by),
+        )
+        for q in view.quarantined.values()
+    ]
+    health = Health(
+        run_id=run.run_id,
+        phase=run.phase.value,
+        attempt=run.attempt,
+        world_size=run.world_size,
+        step=run.job_step,
+        as_of=run.last_ts,
+        step_time_p50=p50 if stepped else None,
+        step_time_max=worst if stepped else None,
+        slowest_rank=slowest if stepped else None,
+        goodput_7d=goodput_over(run.goodput, WEEK_S),
+        interruptions=interruptions,
+        quarantined_nodes=quarantined,
+        sdc_checks=_sdc_checks(run, view),
+        validated_checkpoints=sorted(run.rollback.validated),
+    )
+    return _ok(200, health)
+
+
+def _timeline(ctx: ApiContext, request: ApiRequest, params: dict[str, str], body: Any) -> ApiResponse:
+    run = _run(ctx, params["run_id"])
+    if isinstance(run, ApiResponse):
+        return run
+    view = ctx.view.runs.get(run.run_id, RunView())
+    entries = []
+    for record in sorted(view.interruptions.values(), key=lambda r: (r.event.ts, r.event.interruption_id)):
+        i, done = record.event, record.recovered
+        decisions = sorted(record.decisions.values(), key=lambda d: (d.at, d.kind, d.decision_id))
+        entries.append(
+            TimelineEntry(
+                interruption_id=i.interruption_id,
+                at=i.ts,
+                attempt=i.attempt,
+                cause=i.cause.value,
+                detected_by=i.detected_by,
+                node=i.node,
+                rank=i.rank,
+                step=i.step,
+                lost_steps=i.lost_steps,
+                last_checkpoint_step=i.last_checkpoint_step,
+                restart_seconds=done.restart_s if done else None,
+                resumed_attempt=done.resumed_attempt if done else None,
+                lost_seconds=done.lost_s if done else None,
+                gpu_hours=done.gpu_hours if done else None,
+                phases=dict(done.phases) if done else {},
+                reason_code=i.reason.code.value,
+                reason=i.reason.text,
+                decisions=[
+                    DecisionOut(
+                        decision_id=d.decision_id,
+                        kind=d.kind,
+                        at=d.at,
+                        reason_code=d.reason_code,
+                        reason=d.reason,
+                    )
+                    for d in decisions
+                ],
+            )
+        )
+    return _ok(200, Timeline(run_id=run.run_id, interruptions=entries))
+
+
+def _operator_reason(what: str, given: str) -> Reason:
+    text = f"{what}, requested through the run API: {given or 'no reason given'}"
+    return Reason(code=ReasonCode.OPERATOR, text=text)
+
+
+def _checkpoint(
+    ctx: ApiContext, request: ApiRequest, params: dict[str, str], body: CheckpointRequest
+) -> ApiResponse:
+    run = _run(ctx, params["run_id"])
+    if isinstance(run, ApiResponse):
+        return run
+    key = _idempotency_key(request)
+    if isinstance(key, ApiResponse):
+        return key
+    if run.phase in (RunPhase.INTERRUPTED, RunPhase.FINISHED):
+        message = f"run {run.run_id} is {run.phase.value} (attempt {run.attempt}): no rank would checkpoint"
+        return error(409, "conflict", message)
+    command = CheckpointNow(
+        command_id=command_id(CheckpointNow.KIND, run.run_id, key, request.request_id),
+        run_id=run.run_id,
+        attempt=run.attempt,
+        ranks=None,
+        issued_ts=run.last_ts,
+        reason=_operator_reason("checkpoint now", body.reason),
+    )
+    signed = sign(command, run_key(ctx.master_secret, run.run_id))
+    accepted = CommandAccepted(
+        run_id=run.run_id,
+        command_id=signed.command_id,
+        kind=signed.KIND,
+        attempt=signed.attempt,
+        issued_ts=signed.issued_ts,
+    )
+    return _ok(202, accepted, (signed,))
+
+
+def _resume(ctx: ApiContext, request: ApiRequest, params: dict[str, str], body: ResumeRequest) -> ApiResponse:
+    run = _run(ctx, params["run_id"])
+    if isinstance(run, ApiResponse):
+        return run
+    key = _idempotency_key(request)
+    if isinstance(key, ApiResponse):
+        return key
+    validated = run.rollback.validated
+    if not validated:
+        message = f"run {run.run_id} has no validated checkpoint (only validated ones are resumable)"
+        return error(409, "no_validated_checkpoint", message)
+    chosen = max(validated) if body.from_step is None else body.from_step
+    if chosen not in validated:
+        why = _not_resumable(run, chosen)
+        return _invalid(
+            "from", f"step {chosen} is not a validated checkpoint ({why}); validated: {sorted(validated)}"
+        )
+    target = validated[chosen]
+    warnings = []
+    sdc = run.sdc
+    if sdc.suspect_since_step is not None and chosen > sdc.last_passing_check_step:
+        warnings.append(
+            f"checkpoint {chosen} is newer than the verification watermark (step "
+            f"{sdc.last_passing_check_step}) while an SDC mismatch at step {sdc.suspect_since_step} "
+            "is unresolved: its weights may be corrupt"
+        )
+    command = ResumeFrom(
+        command_id=command_id(ResumeFrom.KIND, run.run_id, key, request.request_id),
+        run_id=run.run_id,
+        attempt=run.attempt,
+        ranks=None,
+        issued_ts=run.last_ts,
+        reason=_operator_reason(f"resume from validated checkpoint {chosen}", body.reason),
+        checkpoint_step=target.step,
+        uri=target.uri,
+    )
+    signed = sign(command, run_key(ctx.master_secret, run.run_id))
+    accepted = CommandAccepted(
+        run_id=run.run_id,
+        command_id=signed.command_id,
+        kind=signed.KIND,
+        attempt=signed.attempt,
+        issued_ts=signed.issued_ts,
+        checkpoint_step=target.step,
+        uri=target.uri,
+        warnings=warnings,
+    )
+    return _ok(202, accepted, (signed,))
+
+
+def _not_resumable(run: RunState, step: int) -> str:
+    if any(v.step == step for v in run.rollback.pruned):
+        return "retention dropped it"
+    if any(s == step for _, s in run.goodput.checkpoints):
+        return "written but never validated"
+    return "the core has no record of it"
+
+
+# --------------------------------------------------------------------------- routes
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    operation: str
+    summary: str
+    handler: Handler
+    response: type[BaseModel] | None
+    status: int = 200
+    auth: bool = True
+    request: type[_Body] | None = None
+    body_required: bool = False
+    idempotent_key: bool = False
+    errors: tuple[int, ...] = ()
+    #: Served by faust's own web layer (its production index), not registered by the glue.
+    builtin: bool = False
+
+    def match(self, path: str) -> dict[str, str] | None:
+        want, got = self.path.strip("/").split("/"), path.strip("/").split("/")
+        if len(want) != len(got):
+            return None
+        params = {}
+        for pattern, part in zip(want, got, strict=True):
+            if pattern.startswith("{"):
+                if not part:
+                    return None
+                params[pattern.strip("{}")] = part
+            elif pattern != part:
+                return None
+        return params
+
+
+_RUN_ERRORS = (401, 404)
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/", "status", "Liveness (faust's index page)", _status, Status, auth=False, builtin=True),
+    Route("GET", "/openapi.json", "openapi", "This OpenAPI document", _openapi, None, auth=False),
+    Route(
+        "POST", "/runs", "declare_run", "Validate a run spec and allocate its run_id", _declare, RunDeclared,
+        status=202, request=RunSpec, body_required=True, idempotent_key=True, errors=(400, 401, 422),
+    ),
+    Route(
+        "GET", "/runs/{run_id}/health", "run_health", "A run's health from the live core state", _health,
+        Health, errors=_RUN_ERRORS,
+    ),
+    Route(
+        "POST", "/runs/{run_id}/checkpoint", "checkpoint_now", "Publish a signed CheckpointNow", _checkpoint,
+        CommandAccepted, status=202, request=CheckpointRequest, idempotent_key=True,
+        errors=(400, *_RUN_ERRORS, 409, 422, 503),
+    ),
+    Route(
+        "POST", "/runs/{run_id}/resume", "resume_from", "Publish a signed ResumeFrom a validated checkpoint",
+        _resume, CommandAccepted, status=202, request=ResumeRequest, idempotent_key=True,
+        errors=(400, *_RUN_ERRORS, 409, 422, 503),
+    ),
+    Route(
+        "GET", "/runs/{run_id}/timeline", "run_timeline", "Every interruption: cause, cost, decisions",
+        _timeline, Timeline, errors=_RUN_ERRORS,
+    ),
+)  # fmt: skip
+
+
+def method_not_allowed(method: str, path: str) -> ApiResponse:
+    allowed = ", ".join(sorted({r.method for r in ROUTES if r.match(path) is not None}))
+    message = f"{method} is not allowed on {path}; allowed: {allowed}"
+    return error(405, "method_not_allowed", message, Allow=allowed)
+
+
+def handle(ctx: ApiContext, request: ApiRequest) -> ApiResponse:
+    """Route, authenticate, parse and answer one request."""
+    matched = [(route, params) for route in ROUTES if (params := route.match(request.path)) is not None]
+    if not matched:
+        return error(404, "not_found", f"no such path: {request.path} (GET /openapi.json lists them)")
+    method = "GET" if request.method == "HEAD" else request.method
+    found = next(((r, p) for r, p in matched if r.method == method), None)
+    if found is None:
+        return method_not_allowed(request.method, request.path)
+    route, params = found
+    if route.auth and (denied := _authenticate(ctx.token, request.headers)) is not None:
+        return denied
+    body: _Body | None = None
+    if route.request is not None:
+        parsed = _parse(route.request, request.body, route.body_required)
+        if isinstance(parsed, ApiResponse):
+            return parsed
+        body = parsed
+    return route.handler(ctx, request, params, body)
+
+
+# --------------------------------------------------------------------------- OpenAPI
+
+_ERROR_TEXT = {
+    400: "Malformed JSON or header",
+    401: "Missing or wrong token",
+    404: "Unknown run",
+    405: "Method not allowed",
+    409: "Conflicts with the run's state",
+    422: "Invalid fields (each named, with the reason)",
+    503: "The command could not be published",
+}
+_REF = "#/components/schemas/{model}"
+
+
+def openapi_document() -> dict[str, Any]:
+    """OpenAPI 3.1, from :data:`ROUTES` and the pydantic models (so it cannot drift)."""
+    inputs = [r.request for r in ROUTES if r.request is not None]
+    outputs = [r.response for r in ROUTES if r.response is not None] + [ApiError]
+    pairs: list[tuple[type[BaseModel], Literal["validation", "serialization"]]] = [
+        *((m, "validation") for m in inputs),
+        *((m, "serialization") for m in outputs),
+    ]
+    refs, schemas = models_json_schema(pairs, ref_template=_REF)
+    paths: dict[str, dict[str, Any]] = {}
+    for route in ROUTES:
+        operation: dict[str, Any] = {"operationId": route.operation, "summary": route.summary}
+        operation["security"] = [{"bearerAuth": []}] if route.auth else []
+        parameters = [
+            {"name": name.strip("{}"), "in": "path", "required": True, "schema": {"type": "string"}}
+            for name in route.path.split("/")
+            if name.startswith("{")
+        ]
+        if route.idempotent_key:
+            parameters.append(
+                {
+                    "name": "Idempotency-Key",
+                    "in": "header",
+                    "required": False,
+                    "description": "A retried request with the same key acts once (same id).",
+                    "schema": {"type": "string", "pattern": _IDEMPOTENCY_KEY.pattern},
+                }
+            )
+        if parameters:
+            operation["parameters"] = parameters
+        if route.request is not None:
+            operation["requestBody"] = {
+                "required": route.body_required,
+                "content": {"application/json": {"schema": refs[(route.request, "validation")]}},
+            }
+        body = refs[(route.response, "serialization")] if route.response is not None else {"type": "object"}
+        responses: dict[str, Any] = {
+            str(route.status): {
+                "description": route.summary,
+                "content": {"application/json": {"schema": body}},
+            }
+        }
+        error_body = {"application/json": {"schema": refs[(ApiError, "serialization")]}}
+        for status in route.errors:
+            responses[str(status)] = {"description": _ERROR_TEXT[status], "content": error_body}
+        operation["responses"] = responses
+        paths.setdefault(route.path, {})[route.method.lower()] = operation
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "trainguard run API",
+            "version": API_VERSION,
+            "description": "Served by the processor from its live state (seed §3).",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": schemas.get("$defs", {}),
+            "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
+        },
+    }

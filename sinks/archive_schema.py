@@ -10,9 +10,16 @@ arrival order and however often either record is redelivered.
 
 `at` is a keyword in DuckDB 2.0 and must be quoted in SQL: ``SELECT "at" FROM interruption``.
 
+The seed's data model (§4: run, checkpoint, interruption, rank_health, quarantine,
+sdc_check) is made of VIEWS over those tables, mostly over `raw_event.payload` (the whole
+record as JSON): nothing extra is written, so the views inherit the tables' idempotency and
+are correct whatever order the records arrived in. Views that answer the operator's
+questions build on them (VIEWS lists every one; docs/queries.md has the ready queries).
+
 All statements are idempotent; `Archive` runs them on every open. Tables keep their
 columns across versions; add a column with a new `ALTER TABLE ... ADD COLUMN IF NOT
-EXISTS` statement and bump SCHEMA_VERSION.
+EXISTS` statement and bump SCHEMA_VERSION. Views are replaced on every open: adding or
+changing one needs no version bump.
 """
 
 from __future__ import annotations
@@ -41,7 +48,44 @@ SUMMARY_RELATIONS = (
     DEAD_LETTER,
 )
 
+#: Every view, in creation order (a view may use the ones before it).
+VIEWS = (
+    "interruption",
+    "restart_phase",
+    "interruption_phase",
+    "restart_by_phase",
+    "decision",
+    "timeline",
+    "goodput",
+    "goodput_day",
+    "quarantine",
+    "node_quarantine",
+    "interruption_by_cause_node",
+    "node_kill",
+    "checkpoint",
+    "rank_health",
+    "rank_status",
+    "sdc_check",
+    "run",
+)
+
+#: Causes that blame the culprit node for a job's death (node_kill): not an eviction (the
+#: node was slow, the stop was planned), an operator's restart, or a non-finite loss (its
+#: first reporter is not evidence against its node, processors/core/quarantine.py).
+NODE_KILL_CAUSES = ("crash", "hang", "sdc")
+
+# GpuHealth fields (schemas/events.py) and their column types: one JSON parse per reading.
+_GPU_HEALTH_STRUCT = (
+    '{"present": "BOOLEAN", "temperature_c": "DOUBLE", "sm_clock_mhz": "DOUBLE", '
+    '"power_capped": "BOOLEAN", "thermal_throttle": "BOOLEAN", "nvlink_width": "BIGINT", '
+    '"nvlink_expected_width": "BIGINT", "nvlink_retries": "BIGINT", "ecc_corrected": "BIGINT", '
+    '"ecc_uncorrected": "BIGINT", "nic_utilization": "DOUBLE"}'
+)
+
 DDL: tuple[str, ...] = (
+    # Event times are seconds since the epoch (DOUBLE); utc(ts) shows one as a UTC timestamp
+    # whatever the session's time zone.
+    "CREATE OR REPLACE MACRO utc(ts) AS make_timestamp(CAST(round(ts * 1e6) AS BIGINT))",
     """
     CREATE TABLE IF NOT EXISTS archive_meta (
         key   VARCHAR PRIMARY KEY,
@@ -174,6 +218,36 @@ DDL: tuple[str, ...] = (
            CAST(p.value AS DOUBLE) AS seconds, e.ts AS "at"
     FROM raw_event e, json_each(e.payload->'phases') p
     WHERE e.kind = 'restart_phases'""",
+    # The core's phases of every recovered interruption (InterruptionRecovered.phases): detect
+    # (fault onset to detection, a hang's stall), reschedule (detection to the launch),
+    # startup (launch to the first step). reschedule + startup = restart_seconds; detect
+    # comes before it. Measured for every run, launched by trainguard or not.
+    """
+    CREATE OR REPLACE VIEW interruption_phase AS
+    SELECT r.run_id, r.interruption_id, d.cause, d.node_id, d."at", p.key AS phase,
+           p.id AS phase_order, CAST(p.value AS DOUBLE) AS seconds
+    FROM interruption_recovered r
+    JOIN raw_event e ON e.event_id = r.event_id
+    CROSS JOIN json_each(e.payload->'phases') p
+    LEFT JOIN interruption_detected d ON d.interruption_id = r.interruption_id""",
+    # "Restart seconds by phase": source 'core' is the processor's coarse split of every
+    # interruption, source 'launcher' the launcher's finer one (process_start, checkpoint_load,
+    # pg_init, first_step) where runs are launched by `trainguard launch`. Never add the two:
+    # they measure the same seconds. share = the phase's part of its source's total.
+    """
+    CREATE OR REPLACE VIEW restart_by_phase AS
+    WITH phases AS (
+        SELECT 'core' AS source, phase, phase_order, seconds FROM interruption_phase
+        UNION ALL
+        SELECT 'launcher', phase, phase_order, seconds FROM restart_phase
+    )
+    SELECT source, phase, count(*) AS restarts, sum(seconds) AS total_seconds,
+           avg(seconds) AS mean_seconds, quantile_cont(seconds, 0.5) AS p50_seconds,
+           max(seconds) AS max_seconds,
+           sum(seconds) / nullif(sum(sum(seconds)) OVER (PARTITION BY source), 0) AS share,
+           min(phase_order) AS phase_order
+    FROM phases
+    GROUP BY source, phase""",
     # Decisions: the core's commands and its decision events, each with its reason and the
     # ids of what caused it.
     """
@@ -229,31 +303,313 @@ DDL: tuple[str, ...] = (
            CAST(payload->>'goodput' AS DOUBLE)      AS goodput
     FROM raw_event
     WHERE kind = 'goodput_report'""",
-    # Quarantines (processors/core/quarantine.py and the SDC detector): "which node killed
-    # the most jobs" is `SELECT * FROM node_quarantine ORDER BY runs_affected DESC`.
+    # Goodput by UTC day, per run: the core's trailing 24-hour report (window_s = 86400), the
+    # newest one of the day. With a report every 10 minutes (the default) its window is the
+    # calendar day to within those 10 minutes; a run's first day covers only the time it ran.
+    # worst_hour_goodput: the lowest 1-hour report of the day (NULL without 1-hour windows).
+    """
+    CREATE OR REPLACE VIEW goodput_day AS
+    SELECT run_id, DATE '1970-01-01' + CAST(floor("at" / 86400) AS INTEGER) AS day,
+           arg_max(goodput, "at") FILTER (WHERE window_s = 86400)      AS goodput,
+           arg_max(elapsed_s, "at") FILTER (WHERE window_s = 86400)    AS elapsed_s,
+           arg_max(checkpoint_s, "at") FILTER (WHERE window_s = 86400) AS checkpoint_s,
+           arg_max(lost_s, "at") FILTER (WHERE window_s = 86400)       AS lost_s,
+           arg_max(restart_s, "at") FILTER (WHERE window_s = 86400)    AS restart_s,
+           arg_max(straggler_s, "at") FILTER (WHERE window_s = 86400)  AS straggler_s,
+           max("at") FILTER (WHERE window_s = 86400)                   AS report_at,
+           min(goodput) FILTER (WHERE window_s = 3600)                 AS worst_hour_goodput,
+           count(*) FILTER (WHERE window_s = 86400)                    AS reports
+    FROM goodput
+    GROUP BY ALL""",
+    # The seed's quarantine row, one per decision to take a node out of the pool: the core's
+    # Quarantine event (a crash's or hang's culprit, with the QuarantineNode command it
+    # caused), or a QuarantineNode command that no such event caused (the SDC detector's:
+    # its cause is the SdcMismatch, whose rank and step are shown). A command archived
+    # before its event shows as its own row until the event arrives, then merges into it.
+    """
+    CREATE OR REPLACE VIEW quarantine AS
+    WITH event AS (
+        SELECT * FROM raw_event WHERE kind = 'quarantine'
+    ), cmd AS (
+        SELECT c.*, CAST(c.payload->'caused_by' AS VARCHAR[]) AS causes
+        FROM command c WHERE c.kind = 'quarantine_node'
+    )
+    SELECT e.event_id AS quarantine_id, 'quarantine' AS source, e.node AS node_id, e.run_id,
+           e.attempt, e.rank, e.step, e.ts AS "at",
+           e.payload->'reason'->>'code' AS reason_code, e.payload->'reason'->>'text' AS reason_text,
+           CAST(e.payload->'run_ids_affected' AS VARCHAR[]) AS run_ids_affected,
+           CAST(e.payload->'caused_by' AS VARCHAR[]) AS caused_by,
+           (SELECT min(c.command_id) FROM cmd c
+            WHERE c.run_id = e.run_id AND list_contains(c.causes, e.event_id)) AS command_id
+    FROM event e
+    UNION ALL
+    SELECT c.command_id, 'quarantine_node', c.payload->>'node', c.run_id, c.attempt,
+           coalesce(m.rank, -1), coalesce(m.step, -1), c.issued_ts, c.reason_code, c.reason_text,
+           [c.run_id], c.causes, c.command_id
+    FROM cmd c
+    LEFT JOIN raw_event m ON m.event_id = c.causes[1]
+    WHERE NOT EXISTS (
+        SELECT 1 FROM event e WHERE e.run_id = c.run_id AND list_contains(c.causes, e.event_id)
+    )""",
+    # Quarantines per node: "which node was quarantined in the most jobs" is
+    # `SELECT * FROM node_quarantine ORDER BY runs_affected DESC`.
     """
     CREATE OR REPLACE VIEW node_quarantine AS
-    SELECT node AS node_id,
-           count(DISTINCT run_id) AS runs_affected,
-           count(*)               AS quarantines,
-           min(ts)                AS first_at,
-           max(ts)                AS last_at,
+    SELECT node_id,
+           len(run_ids) AS runs_affected, quarantines, first_at, last_at, run_ids
+    FROM (
+        SELECT node_id,
+               list_sort(list_distinct(flatten(list(list_append(run_ids_affected, run_id))))) AS run_ids,
+               count(*)   AS quarantines,
+               min("at")  AS first_at,
+               max("at")  AS last_at
+        FROM quarantine
+        GROUP BY node_id
+    )""",
+    # Interruptions by cause and culprit node ('' when the culprit is unknown). recovered
+    # counts those with a restart_seconds; the sums skip the others.
+    """
+    CREATE OR REPLACE VIEW interruption_by_cause_node AS
+    SELECT cause, node_id,
+           count(*)                              AS interruptions,
+           count(DISTINCT run_id)                AS runs,
+           count(restart_seconds)                AS recovered,
+           sum(restart_seconds)                  AS restart_seconds,
+           sum(lost_steps)                       AS lost_steps,
+           sum(gpu_hours)                        AS gpu_hours,
+           min("at")                             AS first_at,
+           max("at")                             AS last_at,
            list(DISTINCT run_id ORDER BY run_id) AS run_ids
-    FROM raw_event
-    WHERE kind = 'quarantine'
-    GROUP BY node""",
+    FROM interruption
+    GROUP BY cause, node_id""",
+    # Nodes and the jobs they killed (seed §4: "node n0417 has killed six jobs"): the runs in
+    # which the node was the culprit of an interruption whose cause blames it
+    # (NODE_KILL_CAUSES), joined with its quarantines (whose affected runs count too, in
+    # case the interruption itself is not archived).
+    f"""
+    CREATE OR REPLACE VIEW node_kill AS
+    WITH killed AS (
+        SELECT node_id,
+               list(DISTINCT run_id ORDER BY run_id) AS run_ids,
+               count(*)                              AS interruptions,
+               list(DISTINCT cause ORDER BY cause)   AS causes,
+               min("at")                             AS first_at,
+               max("at")                             AS last_at
+        FROM interruption
+        WHERE node_id <> '' AND cause IN {NODE_KILL_CAUSES!r}
+        GROUP BY node_id
+    )
+    SELECT node_id,
+           len(n.run_ids)                  AS jobs_killed,
+           n.run_ids,
+           coalesce(k.interruptions, 0)    AS interruptions,
+           coalesce(k.causes, [])          AS causes,
+           q.node_id IS NOT NULL           AS quarantined,
+           coalesce(q.quarantines, 0)      AS quarantines,
+           q.first_at                      AS quarantined_since,
+           k.first_at, k.last_at
+    FROM (
+        SELECT coalesce(k.node_id, q.node_id) AS node_id,
+               list_sort(list_distinct(list_concat(coalesce(k.run_ids, []), coalesce(q.run_ids, []))))
+                   AS run_ids
+        FROM killed k FULL JOIN node_quarantine q USING (node_id)
+    ) n
+    LEFT JOIN killed k USING (node_id)
+    LEFT JOIN node_quarantine q USING (node_id)""",
+    # The seed's checkpoint row: one per checkpoint step of a run attempt, from the ranks'
+    # CheckpointWritten (one per rank's part, or one for the whole: shards and bytes are
+    # summed over the ranks, each rank's newest report counted once), CheckpointValidated and
+    # CheckpointFailed. state: the newest verdict wins, so a write that failed and was
+    # retried is 'written' again; 'validated' only if no failure came after it (a tie is a
+    # failure: validity is established, never assumed). Only 'validated' is resumable.
+    """
+    CREATE OR REPLACE VIEW checkpoint AS
+    WITH written AS (
+        SELECT run_id, attempt, step,
+               count(*)         AS ranks_written,
+               sum(shards)      AS shards,
+               sum(bytes)       AS bytes,
+               max(blocking_s)  AS blocking_s,
+               max(write_s)     AS write_s,
+               min(ts)          AS first_written_at,
+               max(ts)          AS written_at,
+               arg_min(uri, rank) AS uri,
+               list(digest ORDER BY rank) AS digests
+        FROM (
+            SELECT run_id, attempt, rank, ts,
+                   CAST(payload->>'checkpoint_step' AS BIGINT) AS step,
+                   CAST(payload->>'shards' AS BIGINT)          AS shards,
+                   CAST(payload->>'bytes' AS BIGINT)           AS bytes,
+                   CAST(payload->>'blocking_s' AS DOUBLE)      AS blocking_s,
+                   CAST(payload->>'write_s' AS DOUBLE)         AS write_s,
+                   payload->>'uri' AS uri, payload->>'digest' AS digest
+            FROM raw_event
+            WHERE kind = 'checkpoint_written'
+            QUALIFY row_number() OVER (
+                PARTITION BY run_id, attempt, step, rank ORDER BY ts DESC, event_id
+            ) = 1
+        )
+        GROUP BY run_id, attempt, step
+    ), validated AS (
+        SELECT run_id, attempt, CAST(payload->>'checkpoint_step' AS BIGINT) AS step,
+               max(ts) AS validated_at,
+               arg_max(CAST(payload->>'last_verified_step' AS BIGINT), ts) AS last_verified_step,
+               arg_max(payload->>'uri', ts) AS uri
+        FROM raw_event WHERE kind = 'checkpoint_validated'
+        GROUP BY ALL
+    ), failed AS (
+        SELECT run_id, attempt, CAST(payload->>'checkpoint_step' AS BIGINT) AS step,
+               max(ts) AS failed_at, count(*) AS failures,
+               arg_max(payload->>'error', ts) AS error, arg_max(payload->>'uri', ts) AS uri
+        FROM raw_event WHERE kind = 'checkpoint_failed'
+        GROUP BY ALL
+    ), keys AS (
+        SELECT run_id, attempt, step FROM written
+        UNION SELECT run_id, attempt, step FROM validated
+        UNION SELECT run_id, attempt, step FROM failed
+    ), joined AS (
+        SELECT k.run_id, k.attempt, k.step,
+               CASE
+                   WHEN v.validated_at IS NOT NULL AND (f.failed_at IS NULL OR v.validated_at > f.failed_at)
+                       THEN 'validated'
+                   WHEN f.failed_at IS NOT NULL AND (w.written_at IS NULL OR f.failed_at >= w.written_at)
+                       THEN 'failed'
+                   ELSE 'written'
+               END AS state,
+               coalesce(w.uri, v.uri, f.uri) AS uri,
+               w.written_at, v.validated_at, f.failed_at, v.last_verified_step, f.error,
+               coalesce(f.failures, 0) AS failures,
+               w.ranks_written, w.shards, w.bytes, w.blocking_s, w.write_s, w.digests
+        FROM keys k
+        LEFT JOIN written w USING (run_id, attempt, step)
+        LEFT JOIN validated v USING (run_id, attempt, step)
+        LEFT JOIN failed f USING (run_id, attempt, step)
+    )
+    SELECT run_id, attempt, step, state, state = 'validated' AS validated, uri, written_at,
+           validated_at, validated_at - written_at AS validate_seconds, failed_at,
+           last_verified_step, error, failures, ranks_written, shards, bytes, blocking_s, write_s,
+           digests
+    FROM joined""",
+    # One row per GpuHealth reading (NVML on the rank's GPU). present = false: no GPU, every
+    # other field NULL. nvlink_degraded: fewer NVLink lanes up than expected.
+    f"""
+    CREATE OR REPLACE VIEW rank_health AS
+    SELECT run_id, attempt, rank, node_id, step, "at", h.*,
+           h.nvlink_width < h.nvlink_expected_width AS nvlink_degraded, event_id
+    FROM (
+        SELECT run_id, attempt, rank, node AS node_id, step, ts AS "at", event_id,
+               json_transform(payload, '{_GPU_HEALTH_STRUCT}') AS h
+        FROM raw_event
+        WHERE kind = 'gpu_health'
+    )""",
+    # The seed's rank_health row, per run attempt and rank (and its node): its pace (median
+    # step and compute time: the ewma's robust stand-in), its last sign of life, and a
+    # summary of its GPU health (ECC counters are cumulative in NVML: the max is the total).
+    """
+    CREATE OR REPLACE VIEW rank_status AS
+    WITH seen AS (
+        SELECT run_id, attempt, rank, node AS node_id,
+               max(ts) AS last_seen,
+               max(ts) FILTER (WHERE kind IN ('heartbeat', 'step_timing')) AS last_heartbeat,
+               max(step) FILTER (WHERE kind = 'step_timing') AS last_step,
+               count(*) FILTER (WHERE kind = 'step_timing') AS steps,
+               median(CAST(payload->>'total_s' AS DOUBLE)) FILTER (WHERE kind = 'step_timing')
+                   AS median_step_s,
+               median(CAST(payload->>'compute_s' AS DOUBLE)) FILTER (WHERE kind = 'step_timing')
+                   AS median_compute_s
+        FROM raw_event
+        WHERE rank >= 0 AND kind IN ('heartbeat', 'step_timing', 'gpu_health')
+        GROUP BY ALL
+    ), health AS (
+        SELECT run_id, attempt, rank, node_id,
+               count(*)                                AS health_readings,
+               max(temperature_c)                      AS max_temperature_c,
+               min(sm_clock_mhz)                       AS min_sm_clock_mhz,
+               count(*) FILTER (WHERE thermal_throttle) AS throttled_readings,
+               count(*) FILTER (WHERE power_capped)     AS power_capped_readings,
+               count(*) FILTER (WHERE nvlink_degraded)  AS nvlink_degraded_readings,
+               max(ecc_corrected)                      AS ecc_corrected,
+               max(ecc_uncorrected)                    AS ecc_uncorrected
+        FROM rank_health
+        GROUP BY ALL
+    )
+    SELECT * FROM seen LEFT JOIN health USING (run_id, attempt, rank, node_id)""",
+    # The seed's sdc_check row, one per check a rank ran: SdcSelfCheck (the same microbatch
+    # twice on one device: passed when both digests agree) and CrossRankCheck (2 or 3 ranks,
+    # one microbatch: the processor judges it at its tolerance, so it failed when the
+    # processor derived an SdcMismatch for it, and passed otherwise). An SdcMismatch whose
+    # check is not archived is a failed row of its own. culprit_rank/culprit_node: the
+    # device the mismatch names (-1 / '' when it cannot name one). rank: who ran or reported
+    # the check; ranks: every participant (the seed's replay_rank).
+    """
+    CREATE OR REPLACE VIEW sdc_check AS
+    WITH checks AS (
+        SELECT event_id, run_id, attempt, rank, node, step, ts, 'self_check' AS method,
+               payload->>'microbatch_id' AS microbatch_id, [rank] AS ranks,
+               (payload->>'digest_first') = (payload->>'digest_second') AS agreed
+        FROM raw_event WHERE kind = 'sdc_self_check'
+        UNION ALL
+        SELECT event_id, run_id, attempt, rank, node, step, ts, 'cross_rank',
+               payload->>'microbatch_id', CAST(payload->'ranks' AS BIGINT[]), NULL
+        FROM raw_event WHERE kind = 'cross_rank_check'
+    ), mismatch AS (
+        SELECT event_id, run_id, attempt, rank, node, step, ts, payload->>'method' AS method,
+               payload->>'microbatch_id' AS microbatch_id, payload->'reason'->>'text' AS reason_text
+        FROM raw_event WHERE kind = 'sdc_mismatch'
+    )
+    SELECT coalesce(c.run_id, m.run_id)             AS run_id,
+           coalesce(c.attempt, m.attempt)           AS attempt,
+           coalesce(c.step, m.step)                 AS step,
+           coalesce(c.ts, m.ts)                     AS "at",
+           coalesce(c.method, m.method)             AS method,
+           coalesce(c.microbatch_id, m.microbatch_id) AS microbatch_id,
+           c.rank, c.node AS node_id, c.ranks,
+           CASE WHEN c.event_id IS NULL THEN false
+                WHEN c.method = 'self_check' THEN c.agreed
+                ELSE m.event_id IS NULL END         AS passed,
+           m.rank AS culprit_rank, m.node AS culprit_node, m.event_id AS mismatch_id,
+           m.reason_text, c.event_id AS check_id
+    FROM checks c
+    FULL JOIN mismatch m
+      ON m.run_id = c.run_id AND m.attempt = c.attempt AND m.method = c.method
+     AND m.microbatch_id = c.microbatch_id""",
     # The seed's run row, from RunStarted: the newest attempt's shape, the first start.
+    # state: 'finished' when every rank of the last attempt exited with code 0 unasked,
+    # 'interrupted' while the newest interruption has no recovery, else 'running'.
+    # goodput: the newest report of the longest window (NULL before the first report).
     """
     CREATE OR REPLACE VIEW run AS
-    SELECT a.run_id,
-           arg_max(a.world_size, a.attempt)     AS world_size,
-           arg_max(a.ranks_per_node, a.attempt) AS ranks_per_node,
-           count(*)                             AS attempts,
-           max(a.attempt)                       AS last_attempt,
-           arg_max(a.config_digest, a.attempt)  AS config_digest,
-           min(a.started_at)                    AS started_at,
-           greatest(max(a.started_at), any_value(act.last_ts)) AS last_ts
-    FROM run_attempt a
-    LEFT JOIN run_activity act USING (run_id)
-    GROUP BY a.run_id""",
+    WITH attempts AS (
+        SELECT a.run_id,
+               arg_max(a.world_size, a.attempt)     AS world_size,
+               arg_max(a.ranks_per_node, a.attempt) AS ranks_per_node,
+               count(*)                             AS attempts,
+               max(a.attempt)                       AS last_attempt,
+               arg_max(a.config_digest, a.attempt)  AS config_digest,
+               min(a.started_at)                    AS started_at,
+               greatest(max(a.started_at), any_value(act.last_ts)) AS last_ts
+        FROM run_attempt a
+        LEFT JOIN run_activity act USING (run_id)
+        GROUP BY a.run_id
+    ), clean_exit AS (
+        SELECT run_id, attempt, count(DISTINCT rank) AS ranks
+        FROM raw_event
+        WHERE kind = 'rank_exit' AND payload->>'exit_code' = '0'
+          AND NOT coalesce(CAST(payload->>'requested' AS BOOLEAN), false)
+        GROUP BY ALL
+    ), newest_interruption AS (
+        SELECT run_id, arg_max(restart_seconds IS NULL, "at") AS open FROM interruption GROUP BY run_id
+    ), newest_goodput AS (
+        SELECT run_id, first(goodput ORDER BY window_s DESC, "at" DESC) AS goodput
+        FROM goodput GROUP BY run_id
+    )
+    SELECT a.*,
+           CASE WHEN e.ranks >= a.world_size THEN 'finished'
+                WHEN i.open THEN 'interrupted'
+                ELSE 'running' END AS state,
+           g.goodput
+    FROM attempts a
+    LEFT JOIN clean_exit e ON e.run_id = a.run_id AND e.attempt = a.last_attempt
+    LEFT JOIN newest_interruption i ON i.run_id = a.run_id
+    LEFT JOIN newest_goodput g ON g.run_id = a.run_id""",
 )

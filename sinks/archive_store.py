@@ -396,13 +396,18 @@ ORDER BY "at", interruption_id
 """
 
 
+def query(db: Db, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every row of one SQL statement on the archive, as dicts keyed by column name."""
+    with _Reader(db) as con:
+        result = con.execute(sql, params)
+        names = [d[0] for d in result.description]
+        return [dict(zip(names, row, strict=True)) for row in result.fetchall()]
+
+
 def timeline(db: Db, run_id: str | None = None) -> list[dict[str, Any]]:
     """Interruptions in detection order with cause and cost (seed: /timeline); restart_seconds is
     None until the run has recovered."""
-    with _Reader(db) as con:
-        result = con.execute(_TIMELINE_SQL, {"run_id": run_id})
-        names = [d[0] for d in result.description]
-        return [dict(zip(names, row, strict=True)) for row in result.fetchall()]
+    return query(db, _TIMELINE_SQL, {"run_id": run_id})
 
 
 _GOODPUT_SQL = """
@@ -420,10 +425,7 @@ ORDER BY run_id, window_s
 def goodput_breakdown(db: Db, run_id: str | None = None) -> list[dict[str, Any]]:
     """Each run's latest goodput report per window: goodput and the seconds lost to
     checkpoints, re-done work, restarts and stragglers."""
-    with _Reader(db) as con:
-        result = con.execute(_GOODPUT_SQL, {"run_id": run_id})
-        names = [d[0] for d in result.description]
-        return [dict(zip(names, row, strict=True)) for row in result.fetchall()]
+    return query(db, _GOODPUT_SQL, {"run_id": run_id})
 
 
 def summary(db: Db) -> dict[str, int]:

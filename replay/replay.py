@@ -21,7 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..processors.core import CorePolicy
+from ..processors.core import CorePolicy, goodput
+from ..processors.core.goodput import Breakdown
+from ..processors.core.goodput import total as goodput_total
 from ..processors.driver import CoreDriver
 from ..schemas import Command, Derived, Record
 from .log import Recording
@@ -44,6 +46,9 @@ class Replayed:
     duplicates: int = 0
     rejections: int = 0
     seconds: float = 0.0
+    #: The core's goodput accounting for the run at the end (processors/core/goodput.py).
+    goodput: float | None = None
+    breakdown: Breakdown | None = None
 
     @property
     def events_per_s(self) -> float:
@@ -72,6 +77,8 @@ def replay(
         if progress is not None and (i % 500 == 0 or i == total):
             progress(i, total)
     out.seconds = time.perf_counter() - t0
+    if (run := driver.state.runs.get(recording.run_id)) is not None:
+        out.goodput, out.breakdown = goodput(run), goodput_total(run.goodput)
     return out
 
 

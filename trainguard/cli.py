@@ -495,6 +495,10 @@ def demo(
     raise typer.Exit(run_demo(scenario, workdir, metrics_port, make_console()))
 
 
+# Commands kept in modules of their own register on `app` when imported.
+from . import cli_replay  # noqa: E402, F401
+
+
 def main() -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     app()

@@ -1,0 +1,139 @@
+"""`trainguard replay` and `trainguard backtest`: a recorded run read back from the Kafka
+topics and driven through the policy core (registered on the CLI by trainguard/cli.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from .cli import Bootstrap, Prefix, app, resolve_bootstrap
+
+if TYPE_CHECKING:
+    from .replay.log import Recording
+
+RunId = Annotated[str, typer.Option("--run-id", help="The recorded run.")]
+
+
+@contextmanager
+def progress_bar() -> Iterator[Callable[[str, int, int], None]]:
+    """A rich progress bar per task name; the callback is (task, done, total)."""
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        transient=True,
+    ) as bar:
+        tasks: dict[str, int] = {}
+
+        def update(name: str, done: int, total: int) -> None:
+            if name not in tasks:
+                tasks[name] = int(bar.add_task(name, total=max(total, 1)))
+            bar.update(tasks[name], completed=done, total=max(total, 1))  # type: ignore[arg-type]
+
+        yield update
+
+
+def _recording(bootstrap: str | None, topic_prefix: str, run_id: str) -> Recording:
+    from .broker.topics import topic_names
+    from .replay.log import read_recording
+
+    with progress_bar() as update:
+        recording = read_recording(
+            resolve_bootstrap(bootstrap),
+            topic_names(topic_prefix),
+            run_id,
+            lambda d, t: update("reading", d, t),
+        )
+    if not recording.records:
+        from .report import make_console
+
+        make_console().print(f"[red]no telemetry of run {run_id} on the telemetry topic")
+        raise typer.Exit(2)
+    return recording
+
+
+@app.command()
+def replay(
+    run_id: RunId,
+    policy: Annotated[
+        Path | None, typer.Option(help="Policy YAML the run used; default: the seed's.")
+    ] = None,
+    bootstrap: Bootstrap = None,
+    topic_prefix: Prefix = "",
+    rows: Annotated[int, typer.Option(help="Differences to print.")] = 20,
+) -> None:
+    """Drive the policy core with a recorded run's telemetry (read back from Kafka, in the
+    order the processor consumed it) and compare its decisions with the live processor's,
+    event for event. Exit 0 when they are identical, 1 when some differ."""
+    from .processors.core.policy import load_policy
+    from .replay.replay import compare, decisions_of, replay, replayed_decisions
+    from .report import make_console
+
+    out = make_console()
+    recording = _recording(bootstrap, topic_prefix, run_id)
+    with progress_bar() as update:
+        core_policy = load_policy(str(policy) if policy else None)
+        replayed = replay(recording, core_policy, progress=lambda d, t: update("replaying", d, t))
+    comparison = compare(decisions_of(recording), replayed_decisions(replayed))
+    out.print(
+        f"run {run_id}: {replayed.records:,} records, {replayed.events:,} events replayed in "
+        f"{replayed.seconds:.2f} s ({replayed.events_per_s:,.0f} events/s); decisions recorded "
+        f"{comparison.recorded}, replayed {comparison.replayed}, identical {comparison.matched}",
+        markup=False,
+    )
+    if comparison.identical:
+        out.print("[green]the replay reproduces every recorded decision, in order")
+        return
+    table = Table(
+        "difference", "kind", "step", "id", "detail", title=f"{len(comparison.differences)} differences"
+    )
+    for d in comparison.differences[:rows]:
+        table.add_row(d.what, d.kind, str(d.step), d.decision_id[:12], d.detail)
+    out.print(table)
+    raise typer.Exit(1)
+
+
+@app.command()
+def backtest(
+    run_id: RunId,
+    policy: Annotated[
+        list[Path], typer.Option(help="Policy YAML files; the first is the baseline (the run's own). Repeat.")
+    ],
+    bootstrap: Bootstrap = None,
+    topic_prefix: Prefix = "",
+    report: Annotated[Path, typer.Option(help="Where report.md and its PNG charts go.")] = Path(
+        ".trainguard/backtest"
+    ),
+) -> None:
+    """Replay a recorded run under several policies: the decisions that differ from the
+    baseline's, when each acts, its modelled cost or saving (replay/cost_model.py), and
+    each policy's counterfactual goodput; a terminal table and a report file with charts."""
+    from .processors.core.policy import load_policy
+    from .replay.backtest import backtest
+    from .replay.report import DIFF_HEADER, SUMMARY_HEADER, difference_cells, summary_cells, write_report
+    from .report import make_console
+
+    out = make_console()
+    policies = [(path.stem, load_policy(str(path))) for path in policy]
+    if len({name for name, _ in policies}) < len(policies):
+        policies = [(f"{i}:{name}", p) for i, (name, p) in enumerate(policies)]
+    recording = _recording(bootstrap, topic_prefix, run_id)
+    with progress_bar() as update:
+        result = backtest(recording, policies, progress=update)
+    summary = Table(*SUMMARY_HEADER, title=f"backtest of run {run_id}")
+    for run in result.runs:
+        summary.add_row(*summary_cells(run, result))
+    out.print(summary)
+    for run in result.runs[1:]:
+        table = Table(*DIFF_HEADER, title=f"{run.name} against {result.baseline.name}")
+        for row in run.rows:
+            table.add_row(*difference_cells(row, result.facts.start_ts))
+        out.print(table if run.rows else f"{run.name}: no decision differs from {result.baseline.name}")
+    out.print(f"report: {write_report(result, report)}")

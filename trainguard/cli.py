@@ -41,6 +41,9 @@ Bootstrap = Annotated[
 ]
 Prefix = Annotated[str, typer.Option("--topic-prefix", help="Prefix of every topic name (isolation).")]
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Broker data directory.")]
+ReportFile = Annotated[
+    Path | None, typer.Option("--output", help="Also write the report to this file (.txt, .md, or .html).")
+]
 
 
 def resolve_bootstrap(bootstrap: str | None) -> str:
@@ -240,18 +243,28 @@ def simulate(
 ) -> None:
     """Emit a simulated cluster's telemetry (with the scenario's faults) and obey commands."""
     from .broker.topics import topic_names
-    from .producers.simulator.driver import run_simulation
+    from .cli_replay import progress_bar
+    from .producers.simulator.driver import Progress, run_simulation
     from .producers.simulator.scenario import Scenario
 
     chosen = Scenario.load(scenario) if Path(scenario).exists() else Scenario.builtin(scenario)
-    result = run_simulation(
-        chosen,
-        resolve_bootstrap(bootstrap),
-        topic_names(topic_prefix),
-        master_secret(),
-        speed=speed,
-        max_seconds=max_seconds,
-    )
+    with progress_bar() as update:
+
+        def report(p: Progress) -> None:  # the step reached, of the scenario's (or of the time allowed)
+            total, done = (chosen.steps, p.step) if max_seconds is None else (int(max_seconds), int(p.wall_s))
+            update(
+                f"simulating ({p.phase}, attempt {p.attempt}, {p.events:,} events)", min(done, total), total
+            )
+
+        result = run_simulation(
+            chosen,
+            resolve_bootstrap(bootstrap),
+            topic_names(topic_prefix),
+            master_secret(),
+            speed=speed,
+            max_seconds=max_seconds,
+            progress=report,
+        )
     console.print(result)
 
 
@@ -380,29 +393,35 @@ def longrun(
     out.print(longrun_table(result))
     print_timeline(db, run.run_id, out, last=rows or None)
     print_goodput(db, run.run_id, out)
-    out.print(f"archive: {db} (views: timeline, interruption, decision, goodput, node_quarantine)")
+    out.print(f"archive: {db} (views and ready queries: docs/queries.md)")
 
 
 @app.command()
 def timeline(
     db: Annotated[Path, typer.Option(help="DuckDB archive.")] = Path(".trainguard/trainguard.duckdb"),
     run: Annotated[str | None, typer.Option(help="Only this run_id.")] = None,
+    output: ReportFile = None,
 ) -> None:
     """Print every interruption: when, cause, node, cost (from the DuckDB archive)."""
-    from .report import make_console, print_timeline
+    from .report import make_console, print_timeline, save_report
 
-    print_timeline(db, run, make_console())
+    console = make_console(record=output is not None)
+    print_timeline(db, run, console)
+    save_report(console, output)
 
 
 @app.command()
 def goodput(
     db: Annotated[Path, typer.Option(help="DuckDB archive.")] = Path(".trainguard/trainguard.duckdb"),
     run: Annotated[str | None, typer.Option(help="Only this run_id.")] = None,
+    output: ReportFile = None,
 ) -> None:
     """Print each run's goodput breakdown over 1 h, 24 h and 7 d (from the DuckDB archive)."""
-    from .report import make_console, print_goodput
+    from .report import make_console, print_goodput, save_report
 
-    print_goodput(db, run, make_console())
+    console = make_console(record=output is not None)
+    print_goodput(db, run, console)
+    save_report(console, output)
 
 
 @app.command(context_settings={"allow_interspersed_args": False})

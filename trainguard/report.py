@@ -11,10 +11,24 @@ from rich.console import Console
 from rich.table import Table
 
 
-def make_console() -> Console:
+def make_console(record: bool = False) -> Console:
     """A console for reports: the terminal's width, or 160 columns when piped to a file
-    (rich would otherwise fold every table to 80)."""
-    return Console(width=None if sys.stdout.isatty() else 160)
+    (rich would otherwise fold every table to 80). `record`: keep what is printed, for
+    :func:`save_report`."""
+    return Console(width=None if sys.stdout.isatty() else 160, record=record)
+
+
+def save_report(console: Console, path: Path | None) -> None:
+    """Write what a recording console printed to `path` as plain text (.txt, .md) or
+    HTML (.html), so every report is readable as a file too."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".html":
+        console.save_html(str(path))
+    else:
+        console.save_text(str(path))
+    console.print(f"report written to {path}", markup=False)
 
 
 def _when(ts: float | None) -> str:

@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from trainguard.cli import app
 from trainguard.processors.core.interval import optimal_s, overhead
 from trainguard.processors.core.policy import CorePolicy, IntervalPolicy
 from trainguard.producers.simulator.longrun import LongRun, llama3_mtbf_s
@@ -121,3 +123,11 @@ def test_a_month_at_1k_ranks_stored_in_duckdb(tmp_path: Path) -> None:
     month = next(r for r in goodput_breakdown(db, "m1k") if r["window_s"] == MONTH_S)
     assert month["goodput"] == pytest.approx(result.reports[MONTH_S].goodput)
     assert month["goodput"] == pytest.approx(1 - result.truth.overhead, abs=0.003)
+    # ...printed by the CLI, in the terminal and as a file
+    for command, title in (("timeline", "Interruptions"), ("goodput", "Goodput")):
+        out = tmp_path / f"{command}.txt"
+        done = CliRunner().invoke(app, [command, "--db", str(db), "--run", "m1k", "--output", str(out)])
+        assert done.exit_code == 0, done.output
+        text = out.read_text()
+        assert title in text and "m1k" in text and "\x1b[" not in text  # plain text, no colour codes
+    assert len([line for line in text.splitlines() if "m1k" in line]) == 4  # one row per window

@@ -1,0 +1,99 @@
+"""Replay and backtest speed on a recorded 1,024-rank run.
+
+    .venv/bin/python bench/bench_replay.py [--seconds 60] [--speed 4] [--workdir .trainguard/bench-replay]
+
+Records a run through the live pipeline (a local broker, the processor, the simulator's
+healthy-1k scenario with a crash and a thermal straggler added, at `--speed` for
+`--seconds` of wall clock), then, with the pipeline idle: reads the recording back from
+the topics, replays it through the policy core under the policy it ran with (and checks
+the decisions are identical), and backtests it under that policy and one other. Prints
+events/s and x real time (the recorded run's own duration over the replay's wall time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import uuid
+from pathlib import Path
+
+from trainguard.processors.core.policy import load_policy, parse_policy
+from trainguard.producers.simulator.driver import run_simulation
+from trainguard.producers.simulator.scenario import Scenario
+from trainguard.replay.backtest import backtest
+from trainguard.replay.log import read_recording
+from trainguard.replay.replay import compare, decisions_of, replay, replayed_decisions
+from trainguard.stack import builtin_policy, local_stack
+
+SECRET = uuid.uuid4().hex.encode() * 2
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--speed", type=float, default=4.0)
+    parser.add_argument("--workdir", type=Path, default=Path(".trainguard/bench-replay"))
+    parser.add_argument("--metrics-port", type=int, default=9468)
+    args = parser.parse_args()
+    base = Scenario.builtin("healthy-1k").model_dump(mode="json")
+    base["faults"] = [
+        {"kind": "crash", "rank": 300, "at_step": 60},
+        {
+            "kind": "slow",
+            "rank": 700,
+            "from_step": 20,
+            "to_step": 100_000,
+            "factor": 1.25,
+            "cause": "thermal",
+        },
+    ]
+    base["restart_delay_s"] = 30.0
+    scenario = Scenario.parse(base, source="bench-replay-1k")
+    policy_path = builtin_policy("demo")
+    with local_stack(
+        args.workdir, policy_path, args.metrics_port, {"TRAINGUARD_SECRET": SECRET.decode()}
+    ) as stack:
+        run_id = f"bench-{uuid.uuid4().hex[:8]}"
+        sim = run_simulation(
+            scenario,
+            stack.bootstrap,
+            stack.names,
+            SECRET,
+            speed=args.speed,
+            max_seconds=args.seconds,
+            run_id=run_id,
+        )
+        time.sleep(5)  # let the processor publish its last decisions
+        t0 = time.perf_counter()
+        recording = read_recording(stack.bootstrap, stack.names, run_id)
+        read_s = time.perf_counter() - t0
+    policy = load_policy(str(policy_path))
+    replayed = replay(recording, policy)
+    comparison = compare(decisions_of(recording), replayed_decisions(replayed))
+    other = parse_policy({**policy.model_dump(mode="json"), "straggler": {"consecutive_steps": 50}})
+    t0 = time.perf_counter()
+    result = backtest(recording, [("demo", policy), ("straggler-50", other)])
+    backtest_s = time.perf_counter() - t0
+    run_s = sim.sim_s
+    print(f"recorded: {sim.world_size} ranks, {sim.steps_completed} steps, {sim.attempts} attempts, "
+          f"{run_s:.0f} s of run time, {replayed.events:,} events in {replayed.records:,} records; "
+          f"decisions recorded {comparison.recorded}, identical: {comparison.identical}")  # fmt: skip
+    print()
+    print("| stage | wall s | events/s | x real time |")
+    print("| --- | ---: | ---: | ---: |")
+    print(
+        f"| read back from Kafka | {read_s:.2f} | {replayed.events / read_s:,.0f} | {run_s / read_s:,.0f} |"
+    )
+    print(f"| replay (one policy) | {replayed.seconds:.2f} | {replayed.events_per_s:,.0f} | "
+          f"{run_s / replayed.seconds:,.0f} |")  # fmt: skip
+    print(f"| backtest (two policies, priced) | {backtest_s:.2f} | {2 * replayed.events / backtest_s:,.0f} | "
+          f"{run_s / backtest_s:,.0f} |")  # fmt: skip
+    print()
+    print(f"backtest: straggler-50 differs in {len(result.runs[1].rows)} decisions, "
+          f"modelled saving {result.runs[1].saving_s:+.1f} s of job time")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

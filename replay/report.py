@@ -13,6 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 from ..schemas import Interruption, StepTiming  # noqa: E402
 from . import cost_model  # noqa: E402
@@ -68,6 +69,12 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def _save(fig: Figure, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def chart_goodput(bt: Backtest, path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
     breakdown = bt.baseline.replayed.breakdown
@@ -90,9 +97,7 @@ def chart_goodput(bt: Backtest, path: Path) -> None:
         right.set_ylim(max(0.0, min(finite) - 0.02), min(1.0, max(finite) + 0.01))
     right.set_ylabel("goodput")
     right.set_title("goodput: measured (baseline) and counterfactual")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def chart_interruptions(bt: Backtest, path: Path) -> None:
@@ -122,9 +127,7 @@ def chart_interruptions(bt: Backtest, path: Path) -> None:
     ax.set_title("interruptions by cause")
     if seen:
         ax.legend(loc="upper right", fontsize=8, ncols=len(seen))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def chart_step_time(bt: Backtest, path: Path) -> None:
@@ -153,9 +156,7 @@ def chart_step_time(bt: Backtest, path: Path) -> None:
     ax.set_xlabel("minutes since the run started")
     ax.set_ylabel("seconds")
     ax.set_title("per step, over the ranks: pre-collective compute time and step time")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def write_report(bt: Backtest, out_dir: Path) -> Path:

@@ -17,7 +17,9 @@ before the step), hang (it sleeps inside the step, so the others wait in the
 all-reduce), slow (0.05 s more compute per step, before the collective), flip (its
 device turns faulty: every second gradient it computes has one mantissa bit flipped,
 training and self-check replays alike) or storage (every rank's checkpoint writes fail
-for `steps` steps, default 15; the rank field is ignored).
+from its save at that step until its save `steps` steps later, default 15: measured in
+saves, not in the loop's steps, because the writes run in the background and may lag the
+loop; the rank field is ignored).
 """
 
 from __future__ import annotations
@@ -50,14 +52,15 @@ class Fault:
         self.kind, self.step, self.steps = kind, int(step), int(steps[0]) if steps else 15
         self.armed = int(at_attempt) == attempt and (kind == "storage" or int(at_rank) == rank)
         self.now = -1  # the loop's current step
+        self.saving = -1  # the step of the newest save the loop asked for
         self.backwards = 0  # gradients this rank computed since the device turned faulty
 
     def active(self, kind: str) -> bool:
         return self.armed and self.kind == kind and self.now >= self.step
 
     def storage(self) -> None:  # CheckpointManager's storage probe: raise = unavailable
-        if self.active("storage") and self.now < self.step + self.steps:
-            raise OSError(f"injected: storage unavailable at step {self.now}")
+        if self.armed and self.kind == "storage" and self.step <= self.saving < self.step + self.steps:
+            raise OSError(f"injected: storage unavailable since the save of step {self.step}")
 
     def gradient(self, grad: torch.Tensor) -> torch.Tensor:  # a hook on one weight's gradient
         if not self.active("flip"):
@@ -119,6 +122,7 @@ def main() -> None:
                 optimizer.step()
             optimizer.zero_grad()
         if (step + 1) % CHECKPOINT_EVERY == 0:
+            fault.saving = step
             ckpt.save(step)  # trainguard: async; validated in the background
     ckpt.close()
     if rank == 0:

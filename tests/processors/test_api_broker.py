@@ -6,7 +6,6 @@ topic, signed with the run's key."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 import urllib.error
@@ -25,6 +24,7 @@ from trainguard.schemas import CheckpointNow, Command, ResumeFrom, auth, decode,
 from trainguard.schemas.codec import COMMANDS
 from trainguard.stack import start_processor
 
+from ..pipeline import free_port
 from ..readers import TopicReader
 from .streams import Job
 
@@ -34,12 +34,6 @@ SECRET = b"api-broker-test-secret-0123456789"
 TOKEN = "api-broker-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 POLICY = Path(__file__).parents[2] / "processors" / "policies" / "demo.yaml"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -6,7 +6,6 @@ topic while the good ones around them are all processed."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ from trainguard.schemas import (
 )
 from trainguard.schemas.codec import ACKS, COMMANDS, DERIVED
 
+from ..pipeline import free_port
 from ..readers import Seen, TopicReader
 from .streams import Job
 
@@ -63,12 +63,6 @@ class Live:
                 if line.startswith(name + " ") or line.startswith(name + "{"):
                     return float(line.rpartition(" ")[2])
         return 0.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ import os
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -143,7 +144,8 @@ def test_checkpoint_without_manifest_is_invisible(tmp_path: Path) -> None:
     assert not validate(tmp_path / "step-000000002").ok
 
 
-def test_storage_outage_keeps_training_and_flushes_later(tmp_path: Path) -> None:
+def storage_outage() -> tuple[threading.Event, Callable[[], None]]:
+    """A storage probe that fails while the event is set (set at first): clear it to end the outage."""
     down = threading.Event()
     down.set()
 
@@ -151,6 +153,11 @@ def test_storage_outage_keeps_training_and_flushes_later(tmp_path: Path) -> None
         if down.is_set():
             raise OSError(5, "Input/output error (storage unavailable)")
 
+    return down, storage
+
+
+def test_storage_outage_keeps_training_and_flushes_later(tmp_path: Path) -> None:
+    down, storage = storage_outage()
     rec = Recorder()
     a = make_state(0)
     loop = Loop(a)
@@ -185,13 +192,7 @@ def test_storage_outage_keeps_training_and_flushes_later(tmp_path: Path) -> None
 
 
 def test_a_save_after_storage_is_back_writes_the_kept_ones_before_making_room(tmp_path: Path) -> None:
-    down = threading.Event()
-    down.set()
-
-    def storage() -> None:
-        if down.is_set():
-            raise OSError(5, "Input/output error (storage unavailable)")
-
+    down, storage = storage_outage()
     rec = Recorder()
     a = make_state(0)
     mgr = manager(tmp_path, a, reporter=rec, storage_hook=storage, max_pending=2)

@@ -3,30 +3,23 @@ and backtest tests: the demo's crash, hang and thermal straggler (evicted), 360 
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
-from trainguard.broker.topics import TopicNames, delete_topics, ensure_topics, topic_names
+from trainguard.broker.topics import TopicNames
 from trainguard.producers.simulator.driver import run_simulation
 from trainguard.producers.simulator.scenario import Scenario
 from trainguard.replay.log import Recording, read_recording
 from trainguard.replay.replay import decisions_of
-from trainguard.stack import builtin_policy, start_processor
+from trainguard.stack import builtin_policy
+
+from ..pipeline import running_processor
 
 SECRET = b"replay-test-secret-0123456789abcdef"
 POLICY = builtin_policy("demo")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -38,14 +31,9 @@ class Recorded:
 
 @pytest.fixture(scope="module")
 def recorded(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
-    ensure_topics(bootstrap, prefix=prefix)
-    names = topic_names(prefix)
     log = tmp_path_factory.mktemp("processor") / "processor.log"
-    processor, _ = start_processor(
-        bootstrap, POLICY, free_port(), log, {"TRAINGUARD_SECRET": SECRET.decode()}, topic_prefix=prefix
-    )
-    try:
+    with running_processor(bootstrap, POLICY, SECRET.decode(), log) as processor:
+        names = processor.names
         demo = Scenario.builtin("demo")
         scenario = Scenario.parse({**demo.model_dump(mode="json"), "steps": 360}, source="demo-replay")
         run_id = f"rec-{uuid.uuid4().hex[:8]}"
@@ -57,10 +45,3 @@ def recorded(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                 break
             recording = read_recording(bootstrap, names, run_id)
         yield Recorded(bootstrap, names, recording)
-    finally:
-        processor.terminate()
-        try:
-            processor.wait(30)
-        except subprocess.TimeoutExpired:
-            processor.kill()
-        delete_topics(bootstrap, list(names.all()))

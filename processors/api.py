@@ -54,393 +54,52 @@ import hmac
 import math
 import re
 import uuid
-from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema
+from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import models_json_schema
 
 from ..schemas import (
     CheckpointNow,
     Command,
-    Derived,
-    EvictionDecision,
-    Interruption,
-    InterruptionRecovered,
-    IntervalUpdate,
-    Page,
-    Quarantine,
-    QuarantineNode,
     Reason,
     ReasonCode,
     ResumeFrom,
-    SdcMismatch,
-    StragglerDiagnosed,
 )
 from ..schemas.auth import run_key, sign
+from .api_models import (
+    ApiError,
+    CheckpointRequest,
+    CommandAccepted,
+    DecisionOut,
+    FieldError,
+    Health,
+    InterruptionSummary,
+    QuarantinedNode,
+    ResumeRequest,
+    RunDeclared,
+    RunSpec,
+    SdcChecks,
+    SdcResult,
+    Status,
+    Timeline,
+    TimelineEntry,
+    _Body,
+)
+from .api_view import (
+    RunsView,
+    RunView,
+)
 from .core import CorePolicy, CoreState, RunPhase, RunState, step_time_summary
 from .core.goodput import Breakdown, GoodputState, Minute
 
 API_VERSION = "1.0.0"
 WEEK_S = 604_800.0
-#: Interruptions a run's timeline keeps (Llama 3 saw 419 in 54 days on 16,384 GPUs).
-MAX_INTERRUPTIONS = 10_000
-#: Recent decisions kept per run to attach to an interruption declared after them (a
-#: hang's abort comes before the interruption its stack dumps conclude).
-RECENT_DECISIONS = 512
 _NAMESPACE = uuid.UUID("0b8f4c1e-6a53-4c49-9d0e-617069747267")
 _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-# --------------------------------------------------------------------------- request models
-
-
-def _seconds(value: object, expected: str = "seconds or a duration like '90s', '5m', '1.5h'") -> object:
-    """A duration: seconds as a number, or a string like "90s", "5m", "1.5h"."""
-    if isinstance(value, str) and (found := _DURATION.match(value)):
-        return float(found.group(1)) * _UNITS[found.group(2)]
-    if isinstance(value, str | bool) or value is None:
-        raise ValueError(f"expected {expected}; got {value!r}")
-    return value
-
-
-def _interval(value: object) -> object:
-    """'auto' or positive seconds; checked here so that an error names the field, not a
-    branch of the union."""
-    if value == "auto":
-        return value
-    expected = "'auto', positive seconds or a duration like '10m'"
-    seconds = _seconds(value, expected)
-    if not isinstance(seconds, int | float) or not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"expected {expected}; got {value!r}")
-    return float(seconds)
-
-
-_DURATION_SCHEMA = {
-    "oneOf": [
-        {"type": "number", "exclusiveMinimum": 0, "description": "seconds"},
-        {"type": "string", "pattern": _DURATION.pattern, "examples": ["90s", "5m", "1.5h"]},
-    ]
-}
-Seconds = Annotated[float, BeforeValidator(_seconds), Field(gt=0), WithJsonSchema(_DURATION_SCHEMA)]
-Interval = Annotated[
-    Literal["auto"] | Annotated[float, Field(gt=0)],
-    BeforeValidator(_interval),
-    WithJsonSchema({"oneOf": [{"const": "auto"}, *_DURATION_SCHEMA["oneOf"]]}),
-]
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-
-class CheckpointSpec(_Body):
-    uri: str = Field(min_length=1, max_length=2000, description="Where the run's checkpoints go.")
-    interval: Interval = Field(
-        "auto", description='"auto": Young/Daly from measured C and MTBF (seed §6), or fixed seconds.'
-    )
-
-
-class HealthSpec(_Body):
-    step_timeout: Seconds = Field(90.0, description="Hang timeout until 3 x p99 step time is measured.")
-    straggler_sigma: float = Field(3.0, gt=0, description="Robust z above which a rank is slow.")
-
-
-class RunSpec(_Body):
-    """POST /runs (seed §3)."""
-
-    name: str = Field(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", description="Becomes the run_id's prefix."
-    )
-    world_size: int = Field(ge=1, le=1_048_576)
-    image: str = Field("", max_length=2000, description="Container image (informational).")
-    entrypoint: list[str] = Field(default_factory=list, max_length=256, description="The rank program.")
-    checkpoint: CheckpointSpec
-    health: HealthSpec = HealthSpec()
-
-
-class CheckpointRequest(_Body):
-    """POST /runs/{run_id}/checkpoint (the body is optional)."""
-
-    reason: str = Field("", max_length=500, description="Why, for the command's reason (e.g. maintenance).")
-
-
-class ResumeRequest(_Body):
-    """POST /runs/{run_id}/resume (the body is optional)."""
-
-    model_config = ConfigDict(populate_by_name=True)
-
-    from_step: int | None = Field(
-        None, alias="from", ge=0, description="A validated checkpoint step; default: the newest one."
-    )
-    reason: str = Field("", max_length=500)
-
-
-# --------------------------------------------------------------------------- response models
-
-
-class _Out(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-
-class FieldError(_Out):
-    field: str
-    reason: str
-
-
-class ApiError(_Out):
-    status: int
-    error: str = Field(description="A short code: unauthorized, not_found, invalid_field, ...")
-    message: str
-    fields: list[FieldError] = Field(default_factory=list)
-
-
-class Status(_Out):
-    status: str = "OK"
-
-
-class RunDeclared(_Out):
-    run_id: str
-    name: str
-    world_size: int
-    config_digest: str = Field(description="sha256 of the validated spec (16 hex digits).")
-    known: bool = Field(description="True when the core already has the run (its RunStarted arrived).")
-    launch: list[str] = Field(description="The command line that starts it under trainguard.")
-    checkpoint: CheckpointSpec
-    health: HealthSpec
-    policy_differences: list[str] = Field(
-        description="Where the spec asks for something this processor's policy (one for every run) differs."
-    )
-
-
-class InterruptionSummary(_Out):
-    interruption_id: str
-    at: float
-    cause: str
-    node: str
-    rank: int
-    step: int
-    restart_seconds: float | None
-
-
-class QuarantinedNode(_Out):
-    node: str
-    since: float
-    attempt: int
-    reason: str
-    interruption_id: str | None
-
-
-class SdcResult(_Out):
-    step: int
-    result: Literal["pass", "mismatch"]
-    method: str | None = None
-    node: str | None = None
-    rank: int | None = None
-
-
-class SdcChecks(_Out):
-    last: SdcResult | None = Field(description="The newest check result the processor knows.")
-    status: Literal["none", "pass", "mismatch"] = Field(
-        description="mismatch: a mismatch is unresolved (no rollback to a clean ancestor yet)."
-    )
-    verified_step: int = Field(description="The verification watermark: newest step a check passed at.")
-    mismatches: int
-    self_checks_issued: int
-    cross_checks_issued: int
-
-
-class Health(_Out):
-    run_id: str
-    phase: str
-    attempt: int
-    world_size: int | None
-    step: int
-    as_of: float = Field(description="Event time of the newest record the core has of the run.")
-    step_time_p50: float | None
-    step_time_max: float | None
-    slowest_rank: int | None
-    goodput_7d: float
-    interruptions: list[InterruptionSummary]
-    quarantined_nodes: list[QuarantinedNode]
-    sdc_checks: SdcChecks
-    validated_checkpoints: list[int] = Field(description="Resumable steps the core keeps, oldest first.")
-
-
-class DecisionOut(_Out):
-    decision_id: str
-    kind: str
-    at: float
-    reason_code: str
-    reason: str
-
-
-class TimelineEntry(_Out):
-    interruption_id: str
-    at: float
-    attempt: int
-    cause: str
-    detected_by: str
-    node: str
-    rank: int
-    step: int
-    lost_steps: int
-    last_checkpoint_step: int
-    restart_seconds: float | None = Field(description="None until the next attempt completes a step.")
-    resumed_attempt: int | None
-    lost_seconds: float | None
-    gpu_hours: float | None = Field(description="Cost: world size x (detect + restart + lost seconds).")
-    phases: dict[str, float]
-    reason_code: str
-    reason: str
-    decisions: list[DecisionOut]
-
-
-class Timeline(_Out):
-    run_id: str
-    interruptions: list[TimelineEntry]
-
-
-class CommandAccepted(_Out):
-    run_id: str
-    command_id: str
-    kind: str
-    attempt: int
-    issued_ts: float
-    checkpoint_step: int | None = None
-    uri: str | None = None
-    warnings: list[str] = Field(default_factory=list)
-
-
-# --------------------------------------------------------------------------- the projection
-
-
-@dataclass(frozen=True)
-class DecisionRecord:
-    decision_id: str
-    kind: str
-    at: float
-    reason_code: str
-    reason: str
-    caused_by: tuple[str, ...]
-
-
-@dataclass
-class InterruptionRecord:
-    event: Interruption
-    recovered: InterruptionRecovered | None = None
-    decisions: dict[str, DecisionRecord] = field(default_factory=dict)
-
-    @property
-    def ids(self) -> set[str]:
-        """What a decision caused by this interruption names in its caused_by."""
-        return {*self.event.caused_by, self.event.interruption_id, self.event.event_id}
-
-
-@dataclass
-class QuarantineRecord:
-    node: str
-    since: float
-    attempt: int
-    reason: str
-    caused_by: tuple[str, ...]
-
-
-@dataclass
-class RunView:
-    interruptions: OrderedDict[str, InterruptionRecord] = field(default_factory=OrderedDict)
-    #: id -> (interruption_id, depth): depth 0 an id the interruption names, 1 a decision
-    #: it caused (whose own decisions belong to it too, as in the archive's timeline).
-    links: dict[str, tuple[str, int]] = field(default_factory=dict)
-    recent: deque[DecisionRecord] = field(default_factory=lambda: deque(maxlen=RECENT_DECISIONS))
-    quarantined: dict[str, QuarantineRecord] = field(default_factory=dict)
-    last_mismatch: SdcMismatch | None = None
-
-
-#: Derived kinds that are decisions (the archive's `decision` view); every command is one.
-_DECISION_KINDS = (Quarantine, Page, EvictionDecision, IntervalUpdate, StragglerDiagnosed)
-
-
-@dataclass
-class RunsView:
-    """The API's projection of the processor's outputs (see the module docstring)."""
-
-    runs: dict[str, RunView] = field(default_factory=dict)
-
-    def observe(self, derived: Iterable[Derived], commands: Iterable[Command]) -> None:
-        for event in derived:
-            run = self.runs.setdefault(event.run_id, RunView())
-            if isinstance(event, Interruption):
-                _on_interruption(run, event)
-            elif isinstance(event, InterruptionRecovered):
-                if (record := run.interruptions.get(event.interruption_id)) is not None:
-                    record.recovered = event
-            elif isinstance(event, SdcMismatch) and (
-                run.last_mismatch is None or event.ts >= run.last_mismatch.ts
-            ):
-                run.last_mismatch = event
-            if isinstance(event, Quarantine):
-                _quarantined(run, event.node, event.ts, event.attempt, event.reason, event.caused_by)
-            if isinstance(event, _DECISION_KINDS):
-                _on_decision(
-                    run, _decision(event.event_id, event.KIND, event.ts, event.reason, event.caused_by)
-                )
-        for command in commands:
-            run = self.runs.setdefault(command.run_id, RunView())
-            if isinstance(command, QuarantineNode):  # the SDC detector's come without a Quarantine
-                args = (command.issued_ts, command.attempt, command.reason, command.caused_by)
-                _quarantined(run, command.node, *args)
-            reason, caused_by = command.reason, command.caused_by
-            _on_decision(
-                run, _decision(command.command_id, command.KIND, command.issued_ts, reason, caused_by)
-            )
-
-
-def _decision(decision_id: str, kind: str, at: float, reason: Reason, caused_by: list[str]) -> DecisionRecord:
-    return DecisionRecord(decision_id, kind, at, reason.code.value, reason.text, tuple(caused_by))
-
-
-def _quarantined(
-    run: RunView, node: str, at: float, attempt: int, reason: Reason, caused_by: list[str]
-) -> None:
-    if node and node not in run.quarantined:  # the first one says why
-        run.quarantined[node] = QuarantineRecord(node, at, attempt, reason.text, tuple(caused_by))
-
-
-def _on_interruption(run: RunView, event: Interruption) -> None:
-    if event.interruption_id in run.interruptions:  # re-made after a restart: same id
-        return
-    record = run.interruptions[event.interruption_id] = InterruptionRecord(event)
-    for cause in record.ids:
-        run.links.setdefault(cause, (event.interruption_id, 0))
-    for _ in range(2):  # decisions made before it was declared, then the decisions they caused
-        for decision in run.recent:
-            _link(run, decision)
-    if len(run.interruptions) > MAX_INTERRUPTIONS:
-        oldest, _ = run.interruptions.popitem(last=False)
-        for key in [k for k, (iid, _) in run.links.items() if iid == oldest]:
-            del run.links[key]
-
-
-def _on_decision(run: RunView, decision: DecisionRecord) -> None:
-    run.recent.append(decision)
-    _link(run, decision)
-
-
-def _link(run: RunView, decision: DecisionRecord) -> None:
-    for cause in decision.caused_by:
-        found = run.links.get(cause)
-        record = run.interruptions.get(found[0]) if found is not None else None
-        if found is None or record is None:
-            continue
-        record.decisions.setdefault(decision.decision_id, decision)
-        if found[1] == 0:
-            run.links.setdefault(decision.decision_id, (found[0], 1))
-        return
 
 
 # --------------------------------------------------------------------------- requests

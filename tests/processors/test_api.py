@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from typer.testing import CliRunner
 
 from trainguard import cli
-from trainguard.processors import api, api_web
+from trainguard.processors import api, api_view, api_web
 from trainguard.processors.core import CorePolicy, HangPolicy, goodput, step_time_summary
 from trainguard.processors.core.straggler import StragglerPolicy
 from trainguard.processors.driver import CoreDriver
@@ -260,7 +260,7 @@ def test_timeline_is_the_archives_timeline_of_the_same_outputs(world: World, tmp
 
 
 def test_the_projection_keeps_a_bounded_number_of_interruptions(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(api, "MAX_INTERRUPTIONS", 2)
+    monkeypatch.setattr(api_view, "MAX_INTERRUPTIONS", 2)
     world = World()
     job = Job(run_id="run-flaky", world_size=4).start().steps(12)
     for _ in range(3):

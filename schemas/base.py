@@ -46,7 +46,9 @@ class Envelope(Record):
     rank: int = Field(ge=RUN_LEVEL_RANK, description="Global rank, or -1 for a run-level record.")
     node: str = Field(max_length=128, description="Host name of the emitter ('' when not node-bound).")
     step: int = Field(ge=NO_STEP, description="Training step the record refers to (-1: none yet).")
-    ts: float = Field(ge=0, description="Emitter clock, seconds since the Unix epoch.")
+    # Finite even where a kind allows non-finite values (StepStats): a timestamp of
+    # infinity would stop every event-time clock of the core.
+    ts: float = Field(ge=0, allow_inf_nan=False, description="Emitter clock, seconds since the Unix epoch.")
 
 
 class ReasonCode(StrEnum):

@@ -45,6 +45,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+def archive_group(topics: TopicNames) -> str:
+    """The writers' consumer group: one per topic set (like the processor's app id), so
+    that writers of another prefix never share, or wait on, its rebalances."""
+    return topics.telemetry.removesuffix("telemetry") + "archive"
+
+
 class Role(StrEnum):
     TELEMETRY = "telemetry"
     EVENTS = "events"
@@ -121,7 +127,7 @@ class ArchiveWriter:
         bootstrap: str,
         topics: TopicNames,
         db_path: str | Path,
-        group_id: str = "trainguard-archive",
+        group_id: str | None = None,
         *,
         batch_size: int = 5000,
         max_events_per_write: int = 200_000,
@@ -145,7 +151,7 @@ class ArchiveWriter:
         self._consumer = Consumer(
             {
                 "bootstrap.servers": bootstrap,
-                "group.id": group_id,
+                "group.id": group_id or archive_group(topics),
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
                 **(consumer_config or {}),

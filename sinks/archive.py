@@ -154,6 +154,9 @@ class ArchiveWriter:
                 "group.id": group_id or archive_group(topics),
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
+                # A writer that died without leaving holds its partitions this long before a
+                # restarted one gets them (librdkafka's default is 45 s).
+                "session.timeout.ms": 10_000,
                 **(consumer_config or {}),
             }
         )

@@ -1,6 +1,6 @@
 """Bad input at volume through the real broker, processor and archive writer (issue 7
-scenario 7): a 16-rank job with a crash and a restart, its telemetry mixed with hundreds
-of bad records (malformed bytes, bad events inside good batches: retyped fields,
+scenario 7): a 16-rank job with a crash and a restart, its telemetry mixed with about
+200 bad records (malformed bytes, bad events inside good batches: retyped fields,
 non-finite timestamps, unknown and old schema versions, unknown kinds, ranks out of
 range, other runs' events, oversized fields), redelivered batches at new offsets, a
 batch with a null key, a batch that claims another world size, and late events of the

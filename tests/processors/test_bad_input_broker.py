@@ -99,7 +99,9 @@ def test_bad_records_at_volume_are_dead_lettered_and_nothing_good_is_lost(
 ) -> None:
     processor, db = pipeline, tmp_path / "archive.duckdb"
     with archiving(processor, db):
+        t0 = time.monotonic()
         acknowledged, expected_dead, garbage, stale_sent, good, run_id = produce_mixed(processor)
+        produced_s = time.monotonic() - t0
         check_dead_letters(processor, expected_dead, garbage)
         recording = read_recording(processor.bootstrap, processor.names, run_id)
         check_processed(processor, len(good) + stale_sent)
@@ -112,7 +114,8 @@ def test_bad_records_at_volume_are_dead_lettered_and_nothing_good_is_lost(
     # The oracle: nothing lost, one decision per id, replay = live, archive = log, rank order.
     report = check(recording, load_policy(str(POLICY)), acknowledged=acknowledged, archive=db)
     assert report.ok, str(report)
-    print(f"\n{len(good)} good events, {len(expected_dead) + len(garbage)} bad records\n{report}")
+    bad = len(expected_dead) + len(garbage)
+    print(f"\n{len(good)} good events and {bad} bad records produced in {produced_s:.2f} s\n{report}")
 
 
 def produce_mixed(

@@ -432,6 +432,20 @@ def _operator_reason(what: str, given: str) -> Reason:
     return Reason(code=ReasonCode.OPERATOR, text=text)
 
 
+def _publish(ctx: ApiContext, command: Command, **details: Any) -> ApiResponse:
+    """202 with the command signed for its run, to be published by the web glue."""
+    signed = sign(command, run_key(ctx.master_secret, command.run_id))
+    accepted = CommandAccepted(
+        run_id=signed.run_id,
+        command_id=signed.command_id,
+        kind=signed.KIND,
+        attempt=signed.attempt,
+        issued_ts=signed.issued_ts,
+        **details,
+    )
+    return _ok(202, accepted, (signed,))
+
+
 def _checkpoint(
     ctx: ApiContext, request: ApiRequest, params: dict[str, str], body: CheckpointRequest
 ) -> ApiResponse:
@@ -452,15 +466,7 @@ def _checkpoint(
         issued_ts=run.last_ts,
         reason=_operator_reason("checkpoint now", body.reason),
     )
-    signed = sign(command, run_key(ctx.master_secret, run.run_id))
-    accepted = CommandAccepted(
-        run_id=run.run_id,
-        command_id=signed.command_id,
-        kind=signed.KIND,
-        attempt=signed.attempt,
-        issued_ts=signed.issued_ts,
-    )
-    return _ok(202, accepted, (signed,))
+    return _publish(ctx, command)
 
 
 def _resume(ctx: ApiContext, request: ApiRequest, params: dict[str, str], body: ResumeRequest) -> ApiResponse:
@@ -499,18 +505,7 @@ def _resume(ctx: ApiContext, request: ApiRequest, params: dict[str, str], body: 
         checkpoint_step=target.step,
         uri=target.uri,
     )
-    signed = sign(command, run_key(ctx.master_secret, run.run_id))
-    accepted = CommandAccepted(
-        run_id=run.run_id,
-        command_id=signed.command_id,
-        kind=signed.KIND,
-        attempt=signed.attempt,
-        issued_ts=signed.issued_ts,
-        checkpoint_step=target.step,
-        uri=target.uri,
-        warnings=warnings,
-    )
-    return _ok(202, accepted, (signed,))
+    return _publish(ctx, command, checkpoint_step=target.step, uri=target.uri, warnings=warnings)
 
 
 def _not_resumable(run: RunState, step: int) -> str:

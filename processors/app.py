@@ -18,13 +18,16 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any, cast
 
 import faust
-from faust.types import RecordMetadata
+from faust.types import TP, RecordMetadata
 
-from ..broker.topics import TopicNames, partition_count, topic_names
+from ..broker.security import KafkaCredentials, resolve
+from ..broker.topics import TopicNames, ensure_run_commands_topic, partition_count, topic_names
 from ..schemas import Command, Envelope, Tick, encode
 from ..schemas.sharding import telemetry_key, telemetry_partition
 from ..sinks.metrics import ProcessorMetrics
@@ -32,6 +35,9 @@ from . import api_web
 from .api import ApiContext, RunsView
 from .core import CorePolicy
 from .driver import CoreDriver, DriverResult
+from .partitions import Action, Held, PartitionBook
+from .recovery import recover_partition
+from .snapshot import Snapshot, encode_snapshot, snapshot_key
 
 log = logging.getLogger("trainguard.processor")
 
@@ -47,10 +53,20 @@ class ProcessorSettings:
     metrics_addr: str = "127.0.0.1"
     metrics_refresh_s: float = 1.0
     tick_interval_s: float = 5.0
+    #: How often a partition's state is snapshotted (processors/snapshot.py); 0: never, a
+    #: worker that takes a partition over then folds its whole retained log.
+    snapshot_interval_s: float = 30.0
+    #: How often faust commits the offsets of processed records. A crash redoes at most
+    #: this much; the outputs already published are then recognised and not repeated.
+    commit_interval_s: float = 1.0
+    #: A worker silent this long leaves the group and its partitions move to the others.
+    session_timeout_s: float = 15.0
     #: The run API (processors/api.py) on this port; None: off. It needs `api_token`.
     api_port: int | None = None
     api_host: str = "127.0.0.1"
     api_token: str | None = field(default=None, repr=False)
+    #: SASL principal on a secured broker (trainguard/broker/acl.py); None: from the environment.
+    credentials: KafkaCredentials | None = None
 
     @property
     def topics(self) -> TopicNames:
@@ -66,9 +82,11 @@ def _datadir() -> str:
 
 
 def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, ProcessorMetrics]:
+    credentials = resolve(settings.credentials)
     app = faust.App(
         f"{settings.topic_prefix}{settings.app_id}",
         broker=f"kafka://{settings.bootstrap}",
+        broker_credentials=credentials.faust() if credentials is not None else None,
         store="memory://",
         datadir=_datadir(),
         **api_web.web_options(settings.api_port, settings.api_host),
@@ -77,7 +95,10 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
         broker_commit_every=1000,
-        broker_commit_interval=1.0,
+        broker_commit_interval=settings.commit_interval_s,
+        broker_session_timeout=settings.session_timeout_s,
+        # A snapshot of a large run's partition is MiBs (the topic admits 64 MiB).
+        producer_max_request_size=64 * 1024 * 1024,
         # A telemetry record is a node's batch (up to 8 MiB): fetch more than faust's
         # 1 MiB per partition per round trip, or one busy partition starves the worker.
         consumer_max_fetch_size=8 * 1024 * 1024,
@@ -88,8 +109,8 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
     def raw_topic(name: str) -> faust.TopicT:
         return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
-    telemetry, events, commands, deadletter = map(
-        raw_topic, (names.telemetry, names.events, names.commands, names.deadletter)
+    telemetry, events, commands, deadletter, snapshots = map(
+        raw_topic, (names.telemetry, names.events, names.commands, names.deadletter, names.snapshots)
     )
 
     driver = CoreDriver(settings.policy, settings.master_secret)
@@ -98,7 +119,16 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
     view = RunsView() if settings.api_port is not None else None
     # Records this worker writes into the telemetry log (ticks, forwards) go to the run's
     # shard-0 partition, computed as the shippers compute it (schemas/sharding.py).
-    partitions = partition_count(settings.bootstrap, names.telemetry)
+    partitions = partition_count(settings.bootstrap, names.telemetry, credentials=credentials)
+    book = PartitionBook()
+    # Snapshot partition p holds telemetry partition p's snapshots: the counts must match.
+    snapshot_key_ = snapshot_key(settings.master_secret)
+    if (
+        settings.snapshot_interval_s > 0
+        and partition_count(settings.bootstrap, names.snapshots, credentials=credentials) != partitions
+    ):
+        log.warning("%s and %s differ in partitions: snapshots off", names.snapshots, names.telemetry)
+        settings = replace(settings, snapshot_interval_s=0.0)
 
     async def to_coordinator(record: Envelope) -> Awaitable[RecordMetadata]:
         return await telemetry.send(
@@ -106,6 +136,27 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
             value=encode(record),
             partition=telemetry_partition(record.run_id, 0, 1, partitions),
         )
+
+    # Secured broker: each command also goes to its run's own topic, the only commands topic
+    # its ranks may read (trainguard/broker/acl.py); the shared topic stays the audit log.
+    run_topics: dict[str, faust.TopicT] = {}
+
+    async def run_topic(run_id: str) -> faust.TopicT:
+        topic = run_topics.get(run_id)
+        if topic is None:  # first command to the run from this worker: make sure it exists
+            name = names.run_commands(run_id)
+            await asyncio.to_thread(
+                ensure_run_commands_topic, settings.bootstrap, name, credentials=credentials
+            )
+            topic = run_topics[run_id] = raw_topic(name)
+        return topic
+
+    async def send_command(command: Command) -> list[Awaitable[RecordMetadata]]:
+        key, value = command.run_id.encode(), encode(command)
+        sent = [await commands.send(key=key, value=value)]  # the audit log first
+        if credentials is not None:
+            sent.append(await (await run_topic(command.run_id)).send(key=key, value=value))
+        return sent
 
     async def publish(result: DriverResult, source: str) -> None:
         pending = []
@@ -119,23 +170,130 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
         for derived in result.derived:
             pending.append(await events.send(key=derived.run_id.encode(), value=encode(derived)))
         for command in result.commands:
-            pending.append(await commands.send(key=command.run_id.encode(), value=encode(command)))
+            pending.extend(await send_command(command))
         for forward in result.forwards:  # a report for the run's shard 0 (maybe another worker)
             pending.append(await to_coordinator(forward))
         for future in pending:  # durable before this offset may be committed
             await future
+
+    def drop(keys: set[str]) -> None:
+        for key in keys:
+            driver.state.runs.pop(key, None)
+
+    async def recover(partition: int, offset: int) -> None:
+        """Rebuild the partition's state up to `offset` (processors/recovery.py) on a
+        thread, then swap it in: the loop (timers, the API) never sees it half-built."""
+        recovered = await asyncio.to_thread(
+            recover_partition,
+            settings.bootstrap,
+            names,
+            partition,
+            offset,
+            driver,
+            snapshot_key_ if settings.snapshot_interval_s > 0 else None,
+        )
+        held = Held(
+            recovered.next_offset, set(recovered.runs), recovered.published, recovered.published_until
+        )
+        held.snapshot_at = time.monotonic()
+        drop(book.hold(partition, held))
+        driver.state.runs.update(recovered.runs)
+        if view is not None:
+            view.observe(recovered.derived, recovered.commands)
+        metrics.recoveries.inc()
+        metrics.recovery_records.inc(recovered.replayed)
+        metrics.recovery_seconds.observe(recovered.seconds)
+        for warning in recovered.warnings:
+            log.warning("recovery of %s[%d]: %s", names.telemetry, partition, warning)
+        log.info(
+            "recovered %s[%d] at %d: snapshot %s, %d records folded, %d outputs published, %.2f s",
+            names.telemetry,
+            partition,
+            offset,
+            recovered.snapshot_offset,
+            recovered.replayed,
+            len(recovered.published),
+            recovered.seconds,
+        )
+
+    def write_snapshot(partition: int) -> None:
+        t0 = time.perf_counter()
+        held = book.held[partition]
+        runs = {key: driver.state.runs[key] for key in held.keys if key in driver.state.runs}
+        value = encode_snapshot(
+            Snapshot(names.telemetry, partition, held.next_offset, time.time(), runs), snapshot_key_
+        )
+        metrics.snapshot_bytes.set(len(value))
+        held.snapshot_cost_s = time.perf_counter() - t0
+
+        async def send() -> None:  # not awaited by the agent: a lost snapshot only costs time
+            try:
+                await (
+                    await snapshots.send(
+                        key=f"{names.telemetry}:{partition}".encode(), value=value, partition=partition
+                    )
+                )
+            except Exception as exc:  # noqa: BLE001 - counted and logged; the next one may land
+                metrics.snapshots.labels(outcome="failed").inc()
+                log.warning("snapshot of %s[%d] not written: %s", names.telemetry, partition, exc)
+            else:
+                metrics.snapshots.labels(outcome="written").inc()
+
+        asyncio.ensure_future(send())
+
+    async def on_revoked(sender: object, revoked: set[TP], **kwargs: object) -> None:
+        """Another worker may fold a revoked partition next: forget its state, so that
+        holding it again starts with a recovery rather than a stale state."""
+        for tp in revoked:
+            if tp.topic == names.telemetry:
+                drop(book.release(tp.partition))
+
+    app.on_partitions_revoked.connect(cast(Any, on_revoked))
+
+    async def until_done(attempt: Callable[[], Awaitable[None]], what: str) -> None:
+        """Retry until it succeeds: faust acks a record even when the agent raises, so a
+        failure that escaped would commit a record whose outputs were never delivered.
+        Retrying holds the stream (backpressure) until the broker answers again; a
+        retried publish may repeat outputs, with their ids, which consumers dedupe."""
+        delay = 0.5
+        while True:
+            try:
+                await attempt()
+                return
+            except Exception as exc:  # noqa: BLE001 - logged, counted, retried
+                metrics.retries.inc()
+                log.warning("%s failed (%s); retrying in %.1f s", what, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 10.0)
 
     @app.agent(telemetry)
     async def process(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
             message = event.message
             value = event.value if isinstance(event.value, bytes) else b""
+            partition, offset = message.partition, message.offset
+            action = book.action(partition, offset)
+            if action is Action.RECOVER:
+                await until_done(partial(recover, partition, offset), f"recovery of partition {partition}")
+                action = book.action(partition, offset)
+            if action is Action.SKIP:  # folded already, its outputs delivered
+                metrics.redelivered_records.inc()
+                continue
+            source = f"{message.topic}:{partition}:{offset}"
             result = driver.handle(value)
+            book.folded(partition, offset, result.state_key)
+            suppressed = book.suppressed
+            result = book.unpublished(partition, result, source)
+            metrics.suppressed_outputs.inc(book.suppressed - suppressed)
             if view is not None:
                 view.observe(result.derived, result.commands)
             metrics.observe(result)
             if result.rejections or result.derived or result.commands or result.forwards:
-                await publish(result, f"{message.topic}:{message.partition}:{message.offset}")
+                await until_done(partial(publish, result, source), f"outputs of {source}")
+            if settings.snapshot_interval_s > 0 and book.snapshot_due(
+                partition, time.monotonic(), settings.snapshot_interval_s
+            ):
+                write_snapshot(partition)
             # Kafka's CreateTime of the record -> processed, its outputs delivered.
             latency = max(0.0, time.time() - message.timestamp)
             metrics.record_latency.observe(latency)
@@ -173,7 +331,8 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
     if view is not None:
 
         async def publish_command(command: Command) -> None:
-            await (await commands.send(key=command.run_id.encode(), value=encode(command)))
+            for future in await send_command(command):
+                await future
 
         token = settings.api_token or ""  # mount refuses an empty or short one
         api_web.mount(

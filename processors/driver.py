@@ -8,13 +8,17 @@ run exactly the same code path.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
-from ..schemas import Command, Derived, Envelope, Rejection, decode_batch
+from ..schemas import Command, Derived, Envelope, Rejection, decode_batch, encode
 from ..schemas.auth import run_key, sign
+from ..schemas.codec import RejectReason
 from .core import CorePolicy, CoreState, Output, step
 from .core.outputs import Forward
 from .core.state import state_key
+
+log = logging.getLogger("trainguard.processor")
 
 
 @dataclass
@@ -26,6 +30,8 @@ class DriverResult:
     forwards: list[Envelope] = field(default_factory=list)
     events: int = 0
     duplicates: int = 0
+    #: The CoreState.runs key the record's events were folded into (None: no event).
+    state_key: str | None = None
 
 
 @dataclass
@@ -54,10 +60,20 @@ class CoreDriver:
         # A batch holds one shard of one run (decode_batch rejects other runs' events):
         # count its duplicates once per batch, not per event.
         keys = {state_key(event.run_id, shard) for event in decoded.events[:1]}
+        result.state_key = next(iter(keys), None)
         before = self._duplicates(keys)
         state, policy = self.state, self.policy
         for event in decoded.events:
-            _, outputs = step(state, event, policy, hint, shard, shard_ranks)
+            try:
+                _, outputs = step(state, event, policy, hint, shard, shard_ranks)
+            except Exception as exc:  # noqa: BLE001 - a core bug must not wedge the stream
+                # Parked with its reason, like bad input; the replay meets the same error at
+                # the same event, so live and replay still agree.
+                log.exception("the core failed on event %s of run %s", event.event_id, event.run_id)
+                result.rejections.append(
+                    Rejection(RejectReason.CORE_ERROR, f"{type(exc).__name__}: {exc}", encode(event))
+                )
+                continue
             if outputs:
                 self._collect(outputs, result)
         result.duplicates = self._duplicates(keys) - before

@@ -47,6 +47,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from ..broker.security import KafkaCredentials, client_config, resolve
+from ..broker.topics import actuator_group_prefix, run_commands_topic
 from ..schemas import RUN_LEVEL_RANK, Ack, AckStatus, Command, Rejected, auth, decode, encode
 from ..schemas.codec import COMMANDS
 
@@ -191,6 +193,16 @@ class CommandGate:
             return decision, {}
         return decision, {rank: self.claim(decision.command, rank) for rank in decision.ranks}
 
+    def forget(self, rank: int, command_id: str) -> bool:
+        """Let `rank` execute `command_id` once more: for an owner whose own journal shows
+        that the claimed execution never happened (it died between claim and handler,
+        e.g. the launcher). True if the id was remembered."""
+        seen = self._executed.get(rank)
+        if seen is None or command_id not in seen:
+            return False
+        del seen[command_id]
+        return True
+
     def close(self) -> None:
         if self._journal is not None:
             self._journal.close()
@@ -305,6 +317,12 @@ class Actuator:
     the commands already there were meant for processes that came before it. Its start
     position is resolved and committed as soon as partitions are assigned, so
     :meth:`wait_ready` returning True means no later command can be skipped.
+
+    On a secured broker (`credentials`, else TRAINGUARD_KAFKA_* in the environment) the
+    rank principal may read only its run's topic, so the actuator reads
+    `run_commands_topic(commands_topic, run_id)` instead of the shared topic, in the group
+    `trainguard-actuator.<run token>.<instance>` that its ACL names (trainguard/broker/acl.py).
+    The gate is the same: ACLs keep other principals out, the HMAC keeps forgeries out.
     """
 
     def __init__(
@@ -323,15 +341,21 @@ class Actuator:
         consumer_config: dict[str, Any] | None = None,
         producer_config: dict[str, Any] | None = None,
         clock: Callable[[], float] = time.time,
+        credentials: KafkaCredentials | None = None,
     ) -> None:
         self.bootstrap = bootstrap
-        self.commands_topic = commands_topic
+        self.credentials = resolve(credentials)
+        secured = self.credentials is not None
+        self.commands_topic = run_commands_topic(commands_topic, run_id) if secured else commands_topic
         self.acks_topic = acks_topic
         self.run_id = run_id
         self.node = node
         ranks = sorted(set(local_ranks))
         self.instance = instance or _default_instance(node, ranks)
-        self.group_id = f"trainguard-actuator-{run_id}-{self.instance}"
+        if secured:
+            self.group_id = actuator_group_prefix(run_id) + self.instance
+        else:
+            self.group_id = f"trainguard-actuator-{run_id}-{self.instance}"
         self.offset_reset = offset_reset
         #: How long to retry fixing the start offsets before falling back to auto.offset.reset.
         self.assign_timeout_s = 60.0
@@ -339,15 +363,19 @@ class Actuator:
         self.stats = ActuatorStats()
         self.clock = clock
         self._handlers: dict[type[Command], Handler] = {}
-        self._consumer_config = {
+        consumer_defaults = {
             "bootstrap.servers": bootstrap,
             "group.id": self.group_id,
             "enable.auto.commit": False,
             "auto.offset.reset": offset_reset,
             **(consumer_config or {}),
         }
+        self._consumer_config = client_config(consumer_defaults, self.credentials)
         self._producer = Producer(
-            {**ACK_PRODUCER_DEFAULTS, **(producer_config or {}), "bootstrap.servers": bootstrap}
+            client_config(
+                {**ACK_PRODUCER_DEFAULTS, **(producer_config or {}), "bootstrap.servers": bootstrap},
+                self.credentials,
+            )
         )
         self._stop = threading.Event()
         self._ready = threading.Event()

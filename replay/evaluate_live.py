@@ -10,6 +10,7 @@ import uuid
 from confluent_kafka import Consumer, KafkaError
 
 from ..broker.lag import wait_caught_up
+from ..broker.security import client_config
 from ..producers.simulator import Scenario
 from ..producers.simulator.driver import run_simulation
 from ..schemas import Derived, Envelope, decode, decode_batch
@@ -21,13 +22,15 @@ from .evaluate import ScenarioScore, score, step_start_times
 def _read(bootstrap: str, topic: str) -> list[bytes]:
     """Every record on `topic` up to its current end."""
     consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"evaluate-{uuid.uuid4().hex}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
+        client_config(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"evaluate-{uuid.uuid4().hex}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            }
+        )
     )
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from ..broker.security import client_config
 from ..broker.topics import TopicNames
 from ..schemas import Command, Derived, decode
 from ..schemas.codec import COMMANDS, DERIVED
@@ -56,12 +57,14 @@ def read_topic(
     order, up to the end each partition had when the read began. `progress(done, total)`
     is called as records arrive (total: the records the partitions held)."""
     consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"trainguard-replay-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": False,
-        }
+        client_config(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"trainguard-replay-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "enable.partition.eof": False,
+            }
+        )
     )
     try:
         partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)

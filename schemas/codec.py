@@ -43,6 +43,7 @@ class RejectReason(StrEnum):
     OVERSIZED = "oversized"
     WRONG_RECORD_TYPE = "wrong_record_type"  # a valid record on the wrong topic
     RUN_MISMATCH = "run_mismatch"  # an event inside a batch of another run
+    CORE_ERROR = "core_error"  # a valid event the core failed on (a bug): parked, not lost
 
 
 class Rejected(Exception):

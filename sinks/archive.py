@@ -22,6 +22,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from trainguard.broker.security import KafkaCredentials, client_config
 from trainguard.broker.topics import TopicNames
 
 from ..schemas import Rejected, decode, decode_batch
@@ -49,6 +50,12 @@ def archive_group(topics: TopicNames) -> str:
     """The writers' consumer group: one per topic set (like the processor's app id), so
     that writers of another prefix never share, or wait on, its rebalances."""
     return topics.telemetry.removesuffix("telemetry") + "archive"
+
+
+def archived_topics(topics: TopicNames) -> list[str]:
+    """The topics the writer stores, in Role order (not the run registry, not the
+    processors' snapshots)."""
+    return [topics.telemetry, topics.events, topics.commands, topics.acks, topics.deadletter]
 
 
 class Role(StrEnum):
@@ -133,14 +140,9 @@ class ArchiveWriter:
         max_events_per_write: int = 200_000,
         poll_timeout_s: float = 0.5,
         consumer_config: dict[str, Any] | None = None,
+        credentials: KafkaCredentials | None = None,
     ) -> None:
-        self.roles = {
-            topics.telemetry: Role.TELEMETRY,
-            topics.events: Role.EVENTS,
-            topics.commands: Role.COMMANDS,
-            topics.acks: Role.ACKS,
-            topics.deadletter: Role.DEADLETTER,
-        }
+        self.roles = dict(zip(archived_topics(topics), Role, strict=True))
         self.batch_size = batch_size
         self.max_events_per_write = max_events_per_write
         self.poll_timeout_s = poll_timeout_s
@@ -149,16 +151,19 @@ class ArchiveWriter:
         self._uncommitted: dict[tuple[str, int], int] = {}  # stored, offset commit still to do
         self.archive = Archive(db_path)
         self._consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": group_id or archive_group(topics),
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-                # A writer that died without leaving holds its partitions this long before a
-                # restarted one gets them (librdkafka's default is 45 s).
-                "session.timeout.ms": 10_000,
-                **(consumer_config or {}),
-            }
+            client_config(
+                {
+                    "bootstrap.servers": bootstrap,
+                    "group.id": group_id or archive_group(topics),
+                    "enable.auto.commit": False,
+                    "auto.offset.reset": "earliest",
+                    # A writer that died without leaving holds its partitions this long before a
+                    # restarted one gets them (librdkafka's default is 45 s).
+                    "session.timeout.ms": 10_000,
+                    **(consumer_config or {}),
+                },
+                credentials,
+            )
         )
         self._consumer.subscribe(list(self.roles))
 

@@ -106,6 +106,43 @@ class ProcessorMetrics:
         self.world_size = Gauge(
             "trainguard_world_size", "Ranks in the run (0 while unknown).", ["run_id"], registry=r
         )
+        # State recovery (processors/recovery.py): a partition taken over, at start, after a
+        # rebalance or a crash, is rebuilt from its newest snapshot and the records after it.
+        self.recoveries = Counter(
+            "trainguard_recoveries_total", "Telemetry partitions whose state was recovered.", registry=r
+        )
+        self.recovery_records = Counter(
+            "trainguard_recovery_records_total",
+            "Telemetry records folded again to recover partitions (those after the snapshot).",
+            registry=r,
+        )
+        self.recovery_seconds = Histogram(
+            "trainguard_recovery_seconds",
+            "Time to recover a partition's state: snapshot load, fold, and the list of outputs.",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
+            registry=r,
+        )
+        self.redelivered_records = Counter(
+            "trainguard_redelivered_records_total",
+            "Telemetry records skipped: below the worker's folded offset (already processed).",
+            registry=r,
+        )
+        self.suppressed_outputs = Counter(
+            "trainguard_suppressed_outputs_total",
+            "Outputs re-made after a recovery and not published again: already on their topic.",
+            registry=r,
+        )
+        self.retries = Counter(
+            "trainguard_processor_retries_total",
+            "Publishes or recoveries that failed and were retried (the stream waits meanwhile).",
+            registry=r,
+        )
+        self.snapshots = Counter(
+            "trainguard_snapshots_total", "State snapshots written, by outcome.", ["outcome"], registry=r
+        )
+        self.snapshot_bytes = Gauge(
+            "trainguard_snapshot_bytes", "Size of the last state snapshot written.", registry=r
+        )
         self._per_run = (
             self.goodput,
             self.step_p50,

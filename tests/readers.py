@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer
 
+from trainguard.broker.security import KafkaCredentials, client_config
+
 
 @dataclass(frozen=True)
 class Seen:
@@ -19,15 +21,14 @@ class Seen:
 class TopicReader:
     """Reads one topic from its beginning with a throwaway consumer group."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"test-reader-{uuid.uuid4().hex}",
-                "auto.offset.reset": "earliest",
-                "enable.auto.commit": False,
-            }
-        )
+    def __init__(self, bootstrap: str, topic: str, credentials: KafkaCredentials | None = None) -> None:
+        config = {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"test-reader-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+        self.consumer = Consumer(client_config(config, credentials))
         self.consumer.subscribe([topic])
         self.seen: list[Seen] = []
 

@@ -81,6 +81,7 @@ def start_processor(
     secret_env: dict[str, str] | None = None,
     topic_prefix: str = "",
     api_port: int | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> tuple[subprocess.Popen[bytes], str]:
     """One processor worker (`trainguard process`) in its own process, logging to `log`;
     returns once its metrics endpoint answers. Workers started on the same broker share
@@ -91,6 +92,7 @@ def start_processor(
     command += ["--policy", str(policy), "--metrics-port", str(metrics_port), "--loglevel", "info"]
     command += ["--topic-prefix", topic_prefix] if topic_prefix else []
     command += ["--api-port", str(api_port)] if api_port else []
+    command += list(extra_args)  # e.g. --snapshot-interval, --commit-interval
     with log.open("wb") as out:
         processor = subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(secret_env or {})}

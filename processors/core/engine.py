@@ -380,8 +380,14 @@ def _on_exit(run: RunState, rank: RankState, event: RankExit) -> list[Output]:
     rank.requested_exit = rank.requested_exit or event.requested
     if event.stack_signature:  # the launcher's report of the same exit may come without it
         rank.stack_signature = event.stack_signature
-    if run.phase == RunPhase.INTERRUPTED or run.pending_hang is not None or event.requested:
-        return []  # teardown of an attempt already being handled
+    if (
+        run.phase in (RunPhase.INTERRUPTED, RunPhase.FINISHED)
+        or run.pending_hang is not None
+        or event.requested
+    ):
+        # teardown of an attempt already being handled, or a second report of an exit
+        # (the rank's own, then its launcher's) after the run finished
+        return []
     if event.exit_code == 0 and event.signal is None:
         if run.world_size and sum(r.exited for r in run.ranks.values()) >= run.world_size:
             run.move_to(RunPhase.FINISHED)

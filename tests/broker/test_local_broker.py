@@ -80,7 +80,7 @@ def test_topic_names_and_specs() -> None:
     assert names.telemetry == "t1.trainguard.telemetry"
     assert names.all() == tuple("t1." + spec.name for spec in TOPICS)
     assert topic_names().runs == "trainguard.runs"
-    assert len({spec.name for spec in TOPICS}) == len(TOPICS) == 6
+    assert len({spec.name for spec in TOPICS}) == len(TOPICS) == 7
 
 
 def test_cluster_id_is_kafka_uuid() -> None:

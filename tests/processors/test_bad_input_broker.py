@@ -30,7 +30,7 @@ from trainguard.processors.core.policy import load_policy
 from trainguard.replay.log import read_recording
 from trainguard.replay.oracle import check
 from trainguard.schemas import Interruption, StepTiming, encode, encode_batch
-from trainguard.sinks.archive import archive_group
+from trainguard.sinks.archive import archive_group, archived_topics
 from trainguard.stack import builtin_policy, scrape
 
 from ..pipeline import Processor, running_processor
@@ -109,7 +109,7 @@ def test_bad_records_at_volume_are_dead_lettered_and_nothing_good_is_lost(
         assert [(i.cause.value, i.rank) for i in interruptions] == [("crash", 5)]  # from good events only
         # The writer commits an offset only once its rows are durable: no lag, all archived.
         assert wait_caught_up(
-            processor.bootstrap, archive_group(processor.names), list(processor.names.all()), 60
+            processor.bootstrap, archive_group(processor.names), archived_topics(processor.names), 60
         )
     # The oracle: nothing lost, one decision per id, replay = live, archive = log, rank order.
     report = check(recording, load_policy(str(POLICY)), acknowledged=acknowledged, archive=db)

@@ -157,6 +157,19 @@ def test_clean_exit_of_every_rank_finishes_the_run() -> None:
     assert outputs == [] and state.runs["run-test"].phase == RunPhase.FINISHED
 
 
+def test_the_launchers_second_report_of_an_exit_after_the_run_finished_is_ignored() -> None:
+    """Each rank reports its own exit, and its launcher reports it again (another event
+    id, no stack): the run is finished once, not a second time (that raised, and the
+    stream stalled on it)."""
+    job = Job(world_size=4).start().steps(5)
+    for r in range(4):
+        job.exit(r, exit_code=0)
+    for r in range(4):
+        job.exit(r, exit_code=0, requested=False)
+    state, outputs = run_all(job.events, POLICY)
+    assert outputs == [] and state.runs["run-test"].phase == RunPhase.FINISHED
+
+
 def test_duplicates_are_dropped_and_outputs_have_stable_ids() -> None:
     job = Job().start().steps(25).exit(9, signal=9)
     _, first = run_all(job.events, POLICY)

@@ -19,7 +19,7 @@ from confluent_kafka import Producer
 from trainguard.broker.lag import group_lag, wait_caught_up
 from trainguard.broker.topics import TopicNames
 from trainguard.schemas import encode, encode_batch
-from trainguard.sinks.archive import archive_group
+from trainguard.sinks.archive import archive_group, archived_topics
 
 from ..processors.streams import Job
 
@@ -45,7 +45,7 @@ def test_a_writer_killed_mid_batch_and_restarted_stores_every_event_once(
         batch = encode_batch({**header, "seq": i}, [encode(e) for e in events[i : i + 2]])
         producer.produce(topics.telemetry, key=job.run_id.encode(), value=batch)
     assert producer.flush(30) == 0
-    group, names = archive_group(topics), list(topics.all())
+    group, names = archive_group(topics), archived_topics(topics)
     total = group_lag(bootstrap, group, names)
     db, log = tmp_path / "archive.duckdb", tmp_path / "archive.log"
 

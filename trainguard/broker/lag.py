@@ -6,11 +6,21 @@ import time
 
 from confluent_kafka import Consumer, TopicPartition
 
+from .security import KafkaCredentials, client_config
 
-def group_lag(bootstrap: str, group: str, topics: list[str], timeout_s: float = 10.0) -> int:
+
+def group_lag(
+    bootstrap: str,
+    group: str,
+    topics: list[str],
+    timeout_s: float = 10.0,
+    credentials: KafkaCredentials | None = None,
+) -> int:
     """Records on `topics` not yet committed by `group` (a partition never committed
-    counts from its low watermark)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    counts from its low watermark). On a secured broker the principal needs DESCRIBE on
+    the group and the topics (the admin principal has it)."""
+    config = {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False}
+    consumer = Consumer(client_config(config, credentials))
     try:
         partitions = [
             TopicPartition(topic, p)
@@ -26,11 +36,17 @@ def group_lag(bootstrap: str, group: str, topics: list[str], timeout_s: float = 
         consumer.close()
 
 
-def wait_caught_up(bootstrap: str, group: str, topics: list[str], timeout_s: float) -> bool:
+def wait_caught_up(
+    bootstrap: str,
+    group: str,
+    topics: list[str],
+    timeout_s: float,
+    credentials: KafkaCredentials | None = None,
+) -> bool:
     """Poll until `group` has committed everything on `topics`; False on timeout."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if group_lag(bootstrap, group, topics) == 0:
+        if group_lag(bootstrap, group, topics, credentials=credentials) == 0:
             return True
         time.sleep(0.5)
     return False

@@ -13,6 +13,19 @@ Layout of a data directory::
     server.log          log4j2 output (see log4j2.xml)
     broker.out          the JVM's stdout and stderr (crashes before logging starts)
     broker.json         pid, bootstrap and start time of the running broker
+    credentials/        secured mode only (mode 0700): one password file per principal, 0600
+
+Secured mode (`LocalBroker(data_dir, secure=True)`, `trainguard broker start --secure`):
+clients connect with SASL/SCRAM-SHA-256 over SASL_PLAINTEXT and Kafka's StandardAuthorizer
+allows only what an ACL grants (`allow.everyone.if.no.acl.found=false`; the principals and
+ACLs are in trainguard/broker/acl.py). The controller listener uses SASL/PLAIN with the
+broker principal alone (in its JAAS config): KRaft cannot use SCRAM there, since SCRAM
+credentials live in the metadata log the controller serves. The `broker` (super user) and
+`admin` SCRAM users are written into the log when the storage is formatted (`--add-scram`,
+passed in a 0600 argument file so that no password shows in the process list); the other
+users and all ACLs are created through the admin API. server.properties holds the broker's
+password, so it is written 0600 in this mode. The mode is the data dir's: it is fixed when
+the storage is first formatted.
 """
 
 from __future__ import annotations
@@ -37,6 +50,8 @@ from pathlib import Path
 from types import TracebackType
 
 import psutil
+
+from .security import KafkaCredentials
 
 KAFKA_VERSION = "4.1.1"
 MIN_JAVA_MAJOR = 17
@@ -204,8 +219,41 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
-    """server.properties for one combined broker+controller node on 127.0.0.1."""
+def _jaas(module: str, user: str, password: str, **extra: str) -> str:
+    options = {"username": user, "password": password, **extra}
+    return f"{module} required " + " ".join(f'{k}="{v}"' for k, v in options.items()) + ";"
+
+
+def _security_properties(port: int, controller_port: int, broker_password: str) -> dict[str, str]:
+    """SASL listeners, JAAS for the broker principal, and the authorizer (secured mode)."""
+    plain = "org.apache.kafka.common.security.plain.PlainLoginModule"
+    scram = "org.apache.kafka.common.security.scram.ScramLoginModule"
+    return {
+        "listeners": f"SASL_PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"SASL_PLAINTEXT://127.0.0.1:{port}",
+        "listener.security.protocol.map": "SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT",
+        "inter.broker.listener.name": "SASL_PLAINTEXT",
+        "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-256",
+        "sasl.mechanism.controller.protocol": "PLAIN",
+        "listener.name.sasl_plaintext.sasl.enabled.mechanisms": "SCRAM-SHA-256",
+        "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config": _jaas(
+            scram, "broker", broker_password
+        ),
+        "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.controller.plain.sasl.jaas.config": _jaas(
+            plain, "broker", broker_password, user_broker=broker_password
+        ),
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users": "User:broker",
+        "allow.everyone.if.no.acl.found": "false",
+    }
+
+
+def server_properties(
+    data_dir: Path, port: int, controller_port: int, broker_password: str | None = None
+) -> str:
+    """server.properties for one combined broker+controller node on 127.0.0.1; with
+    `broker_password`, secured (SASL listeners and ACLs, see the module docstring)."""
     lines = {
         "process.roles": "broker,controller",
         "node.id": "1",
@@ -234,6 +282,8 @@ def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
         "num.io.threads": "4",
         "background.threads": "4",
     }
+    if broker_password is not None:
+        lines.update(_security_properties(port, controller_port, broker_password))
     return "".join(f"{key}={value}\n" for key, value in lines.items())
 
 
@@ -247,6 +297,16 @@ def _read_ports(config: Path) -> tuple[int, int] | None:
     if broker is None or controller is None:
         return None
     return int(broker.group(1)), int(controller.group(1))
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write `text` to `path` readable by its owner only, from the file's creation on."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
 
 
 def _tail(path: Path, lines: int) -> str:
@@ -286,9 +346,11 @@ class LocalBroker:
     reattaches to it from another process through `data_dir/broker.json`.
     """
 
-    def __init__(self, data_dir: Path, heap: str = "512m") -> None:
+    def __init__(self, data_dir: Path, heap: str = "512m", secure: bool | None = None) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.heap = heap
+        #: SASL + ACLs (module docstring). None: as the data dir was formatted (plain if new).
+        self.secure = (self.credentials_dir / "broker").is_file() if secure is None else secure
         self._proc: subprocess.Popen[bytes] | None = None
         self._pid: int | None = None
         self._bootstrap: str | None = None
@@ -313,6 +375,19 @@ class LocalBroker:
     def out_path(self) -> Path:
         """The JVM's stdout and stderr."""
         return self.data_dir / "broker.out"
+
+    @property
+    def credentials_dir(self) -> Path:
+        """Secured mode: one password file per principal (mode 0600) in this directory."""
+        return self.data_dir / "credentials"
+
+    def credentials(self, user: str) -> KafkaCredentials:
+        """The SCRAM credentials of `user` from its password file (secured mode)."""
+        return KafkaCredentials.from_file(user, self.credentials_dir / user)
+
+    def admin_credentials(self) -> KafkaCredentials | None:
+        """The `admin` principal in secured mode, else None (PLAINTEXT)."""
+        return self.credentials("admin") if self.secure else None
 
     @property
     def bootstrap(self) -> str | None:
@@ -340,6 +415,7 @@ class LocalBroker:
             return False
         self._pid, self._bootstrap = int(state["pid"]), str(state["bootstrap"])
         self._started_at, self.heap = state.get("started_at"), state.get("heap", self.heap)
+        self.secure = bool(state.get("secure", self.secure))
         return True
 
     def _write_state(self) -> None:
@@ -348,6 +424,7 @@ class LocalBroker:
             "bootstrap": self._bootstrap,
             "started_at": self._started_at,
             "heap": self.heap,
+            "secure": self.secure,
             "kafka": KAFKA_VERSION,
         }
         tmp = self.state_path.with_suffix(".tmp")
@@ -389,30 +466,16 @@ class LocalBroker:
             port, controller_port = ports
         else:
             port, controller_port = free_ports(2)
-        self.config_path.write_text(server_properties(self.data_dir, port, controller_port))
+        formatted = (self.data_dir / "kafka-data" / "meta.properties").is_file()
+        passwords = self._passwords(formatted)
+        properties = server_properties(self.data_dir, port, controller_port, passwords.get("broker"))
+        if self.secure:
+            _write_private(self.config_path, properties)
+        else:
+            self.config_path.write_text(properties)
 
-        if not (self.data_dir / "kafka-data" / "meta.properties").is_file():
-            fmt = subprocess.run(
-                [
-                    java,
-                    "-cp",
-                    classpath,
-                    "kafka.tools.StorageTool",
-                    "format",
-                    "-t",
-                    new_cluster_id(),
-                    "-c",
-                    str(self.config_path),
-                    "--standalone",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            if fmt.returncode != 0:
-                raise BrokerError(
-                    f"formatting {self.data_dir / 'kafka-data'} failed:\n{fmt.stdout}{fmt.stderr}"
-                )
+        if not formatted:
+            self._format(java, classpath, passwords)
 
         cmd = [
             java,
@@ -443,10 +506,51 @@ class LocalBroker:
         self._write_state()  # at once: a broker that is still starting can be stopped
         try:
             self._wait_ready(self._bootstrap, port, timeout_s)
+            if self.secure:
+                self._grant_admin(self._bootstrap)
         except BaseException:
             self.stop(timeout_s=10)
             raise
         return self._bootstrap
+
+    def _passwords(self, formatted: bool) -> dict[str, str]:
+        """Secured mode: the broker's and admin's passwords, generated on first use."""
+        from .acl import ADMIN_USER, BROKER_USER, ensure_password
+
+        broker_file = self.credentials_dir / BROKER_USER
+        if not self.secure:
+            if broker_file.is_file():
+                raise BrokerError(
+                    f"{self.data_dir} was formatted secured: start it with secure=True (--secure)"
+                )
+            return {}
+        if formatted and not broker_file.is_file():
+            raise BrokerError(
+                f"{self.data_dir} was formatted without SASL; secured mode needs a fresh data directory"
+            )
+        return {user: ensure_password(self.credentials_dir, user) for user in (BROKER_USER, ADMIN_USER)}
+
+    def _format(self, java: str, classpath: str, passwords: dict[str, str]) -> None:
+        """Format the storage once, with the SCRAM users of `passwords` in its first metadata."""
+        args = ["-cp", classpath, "kafka.tools.StorageTool", "format", "-t", new_cluster_id()]
+        args += ["-c", str(self.config_path), "--standalone"]
+        for user, password in passwords.items():
+            args += ["--add-scram", f"SCRAM-SHA-256=[name={user},password={password}]"]
+        # The java launcher reads `@file` as more arguments: the passwords stay out of `ps`.
+        argfile = self.data_dir / ".format.args"
+        _write_private(argfile, "\n".join(f'"{arg}"' for arg in args) + "\n")
+        try:
+            fmt = subprocess.run([java, f"@{argfile}"], capture_output=True, text=True, timeout=120)
+        finally:
+            argfile.unlink(missing_ok=True)
+        if fmt.returncode != 0:
+            raise BrokerError(f"formatting {self.data_dir / 'kafka-data'} failed:\n{fmt.stdout}{fmt.stderr}")
+
+    def _grant_admin(self, bootstrap: str) -> None:
+        """The admin principal's ACLs, created by the super user (idempotent, every start)."""
+        from .acl import BROKER_USER, admin_grants, create_grants
+
+        create_grants(bootstrap, self.credentials(BROKER_USER), admin_grants())
 
     def _wait_ready(self, bootstrap: str, port: int, timeout_s: float) -> None:
         from confluent_kafka import KafkaException
@@ -468,7 +572,13 @@ class LocalBroker:
                 )
             if port_open(port):  # before that, librdkafka would only log refused connects
                 if admin is None:
-                    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})  # see topics._admin
+                    config: dict[str, str | int | float | bool] = {
+                        "bootstrap.servers": bootstrap,
+                        "log_level": 4,
+                    }
+                    if self.secure:  # the super user: no ACL exists yet on a new data dir
+                        config.update(self.credentials("broker").librdkafka())
+                    admin = AdminClient(config)  # log_level: see topics._admin
                 try:
                     if admin.list_topics(timeout=min(2.0, remaining)).brokers:
                         return
@@ -534,14 +644,20 @@ def default_data_dir() -> Path:
     return (Path(home) if home else Path.cwd() / ".trainguard") / "broker"
 
 
-def start_local_broker(data_dir: Path | None = None) -> LocalBroker:
-    """Fetch jars if needed, start the broker (or reattach to a running one), ensure topics."""
+def start_local_broker(data_dir: Path | None = None, secure: bool | None = None) -> LocalBroker:
+    """Fetch jars if needed, start the broker (or reattach to a running one), ensure topics;
+    secured, also the processor's and archive writer's users and ACLs (trainguard/broker/acl.py)."""
     from trainguard.broker.topics import ensure_topics
 
-    broker = LocalBroker(data_dir or default_data_dir())
+    broker = LocalBroker(data_dir or default_data_dir(), secure=secure)
     status = broker.status()
     bootstrap = status.bootstrap if status.running and status.bootstrap else broker.start()
-    ensure_topics(bootstrap)
+    admin = broker.admin_credentials()
+    ensure_topics(bootstrap, credentials=admin)
+    if admin is not None:
+        from trainguard.broker.acl import provision_services
+
+        provision_services(bootstrap, admin, broker.credentials_dir)
     return broker
 
 

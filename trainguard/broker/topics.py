@@ -25,15 +25,30 @@ trainguard.deadletter  3     delete, 30 d Rejected records: original bytes plus 
 trainguard.runs        3     compact      Run registry keyed by run_id. Compaction keeps
                                           only the LAST record of each run_id: every record
                                           must carry the run's full state, not a delta.
+trainguard.snapshots   6     compact      Processor state, one key per telemetry partition,
+                                          on the partition of the same number: a worker
+                                          that takes a partition over loads the newest
+                                          snapshot and folds only the records after it
+                                          (processors/recovery.py). 64 MiB per snapshot.
 =====================  ====  ===========  ================================================
 
 Replication factor is 1 by default (one local broker). `prefix` isolates sets of topics,
 e.g. per test: prefix "t123." gives "t123.trainguard.telemetry". Other modules take names
 from `topic_names(prefix)`, never from string literals.
+
+On a secured broker (trainguard/broker/acl.py) the processors also deliver each command
+on its run's own topic, `{prefix}trainguard.commands.run.<run token>` (1 partition,
+delete, 7 d), which only that run's rank principal may read: an ACL cannot restrict a
+reader to one key of the shared commands topic. The shared topic stays the audit log
+that the archive, the oracle and the API read. `run_commands_topic` makes the name; the
+processor creates the topic when it first sends a command to the run, or `trainguard
+broker grant-run` does when it provisions the run's principal.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
@@ -48,6 +63,7 @@ from confluent_kafka.admin import (
 )
 
 from trainguard.broker.local import BrokerError
+from trainguard.broker.security import KafkaCredentials, client_config
 
 TELEMETRY = "trainguard.telemetry"
 EVENTS = "trainguard.events"
@@ -55,6 +71,7 @@ COMMANDS = "trainguard.commands"
 ACKS = "trainguard.acks"
 DEADLETTER = "trainguard.deadletter"
 RUNS = "trainguard.runs"
+SNAPSHOTS = "trainguard.snapshots"
 
 _DAY_MS = 24 * 60 * 60 * 1000
 _MIB = 1024 * 1024
@@ -100,6 +117,17 @@ TOPICS: tuple[TopicSpec, ...] = (
         {"cleanup.policy": "compact"},
         "run registry keyed by run_id (compacted: last record per run wins)",
     ),
+    TopicSpec(
+        SNAPSHOTS,
+        6,
+        {
+            "cleanup.policy": "compact",
+            "max.message.bytes": str(64 * _MIB),
+            # Roll often, so that compaction can drop superseded snapshots soon.
+            "segment.ms": str(10 * 60 * 1000),
+        },
+        "processor state per telemetry partition (compacted: the newest snapshot wins)",
+    ),
 )
 
 
@@ -113,20 +141,81 @@ class TopicNames:
     acks: str
     deadletter: str
     runs: str
+    snapshots: str
 
     def all(self) -> tuple[str, ...]:
         return tuple(getattr(self, f.name) for f in fields(self))
 
+    def run_commands(self, run_id: str) -> str:
+        """The per-run command delivery topic of `run_id` (secured brokers only)."""
+        return run_commands_topic(self.commands, run_id)
+
+
+#: Run ids that are used verbatim in topic and principal names: no "." or "_" (Kafka
+#: refuses topics whose names differ only in those) and nothing else a name cannot hold.
+_VERBATIM_RUN = re.compile(r"[A-Za-z0-9-]{1,128}")
+RUN_COMMANDS_SPEC = TopicSpec(
+    "trainguard.commands.run.<run>", 1, _delete(7), "one run's commands, readable by its ranks only"
+)
+
+
+def run_token(run_id: str) -> str:
+    """`run_id` as it appears in topic and principal names: itself when it is made of
+    letters, digits and "-"; else those characters (others as "-") and "_" plus a digest,
+    so that distinct run ids never share a name ("_" never appears in a verbatim one)."""
+    if _VERBATIM_RUN.fullmatch(run_id):
+        return run_id
+    cleaned = re.sub(r"[^A-Za-z0-9-]", "-", run_id)[:64]
+    return f"{cleaned}_{hashlib.sha256(run_id.encode()).hexdigest()[:16]}"
+
+
+def actuator_group_prefix(run_id: str) -> str:
+    """Prefix of the consumer groups of a run's actuators on a secured broker, which its
+    rank principal's ACL names. The run token holds no ".", so no other run's groups share
+    it (with the plain `trainguard-actuator-{run_id}-`, run "a" would own run "a-b"'s)."""
+    return f"trainguard-actuator.{run_token(run_id)}."
+
+
+def run_commands_topic(commands_topic: str, run_id: str) -> str:
+    """`{commands_topic}.run.{run_token(run_id)}`: derived from the shared topic's name, so
+    a client that knows the shared topic and its run needs nothing else."""
+    return f"{commands_topic}.run.{run_token(run_id)}"
+
+
+def ensure_run_commands_topic(
+    bootstrap: str,
+    topic: str,
+    timeout_s: float = 30,
+    replication_factor: int = 1,
+    credentials: KafkaCredentials | None = None,
+) -> bool:
+    """Create a per-run commands topic unless it exists; True if this call created it."""
+    admin = _admin(bootstrap, credentials)
+    new = NewTopic(
+        topic, RUN_COMMANDS_SPEC.partitions, replication_factor, config=dict(RUN_COMMANDS_SPEC.config)
+    )
+    future = admin.create_topics([new], operation_timeout=timeout_s, request_timeout=timeout_s)[topic]
+    try:
+        future.result()
+    except KafkaException as exc:
+        if exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            return False
+        raise BrokerError(f"cannot create topic {topic}: {exc}") from exc
+    _wait_for_leaders(admin, [topic], timeout_s)
+    return True
+
 
 def topic_names(prefix: str = "") -> TopicNames:
     """Topic names with `prefix` prepended (e.g. "t123." for an isolated test)."""
-    return TopicNames(*(prefix + name for name in (TELEMETRY, EVENTS, COMMANDS, ACKS, DEADLETTER, RUNS)))
+    return TopicNames(
+        *(prefix + name for name in (TELEMETRY, EVENTS, COMMANDS, ACKS, DEADLETTER, RUNS, SNAPSHOTS))
+    )
 
 
-def _admin(bootstrap: str) -> AdminClient:
+def _admin(bootstrap: str, credentials: KafkaCredentials | None = None) -> AdminClient:
     # log_level 4 (warning): librdkafka otherwise prints, at info level and at random, "Purging 1
     # unserved events from background queue" when a short-lived admin client is destroyed.
-    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
+    return AdminClient(client_config({"bootstrap.servers": bootstrap, "log_level": 4}, credentials))
 
 
 def _check(admin: AdminClient, spec: TopicSpec, name: str, partitions: int, timeout_s: float) -> None:
@@ -149,7 +238,11 @@ def _check(admin: AdminClient, spec: TopicSpec, name: str, partitions: int, time
 
 
 def ensure_topics(
-    bootstrap: str, prefix: str = "", timeout_s: float = 30, replication_factor: int = 1
+    bootstrap: str,
+    prefix: str = "",
+    timeout_s: float = 30,
+    replication_factor: int = 1,
+    credentials: KafkaCredentials | None = None,
 ) -> list[str]:
     """Create every topic of TOPICS that is missing; return the names created this call.
 
@@ -159,7 +252,7 @@ def ensure_topics(
     """
     specs = {prefix + spec.name: spec for spec in TOPICS}
     created: list[str] = []
-    admin = _admin(bootstrap)
+    admin = _admin(bootstrap, credentials)
     try:
         existing = admin.list_topics(timeout=timeout_s).topics
     except KafkaException as exc:
@@ -204,7 +297,9 @@ def _wait_for_leaders(admin: AdminClient, names: list[str], timeout_s: float) ->
         time.sleep(0.1)
 
 
-def delete_topics(bootstrap: str, names: Iterable[str], timeout_s: float = 30) -> None:
+def delete_topics(
+    bootstrap: str, names: Iterable[str], timeout_s: float = 30, credentials: KafkaCredentials | None = None
+) -> None:
     """Delete topics (test cleanup); topics that do not exist are ignored.
 
     Returns once the broker's metadata no longer lists them: the deletion is committed before
@@ -214,7 +309,7 @@ def delete_topics(bootstrap: str, names: Iterable[str], timeout_s: float = 30) -
     if not names:
         return
     deadline = time.monotonic() + timeout_s
-    admin = _admin(bootstrap)
+    admin = _admin(bootstrap, credentials)
     futures = admin.delete_topics(names, operation_timeout=timeout_s, request_timeout=timeout_s)
     for name, future in futures.items():
         try:
@@ -228,9 +323,11 @@ def delete_topics(bootstrap: str, names: Iterable[str], timeout_s: float = 30) -
         time.sleep(0.1)
 
 
-def partition_count(bootstrap: str, topic: str, timeout_s: float = 30) -> int:
+def partition_count(
+    bootstrap: str, topic: str, timeout_s: float = 30, credentials: KafkaCredentials | None = None
+) -> int:
     """How many partitions `topic` has (producers that place records explicitly need it)."""
-    meta = _admin(bootstrap).list_topics(topic, timeout=timeout_s).topics.get(topic)
+    meta = _admin(bootstrap, credentials).list_topics(topic, timeout=timeout_s).topics.get(topic)
     if meta is None or meta.error is not None or not meta.partitions:
         raise RuntimeError(f"topic {topic} is not available on {bootstrap}: {meta and meta.error}")
     return len(meta.partitions)

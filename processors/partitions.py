@@ -1,0 +1,108 @@
+"""Which telemetry records a worker's core has folded, partition by partition: the pure
+bookkeeping behind state recovery (no I/O, no clock: time is passed in).
+
+The invariant: for each partition it holds, the worker's core state is exactly the fold
+of that partition's records below `next_offset`, and every output of those records is
+delivered. A run shard's records all sit on one partition (ticks and forwards go to
+shard 0's), so a partition's run states depend on nothing else and can be dropped,
+snapshotted and recovered on their own. Then, for a record at `offset`:
+
+- `offset == next_offset`: fold it;
+- `offset < next_offset`: already folded, outputs delivered: a redelivery (the worker
+  committed less than it processed), skip it;
+- a partition not held, or `offset > next_offset` (records folded by another worker in
+  between): recover the partition up to `offset` first (processors/recovery.py).
+
+Recovery also lists the outputs already on the output topics since the snapshot: those
+of records the previous holder processed but had not committed. Re-folding those
+records re-makes the same outputs with the same ids (ids derive from their cause); they
+are dropped here instead of published twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from .driver import DriverResult
+
+#: A snapshot may take at most 1/SNAPSHOT_BUDGET of the worker's time.
+SNAPSHOT_BUDGET = 100.0
+
+
+class Action(StrEnum):
+    FOLD = "fold"
+    SKIP = "skip"
+    RECOVER = "recover"
+
+
+@dataclass
+class Held:
+    """One partition this worker holds."""
+
+    next_offset: int
+    #: Keys of CoreState.runs folded from this partition.
+    keys: set[str] = field(default_factory=set)
+    #: Ids of outputs already published (decision ids, dead-letter sources).
+    published: set[str] = field(default_factory=set)
+    #: Below this offset a record may have been processed before; from it on, none was.
+    published_until: int = 0
+    snapshot_at: float = 0.0
+    #: Seconds the last snapshot took to encode: the loop stalls that long.
+    snapshot_cost_s: float = 0.0
+
+
+@dataclass
+class PartitionBook:
+    held: dict[int, Held] = field(default_factory=dict)
+    skipped: int = 0
+    suppressed: int = 0
+
+    def action(self, partition: int, offset: int) -> Action:
+        held = self.held.get(partition)
+        if held is None or offset > held.next_offset:
+            return Action.RECOVER
+        return Action.FOLD if offset == held.next_offset else Action.SKIP
+
+    def hold(self, partition: int, held: Held) -> set[str]:
+        """Take over `partition` as recovered; returns the keys of the state it replaces."""
+        old = self.held.pop(partition, None)
+        self.held[partition] = held
+        return old.keys if old is not None else set()
+
+    def release(self, partition: int) -> set[str]:
+        """Forget a partition (revoked): returns the keys of its run states to drop."""
+        held = self.held.pop(partition, None)
+        return held.keys if held is not None else set()
+
+    def folded(self, partition: int, offset: int, key: str | None) -> None:
+        held = self.held[partition]
+        held.next_offset = offset + 1
+        if key is not None:
+            held.keys.add(key)
+        if held.published and held.next_offset >= held.published_until:
+            held.published = set()  # past what anyone processed: nothing more to drop
+
+    def unpublished(self, partition: int, result: DriverResult, source: str) -> DriverResult:
+        """`result` without the outputs the previous holder already published."""
+        published = self.held[partition].published
+        if not published:
+            return result
+        derived = [d for d in result.derived if d.event_id not in published]
+        commands = [c for c in result.commands if c.command_id not in published]
+        rejections = [] if source in published else result.rejections
+        self.suppressed += (
+            len(result.derived) - len(derived)
+            + len(result.commands) - len(commands)
+            + len(result.rejections) - len(rejections)
+        )  # fmt: skip
+        return replace(result, derived=derived, commands=commands, rejections=rejections)
+
+    def snapshot_due(self, partition: int, now: float, interval_s: float) -> bool:
+        """Every `interval_s`, but no more often than keeps snapshots under 1% of the time:
+        encoding stalls the worker's loop, and a 16,384-rank partition takes ~1 s."""
+        held = self.held[partition]
+        if now - held.snapshot_at < max(interval_s, SNAPSHOT_BUDGET * held.snapshot_cost_s):
+            return False
+        held.snapshot_at = now
+        return True

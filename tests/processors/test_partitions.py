@@ -1,0 +1,93 @@
+"""The partition book (processors/partitions.py): which record to fold, skip or recover
+from, and which re-made outputs not to publish again."""
+
+from __future__ import annotations
+
+from trainguard.processors.core.policy import CorePolicy
+from trainguard.processors.driver import CoreDriver, DriverResult
+from trainguard.processors.partitions import Action, Held, PartitionBook
+from trainguard.schemas import encode
+
+from .streams import Job
+
+
+def crash_outputs() -> DriverResult:
+    """What the driver returns for a rank's crash report: an interruption and a quarantine."""
+    job = Job(run_id="run-book", world_size=8).start().steps(5)
+    job.exit(3, signal=9)
+    driver = CoreDriver(CorePolicy(), b"book-test-secret-0123456789")
+    results = [driver.handle(encode(e)) for e in job.events]
+    return next(r for r in results if r.derived and r.commands)
+
+
+def test_a_partition_not_held_is_recovered_first_whatever_the_offset() -> None:
+    book = PartitionBook()
+    assert book.action(0, 0) is Action.RECOVER
+    assert book.action(3, 1234) is Action.RECOVER
+
+
+def test_records_fold_in_order_redeliveries_are_skipped_and_a_gap_recovers() -> None:
+    book = PartitionBook()
+    book.hold(1, Held(next_offset=10))
+    assert book.action(1, 10) is Action.FOLD
+    book.folded(1, 10, "run-a")
+    assert book.action(1, 11) is Action.FOLD
+    assert book.action(1, 4) is Action.SKIP  # folded before, its outputs delivered
+    assert book.action(1, 10) is Action.SKIP
+    assert book.action(1, 12) is Action.RECOVER  # 11 was folded elsewhere
+
+
+def test_holding_again_or_releasing_returns_the_run_states_to_drop() -> None:
+    book = PartitionBook()
+    book.hold(2, Held(next_offset=0))
+    book.folded(2, 0, "run-a")
+    book.folded(2, 1, "run-b#1")
+    book.folded(2, 2, None)  # a record of garbage touches no run
+    assert book.hold(2, Held(next_offset=7, keys={"run-a"})) == {"run-a", "run-b#1"}
+    assert book.release(2) == {"run-a"}
+    assert book.release(2) == set()
+    assert book.action(2, 7) is Action.RECOVER
+
+
+def test_outputs_published_by_the_previous_holder_are_dropped_until_past_its_reach() -> None:
+    result = crash_outputs()
+    interruption, command = result.derived[0], result.commands[0]
+    book = PartitionBook()
+    book.hold(0, Held(next_offset=50, published={interruption.event_id, "p:0:50"}, published_until=52))
+    book.folded(0, 50, "run-book")
+    again = book.unpublished(0, result, "p:0:50")
+    assert [d.event_id for d in again.derived if d.event_id == interruption.event_id] == []
+    assert again.commands == result.commands  # the command never made it out: publish it
+    assert command.command_id not in book.held[0].published
+    assert book.suppressed == 1
+    book.folded(0, 51, "run-book")  # 52 reached: no one processed beyond, nothing to drop
+    assert book.unpublished(0, result, "p:0:51").derived == result.derived
+    assert book.suppressed == 1
+
+
+def test_a_dead_letter_is_recognised_by_its_source_record() -> None:
+    book = PartitionBook()
+    book.hold(0, Held(next_offset=5, published={"t:0:5"}, published_until=9))
+    driver = CoreDriver(CorePolicy(), b"book-test-secret-0123456789")
+    bad = driver.handle(b"\x00 not json")
+    assert bad.rejections
+    book.folded(0, 5, bad.state_key)
+    assert book.unpublished(0, bad, "t:0:5").rejections == []
+    book.folded(0, 6, None)
+    assert book.unpublished(0, bad, "t:0:6").rejections == bad.rejections
+
+
+def test_snapshots_are_due_once_per_interval() -> None:
+    book = PartitionBook()
+    book.hold(0, Held(next_offset=0, snapshot_at=100.0))
+    assert not book.snapshot_due(0, 110.0, 30.0)
+    assert book.snapshot_due(0, 130.0, 30.0)
+    assert not book.snapshot_due(0, 131.0, 30.0)
+    assert book.snapshot_due(0, 160.0, 30.0)
+
+
+def test_a_costly_snapshot_is_taken_less_often() -> None:
+    book = PartitionBook()
+    book.hold(0, Held(next_offset=0, snapshot_at=0.0, snapshot_cost_s=1.2))  # a 16k-rank state
+    assert not book.snapshot_due(0, 60.0, 30.0)  # 1.2 s each 30 s would be 4% of the loop
+    assert book.snapshot_due(0, 121.0, 30.0)  # each 120 s: 1%

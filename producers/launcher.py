@@ -49,6 +49,26 @@ Commands (executed on the actuator thread; they only set requests the loop reads
 Every exit after an Abort, or during the launcher's own teardown, is reported
 ``requested=True``.
 
+Relaunch after a kill (issue 7, scenario 5)
+-------------------------------------------
+Every action is journaled, fsynced, before it takes effect, in
+``<run_dir>/launcher.actions.jsonl`` (:mod:`.launcher_journal`): each executed command
+under its command_id (before its ack), each interruption under its key (the command id,
+else ``<cause>:<attempt>``) before the teardown, each attempt's intent, its pids once
+spawned, its end. ``trainguard launch`` started again on the same run dir after a
+SIGKILL reads it back and finishes the action in flight instead of repeating it: it
+ends the ranks the dead launcher left running (journaled pids, and any process whose
+environment names this run dir), keeps its quarantines and rollback barriers, gives the
+interrupted attempt's unacked commands ``decision_wait_s`` to be redelivered, completes
+the journaled interruption (or acts once on an Abort/Rollback the dead one had accepted,
+or records its death as an interruption of cause ``launcher`` when its ranks were running),
+spawns an attempt that was journaled but never spawned under its own number, and writes
+each interruption to restarts.jsonl once. A command its actuator claimed but that the
+launcher never recorded (death in between) was not executed and runs once when
+redelivered (:func:`make_actuator`). The restart budget counts across relaunches until a
+clean end. ``TRAINGUARD_LAUNCHER_FAULT`` (:data:`FAULT_POINTS`) kills the launcher at a
+named point, for the tests (``tests/producers/test_launcher_restart.py``).
+
 Restart phases
 --------------
 Per interruption (see :class:`RestartPhases`): detect (fault to the launcher noticing:
@@ -68,6 +88,7 @@ first step: the R of seed §6). Records go to ``<run_dir>/restarts.jsonl`` and
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -78,7 +99,6 @@ import socket
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -102,6 +122,8 @@ from ..schemas import (
 from ..schemas import RestartPhases as RestartPhasesEvent
 from .agent import EventSink  # a TelemetryShipper satisfies EventSink
 from .launch_plan import NodePool, Placement, PoolExhausted, make_pool, plan
+from .launcher_journal import JOURNAL_NAME, ActionJournal, AttemptRecord, JournalState, rank_processes, replay
+from .launcher_journal import terminate as terminate_orphans
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +137,21 @@ class RestartCause(StrEnum):
     ROLLBACK = "rollback"  # Rollback command
     RESUME = "resume"  # ResumeFrom command
     EVICTION = "eviction"  # EvictRank, at the next validated checkpoint
+    LAUNCHER = "launcher"  # the launcher died with the attempt running; its successor ended it
+
+
+#: Test hook: ``point[:detail]`` makes the launcher SIGKILL itself there (see Launcher._fault).
+FAULT_ENV = "TRAINGUARD_LAUNCHER_FAULT"
+#: The named points, in the order a restart passes them (detail: the attempt, or a command's kind).
+FAULT_POINTS = (
+    "before-command",  # the actuator journaled the command id; its effect is not recorded yet
+    "after-command",  # the command's effect is journaled; not applied, not acked
+    "after-interruption",  # the attempt's end is journaled; its ranks are still running
+    "after-teardown",  # every rank of the attempt is gone and journaled so
+    "before-spawn",  # the next attempt's intent is journaled; nothing spawned
+    "mid-spawn",  # the ranks are spawned; their pids are not journaled
+    "after-spawn",  # their pids are journaled
+)
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -231,6 +268,8 @@ class LauncherConfig:
     secret_file: str = ""
     #: Extra environment for every rank.
     env: dict[str, str] = field(default_factory=dict)
+    #: Test hook, FAULT_ENV's value: SIGKILL the launcher at this point (FAULT_POINTS).
+    fault: str = ""
 
     @property
     def resolved_run_dir(self) -> Path:
@@ -259,6 +298,27 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
+def _restart_indices(path: Path) -> set[int]:
+    """Interruption indices already in restarts.jsonl; a torn last line is cut off."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return set()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        with path.open("r+b") as fh:
+            fh.truncate(end)
+    out = set()
+    for line in data[:end].splitlines():
+        try:
+            index = json.loads(line).get("interruption")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(index, int):
+            out.add(index)
+    return out
+
+
 # --------------------------------------------------------------------------- launcher
 
 
@@ -271,6 +331,13 @@ class _Request:
     detail: str
     resume_step: int | None = None
     evict_after_step: int | None = None
+
+
+def _request_of(data: dict[str, Any]) -> _Request:
+    """A journaled request back (launcher_journal's ``command`` record)."""
+    known = {f.name for f in dataclasses.fields(_Request)}
+    fields = {k: v for k, v in data.items() if k in known}
+    return _Request(**{**fields, "cause": RestartCause(fields["cause"])})
 
 
 class Launcher:
@@ -294,13 +361,26 @@ class Launcher:
         self.clock = clock
         self.run_dir = config.resolved_run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.quarantined: set[str] = set()
+        #: What this launcher did, and what a predecessor killed mid-action left (module docs
+        #: of launcher_journal): the quarantines and rollbacks of the run survive a relaunch.
+        self.journal = ActionJournal(self.run_dir / JOURNAL_NAME)
+        self._state: JournalState = replay(self.journal.records)
+        state = self._state
+        self.quarantined: set[str] = set(state.quarantined)
         self.placement: Placement | None = None
-        # A relaunched launcher continues the attempt numbering (attempt dirs are kept).
-        self.attempt = 1 + max(
-            (int(p.name.split("-")[1]) for p in self.run_dir.glob("attempt-*") if p.name[8:].isdigit()),
-            default=-1,
-        )
+        #: Executed commands by command_id (the journal's records): never executed twice.
+        self._commands: dict[str, dict[str, Any]] = dict(state.commands)
+        self._taken: set[str] = set(state.taken)
+        last = state.last
+        #: The predecessor died with `last` in flight, or between it and the next attempt.
+        self._resuming = last is not None and not state.clean and last.ended in (None, "restart", "lost")
+        # A relaunched launcher continues the attempt numbering (attempt dirs are kept). While
+        # it recovers, the interrupted attempt's commands are still the ones accepted.
+        dirs = [int(p.name[8:]) for p in self.run_dir.glob("attempt-*") if p.name[8:].isdigit()]
+        if last is not None and self._resuming:
+            self.attempt = last.attempt
+        else:
+            self.attempt = 1 + max([*dirs, *state.attempts], default=-1)
         self.on_attempt: Callable[[int], None] | None = None  # e.g. actuator.set_attempt
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -308,13 +388,15 @@ class Launcher:
         self._evict: _Request | None = None
         self._forced_resume: int | None = None
         #: (step S, ts): checkpoints newer than S validated before ts are excluded (rollbacks).
-        self._rollbacks: list[tuple[int, float]] = []
-        self._ids = iter(range(1 << 62))
-        self._id_prefix = uuid.uuid4().hex[:16]
+        self._rollbacks: list[tuple[int, float]] = list(state.rollbacks)
+        # Event ids are deterministic per run dir (attempt, rank, interruption), so that a
+        # successor's re-report of the same exit or restart is a duplicate consumers drop.
+        self._id_prefix = hashlib.sha256(self.journal.nonce.encode()).hexdigest()[:16]
         self._restarts_file = self.run_dir / "restarts.jsonl"
+        self._recorded = _restart_indices(self._restarts_file)  # interruptions in restarts.jsonl
         self._published: set[int] = set()
-        self._interruptions = (
-            sum(1 for _ in self._restarts_file.open()) if self._restarts_file.exists() else 0
+        self._interruptions = max(
+            max(state.interruptions, default=-1) + 1, max(self._recorded, default=-1) + 1
         )
 
     # ------------------------------------------------------------------ control (any thread)
@@ -322,27 +404,43 @@ class Launcher:
         """Tear the group down (exits reported requested) and end with status "stopped"."""
         self._stop.set()
 
+    # Each handler journals its command (keyed by command_id) under the lock BEFORE applying
+    # the effect and before the ack: a launcher killed after the record has executed it (its
+    # successor applies the record), one killed before has not (its successor runs it).
     def handle_abort(self, command: Abort, rank: int) -> str:
         with self._lock:
             if self._request is not None:
-                return f"attempt {self.attempt} is already stopping ({self._request.cause})"
-            self._request = _Request(
+                detail = f"attempt {self.attempt} is already stopping ({self._request.cause})"
+                self._record(command, detail)
+                return detail
+            request = _Request(
                 RestartCause.ABORT, command.command_id, command.issued_ts, self.clock(), command.reason.text
             )
-        return f"attempt {self.attempt}: ranks get {self.config.grace_s:g}s to exit, then the group restarts"
+            detail = (
+                f"attempt {self.attempt}: ranks get {self.config.grace_s:g}s to exit, then the group restarts"
+            )
+            self._record(command, detail, request=request)
+            self._request = request
+        return detail
 
     def handle_quarantine(self, command: QuarantineNode, rank: int) -> str:
-        return self.quarantine(command.node)
+        return self.quarantine(command.node, command)
 
-    def quarantine(self, node: str) -> str:
+    def quarantine(self, node: str, command: QuarantineNode | None = None) -> str:
         if node not in self.pool.nodes:
             raise ValueError(f"node {node} is not in the pool")
         with self._lock:
+            detail = self._quarantine_detail(node)
+            self._record(command, detail, quarantine=node)
             self.quarantined.add(node)
-            try:
-                nxt = plan(self.pool, self.quarantined, self.config.nproc, self.placement)
-            except PoolExhausted as exc:
-                return f"{node} left the pool; the next restart will fail: {exc}"
+        return detail
+
+    def _quarantine_detail(self, node: str) -> str:
+        """Under the lock: what taking `node` out of the pool will do at the next restart."""
+        try:
+            nxt = plan(self.pool, self.quarantined | {node}, self.config.nproc, self.placement)
+        except PoolExhausted as exc:
+            return f"{node} left the pool; the next restart will fail: {exc}"
         moved = ", ".join(f"{old}->{new}" for old, new in nxt.moved.values()) or "no rank moves"
         return f"{node} leaves the pool at the next restart ({moved})"
 
@@ -351,9 +449,16 @@ class Launcher:
         if placement is None or not 0 <= command.rank < self.config.nproc:
             raise ValueError(f"rank {command.rank} is not part of the job")
         node = placement.node_of(command.rank)
-        detail = self.quarantine(node)
         newest = max(self._eligible(), default=-1)
         with self._lock:
+            detail = (
+                f"rank {command.rank}: {self._quarantine_detail(node)}; "
+                f"restart once a checkpoint after step {newest} is validated"
+            )
+            # One record for both effects: a relaunch restarts anyway, so only the
+            # quarantine needs to survive one.
+            self._record(command, detail, quarantine=node)
+            self.quarantined.add(node)
             self._evict = _Request(
                 RestartCause.EVICTION,
                 command.command_id,
@@ -362,7 +467,7 @@ class Launcher:
                 f"evict rank {command.rank} ({node})",
                 evict_after_step=newest,
             )
-        return f"rank {command.rank}: {detail}; restart once a checkpoint after step {newest} is validated"
+        return detail
 
     def handle_resume(self, command: Rollback | ResumeFrom, rank: int) -> str:
         step = command.checkpoint_step
@@ -370,25 +475,88 @@ class Launcher:
             raise ValueError(f"no validated checkpoint at step {step} in {self.config.checkpoint_dir}")
         cause = RestartCause.ROLLBACK if isinstance(command, Rollback) else RestartCause.RESUME
         with self._lock:
-            self._request = _Request(
+            request = _Request(
                 cause, command.command_id, command.issued_ts, self.clock(), command.reason.text, step
             )
-        return f"stopping attempt {self.attempt}; restarting from checkpoint {step}"
+            detail = f"stopping attempt {self.attempt}; restarting from checkpoint {step}"
+            self._record(command, detail, request=request)
+            self._request = request
+        return detail
 
     def register(self, actuator: Any) -> None:
         """Register the handlers on an Actuator (local_ranks=[-1]) and keep its attempt in step."""
-        actuator.register(Abort, self.handle_abort)
-        actuator.register(QuarantineNode, self.handle_quarantine)
-        actuator.register(EvictRank, self.handle_evict)
-        actuator.register(Rollback, self.handle_resume)
-        actuator.register(ResumeFrom, self.handle_resume)
+        actuator.register(Abort, self._journaled(self.handle_abort))
+        actuator.register(QuarantineNode, self._journaled(self.handle_quarantine))
+        actuator.register(EvictRank, self._journaled(self.handle_evict))
+        actuator.register(Rollback, self._journaled(self.handle_resume))
+        actuator.register(ResumeFrom, self._journaled(self.handle_resume))
         self.on_attempt = actuator.set_attempt
+
+    def unexecuted(self, claimed: Iterable[str]) -> list[str]:
+        """Of the command ids an actuator journaled as claimed (its journal is written
+        before the handler runs), those this launcher never recorded: it died in between,
+        so they were not executed and may be, once (see make_actuator)."""
+        return [cid for cid in claimed if cid not in self._commands]
+
+    def _journaled(self, handler: Callable[[Any, int], str]) -> Callable[[Any, int], str]:
+        def run(command: Any, rank: int) -> str:
+            self._fault("before-command", command.KIND)
+            done = self._commands.get(command.command_id)
+            if done is not None:  # recorded before a relaunch: answer it, do not repeat it
+                if not done.get("ok"):
+                    raise ValueError(str(done.get("detail", "")))
+                return str(done.get("detail", ""))
+            try:
+                return handler(command, rank)
+            except Exception as exc:  # refused (bad step, unknown node): also executed once
+                with self._lock:
+                    if command.command_id not in self._commands:
+                        self._record(command, f"{type(exc).__name__}: {exc}", ok=False)
+                raise
+
+        return run
+
+    def _record(
+        self,
+        command: Any | None,
+        detail: str,
+        ok: bool = True,
+        request: _Request | None = None,
+        quarantine: str | None = None,
+    ) -> None:
+        """Under the lock: journal an executed command (or an operator's quarantine)."""
+        key = command.command_id if command is not None else f"operator-quarantine:{quarantine}"
+        kind = command.KIND if command is not None else "quarantine_node"
+        self._commands[key] = self.journal.append(
+            "command",
+            key=key,
+            kind=kind,
+            attempt=self.attempt,
+            ok=ok,
+            detail=detail[:2000],
+            quarantine=quarantine,
+            request=dataclasses.asdict(request) if request is not None else None,
+        )
+        self._fault("after-command", kind)
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> LaunchResult:
         result = LaunchResult("failed", "", 0)
+        self._run(result)
+        # A clean end: a later launcher on this run dir starts a new session (and budget).
+        self.journal.append("session", status=result.status, reason=result.reason[:500])
+        return result
+
+    def _run(self, result: LaunchResult) -> None:
         pending: RestartPhases | None = None
         restarts = 0
+        reuse: AttemptRecord | None = None
+        self._record_unrecorded(result)
+        if self._resuming:
+            recovered = self._recover(result)
+            if recovered is None:
+                return
+            pending, restarts, reuse = recovered
         first = True
         while True:
             if not first:
@@ -404,12 +572,36 @@ class Launcher:
                 if late is not None and late.resume_step is not None:
                     self._take_resume(late)
                 self._request, self._evict = None, None
-                resume = self._forced_resume if self._forced_resume is not None else self._newest()
+                if self._forced_resume is not None:
+                    resume = self._forced_resume
+                elif reuse is not None:  # the attempt a predecessor journaled but never spawned
+                    resume = reuse.resume
+                else:
+                    resume = self._newest()
                 self._forced_resume = None
+            reuse = None
+            self.journal.append(
+                "attempt",
+                attempt=self.attempt,
+                resume=resume,
+                nodes=list(self.placement.nodes),
+                interruption=pending.interruption if pending is not None else None,
+            )
+            self._fault("before-spawn", self.attempt)
             if self.on_attempt is not None:
                 self.on_attempt(self.attempt)
             result.attempts += 1
             end, interruption = self._run_attempt(self.placement, resume, pending, result)
+            self.journal.append(
+                "ended",
+                attempt=self.attempt,
+                end=end,
+                exits=[
+                    [e.rank, e.returncode, e.requested] for e in result.exits if e.attempt == self.attempt
+                ],
+            )
+            if end == "restart":
+                self._fault("after-teardown", self.attempt)
             if pending is not None:
                 self._finish(pending, result)
                 pending = None
@@ -423,11 +615,7 @@ class Launcher:
                 break
             assert interruption is not None
             if restarts >= self.config.max_restarts:
-                self._finish(interruption, result)
-                result.status = "failed"
-                result.reason = (
-                    f"{interruption.cause} after {restarts} restarts (max_restarts): {interruption.detail}"
-                )
+                self._fail(interruption, restarts, result)
                 break
             restarts += 1
             if interruption.cause is RestartCause.CRASH and self._stop.wait(self.config.decision_wait_s):
@@ -435,7 +623,161 @@ class Launcher:
                 result.status, result.reason = "stopped", "the launcher was stopped"
                 break
             pending = interruption
-        return result
+
+    def _fail(self, interruption: RestartPhases, restarts: int, result: LaunchResult) -> None:
+        self._finish(interruption, result)
+        result.status = "failed"
+        result.reason = (
+            f"{interruption.cause} after {restarts} restarts (max_restarts): {interruption.detail}"
+        )
+
+    # ------------------------------------------------------------------ recovery
+    def _recover(self, result: LaunchResult) -> tuple[RestartPhases | None, int, AttemptRecord | None] | None:
+        """The predecessor died with its last attempt in flight or between two attempts:
+        end its ranks, then finish the restart it was in (the interruption it journaled,
+        else one for the Abort/Rollback it had accepted, else one for its own death),
+        without repeating anything journaled. Returns (the interruption the next attempt
+        restarts after, restarts of this session so far, the journaled attempt to spawn
+        again) or None when the run ended here (stopped, max_restarts)."""
+        state = self._state
+        last = state.last
+        assert last is not None
+        cfg = self.config
+        restarts = len(state.session_restarts)
+        if len(last.nodes) == self.pool.slots(cfg.nproc):  # slot-stable placement across the relaunch
+            self.placement = Placement(tuple(last.nodes), cfg.ranks_per_node, cfg.nproc, {})
+        orphans = self._end_orphans(state)
+        ran = last.spawned or last.attempt in orphans.values()
+        if last.ended is None and not ran:
+            # Journaled, never spawned: nothing of it ran, so it starts again under its number,
+            # for the interruption it was journaled for (already counted as a restart).
+            log.warning("recovery: attempt %d was never spawned; spawning it", last.attempt)
+            pending = self._rebuilt(last.interruption) if last.interruption is not None else None
+            return pending, restarts, last
+        self._report_exits(last, result, lost=last.ended is None)
+        if last.interruption is not None and last.interruption not in self._recorded:
+            self._finish(self._rebuilt(last.interruption), result)  # the restart into `last`
+        # The interrupted attempt's commands may still come (redelivered: not acked before
+        # the death): give them the time a crash gives the processor's decisions.
+        if self._stop.wait(cfg.decision_wait_s):
+            result.status, result.reason = "stopped", "the launcher was stopped"
+            return None
+        found = state.interruption_of(last.attempt)
+        if found is not None:
+            interruption = self._rebuilt(int(found["index"]))
+        else:
+            with self._lock:
+                accepted = self._pending_command(last.attempt)
+            now = self.clock()
+            if accepted is not None:  # executed before the death, never acted upon: act on it once
+                req = accepted["request"]
+                cause, detail = RestartCause(req["cause"]), str(req["detail"])
+                fault_ts, detected_ts, key = (
+                    float(req["issued_ts"]),
+                    float(req["received_ts"]),
+                    accepted["key"],
+                )
+            else:
+                cause, key = RestartCause.LAUNCHER, ""
+                detail = (
+                    f"the launcher died with attempt {last.attempt} running ({len(orphans)} orphans ended)"
+                )
+                fault_ts = detected_ts = now
+            interruption = self._interruption(
+                cause, detail, last.attempt, fault_ts, detected_ts, command_id=key
+            )
+        if last.ended is None:
+            self.journal.append("ended", attempt=last.attempt, end="lost", exits=[])
+        with self._lock:  # a Rollback/ResumeFrom accepted but not taken: the next attempt resumes there
+            untaken = self._untaken_resume()
+            if untaken is not None:
+                self._take_resume(_request_of(untaken["request"]))
+        self.attempt = last.attempt + 1
+        if restarts >= cfg.max_restarts:
+            self._fail(interruption, restarts, result)
+            return None
+        return interruption, restarts + 1, None
+
+    def _record_unrecorded(self, result: LaunchResult) -> None:
+        """Write the restarts.jsonl line of every journaled interruption whose next attempt
+        was spawned but that a predecessor died before recording (its phases are in that
+        attempt's files); the ones recorded already are not written again."""
+        for index in sorted(self._state.interruptions):
+            spawned = any(a.interruption == index and a.spawned for a in self._state.attempts.values())
+            if spawned and index not in self._recorded:
+                self._finish(self._rebuilt(index), result)
+
+    def _end_orphans(self, state: JournalState) -> dict[int, int]:
+        """pid -> attempt of the predecessor's ranks that were still running, now ended."""
+        candidates = {
+            pid: a.attempt for a in state.attempts.values() if a.ended is None for pid in a.pids.values()
+        }
+        found = rank_processes(self.run_dir, candidates)
+        if found:
+            log.warning("recovery: ending %d ranks a dead launcher left running: %s", len(found), found)
+            left = terminate_orphans(sorted(found), max(1.0, self.config.term_timeout_s))
+            self.journal.append("orphans", pids={str(p): a for p, a in found.items()}, left=left)
+        return found
+
+    def _report_exits(self, att: AttemptRecord, result: LaunchResult, lost: bool) -> None:
+        """The attempt's RankExits again (same event ids: duplicates of those the predecessor
+        shipped, the ones it could not ship): as journaled, or requested exits of unknown
+        status for an attempt whose ranks the successor ended."""
+        placement = Placement(tuple(att.nodes), self.config.ranks_per_node, self.config.nproc, {})
+        now = self.clock()
+        if lost:
+            for r in range(self.config.nproc):
+                self._exit(result, RankEnd(att.attempt, r, placement.node_of(r), None, now, True))
+            return
+        ended: dict[str, Any] = next(
+            (r for r in reversed(self.journal.records) if r["op"] == "ended" and r["attempt"] == att.attempt),
+            {},
+        )
+        for rank, rc, requested in ended.get("exits", []):
+            self._exit(result, RankEnd(att.attempt, rank, placement.node_of(rank), rc, now, bool(requested)))
+
+    def _rebuilt(self, index: int) -> RestartPhases:
+        """Interruption `index` from the journal, with the attempt started after it."""
+        state = replay(self.journal.records)
+        known = {f.name for f in dataclasses.fields(RestartPhases)}
+        data = {k: v for k, v in state.interruptions[index]["record"].items() if k in known}
+        rec = RestartPhases(**{**data, "cause": RestartCause(data["cause"])})
+        nxt = next((a for a in state.attempts.values() if a.interruption == index), None)
+        if nxt is not None:
+            rec.to_attempt, rec.resumed_from_step = nxt.attempt, nxt.resume
+            if nxt.spawn_ts is not None:
+                rec.spawn_ts, rec.reschedule_s = nxt.spawn_ts, nxt.spawn_ts - rec.detected_ts
+        return rec
+
+    def _pending_command(self, attempt: int) -> dict[str, Any] | None:
+        """Under the lock: an Abort/Rollback/ResumeFrom executed in `attempt`, not acted upon."""
+        for key, cmd in self._commands.items():
+            if (
+                cmd.get("ok")
+                and cmd.get("request")
+                and cmd.get("attempt") == attempt
+                and key not in self._taken
+            ):
+                return cmd
+        return None
+
+    def _untaken_resume(self) -> dict[str, Any] | None:
+        """Under the lock: the newest executed Rollback/ResumeFrom whose resume was not taken."""
+        found = None
+        for key, cmd in self._commands.items():
+            req = cmd.get("request") or {}
+            if cmd.get("ok") and req.get("resume_step") is not None and key not in self._taken:
+                found = cmd
+        return found
+
+    def _fault(self, point: str, detail: object = "") -> None:
+        """Test hook: with config.fault = "point" or "point:detail" (FAULT_POINTS; detail the
+        attempt or the command's kind), SIGKILL this process there, as an OOM kill would."""
+        name, _, want = self.config.fault.partition(":")
+        if name == point and (not want or want == str(detail)):
+            log.warning("fault injection: SIGKILL at %s (%s)", point, detail)
+            logging.shutdown()
+            os.kill(os.getpid(), signal.SIGKILL)
 
     # ------------------------------------------------------------------ one attempt
     def _run_attempt(
@@ -453,6 +795,7 @@ class Launcher:
             RUN_LEVEL_RANK,
             "",
             resume,
+            key=f"run-started-{attempt}",
             world_size=n,
             ranks_per_node=cfg.ranks_per_node,
             nodes=list(placement.nodes),
@@ -476,6 +819,12 @@ class Launcher:
             signal.signal(sig, handler)
         assert isinstance(ctx, SubprocessContext)  # a str entrypoint: one binary per rank
         procs = {r: h.proc for r, h in ctx.subprocess_handlers.items()}
+        self._fault("mid-spawn", attempt)
+        # The ranks outlive a killed launcher (own sessions): its successor ends them by pid.
+        self.journal.append(
+            "spawned", attempt=attempt, pids={str(r): p.pid for r, p in procs.items()}, spawn_ts=spawn_ts
+        )
+        self._fault("after-spawn", attempt)
         if pending is not None:
             pending.to_attempt, pending.spawn_ts, pending.resumed_from_step = attempt, spawn_ts, resume
             pending.reschedule_s = spawn_ts - pending.detected_ts
@@ -600,11 +949,18 @@ class Launcher:
         return env
 
     def _take_resume(self, request: _Request) -> None:
-        """Under the lock: the next attempt resumes from the named step."""
+        """Under the lock: the next attempt resumes from the named step (journaled: a
+        successor neither loses the rollback nor takes it twice)."""
         assert request.resume_step is not None
+        ts = self.clock()
+        rollback = request.cause is RestartCause.ROLLBACK
+        self.journal.append(
+            "take", key=request.command_id, step=request.resume_step, rollback=rollback, ts=ts
+        )
+        self._taken.add(request.command_id)
         self._forced_resume = request.resume_step
-        if request.cause is RestartCause.ROLLBACK:
-            self._rollbacks.append((request.resume_step, self.clock()))
+        if rollback:
+            self._rollbacks.append((request.resume_step, ts))
         self._request = None
 
     def _eligible(self, ignore_rollbacks: bool = False) -> list[int]:
@@ -627,8 +983,10 @@ class Launcher:
         returncode: int | None = None,
         command_id: str = "",
     ) -> RestartPhases:
+        """A new interruption of `attempt`, journaled (before its teardown) under its
+        idempotency key: the command's id, else "<cause>:<attempt>"."""
         self._interruptions += 1
-        return RestartPhases(
+        rec = RestartPhases(
             run_id=self.config.run_id,
             interruption=self._interruptions - 1,
             cause=cause,
@@ -644,6 +1002,15 @@ class Launcher:
             detected_ts=detected_ts,
             detect_s=max(0.0, detected_ts - fault_ts),
         )
+        self.journal.append(
+            "interruption",
+            index=rec.interruption,
+            key=command_id or f"{cause}:{attempt}",
+            from_attempt=attempt,
+            record=rec.to_json(),
+        )
+        self._fault("after-interruption", attempt)
+        return rec
 
     def _collect_phases(self, rec: RestartPhases) -> None:
         if rec.to_attempt is None or rec.spawn_ts is None:
@@ -671,8 +1038,13 @@ class Launcher:
         self._collect_phases(rec)
         self._publish(rec)
         result.restarts.append(rec)
+        if rec.interruption in self._recorded:  # a predecessor wrote it before it died
+            return
         with self._restarts_file.open("a") as fh:
             fh.write(json.dumps(rec.to_json()) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self._recorded.add(rec.interruption)
 
     def _publish(self, rec: RestartPhases) -> None:
         """The restart's phases as a RestartPhases telemetry event (once per interruption;
@@ -693,6 +1065,7 @@ class Launcher:
             RUN_LEVEL_RANK,
             "",
             rec.resumed_from_step,
+            key=f"restart-{rec.interruption}",
             attempt=rec.to_attempt,
             interrupted_attempt=rec.from_attempt,
             cause=str(rec.cause),
@@ -709,6 +1082,7 @@ class Launcher:
             end.rank,
             end.node,
             last_step if isinstance(last_step, int) and last_step >= NO_STEP else NO_STEP,
+            key=f"exit-{end.attempt}-{end.rank}",
             attempt=end.attempt,
             exit_code=end.returncode,
             signal=end.signal,
@@ -718,11 +1092,18 @@ class Launcher:
         )
 
     def _emit(
-        self, cls: type[Envelope], rank: int, node: str, step: int, attempt: int | None = None, **fields: Any
+        self,
+        cls: type[Envelope],
+        rank: int,
+        node: str,
+        step: int,
+        key: str,
+        attempt: int | None = None,
+        **fields: Any,
     ) -> None:
         try:
             event = cls(
-                event_id=f"launcher-{self._id_prefix}-{next(self._ids)}",
+                event_id=f"launcher-{self._id_prefix}-{key}",
                 run_id=self.config.run_id,
                 attempt=self.attempt if attempt is None else attempt,
                 rank=rank,
@@ -745,10 +1126,19 @@ def make_actuator(
 ) -> Any:
     """An Actuator for the launcher (rank -1: it answers commands addressed to every rank,
     which is how the processor sends Abort, QuarantineNode, EvictRank and Rollback), with
-    its journal under the run dir, and the launcher's handlers registered."""
+    its journal under the run dir, and the launcher's handlers registered.
+
+    A relaunch after a SIGKILL: the actuator's journal claims a command id before the
+    handler runs (at most once), the launcher's records it when executed; an id claimed
+    but never recorded (the predecessor died in between) was not executed, so the gate
+    forgets it and the redelivered command runs once. The consumer is a static group
+    member (group.instance.id): a relaunched launcher takes the dead one's place at once
+    instead of waiting out its session, and gets the unacked commands while the recovery
+    still accepts the interrupted attempt's."""
     from ..schemas import auth
     from .actuator import Actuator
 
+    journal = launcher.run_dir / "launcher.journal"
     actuator = Actuator(
         bootstrap,
         commands_topic,
@@ -759,10 +1149,32 @@ def make_actuator(
         key=auth.run_key(master_secret, launcher.config.run_id),
         node="launcher",
         instance="launcher",
-        journal_path=launcher.run_dir / "launcher.journal",
+        journal_path=journal,
+        consumer_config={"group.instance.id": "launcher", "session.timeout.ms": 10_000},
     )
+    for command_id in launcher.unexecuted(_claimed(journal, launcher.config.run_id)):
+        log.warning("recovery: command %s was claimed but never executed; it may run once", command_id)
+        actuator.gate.forget(RUN_LEVEL_RANK, command_id)
     launcher.register(actuator)
     return actuator
+
+
+def _claimed(path: Path, run_id: str) -> list[str]:
+    """Command ids the launcher's actuator journal holds for rank -1 (its format:
+    one JSON [run_id, rank, command_id] a line)."""
+    try:
+        lines = path.read_bytes().splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            rid, rank, command_id = json.loads(line)
+        except (ValueError, TypeError):
+            continue
+        if rid == run_id and rank == RUN_LEVEL_RANK and isinstance(command_id, str):
+            out.append(command_id)
+    return out
 
 
 def install_signal_handlers(

@@ -10,12 +10,15 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from . import __version__
+
+if TYPE_CHECKING:
+    from .broker.security import KafkaCredentials
 
 app = typer.Typer(
     help="trainguard keeps long synchronous training runs alive and trustworthy: ranks report "
@@ -77,16 +80,83 @@ def version() -> None:
 
 
 @broker_app.command("start")
-def broker_start(data_dir: DataDir = None) -> None:
+def broker_start(
+    data_dir: DataDir = None,
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure",
+            help="SASL/SCRAM authentication and ACLs (a new data dir only; it stays secured). "
+            "Passwords are generated into <data dir>/credentials/ (mode 0600).",
+        ),
+    ] = False,
+) -> None:
     """Fetch the jars (cached), format storage, start the broker, create the topics."""
     from .broker.local import BrokerError, start_local_broker
 
     try:
-        broker = start_local_broker(data_dir)
+        broker = start_local_broker(data_dir, secure=True if secure else None)
     except BrokerError as exc:
         console.print(f"[red]{exc}")
         raise typer.Exit(1) from exc
     print(broker.bootstrap)
+    if broker.secure:
+        console.print("secured: each process names its principal, e.g. the processor:", markup=False)
+        for user in ("admin", "processor", "archive"):
+            console.print(f"  {_principal_env(user, broker.credentials_dir / user)}", markup=False)
+        console.print("and each run's ranks: `trainguard broker grant-run RUN_ID`", markup=False)
+
+
+def _principal_env(user: str, password_file: Path) -> str:
+    from .broker.security import PASSWORD_FILE_ENV, USER_ENV
+
+    return f"export {USER_ENV}={user} {PASSWORD_FILE_ENV}={password_file}"
+
+
+def _admin_access(data_dir: Path | None) -> tuple[KafkaCredentials, Path]:
+    """The admin principal (TRAINGUARD_KAFKA_* if set, else the local broker's) and the
+    directory where run passwords are written (the local broker's credentials/)."""
+    from .broker.local import LocalBroker, default_data_dir
+    from .broker.security import CredentialsError, KafkaCredentials
+
+    broker = LocalBroker(data_dir or default_data_dir())
+    try:
+        admin = KafkaCredentials.from_env() or broker.admin_credentials()
+    except CredentialsError as exc:
+        console.print(f"[red]{exc}")
+        raise typer.Exit(2) from exc
+    if admin is None:
+        console.print("[red]not a secured broker: start it with `trainguard broker start --secure`")
+        raise typer.Exit(2)
+    return admin, broker.credentials_dir
+
+
+RunId = Annotated[str, typer.Argument(help="The run id (as in `trainguard launch --run-id`).")]
+
+
+@broker_app.command("grant-run")
+def broker_grant_run(
+    run_id: RunId, bootstrap: Bootstrap = None, topic_prefix: Prefix = "", data_dir: DataDir = None
+) -> None:
+    """Secured broker: create a run's rank principal (password file 0600), its command topic
+    and its ACLs (write telemetry and acks, read only its own commands). Before the launch."""
+    from .broker.acl import provision_run
+
+    admin, credentials_dir = _admin_access(data_dir)
+    user, path = provision_run(resolve_bootstrap(bootstrap), admin, credentials_dir, run_id, topic_prefix)
+    print(_principal_env(user, path))
+
+
+@broker_app.command("revoke-run")
+def broker_revoke_run(
+    run_id: RunId, bootstrap: Bootstrap = None, topic_prefix: Prefix = "", data_dir: DataDir = None
+) -> None:
+    """Secured broker: remove a run's principal, password file, ACLs and command topic."""
+    from .broker.acl import revoke_run
+
+    admin, credentials_dir = _admin_access(data_dir)
+    revoke_run(resolve_bootstrap(bootstrap), admin, credentials_dir, run_id, topic_prefix)
+    console.print(f"revoked {run_id}")
 
 
 @broker_app.command("stop")
@@ -188,6 +258,10 @@ def process(
         int, typer.Option(help="Run API port (0: off); needs TRAINGUARD_API_TOKEN(_FILE).")
     ] = 0,
     api_host: Annotated[str, typer.Option(help="Address the run API binds.")] = "127.0.0.1",
+    snapshot_interval: Annotated[
+        float, typer.Option(help="Seconds between state snapshots of a partition (0: none).")
+    ] = 30.0,
+    commit_interval: Annotated[float, typer.Option(help="Seconds between offset commits.")] = 1.0,
 ) -> None:
     """Run the stream processor: telemetry -> detections, interruptions and signed commands."""
     from .processors.api_web import ApiTokenError, load_api_token
@@ -209,6 +283,8 @@ def process(
         api_port=api_port or None,
         api_host=api_host,
         api_token=api_token,
+        snapshot_interval_s=snapshot_interval,
+        commit_interval_s=commit_interval,
     )
     run_worker(settings, loglevel=loglevel)
 
@@ -448,7 +524,13 @@ def launch(
     checkpoint, executes Abort/QuarantineNode/EvictRank/Rollback/ResumeFrom, records the restart
     phases in DIR/.trainguard/restarts.jsonl. Exit 0 ok, 1 failed, 130 stopped."""
     from .producers.agent import MemorySink
-    from .producers.launcher import Launcher, LauncherConfig, install_signal_handlers, make_actuator
+    from .producers.launcher import (
+        FAULT_ENV,
+        Launcher,
+        LauncherConfig,
+        install_signal_handlers,
+        make_actuator,
+    )
 
     config = LauncherConfig(
         command=tuple(command),
@@ -464,6 +546,8 @@ def launch(
         bootstrap="" if offline else resolve_bootstrap(bootstrap),
         topic_prefix=topic_prefix,
         secret_file=os.environ.get("TRAINGUARD_SECRET_FILE", ""),
+        # Test hook (kill points of producers/launcher.py); not passed on to the ranks.
+        fault=os.environ.pop(FAULT_ENV, ""),
     )
     if offline:
         launcher = Launcher(config, MemorySink())
@@ -515,7 +599,7 @@ def demo(
 
 
 # Commands kept in modules of their own register on `app` when imported.
-from . import cli_replay  # noqa: E402, F401
+from . import cli_replay, cli_soak  # noqa: E402, F401
 
 
 def main() -> None:

@@ -156,13 +156,15 @@ def run_simulation(
     flush_interval_s: float | None = None,
     lag_budget_s: float = 1.0,
     shard_ranks: int = DEFAULT_SHARD_RANKS,
+    on_submit: Callable[[list[Envelope]], None] | None = None,
 ) -> SimulationResult:
     """Run `scenario` in real time (times `speed`) until it finishes or `max_seconds` of
     wall clock pass. With a `secret` (the master command-signing secret), an actuator
     executes signed commands from the commands topic; without one, no command is read.
     `kept_real_time` is True when no event reached the shipper more than
     `lag_budget_s` after its simulated moment. A run over `shard_ranks` ranks is shipped
-    in shards (schemas/sharding.py)."""
+    in shards (schemas/sharding.py). `on_submit` sees each tick's events as they are
+    handed to the shipper (a soak's record of what was sent, for the oracle)."""
     if speed <= 0:
         raise ValueError(f"speed must be positive, got {speed}")
     wall_start = time.time()
@@ -225,6 +227,8 @@ def run_simulation(
                 future.set_result(result.detail)
             for event in events:
                 shipper.submit(event)
+            if on_submit is not None and events:
+                on_submit(events)
             generated += len(events)
             if events:
                 lag = (time.monotonic() - mono0) - (events[0].ts - start_ts) / speed

@@ -1,0 +1,38 @@
+"""The chaos soak, shortened for CI (issue 7 scenario 6): 75 s of three simulated runs
+through two processor workers and the archive writer at 8 kills a minute, then the
+oracle over every run. The full soak is one command: `trainguard soak --minutes 5`.
+
+Seed 1 plans 8 kills: worker, archive, rank in the first 13 s, then again, so every
+victim kind is hit more than once while the runs still have a minute to go."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainguard.soak import run_soak
+from trainguard.soak_plan import SoakConfig, Victim
+from trainguard.soak_report import markdown
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.mark.timeout(240)
+def test_random_kills_of_workers_the_archive_writer_and_ranks_lose_nothing(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    config = SoakConfig(minutes=1.25, kill_rate_per_min=8, workers=2, runs=3, seed=1)
+    report = run_soak(config, bootstrap, tmp_path / "soak")
+    text = markdown(report)
+    assert report.ok, text
+    for victim in Victim:
+        assert report.kills[victim.value] >= 1, text
+    for victim in (Victim.WORKER, Victim.ARCHIVE):  # every killed process came back
+        assert report.restarts[victim.value] == report.kills[victim.value], text
+    assert report.skipped == 0, text
+    for run in report.runs:
+        assert run.lost == 0 and run.survived, text
+    # The generated faults struck too (a run set back by restarts may not reach its hang).
+    assert sum(run.faults.get("hang", 0) for run in report.runs) >= 1, text
+    assert sum(run.executions for run in report.runs) > 0, text  # commands flowed and were acked

@@ -1,0 +1,387 @@
+"""The chaos soak (issue 7 scenario 6): the whole pipeline under load while its own
+parts are SIGKILLed at random, then the nothing-lost oracle over every run.
+
+W processor workers and the archive writer run as processes of their own on a fresh
+topic set; R simulated runs (threads of this process, each with its shipper and its
+actuator, which executes and acks the commands) stream telemetry with hangs,
+stragglers and crashes. At the planned moments (trainguard/soak_plan.py) a worker or
+the archive writer is SIGKILLed and restarted after a short delay, and ranks crash.
+At the end the load stops, the workers catch up and leave, the archive writer catches
+up and leaves, and replay/oracle.py checks each run against the log, its acks and the
+DuckDB archive.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import shutil
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .broker.lag import wait_caught_up
+from .broker.topics import TopicNames, delete_topics, ensure_topics, partition_count, topic_names
+from .processors.core.policy import load_policy
+from .producers.simulator.driver import SimulationResult, run_simulation
+from .producers.simulator.scenario import Scenario, SlowFault
+from .replay.log import read_recording, read_topic
+from .replay.oracle import OracleReport, Verdict, check
+from .replay.replay import decision_id, decisions_of
+from .schemas import Abort, Ack, AckStatus, Command, Envelope, decode, decode_batch
+from .schemas.codec import ACKS
+from .schemas.sharding import telemetry_partition
+from .sinks.archive import archive_group
+from .soak_plan import Kill, SoakConfig, Victim, plan_kills, run_scenario
+from .soak_procs import Slot, archive_launcher, worker_launcher
+from .stack import PROCESSOR_GROUP, builtin_policy
+
+Note = Callable[[str], None]
+#: A crash or hang that struck this close to the end may still be recovering.
+RECOVERY_GRACE_S = 45.0
+
+
+@dataclass
+class RunLoad:
+    """One simulated run on its own thread, and what its shipper was handed."""
+
+    scenario: Scenario
+    run_id: str
+    sent: list[str] = field(default_factory=list)
+    start_ts: float = 0.0
+    result: SimulationResult | None = None
+    error: str = ""
+
+    def witness(self, events: list[Envelope]) -> None:
+        self.sent.extend(e.event_id for e in events)
+
+
+@dataclass
+class RunOutcome:
+    run_id: str
+    scenario: str
+    oracle: OracleReport
+    result: SimulationResult | None
+    #: Fault kinds that struck, with their counts (slow: the straggler window was reached).
+    faults: dict[str, int]
+    recovered: int
+    stalls: int
+    survived: bool
+    events: int
+    lost: int
+    #: Redelivered copies of decisions (derived events and commands) on their topics.
+    duplicates: int
+    decisions: int
+    executions: int
+    #: Wall seconds from each abort's decision (its event time: the crash, or the hang's
+    #: timeout) to its first ack, sorted: how long a stalled job waited for its abort, which
+    #: is what a worker's kill costs (its partitions wait for a new owner).
+    abort_latencies: list[float] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.oracle.ok and self.result is not None
+
+
+@dataclass
+class SoakReport:
+    config: SoakConfig
+    prefix: str
+    archive: Path
+    plan: list[Kill]
+    kills: Counter[str]
+    restarts: Counter[str]
+    skipped: int
+    downtimes: dict[str, list[float]]
+    #: The workers' counters over all their incarnations (soak_procs.COLLECTED).
+    worker_metrics: dict[str, float]
+    failures: list[str]
+    runs: list[RunOutcome]
+    load_s: float
+    drain_s: float
+    total_s: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and all(r.ok for r in self.runs)
+
+    @property
+    def events_per_s(self) -> float:
+        return sum(r.events for r in self.runs) / self.load_s if self.load_s > 0 else 0.0
+
+
+def spread_run_ids(count: int, partitions: int) -> list[str]:
+    """Run ids spread evenly over the telemetry partitions (run i on partition
+    i * partitions / count), so that every worker holds runs under either of the
+    group's assignors (ranges of partitions, or every n-th one)."""
+    ids: list[str] = []
+    while len(ids) < count:
+        run_id = f"soak-{uuid.uuid4().hex[:8]}"
+        if telemetry_partition(run_id, 0, 1, partitions) == len(ids) * partitions // count % partitions:
+            ids.append(run_id)
+    return ids
+
+
+def run_soak(
+    config: SoakConfig,
+    bootstrap: str,
+    workdir: Path,
+    note: Note = lambda _: None,
+    keep_topics: bool = False,
+) -> SoakReport:
+    """The whole soak on `bootstrap` under `workdir` (logs, the DuckDB file)."""
+    started = time.monotonic()
+    rng = random.Random(config.seed)
+    plan = plan_kills(config, rng)
+    scenarios = [run_scenario(config, i, plan, rng) for i in range(config.runs)]
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    prefix = f"soak{uuid.uuid4().hex[:8]}."
+    ensure_topics(bootstrap, prefix=prefix)
+    names = topic_names(prefix)
+    policy = builtin_policy("demo")
+    secret = secrets.token_hex(32)
+    db = workdir / "archive.duckdb"
+    slots = _slots(config, bootstrap, prefix, policy, secret, workdir, db)
+    try:
+        _start_all(slots)
+        note(f"{config.workers} workers and the archive writer up on {prefix}* "
+             f"({time.monotonic() - started:.0f} s)")  # fmt: skip
+        run_ids = spread_run_ids(config.runs, partition_count(bootstrap, names.telemetry))
+        loads = [RunLoad(s, r) for s, r in zip(scenarios, run_ids, strict=True)]
+        t0 = time.monotonic()
+        threads = [_start_load(load, config, bootstrap, names, secret.encode()) for load in loads]
+        skipped = _chaos(plan, slots, t0, note)
+        for thread in threads:
+            thread.join()
+        load_s = time.monotonic() - t0
+        note(f"load stopped after {load_s:.0f} s; waiting for the restarts and the catch-up")
+        drain_start = time.monotonic()
+        failures = _drain(slots, bootstrap, names, prefix, note)
+        drain_s = time.monotonic() - drain_start
+        note(f"caught up in {drain_s:.0f} s; running the oracle")
+        acks = _acks(bootstrap, names)
+        runs = [
+            _judge(load, config, bootstrap, names, policy, db, acks.get(load.run_id, [])) for load in loads
+        ]
+    finally:
+        for slot in slots:
+            if slot.proc is not None and slot.proc.poll() is None:
+                slot.proc.kill()
+        if not keep_topics:
+            delete_topics(bootstrap, list(names.all()))
+    kills = Counter(
+        {v.value: sum(s.kills for s in slots if s.victim is v) for v in (Victim.WORKER, Victim.ARCHIVE)}
+    )
+    kills[Victim.RANK.value] = sum(r.faults.get("crash", 0) for r in runs)
+    failures += [f for s in slots for f in s.failures] + [load.error for load in loads if load.error]
+    return SoakReport(
+        config=config,
+        prefix=prefix,
+        archive=db,
+        plan=plan,
+        kills=kills,
+        restarts=Counter({v.value: sum(s.restarts for s in slots if s.victim is v) for v in Victim}),
+        skipped=skipped,
+        downtimes={s.name: s.downtimes for s in slots},
+        worker_metrics=_sum_metrics([s.metrics for s in slots if s.victim is Victim.WORKER]),
+        failures=failures,
+        runs=runs,
+        load_s=load_s,
+        drain_s=drain_s,
+        total_s=time.monotonic() - started,
+    )
+
+
+def _sum_metrics(each: list[dict[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for metrics in each:
+        for name, value in metrics.items():
+            out[name] = out.get(name, 0.0) + value
+    return out
+
+
+def _slots(
+    config: SoakConfig, bootstrap: str, prefix: str, policy: Path, secret: str, workdir: Path, db: Path
+) -> list[Slot]:
+    extra = ("--snapshot-interval", str(config.snapshot_interval_s))
+    slots = []
+    for i in range(config.workers):
+        # Each worker's faust directory apart: two workers of one app id must not share it.
+        env = {"TRAINGUARD_SECRET": secret, "TRAINGUARD_HOME": str(workdir / f"worker-{i}")}
+        launch = worker_launcher(bootstrap, prefix, policy, env, extra)
+        slots.append(Slot(f"worker-{i}", Victim.WORKER, launch, workdir))
+    slots.append(Slot("archive", Victim.ARCHIVE, archive_launcher(bootstrap, prefix, db, {}), workdir))
+    return slots
+
+
+def _start_all(slots: list[Slot]) -> None:
+    """Start every slot at once (a worker takes seconds to answer on its metrics port)."""
+    errors: list[BaseException] = []
+
+    def start(slot: Slot) -> None:
+        try:
+            slot.start()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(slot,), daemon=True) for slot in slots]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
+def _start_load(
+    load: RunLoad, config: SoakConfig, bootstrap: str, names: TopicNames, secret: bytes
+) -> threading.Thread:
+    def body() -> None:
+        load.start_ts = time.time()
+        try:
+            load.result = run_simulation(
+                load.scenario, bootstrap, names, secret, speed=config.speed, max_seconds=config.duration_s,
+                run_id=load.run_id, start_ts=load.start_ts, on_submit=load.witness,
+            )  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - the report names it, and the run fails
+            load.error = f"{load.run_id}: the simulation failed: {exc!r}"
+
+    thread = threading.Thread(target=body, name=f"load-{load.run_id}", daemon=True)
+    thread.start()
+    return thread
+
+
+def _chaos(plan: list[Kill], slots: list[Slot], t0: float, note: Note) -> int:
+    """Carry out the plan's process kills on time; returns how many found no live victim."""
+    skipped = 0
+    for kill in plan:
+        if (wait := t0 + kill.at_s - time.monotonic()) > 0:
+            time.sleep(wait)
+        if kill.victim is Victim.RANK:
+            note(
+                f"{kill.at_s:6.1f} s  rank {kill.rank} of run {kill.target} crashes about now (its scenario)"
+            )
+            continue
+        slot = _victim(kill, slots)
+        if slot is None:
+            skipped += 1
+            note(f"{kill.at_s:6.1f} s  no live {kill.victim.value} to kill: skipped")
+            continue
+        slot.kill_and_restart(kill.restart_after_s)
+        note(f"{kill.at_s:6.1f} s  SIGKILL {slot.name} (restart in {kill.restart_after_s:.1f} s)")
+    return skipped
+
+
+def _victim(kill: Kill, slots: list[Slot], wait_s: float = 30.0) -> Slot | None:
+    """The planned slot if it is up, else another of its kind that is; waits (bounded)
+    while all of them are being restarted."""
+    kind = [s for s in slots if s.victim is kill.victim]
+    preferred = kind[kill.target % len(kind)]
+    deadline = time.monotonic() + wait_s
+    while True:
+        if preferred.alive():
+            return preferred
+        if up := [s for s in kind if s.alive()]:
+            return up[0]
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.2)
+
+
+def _drain(slots: list[Slot], bootstrap: str, names: TopicNames, prefix: str, note: Note) -> list[str]:
+    """Every killed slot back, the workers caught up and stopped (they commit), then the
+    archive writer caught up and stopped: the log and the archive are final."""
+    failures: list[str] = []
+    for slot in slots:
+        slot.wait_restarted()
+    workers = [s for s in slots if s.victim is Victim.WORKER]
+    if not wait_caught_up(bootstrap, prefix + PROCESSOR_GROUP, [names.telemetry], 300):
+        failures.append("the workers did not catch up with the telemetry within 300 s")
+    for slot in workers:
+        slot.terminate()
+    for slot in workers:
+        slot.reap()
+    note("workers caught up and stopped")
+    archived = [names.telemetry, names.events, names.commands, names.acks, names.deadletter]
+    if not wait_caught_up(bootstrap, archive_group(names), archived, 300):
+        failures.append("the archive writer did not catch up within 300 s")
+    for slot in slots:
+        if slot.victim is Victim.ARCHIVE:
+            slot.terminate()
+            slot.reap()
+    return failures
+
+
+def _acks(bootstrap: str, names: TopicNames) -> dict[str, list[Ack]]:
+    out: dict[str, list[Ack]] = {}
+    for _, _, value in read_topic(bootstrap, names.acks):
+        ack = decode(value, ACKS)
+        if isinstance(ack, Ack):
+            out.setdefault(ack.run_id, []).append(ack)
+    return out
+
+
+def _judge(
+    load: RunLoad,
+    config: SoakConfig,
+    bootstrap: str,
+    names: TopicNames,
+    policy: Path,
+    db: Path,
+    acks: list[Ack],
+) -> RunOutcome:
+    """The oracle over one run, and the run's figures for the report."""
+    recording = read_recording(bootstrap, names, load.run_id)
+    result = load.result
+    stats = result.shipper if result is not None else None
+    # The shipper counts deliveries, not ids: when every event it was handed was
+    # delivered, the ids it was handed are exactly the acknowledged ones.
+    exact = stats is not None and stats.delivered == stats.submitted == len(load.sent)
+    acknowledged = set(load.sent) if exact else set()
+    report = check(recording, load_policy(str(policy)), acknowledged=acknowledged, acks=acks, archive=db)
+    detail = (
+        f"{stats.delivered} of {stats.submitted} submitted events acknowledged "
+        f"({stats.dropped} dropped, {stats.failed} failed)" if stats is not None else load.error
+    )  # fmt: skip
+    report.verdicts.insert(0, Verdict("shipper accounting", exact, detail))
+    logged = {e.event_id for _, _, value in recording.records for e in decode_batch(value).events}
+    ids = [decision_id(d) for d in decisions_of(recording)]
+    faults: Counter[str] = Counter(f.kind for f in result.fired) if result is not None else Counter()
+    reached = result.high_water_step if result is not None else -1
+    faults["slow"] = sum(isinstance(f, SlowFault) and f.from_step <= reached for f in load.scenario.faults)
+    stalls = [f for f in (result.fired if result is not None else []) if f.kind in ("crash", "hang")]
+    attempts = result.attempts if result is not None else 0
+    recovered = [f for f in stalls if f.attempt < attempts - 1]
+    late = config.duration_s - RECOVERY_GRACE_S
+    pending_ok = all((f.ts - load.start_ts) / config.speed > late for f in stalls if f not in recovered)
+    return RunOutcome(
+        run_id=load.run_id,
+        scenario=load.scenario.name,
+        oracle=report,
+        result=result,
+        faults=dict(+faults),
+        recovered=len(recovered),
+        stalls=len(stalls),
+        survived=result is not None and not result.gave_up and pending_ok,
+        events=stats.delivered if stats is not None else 0,
+        lost=len(acknowledged - logged),
+        duplicates=len(ids) - len(set(ids)),
+        decisions=len(set(ids)),
+        executions=sum(a.status is AckStatus.EXECUTED for a in acks),
+        abort_latencies=_ack_latencies(
+            [c for c in recording.commands if isinstance(c, Abort)], acks, load.start_ts, config.speed
+        ),
+    )
+
+
+def _ack_latencies(commands: list[Command], acks: list[Ack], start_ts: float, speed: float) -> list[float]:
+    first: dict[str, float] = {}
+    for ack in acks:
+        first[ack.command_id] = min(ack.ts, first.get(ack.command_id, ack.ts))
+    decided = {c.command_id: start_ts + (c.issued_ts - start_ts) / speed for c in commands}  # sim -> wall
+    return sorted(first[i] - t for i, t in decided.items() if i in first)

@@ -411,13 +411,6 @@ class Supervisor:
                 node=self.node,
                 instance=f"{self.node}-rank{rank}",
                 journal_path=self.run_dir / "actuator" / f"rank-{rank:05d}.journal",
-                # A static member: a rank restarted after a crash takes its dead
-                # predecessor's place in the group at once, instead of waiting out its
-                # session (~70 s measured) before any command reaches it.
-                consumer_config={
-                    "group.instance.id": f"{self.node}-rank{rank}",
-                    "session.timeout.ms": 10_000,
-                },
             )
             self.handlers.register(self.actuator)
             self.actuator.start()

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from ..broker.security import client_config
+from ..broker.security import KafkaCredentials, client_config
 from ..broker.topics import TopicNames
 from ..schemas import Command, Derived, decode
 from ..schemas.codec import COMMANDS, DERIVED
@@ -52,6 +52,7 @@ def read_topic(
     keep: Callable[[bytes | None], bool] = lambda _: True,
     progress: Callable[[int, int], None] | None = None,
     timeout_s: float = 120.0,
+    credentials: KafkaCredentials | None = None,
 ) -> list[Record]:
     """Every record of `topic` whose key `keep`s, partition after partition in offset
     order, up to the end each partition had when the read began. `progress(done, total)`
@@ -63,7 +64,8 @@ def read_topic(
                 "group.id": f"trainguard-replay-{uuid.uuid4().hex}",
                 "enable.auto.commit": False,
                 "enable.partition.eof": False,
-            }
+            },
+            credentials,  # None: from the environment
         )
     )
     try:
@@ -104,16 +106,18 @@ def read_recording(
     names: TopicNames,
     run_id: str,
     progress: Callable[[int, int], None] | None = None,
+    credentials: KafkaCredentials | None = None,
 ) -> Recording:
     """The run's telemetry and the processor's decisions for it, from the topics."""
-    records = read_topic(bootstrap, names.telemetry, lambda key: run_of_key(key) == run_id, progress)
+    of_run: Callable[[bytes | None], bool] = lambda key: run_of_key(key) == run_id  # noqa: E731
+    records = read_topic(bootstrap, names.telemetry, of_run, progress, credentials=credentials)
     recording = Recording(run_id, records)
     mine: Callable[[bytes | None], bool] = lambda key: (key or b"") == run_id.encode()  # noqa: E731
-    for _, _, value in read_topic(bootstrap, names.events, mine):
+    for _, _, value in read_topic(bootstrap, names.events, mine, credentials=credentials):
         record = decode(value, DERIVED)  # the processor's own output: a failure here is a bug
         if isinstance(record, Derived):
             recording.derived.append(record)
-    for _, _, value in read_topic(bootstrap, names.commands, mine):
+    for _, _, value in read_topic(bootstrap, names.commands, mine, credentials=credentials):
         command = decode(value, COMMANDS)
         if isinstance(command, Command):
             recording.commands.append(command)

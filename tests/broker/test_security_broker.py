@@ -26,7 +26,10 @@ from trainguard.broker.acl import PROCESSOR_USER, provision_run, revoke_run, wai
 from trainguard.broker.local import BrokerError, LocalBroker, ensure_jars, start_local_broker
 from trainguard.broker.security import KafkaCredentials
 from trainguard.broker.topics import TopicNames, actuator_group_prefix, topic_names
+from trainguard.processors.core.policy import load_policy
 from trainguard.producers.actuator import Actuator, RefuseReason
+from trainguard.replay.log import read_recording
+from trainguard.replay.oracle import check
 from trainguard.schemas import Abort, Ack, AckStatus, Command, auth, decode, encode, encode_batch
 from trainguard.schemas.codec import ACKS, COMMANDS
 from trainguard.stack import builtin_policy, start_processor
@@ -78,12 +81,12 @@ def _config(secured: Secured, credentials: KafkaCredentials | None, **extra: Any
 
 
 def produce(
-    secured: Secured, credentials: KafkaCredentials, topic: str, value: bytes = b"x"
+    secured: Secured, credentials: KafkaCredentials, topic: str, value: bytes = b"x", key: bytes = b"k"
 ) -> KafkaError | None:
     """Produce one record as `credentials`; the delivery error (None: delivered)."""
     producer = Producer(_config(secured, credentials, **{"message.timeout.ms": 10_000}))
     errors: list[KafkaError | None] = []
-    producer.produce(topic, value, key=b"k", on_delivery=lambda err, _msg: errors.append(err))
+    producer.produce(topic, value, key=key, on_delivery=lambda err, _msg: errors.append(err))
     producer.flush(15)
     assert len(errors) == 1
     return errors[0]
@@ -173,7 +176,7 @@ def test_processor_and_actuator_deliver_signed_commands_and_forgeries_are_refuse
         job = Job(run_id=RUN_A, world_size=4, ranks_per_node=2).start().steps(8).exit(1, signal=9)
         header = dict(run_id=RUN_A, node="node-000", world_size=4, producer_id="sec", seq=0)
         batch = encode_batch(header, [encode(e) for e in job.events])
-        assert produce(secured, secured.rank_a, names.telemetry, batch) is None
+        assert produce(secured, secured.rank_a, names.telemetry, batch, key=RUN_A.encode()) is None
 
         def our_acks() -> list[Ack]:  # (the ACL test wrote a non-ack there)
             decoded = [decode(s.value, ACKS) for s in acks.seen if s.value.startswith(b"{")]
@@ -202,6 +205,12 @@ def test_processor_and_actuator_deliver_signed_commands_and_forgeries_are_refuse
         assert actuator.counters.duplicate == 4
         assert sorted(executed) == [(command.command_id, r) for r in range(4)]
         assert processor.poll() is None, log.read_text()[-3000:]
+        # The oracle, read back as the operator: nothing the rank wrote is lost, the live
+        # decisions are the replay's, and no command ran twice on a rank.
+        recording = read_recording(secured.bootstrap, names, RUN_A, credentials=secured.admin)
+        report = check(recording, load_policy(builtin_policy("demo")),
+                       acknowledged={e.event_id for e in job.events}, acks=our_acks())  # fmt: skip
+        assert report.ok, str(report)
     finally:
         actuator.stop()
         acks.close()

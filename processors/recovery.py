@@ -128,20 +128,18 @@ def published_since(consumer: Consumer, names: TopicNames, since_ts: float | Non
     ids: set[str] = set()
     for topic in (names.events, names.commands, names.deadletter):
         partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
-        starts: dict[int, int] = {}
-        for p in partitions:
-            low, _ = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            starts[p] = low
+        # [start, end) per partition, from one watermark query each; start -1: nothing to read
+        ranges = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in partitions}
         if since_ts is not None:
             asked = [TopicPartition(topic, p, int(since_ts * 1000)) for p in partitions]
             for tp in consumer.offsets_for_times(asked, timeout=10):
                 # -1: no record that recent on this partition
-                starts[tp.partition] = max(starts[tp.partition], tp.offset) if tp.offset >= 0 else -1
-        for p, start in starts.items():
+                low, high = ranges[tp.partition]
+                ranges[tp.partition] = (max(low, tp.offset) if tp.offset >= 0 else -1, high)
+        for p, (start, end) in ranges.items():
             if start < 0:
                 continue
-            _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            for message in read_range(consumer, topic, p, start, high):
+            for message in read_range(consumer, topic, p, start, end):
                 ids.add(_output_id(topic == names.deadletter, message))
     ids.discard("")
     return ids

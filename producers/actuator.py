@@ -307,12 +307,13 @@ class Actuator:
     """Consumes the commands topic for one run and executes commands on a set of local
     ranks (a node's ranks, or the simulator's whole cluster).
 
-    Each actuator instance has its own consumer group, ``trainguard-actuator-{run_id}-{instance}``,
-    because every instance must see every command (two instances sharing a group would
-    split the partitions, and a run's commands all sit on one). The default instance name
-    is derived from the node and the local ranks: stable across a restart, so that a
-    restarted actuator resumes from its committed offset, and distinct for each process
-    of a node. Give a `journal_path` too, or a restart forgets what was executed. A
+    Each actuator instance assigns itself every partition of the topic (every instance must
+    see every command, and a run's commands all sit on one) and stores its offsets in a
+    group of its own, ``trainguard-actuator-{run_id}-{instance}``, which it never joins
+    as a member, so a restart reads its commands at once (see :meth:`_assign`). The
+    default instance name is derived from the node and the local ranks: stable across a
+    restart, so that a restarted actuator resumes from its committed offset, and distinct
+    for each process of a node. Give a `journal_path` too, or a restart forgets what was executed. A
     brand-new group starts at the END of the topic (`offset_reset="latest"`), because
     the commands already there were meant for processes that came before it. Its start
     position is resolved and committed as soon as partitions are assigned, so
@@ -357,8 +358,10 @@ class Actuator:
         else:
             self.group_id = f"trainguard-actuator-{run_id}-{self.instance}"
         self.offset_reset = offset_reset
-        #: How long to retry fixing the start offsets before falling back to auto.offset.reset.
+        #: How long the first assignment retries before it logs an error (it keeps trying).
         self.assign_timeout_s = 60.0
+        #: How often the topic's partition count is re-read (partitions added while running).
+        self.partition_refresh_s = 30.0
         self.gate = CommandGate(run_id, attempt, ranks, key, journal_path)
         self.stats = ActuatorStats()
         self.clock = clock
@@ -430,8 +433,12 @@ class Actuator:
         consumer: Consumer | None = None
         try:
             consumer = Consumer(self._consumer_config)
-            consumer.subscribe([self.commands_topic], on_assign=self._on_assign)
+            assigned = self._assign(consumer, set())
+            next_refresh = time.monotonic() + self.partition_refresh_s
             while not self._stop.is_set():
+                if time.monotonic() >= next_refresh:
+                    assigned = self._assign(consumer, assigned)
+                    next_refresh = time.monotonic() + self.partition_refresh_s
                 msg = consumer.poll(0.2)
                 if msg is None:
                     continue
@@ -456,36 +463,60 @@ class Actuator:
             if consumer is not None:
                 consumer.close()
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Fix the start offset now (committed, else end or beginning) and commit it, so
-        that neither this run nor a restart can skip a command produced after ready.
-        (Left to librdkafka, `latest` would be resolved lazily, after an unknown delay.)"""
+    def _assign(self, consumer: Consumer, assigned: set[int]) -> set[int]:
+        """Assign the commands topic's partitions not assigned yet, each from its fixed start
+        offset (committed, else end or beginning), and commit the fresh ones, so that
+        neither this run nor a restart can skip a command produced after ready.
+
+        Why not `subscribe`: the group has this one instance as its only member, and a
+        restarted rank's new member could join only once the dead one's session expired and
+        the group rebalanced (45-250 s seen), during which no command reached the rank. With
+        its own assignment the group is only where offsets are stored: a restart reads its
+        commands at once. Until the topic exists this keeps retrying (ready stays unset);
+        the first call returns only once it is assigned or the actuator is stopping."""
+        warned = False
         deadline = time.monotonic() + self.assign_timeout_s
-        while True:
+        while not self._stop.is_set():
             try:
-                positions, fresh = self._start_positions(consumer, partitions)
-                break
-            except KafkaException as exc:  # e.g. a new topic's leader not known yet: retry
-                if time.monotonic() >= deadline or self._stop.wait(0.2):
-                    log.error(
-                        "actuator %s: cannot fix start offsets (%s); falling back to auto.offset.reset",
-                        self.instance,
-                        exc,
-                    )
-                    consumer.assign(partitions)
-                    self._ready.set()
-                    return
-        consumer.assign(positions)
-        if fresh:
-            try:
-                consumer.commit(offsets=fresh, asynchronous=False)
-            except KafkaException as exc:
-                self.stats.commit_errors += 1
-                log.warning("actuator %s: cannot commit start offsets: %s", self.instance, exc)
-        self._ready.set()
+                partitions = self._partitions(consumer) - assigned
+                if not partitions and not assigned:
+                    raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
+                # A partition added while running holds only commands newer than this
+                # actuator: read it from its beginning rather than from its end.
+                positions, fresh = self._start_positions(
+                    consumer,
+                    [TopicPartition(self.commands_topic, p) for p in sorted(partitions)],
+                    "latest" if not assigned else "earliest",
+                )
+            except KafkaException as exc:  # topic not created yet, leader unknown, broker down
+                if not assigned and not warned and time.monotonic() >= deadline:
+                    log.error("actuator %s: cannot assign %s yet (%s); still trying",
+                              self.instance, self.commands_topic, exc)  # fmt: skip
+                    warned = True
+                if assigned:  # a failed refresh retries at the next one
+                    return assigned
+                self._stop.wait(0.5)
+                continue
+            if positions:
+                consumer.incremental_assign(positions)
+            if fresh:
+                try:
+                    consumer.commit(offsets=fresh, asynchronous=False)
+                except KafkaException as exc:
+                    self.stats.commit_errors += 1
+                    log.warning("actuator %s: cannot commit start offsets: %s", self.instance, exc)
+            self._ready.set()
+            return assigned | partitions
+        return assigned
+
+    def _partitions(self, consumer: Consumer) -> set[int]:
+        metadata = consumer.list_topics(self.commands_topic, timeout=10).topics.get(self.commands_topic)
+        if metadata is None or metadata.error is not None:
+            raise KafkaException(metadata.error if metadata is not None else KafkaError._UNKNOWN_TOPIC)
+        return set(metadata.partitions)
 
     def _start_positions(
-        self, consumer: Consumer, partitions: list[TopicPartition]
+        self, consumer: Consumer, partitions: list[TopicPartition], reset: Literal["latest", "earliest"]
     ) -> tuple[list[TopicPartition], list[TopicPartition]]:
         """All partitions with their start offsets, and those of them that had no commit."""
         positions = consumer.committed(partitions, timeout=10)
@@ -494,7 +525,7 @@ class Actuator:
             if tp.error is not None:
                 raise KafkaException(tp.error)
             if tp.offset < 0:
-                if self.offset_reset == "latest":
+                if self.offset_reset == "latest" and reset == "latest":
                     _, tp.offset = consumer.get_watermark_offsets(
                         TopicPartition(tp.topic, tp.partition), timeout=10, cached=False
                     )

@@ -1131,10 +1131,9 @@ def make_actuator(
     A relaunch after a SIGKILL: the actuator's journal claims a command id before the
     handler runs (at most once), the launcher's records it when executed; an id claimed
     but never recorded (the predecessor died in between) was not executed, so the gate
-    forgets it and the redelivered command runs once. The consumer is a static group
-    member (group.instance.id): a relaunched launcher takes the dead one's place at once
-    instead of waiting out its session, and gets the unacked commands while the recovery
-    still accepts the interrupted attempt's."""
+    forgets it and the redelivered command runs once. The actuator joins no consumer
+    group (it assigns its partitions itself), so a relaunched launcher reads the unacked
+    commands at once, while the recovery still accepts the interrupted attempt's."""
     from ..schemas import auth
     from .actuator import Actuator
 
@@ -1150,7 +1149,6 @@ def make_actuator(
         node="launcher",
         instance="launcher",
         journal_path=journal,
-        consumer_config={"group.instance.id": "launcher", "session.timeout.ms": 10_000},
     )
     for command_id in launcher.unexecuted(_claimed(journal, launcher.config.run_id)):
         log.warning("recovery: command %s was claimed but never executed; it may run once", command_id)

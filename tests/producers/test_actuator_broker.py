@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from trainguard.broker.topics import TopicNames
 from trainguard.producers.actuator import Actuator, RefuseReason
@@ -218,3 +219,41 @@ def test_a_new_actuator_starts_at_the_end(
         got = acks.take(2)
     assert ran == [("new", 0), ("new", 1)]
     assert {a.command_id for a in got} == {"new"}
+
+
+def test_a_topic_created_late_and_a_partition_added_while_running(
+    bootstrap: str, topics: TopicNames, run_id: str, acks: AckReader, tmp_path: Path
+) -> None:
+    """The actuator assigns partitions itself: it waits (not ready) for a missing topic,
+    and reads a partition added while it runs from that partition's beginning."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    late = f"{topics.commands}.late-{uuid.uuid4().hex[:6]}"
+    key = auth.run_key(SECRET, run_id)
+    ran: list[tuple[str, int]] = []
+    actuator = Actuator(
+        bootstrap, late, topics.acks, run_id, attempt=0, local_ranks=[0], key=key, node="node-a",
+        journal_path=tmp_path / "journal",
+    )  # fmt: skip
+    actuator.partition_refresh_s = 5.0
+    actuator.register(CheckpointNow, recorder(ran))
+    try:
+        with actuator:
+            assert not actuator.wait_ready(2)  # no topic yet: nothing assigned, not ready
+            admin.create_topics([NewTopic(late, 1, 1)])[late].result(30)
+            assert actuator.wait_ready(30)
+            admin.create_partitions([NewPartitions(late, 2)])[late].result(30)
+            # Written to the added partition before the actuator's next refresh sees it:
+            # read only because an added partition starts at its beginning, not its end.
+            producer = Producer({"bootstrap.servers": bootstrap})
+            for partition, command_id in ((0, "on-old"), (1, "on-added")):
+                raw = encode(auth.sign(checkpoint_now(run_id, command_id), key))
+                producer.produce(late, key=run_id.encode(), value=raw, partition=partition)
+            assert producer.flush(30) == 0
+            got = acks.take(2)
+            assert actuator.error is None
+    finally:
+        admin.delete_topics([late])
+    assert sorted(ran) == [("on-added", 0), ("on-old", 0)]
+    assert {(a.command_id, a.status) for a in got} == {
+        ("on-old", AckStatus.EXECUTED), ("on-added", AckStatus.EXECUTED),
+    }  # fmt: skip

@@ -7,48 +7,19 @@ from __future__ import annotations
 import time
 import uuid
 
-from confluent_kafka import Consumer, KafkaError
-
 from ..broker.lag import wait_caught_up
-from ..broker.security import client_config
 from ..producers.simulator import Scenario
 from ..producers.simulator.driver import run_simulation
 from ..schemas import Derived, Envelope, decode, decode_batch
 from ..schemas.codec import DERIVED
 from ..stack import PROCESSOR_GROUP, Stack
 from .evaluate import ScenarioScore, score, step_start_times
+from .log import read_topic
 
 
 def _read(bootstrap: str, topic: str) -> list[bytes]:
     """Every record on `topic` up to its current end."""
-    consumer = Consumer(
-        client_config(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"evaluate-{uuid.uuid4().hex}",
-                "auto.offset.reset": "earliest",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-            }
-        )
-    )
-    try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.subscribe([topic])
-        done: set[int] = set()
-        values: list[bytes] = []
-        deadline = time.monotonic() + 120
-        while len(done) < len(partitions) and time.monotonic() < deadline:
-            for msg in consumer.consume(5000, 0.5):
-                error = msg.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        done.add(msg.partition() or 0)
-                    continue
-                values.append(msg.value() or b"")
-        return values
-    finally:
-        consumer.close()
+    return [value for _, _, value in read_topic(bootstrap, topic)]
 
 
 def run_live(scenario: Scenario, stack: Stack, secret: bytes, speed: float | None = None) -> ScenarioScore:

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from trainguard.broker.security import KafkaCredentials, client_config
 
@@ -19,7 +19,10 @@ class Seen:
 
 
 class TopicReader:
-    """Reads one topic from its beginning with a throwaway consumer group."""
+    """Reads one topic from its beginning, every partition assigned directly.
+
+    Not `subscribe`: a group join can take longer than a short `settle` window under
+    load, and a reader that saw nothing yet would pass for "nothing was written"."""
 
     def __init__(self, bootstrap: str, topic: str, credentials: KafkaCredentials | None = None) -> None:
         config = {
@@ -29,10 +32,28 @@ class TopicReader:
             "enable.auto.commit": False,
         }
         self.consumer = Consumer(client_config(config, credentials))
-        self.consumer.subscribe([topic])
+        self.topic = topic
+        self.assigned = False
         self.seen: list[Seen] = []
+        self._assign()
+
+    def _assign(self) -> None:
+        """Assign every partition from the beginning, once the topic exists."""
+        try:
+            metadata = self.consumer.list_topics(self.topic, timeout=5).topics.get(self.topic)
+        except KafkaException:
+            return
+        if metadata is None or metadata.error is not None or not metadata.partitions:
+            return
+        self.consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in metadata.partitions])
+        self.assigned = True
 
     def poll(self, timeout_s: float = 0.2) -> None:
+        if not self.assigned:
+            self._assign()
+            if not self.assigned:
+                time.sleep(timeout_s)
+                return
         for msg in self.consumer.consume(1000, timeout_s):
             if msg.error() is None:
                 self.seen.append(Seen(msg.value() or b"", {k: v or b"" for k, v in msg.headers() or []}))

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.broker.lag import wait_caught_up
+from trainguard.replay.log import read_topic
 from trainguard.schemas import (
     Abort,
     CheckpointFailed,
@@ -51,9 +53,9 @@ from trainguard.schemas import (
     decode,
 )
 from trainguard.schemas.codec import COMMANDS, DERIVED, decode_batch
+from trainguard.stack import PROCESSOR_GROUP
 
 from ..pipeline import Processor, running_processor
-from ..readers import TopicReader
 
 torch = pytest.importorskip("torch")
 
@@ -119,22 +121,22 @@ def launch(pipeline: Processor, workdir: Path, fault: str | None = None) -> Run:
 
 
 def decisions(pipeline: Processor, run_id: str) -> tuple[list[Derived], list[Command]]:
-    """The processor's derived events and commands for one run (all of them: the run is over)."""
+    """The processor's derived events and commands for one run: all of them, the run is
+    over and the processor has committed (so published the outputs of) every record."""
+    group = pipeline.prefix + PROCESSOR_GROUP
+    assert wait_caught_up(pipeline.bootstrap, group, [pipeline.names.telemetry], 60)
     found: list[list[Envelope]] = []
     for topic, kinds in ((pipeline.names.events, DERIVED), (pipeline.names.commands, COMMANDS)):
-        reader = TopicReader(pipeline.bootstrap, topic)
-        found.append([r for r in (decode(s.value, kinds) for s in reader.settle(3.0)) if r.run_id == run_id])
-        reader.close()
+        values = [value for _, _, value in read_topic(pipeline.bootstrap, topic)]
+        found.append([r for r in (decode(v, kinds) for v in values) if r.run_id == run_id])
     derived = [d for d in found[0] if isinstance(d, Derived)]
     commands = [c for c in found[1] if isinstance(c, Command)]
     return derived, commands
 
 
 def telemetry(pipeline: Processor, run_id: str) -> list[Envelope]:
-    reader = TopicReader(pipeline.bootstrap, pipeline.names.telemetry)
-    events = [e for seen in reader.settle(3.0) for e in decode_batch(seen.value).events if e.run_id == run_id]
-    reader.close()
-    return events
+    records = read_topic(pipeline.bootstrap, pipeline.names.telemetry)
+    return [e for _, _, value in records for e in decode_batch(value).events if e.run_id == run_id]
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,12 @@ never read from it by the scrape thread, so a scrape cannot race the core.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from ..processors.core import CoreState, RunPhase, RunState, goodput, step_time_summary
+from ..processors.core.sdc_state import remember
 from ..processors.driver import DriverResult
 from ..schemas import Interruption, Page
 
@@ -21,6 +24,9 @@ from ..schemas import Interruption, Page
 #: new rule still pages (sinks/prometheus/trainguard.rules.yml) and the label stays bounded.
 PAGE_RULES = ("same_node", "same_step", "failure_rate", "goodput", "same_rack_eviction", "no_clean_ancestor")
 OTHER_RULE = "other"
+#: Interruption and page ids remembered against double counting (a month at 16k ranks has
+#: ~233 interruptions; recent ids are what a redelivery re-derives).
+COUNTED_IDS = 65_536
 
 
 def page_rule(rule: str) -> str:
@@ -151,7 +157,9 @@ class ProcessorMetrics:
             self.stragglers,
             self.world_size,
         )
-        self._counted: set[str] = set()
+        #: Interruption and page ids counted, the newest COUNTED_IDS: a redelivery re-derives
+        #: recent ids only, and a month-long processor must not keep every id it ever saw.
+        self._counted: OrderedDict[str, None] = OrderedDict()
         self._labelled: set[str] = set()
         #: Runs with page series (a page may come before its run's first refresh).
         self._paged_runs: set[str] = set()
@@ -165,11 +173,11 @@ class ProcessorMetrics:
             self.commands.labels(kind=command.KIND).inc()
         for derived in result.derived:
             # Re-processing after a restart re-derives the same id: count it once.
-            if isinstance(derived, Interruption) and derived.interruption_id not in self._counted:
-                self._counted.add(derived.interruption_id)
+            if isinstance(derived, Interruption) and remember(
+                self._counted, derived.interruption_id, COUNTED_IDS
+            ):
                 self.interruptions.labels(cause=derived.cause.value).inc()
-            elif isinstance(derived, Page) and derived.event_id not in self._counted:
-                self._counted.add(derived.event_id)
+            elif isinstance(derived, Page) and remember(self._counted, derived.event_id, COUNTED_IDS):
                 self._page_series(derived.run_id)
                 self.pages.labels(run_id=derived.run_id, rule=page_rule(derived.rule)).inc()
 

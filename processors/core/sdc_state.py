@@ -24,12 +24,13 @@ REMEMBERED = 4096
 _K = TypeVar("_K", bound=Hashable)
 
 
-def remember(seen: OrderedDict[_K, None], key: _K) -> bool:
-    """Record `key` in a bounded insertion-ordered set; False if it was already there."""
+def remember(seen: OrderedDict[_K, None], key: _K, limit: int = REMEMBERED) -> bool:
+    """Record `key` in an insertion-ordered set of at most `limit` keys (the oldest
+    forgotten first); False if it was already there."""
     if key in seen:
         return False
     seen[key] = None
-    if len(seen) > REMEMBERED:
+    if len(seen) > limit:
         seen.popitem(last=False)
     return True
 

@@ -7,12 +7,15 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
+import pytest
+
 from trainguard.processors.core import CorePolicy
 from trainguard.processors.core.baseline import BaselinePolicy
 from trainguard.processors.core.paging import page
 from trainguard.processors.driver import CoreDriver, DriverResult
-from trainguard.schemas import Envelope, Page, ReasonCode, encode, encode_batch
+from trainguard.schemas import Envelope, Interruption, Page, ReasonCode, encode, encode_batch
 from trainguard.schemas.sharding import route
+from trainguard.sinks import metrics as metrics_module
 from trainguard.sinks.metrics import OTHER_RULE, PAGE_RULES, ProcessorMetrics
 
 from ..processors.straggler_streams import Slow, SyncJob
@@ -167,3 +170,25 @@ def test_a_finished_run_past_the_kept_ones_loses_its_gauges_and_page_series() ->
     for name in ("trainguard_world_size", "trainguard_stragglers", "trainguard_goodput_ratio"):
         assert worker.value(name, run_id="run-a") is None
     assert set(worker.pages("run-a").values()) == {None}
+
+
+def test_the_counted_ids_are_bounded_and_a_recent_redelivery_still_counts_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(metrics_module, "COUNTED_IDS", 2)
+    job = Job(step_s=60.0).start().steps(150)
+    for rank in (1, 2, 3):  # node-000 three times: three interruptions, a page after the second
+        crash_and_restart(job, rank, 150)
+    worker = Worker()
+    worker.feed(job.events, job.world_size)
+    counted = [d for r in worker.results for d in r.derived if isinstance(d, Interruption | Page)]
+    assert [type(d) for d in counted] == [Interruption, Interruption, Page, Interruption]
+    assert worker.value("trainguard_interruptions_total", cause="crash") == 3
+    assert len(worker.metrics._counted) == 2  # the page and the last interruption
+    # Redelivered recent ids count nothing more.
+    worker.metrics.observe(DriverResult(derived=counted[2:]))
+    assert worker.value("trainguard_interruptions_total", cause="crash") == 3
+    assert worker.value("trainguard_pages_total", run_id=job.run_id, rule="same_node") == 1.0
+    # An id older than the bound is forgotten: its redelivery would count again.
+    worker.metrics.observe(DriverResult(derived=counted[:1]))
+    assert worker.value("trainguard_interruptions_total", cause="crash") == 4

@@ -61,6 +61,9 @@ class ProcessorSettings:
     commit_interval_s: float = 1.0
     #: A worker silent this long leaves the group and its partitions move to the others.
     session_timeout_s: float = 15.0
+    #: Static group membership (KIP-345): a worker restarted under the same id within the
+    #: session timeout gets its partitions back without a rebalance. None: dynamic member.
+    instance_id: str | None = None
     #: The run API (processors/api.py) on this port; None: off. It needs `api_token`.
     api_port: int | None = None
     api_host: str = "127.0.0.1"
@@ -97,6 +100,7 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
         broker_commit_every=1000,
         broker_commit_interval=settings.commit_interval_s,
         broker_session_timeout=settings.session_timeout_s,
+        consumer_group_instance_id=settings.instance_id,
         # A snapshot of a large run's partition is MiBs (the topic admits 64 MiB).
         producer_max_request_size=64 * 1024 * 1024,
         # A telemetry record is a node's batch (up to 8 MiB): fetch more than faust's

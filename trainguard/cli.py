@@ -262,6 +262,14 @@ def process(
         float, typer.Option(help="Seconds between state snapshots of a partition (0: none).")
     ] = 30.0,
     commit_interval: Annotated[float, typer.Option(help="Seconds between offset commits.")] = 1.0,
+    instance_id: Annotated[
+        str | None,
+        typer.Option(
+            envvar="TRAINGUARD_INSTANCE_ID",
+            help="Static group member id, stable across this worker's restarts (e.g. its pod "
+            "name): a restart within the session timeout takes its partitions straight back.",
+        ),
+    ] = None,
 ) -> None:
     """Run the stream processor: telemetry -> detections, interruptions and signed commands."""
     from .processors.api_web import ApiTokenError, load_api_token
@@ -285,6 +293,7 @@ def process(
         api_token=api_token,
         snapshot_interval_s=snapshot_interval,
         commit_interval_s=commit_interval,
+        instance_id=instance_id or None,
     )
     run_worker(settings, loglevel=loglevel)
 

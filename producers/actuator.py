@@ -313,8 +313,8 @@ class Actuator:
     as a member, so a restart reads its commands at once (see :meth:`_assign`). The
     default instance name is derived from the node and the local ranks: stable across a
     restart, so that a restarted actuator resumes from its committed offset, and distinct
-    for each process of a node. Give a `journal_path` too, or a restart forgets what was executed. A
-    brand-new group starts at the END of the topic (`offset_reset="latest"`), because
+    for each process of a node. Give a `journal_path` too, or a restart forgets what was
+    executed. A brand-new group starts at the END of the topic (`offset_reset="latest"`), because
     the commands already there were meant for processes that came before it. Its start
     position is resolved and committed as soon as partitions are assigned, so
     :meth:`wait_ready` returning True means no later command can be skipped.
@@ -476,17 +476,16 @@ class Actuator:
         the first call returns only once it is assigned or the actuator is stopping."""
         warned = False
         deadline = time.monotonic() + self.assign_timeout_s
+        # A partition added while running holds only commands newer than this actuator:
+        # read it from its beginning rather than from its end.
+        reset = self.offset_reset if not assigned else "earliest"
         while not self._stop.is_set():
             try:
                 partitions = self._partitions(consumer) - assigned
-                if not partitions and not assigned:
-                    raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
-                # A partition added while running holds only commands newer than this
-                # actuator: read it from its beginning rather than from its end.
+                if not partitions:  # a refresh that found no new partition
+                    return assigned
                 positions, fresh = self._start_positions(
-                    consumer,
-                    [TopicPartition(self.commands_topic, p) for p in sorted(partitions)],
-                    "latest" if not assigned else "earliest",
+                    consumer, [TopicPartition(self.commands_topic, p) for p in sorted(partitions)], reset
                 )
             except KafkaException as exc:  # topic not created yet, leader unknown, broker down
                 if not assigned and not warned and time.monotonic() >= deadline:
@@ -497,8 +496,7 @@ class Actuator:
                     return assigned
                 self._stop.wait(0.5)
                 continue
-            if positions:
-                consumer.incremental_assign(positions)
+            consumer.incremental_assign(positions)
             if fresh:
                 try:
                     consumer.commit(offsets=fresh, asynchronous=False)
@@ -510,9 +508,12 @@ class Actuator:
         return assigned
 
     def _partitions(self, consumer: Consumer) -> set[int]:
+        """The commands topic's partitions; raises while the topic does not exist."""
         metadata = consumer.list_topics(self.commands_topic, timeout=10).topics.get(self.commands_topic)
-        if metadata is None or metadata.error is not None:
-            raise KafkaException(metadata.error if metadata is not None else KafkaError._UNKNOWN_TOPIC)
+        if metadata is not None and metadata.error is not None:
+            raise KafkaException(metadata.error)
+        if metadata is None or not metadata.partitions:
+            raise KafkaException(KafkaError(KafkaError._UNKNOWN_TOPIC))
         return set(metadata.partitions)
 
     def _start_positions(
@@ -525,7 +526,7 @@ class Actuator:
             if tp.error is not None:
                 raise KafkaException(tp.error)
             if tp.offset < 0:
-                if self.offset_reset == "latest" and reset == "latest":
+                if reset == "latest":
                     _, tp.offset = consumer.get_watermark_offsets(
                         TopicPartition(tp.topic, tp.partition), timeout=10, cached=False
                     )

@@ -17,11 +17,6 @@ from .evaluate import ScenarioScore, score, step_start_times
 from .log import read_topic
 
 
-def _read(bootstrap: str, topic: str) -> list[bytes]:
-    """Every record on `topic` up to its current end."""
-    return [value for _, _, value in read_topic(bootstrap, topic)]
-
-
 def run_live(scenario: Scenario, stack: Stack, secret: bytes, speed: float | None = None) -> ScenarioScore:
     run_id = f"eval-{scenario.name}-{uuid.uuid4().hex[:6]}"
     run_simulation(
@@ -30,12 +25,12 @@ def run_live(scenario: Scenario, stack: Stack, secret: bytes, speed: float | Non
     wait_caught_up(stack.bootstrap, PROCESSOR_GROUP, [stack.names.telemetry], timeout_s=120)
     time.sleep(1.0)  # outputs of the last records are published before the offset commits
     derived: list[Derived] = []
-    for value in _read(stack.bootstrap, stack.names.events):
+    for _, _, value in read_topic(stack.bootstrap, stack.names.events):
         record = decode(value, DERIVED)
         if isinstance(record, Derived) and record.run_id == run_id:
             derived.append(record)
     telemetry: list[Envelope] = []
-    for value in _read(stack.bootstrap, stack.names.telemetry):
+    for _, _, value in read_topic(stack.bootstrap, stack.names.telemetry):
         batch = decode_batch(value)
         telemetry += [e for e in batch.events if e.run_id == run_id]
     telemetry.sort(key=lambda e: e.ts)

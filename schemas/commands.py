@@ -75,6 +75,19 @@ class RunCrossRankCheck(Command):
     microbatch_id: str = Field(max_length=200)
 
 
+class RunRingCheck(Command):
+    """A ring cross-rank check (every rank, one extra microbatch each): at the first step at
+    or after `step`, rank r computes its own microbatch and recomputes that of rank
+    (r + offset) mod world_size with the same weights, and reports RingCheck."""
+
+    KIND: ClassVar[str] = "run_ring_check"
+    VERSION: ClassVar[int] = 1
+
+    step: int = Field(ge=0)
+    check_id: str = Field(min_length=1, max_length=200)
+    offset: int = Field(ge=1)
+
+
 class EvictRank(Command):
     """Leave the job at the next checkpoint boundary."""
 
@@ -139,6 +152,7 @@ COMMAND_KINDS: tuple[type[Command], ...] = (
     RunNodeSelfTest,
     ResumeFrom,
     Rollback,
+    RunRingCheck,
 )
 
 

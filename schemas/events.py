@@ -88,6 +88,21 @@ class CrossRankCheck(Envelope):
     values: list[float] = Field(min_length=2, max_length=3)
 
 
+class RingCheck(Envelope):
+    """One rank's part of a ring cross-rank check (RunRingCheck): the value of its own
+    microbatch, and its recomputation of ring neighbour `peer_rank`'s microbatch with the
+    same weights. The processor compares `peer_value` with the neighbour's `own_value`."""
+
+    KIND: ClassVar[str] = "ring_check"
+    VERSION: ClassVar[int] = 1
+    model_config = ConfigDict(allow_inf_nan=True)  # a wrong GPU may compute NaN: that is the signal
+
+    check_id: str = Field(min_length=1, max_length=200)
+    own_value: float
+    peer_rank: int = Field(ge=0)
+    peer_value: float
+
+
 class GpuHealth(Envelope):
     """GPU and link health from NVML. On a machine without a GPU, present=False and nothing else."""
 
@@ -192,6 +207,7 @@ TELEMETRY_KINDS: tuple[type[Envelope], ...] = (
     RankExit,
     RestartPhases,
     Tick,
+    RingCheck,
 )
 
 # --------------------------------------------------------------------------- derived

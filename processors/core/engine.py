@@ -31,6 +31,7 @@ from ...schemas import (
     RankExit,
     Reason,
     ReasonCode,
+    RingCheck,
     Rollback,
     RunStarted,
     SdcMismatch,
@@ -111,6 +112,8 @@ def step(
         outputs += sdc.on_self_check(run.sdc, run, event, policy.sdc)
     elif isinstance(event, CrossRankCheck):
         outputs += sdc.on_cross_check(run.sdc, run, event, policy.sdc)
+    elif isinstance(event, RingCheck):
+        outputs += sdc.on_ring_check(run.sdc, run, event, policy.sdc)
     elif isinstance(event, Heartbeat) and rank is not None:
         outputs += _on_heartbeat(run, rank, event, policy)
     elif isinstance(event, CheckpointWritten):
@@ -119,7 +122,8 @@ def step(
         accounting.on_checkpoint(run.goodput, event)
     elif isinstance(event, CheckpointValidated):
         run.last_validated_step = max(run.last_validated_step, event.checkpoint_step)
-        rollback.on_validated(run.rollback, event, rollback.keep_count(run, policy), policy.retention)
+        pin = run.sdc.oldest_cross_watermark(run.world_size or len(run.ranks))
+        rollback.on_validated(run.rollback, event, rollback.keep_count(run, policy), policy.retention, pin)
     elif isinstance(event, RankExit) and rank is not None:
         outputs += _on_exit(run, rank, event)
     if run.pending_hang is not None:
@@ -129,8 +133,9 @@ def step(
         outputs += eviction.on_time(run.eviction, event.ts, run.attempt, policy.eviction)
     if outputs:
         if policy.rollback_on_sdc:
-            for found in [o for o in outputs if isinstance(o, SdcMismatch)]:  # back to the clean ancestor
-                outputs += _roll_back(run, found)
+            found_now = [o for o in outputs if isinstance(o, SdcMismatch)]
+            for found in found_now:  # back to the clean ancestor of every device found at once
+                outputs += _roll_back(run, found, found_now)
         for interruption in [o for o in outputs if isinstance(o, Interruption)]:
             if interruption.cause != InterruptionCause.EVICTION:  # planned: not a failure
                 starting = interruption.step <= run.resumed_from_step  # no step done in its attempt
@@ -409,11 +414,12 @@ def _on_exit(run: RunState, rank: RankState, event: RankExit) -> list[Output]:
     return [interruption, abort_for(run, interruption, stack_dump=False)]
 
 
-def _roll_back(run: RunState, found: SdcMismatch) -> list[Output]:
-    """An SDC mismatch: roll back to the clean ancestor (or page that none is left). The
-    rollback ends the attempt, so it is an interruption, its lost work counted back to the
-    checkpoint it returns to."""
-    decided: list[Output] = list(rollback.on_mismatch(run.rollback, found, run.sdc.last_passing_check_step))
+def _roll_back(run: RunState, found: SdcMismatch, found_now: list[SdcMismatch]) -> list[Output]:
+    """An SDC mismatch: roll back to the clean ancestor (or page that none is left), behind
+    every device found by the same event (`found_now`). The rollback ends the attempt, so
+    it is an interruption, its lost work counted back to the checkpoint it returns to."""
+    bound = min((rollback.bound_for(run.sdc, f) for f in found_now), key=lambda b: b.step)
+    decided: list[Output] = list(rollback.on_mismatch(run.rollback, found, bound))
     target = next((d for d in decided if isinstance(d, Rollback)), None)
     if target is None or run.phase in (RunPhase.INTERRUPTED, RunPhase.FINISHED):
         return decided

@@ -16,12 +16,24 @@ checkpoints (the seed's own "up to three checkpoints can be written between chec
 seed's unrounded 3 x 2.43 + 2 gives ~9. Two more checkpoints of insurance, and the same
 rule as :func:`.rollback.retention_count`, which counts in steps.
 
-W is how stale the watermark can get: the interval between consecutive passing checks
-that advance it. Every passing check advances it, whichever rank it ran on (the
-self-check rotates over the ranks, one rank per check, ``SdcPolicy.self_check_every``
-steps apart), so W is the self-check interval; with self-checks off, the cross-rank
-check interval (``cross_check_every``); with both off nothing advances the watermark
-and no mismatch can come, so only ``min_keep`` are kept. :func:`watermark_interval_steps`.
+W is how stale the watermark can get. There are two (one per kind of evidence): the
+self-check watermark, which every passing self-check advances (one rank per check,
+``SdcPolicy.self_check_every`` steps apart), bounds a rollback after a transient fault;
+each rank's cross-rank watermark, which every ring check advances for all ranks
+(``SdcPolicy.cross_check_interval()`` steps apart), bounds a rollback after a
+deterministic one. W is the self-check interval (the ring's when self-checks are off);
+with both off nothing advances a watermark and no mismatch can come, so only
+``min_keep`` are kept. :func:`watermark_interval_steps`.
+
+Pinned. A deterministic fault's rollback needs the newest validated checkpoint at or
+before the culprit's cross-rank watermark, up to one ring interval old (10,000 steps at
+the default budget, 100 x the self-check's). Rather than keeping every checkpoint of a
+ring interval (3 x ceil(W_ring / T) + 2: a hundred times as many at the defaults), the
+newest validated checkpoint at or before the OLDEST per-rank cross-rank watermark is
+kept whatever the count says. Every rank's watermark is at least that old, so it is an
+ancestor for any culprit; with every rank covered at every ring check it is exactly the
+one a culprit found at the next check needs, and a rank whose watermark is stuck (it
+stopped reporting) keeps its own ancestor pinned.
 
 Milestones. Time is cut into periods of ``milestone_every_s`` (6 h) from the run's first
 validated checkpoint; the FIRST validated checkpoint of each period is its milestone and
@@ -75,9 +87,10 @@ class Checkpoint(Protocol):
 
 
 def watermark_interval_steps(sdc: SdcPolicy) -> int:
-    """Steps between consecutive passing checks that advance the verification watermark:
-    the rotating self-check's interval, else the cross-rank check's; 0 when both are off."""
-    return sdc.self_check_every or sdc.cross_check_every
+    """How many steps stale the self-check watermark can be when a mismatch is found: the
+    self-check interval; with self-checks off, the ring check's; 0 when both are off. (A
+    deterministic fault's bound, the cross-rank watermark, is protected by the pin.)"""
+    return sdc.self_check_every or sdc.cross_check_interval()
 
 
 def keep_count_for(sdc_check_interval_s: float, checkpoint_interval_s: float) -> int:
@@ -94,14 +107,21 @@ def retained(
     keep_count: int,
     policy: RetentionPolicy,
     origin_ts: float | None = None,
+    pin: int | None = None,
 ) -> set[int]:
     """Steps of the checkpoints to keep: the newest `keep_count` (at least ``min_keep``) by
-    validation time, and each milestone period's first. Periods count from `origin_ts` (the
-    run's first validated checkpoint; default: the earliest of `checkpoints`)."""
+    validation time, each milestone period's first, and the newest at or before `pin` (the
+    oldest per-rank cross-rank watermark: what a deterministic-fault rollback may need).
+    Periods count from `origin_ts` (the run's first validated checkpoint; default: the
+    earliest of `checkpoints`)."""
     order = sorted(checkpoints, key=lambda c: (c.ts, c.step))
     if not order:
         return set()
     keep = {c.step for c in order[-max(keep_count, policy.min_keep) :]}
+    if pin is not None:
+        pinned = [c.step for c in order if c.step <= pin]
+        if pinned:
+            keep.add(max(pinned))
     origin = order[0].ts if origin_ts is None else origin_ts
     milestones: dict[int, int] = {}
     for c in order:

@@ -1,9 +1,11 @@
 """Rollback to the clean ancestor (seed R6): when an SDC check proves a device wrong, the
-weights written since the last passing check may be corrupt, so the run goes back to the
-newest validated checkpoint at or before the verification watermark (the newest step at
-which a check passed with no mismatch at or before it). When no validated checkpoint is
-that old any more, it says so: a page, because a human must choose between an older
-milestone elsewhere and accepting the risk.
+weights written since the last check that vouched for it may be corrupt, so the run goes
+back to the newest validated checkpoint at or before that check (:func:`bound_for`): for
+a deterministically wrong device (named by a cross-rank check) the last passing
+cross-rank check that covered it; for a transient fault (a self-check mismatch) the
+self-check watermark. The reason names the checkpoints skipped. When no validated
+checkpoint is that old any more, it says so: a page, because a human must choose between
+an older milestone elsewhere and accepting the risk.
 
 The index of validated checkpoints is the core's own record of CheckpointValidated
 events (step, uri, ts, and the last_verified_step each carries), pruned on every new one
@@ -28,6 +30,7 @@ from .retention import RetentionPolicy, keep_count_for, retained, watermark_inte
 
 if TYPE_CHECKING:
     from .policy import CorePolicy
+    from .sdc_state import SdcState
     from .state import RunState
 
 #: keep_count meaning "prune nothing" (the cadence cannot be expressed in time yet).
@@ -66,11 +69,16 @@ class RollbackState:
 
 
 def on_validated(
-    state: RollbackState, event: CheckpointValidated, keep_count: int, policy: RetentionPolicy
+    state: RollbackState,
+    event: CheckpointValidated,
+    keep_count: int,
+    policy: RetentionPolicy,
+    pin: int | None = None,
 ) -> list[int]:
     """Index the checkpoint, then prune the index to what retention keeps (`keep_count`
-    recent ones and the milestones). Returns the steps pruned now, oldest first. A
-    redelivered validation of a checkpoint already pruned is ignored (prunes nothing)."""
+    recent ones, the milestones, and the newest at or before `pin`). Returns the steps
+    pruned now, oldest first. A redelivered validation of a checkpoint already pruned is
+    ignored (prunes nothing)."""
     record = Validated(event.checkpoint_step, event.uri, event.last_verified_step, event.ts)
     if (record.step, record.ts) in state._pruned_keys:
         return []
@@ -81,7 +89,7 @@ def on_validated(
         if state.last_ts is not None:
             state.gaps_s.append(record.ts - state.last_ts)
         state.last_ts = record.ts
-    keep = retained(state.validated.values(), keep_count, policy, state.origin_ts)
+    keep = retained(state.validated.values(), keep_count, policy, state.origin_ts, pin)
     gone = sorted((v for v in state.validated.values() if v.step not in keep), key=lambda v: (v.ts, v.step))
     for v in gone:
         del state.validated[v.step]
@@ -114,25 +122,68 @@ def clean_ancestor(state: RollbackState, watermark: int) -> Validated | None:
     return state.validated[max(steps)] if steps else None
 
 
-def on_mismatch(state: RollbackState, found: SdcMismatch, watermark: int) -> list[Rollback | Page]:
+#: Methods whose named device is wrong deterministically: a cross-rank comparison caught
+#: it (a self-check cannot: it computes the same wrong answer twice).
+DETERMINISTIC_METHODS = ("cross_rank", "ring")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The step a rollback must not go past, and what vouches for it (for the reason)."""
+
+    step: int
+    why: str
+
+
+def bound_for(sdc: SdcState, found: SdcMismatch) -> Bound:
+    """Where the weights were last known clean against the kind of fault `found` is.
+
+    A device named by a cross-rank (ring or pair) check is wrong deterministically: its
+    self-checks passed all along, so only the last passing cross-rank check that covered
+    it vouches for it. A self-check mismatch, or a cross-rank one naming nobody, is
+    transient: the self-check watermark, as before."""
+    if found.method in DETERMINISTIC_METHODS and found.rank >= 0:
+        return Bound(
+            sdc.cross_watermark(found.rank),
+            f"the last cross-rank check that covered rank {found.rank} passed there; a self-check "
+            "cannot vouch for a deterministic fault",
+        )
+    return Bound(sdc.last_passing_check_step, "the verification watermark: the last passing self-check")
+
+
+def _steps(steps: list[int], limit: int = 24) -> str:
+    shown = ", ".join(map(str, steps[:limit]))
+    return shown + (f" and {len(steps) - limit} more" if len(steps) > limit else "")
+
+
+def on_mismatch(state: RollbackState, found: SdcMismatch, bound: Bound) -> list[Rollback | Page]:
     if found.attempt in state.handled:
         return []
     state.handled.add(found.attempt)
+    watermark = bound.step
     target = clean_ancestor(state, watermark)
+    skipped = sorted(s for s in state.validated if s > watermark)
     if target is None:
         newest = max(state.validated, default=-1)
         dropped = max((v.step for v in state.pruned if v.step <= watermark), default=None)
         why = f"; retention already dropped step {dropped}" if dropped is not None else ""
+        where = f"step {watermark}" if watermark >= 0 else "never: no check vouched for it"
         text = (
-            f"SDC at step {found.step} on {found.node or '?'}: no validated checkpoint at or before the "
-            f"verification watermark (step {watermark}){why}; the newest is step {newest}, written "
-            "after the last passing check. Choose an older milestone or accept the risk."
+            f"SDC at step {found.step} on {found.node or '?'}: no validated checkpoint at or before "
+            f"{where} ({bound.why}){why}; the newest is step {newest}, written after it. Choose an "
+            "older milestone or accept the risk."
         )
         return [page(found, "no_clean_ancestor", ReasonCode.NO_CLEAN_ANCESTOR, text, [found.event_id])]
+    if skipped:
+        skips = (
+            f"skipping checkpoint(s) {_steps(skipped)}: written after step {watermark}, they may hold "
+            "corrupt weights"
+        )
+    else:
+        skips = "no newer checkpoint is skipped"
     text = (
         f"SDC at step {found.step} on {found.node or '?'}: roll back to checkpoint {target.step}, the "
-        f"newest validated one at or before the verification watermark (step {watermark}); "
-        f"{len([s for s in state.validated if s > watermark])} newer checkpoint(s) may hold corrupt weights"
+        f"newest validated one at or before step {watermark} ({bound.why}); {skips}"
     )
     return [
         Rollback(

@@ -8,14 +8,21 @@ Three defences, cheapest first, each a pure function of the state and one event:
 * the rotating bitwise self-check (one rank recomputes its own microbatch on the same
   device, ``==`` on digests): any difference names the node, quarantines it and commands
   a node self-test (seed §SDC (c));
-* the rare cross-rank check (:mod:`.sdc_cross`) at a tolerance measured on good hardware,
-  bisected with a third rank when two disagree.
+* the ring cross-rank check (:mod:`.sdc_ring`): every rank also recomputes a neighbour's
+  microbatch on another node, at a tolerance measured on good hardware; a device failing
+  both of its comparisons is named at once, a lone failing comparison is bisected with a
+  third rank (:mod:`.sdc_cross`, which also judges the pair checks of older logs). Its
+  cadence follows from the cost budget (``SdcPolicy.cross_check_interval``).
 
-Every passing check advances the verification watermark (R6,
-``SdcState.last_passing_check_step``); a mismatch freezes it until an attempt resumes at
-or before it. No clock, no I/O: steps and times come from the events, output ids from
-their causes, commands are unsigned. The engine calls :func:`on_step_stats`,
-:func:`on_self_check`, :func:`on_cross_check` for those events and
+Two watermarks (R6), one per kind of evidence: a passing self-check advances the
+self-check watermark (``SdcState.last_passing_check_step``, global: it vouches against
+transient faults), which a mismatch freezes until an attempt resumes at or before it; a
+passing cross-rank check advances the cross-rank watermark of each rank it covered
+(``SdcState.cross_verified``: it vouches against deterministic faults).
+
+No clock, no I/O: steps and times come from the events, output ids from their causes,
+commands are unsigned. The engine calls :func:`on_step_stats`, :func:`on_self_check`,
+:func:`on_cross_check`, :func:`on_ring_check` for those events and
 :func:`on_step_completed` when the job completes a new step.
 """
 
@@ -32,7 +39,7 @@ from ...schemas import (
     InterruptionCause,
     Reason,
     ReasonCode,
-    RunCrossRankCheck,
+    RunRingCheck,
     RunSelfCheck,
     SdcSelfCheck,
     SkipUpdate,
@@ -40,9 +47,10 @@ from ...schemas import (
 )
 from .ids import derived_id
 from .outputs import abort_for, node_of
-from .sdc_checks import cross_pair, mismatch, quarantine, watermark_text, world_of
+from .sdc_checks import mismatch, quarantine, watermark_text, world_of
 from .sdc_cross import on_cross_check
-from .sdc_state import REMEMBERED, SdcPolicy, SdcState, remember
+from .sdc_ring import judge_due_rings, on_ring_check, ring_offset
+from .sdc_state import REMEMBERED, AttemptSdc, SdcPolicy, SdcState, remember
 from .state import RunPhase, RunState
 
 __all__ = [
@@ -52,6 +60,7 @@ __all__ = [
     "SdcPolicy",
     "SdcState",
     "on_cross_check",
+    "on_ring_check",
     "on_self_check",
     "on_step_completed",
     "on_step_stats",
@@ -181,15 +190,16 @@ def on_step_completed(
     state: SdcState, run: RunState, step: int, ts: float, cause_event_id: str, policy: SdcPolicy
 ) -> list[Output]:
     """The job completed a new step (`ts`, `cause_event_id`: the event that showed it).
-    Issues the checks that fell due: the self-check on rank k mod world_size (every rank
-    covered once per world_size checks) and the cross-rank check on a pair of nodes. Each
+    Judges ring checks whose wait is over, then issues the checks that fell due: the
+    self-check on rank k mod world_size (every rank covered once per world_size checks)
+    and the ring cross-rank check (every rank). Each
     is issued once per interval, for the interval's boundary step; ranks run it on the
     first step at or after that step they can still recompute."""
     current = state.for_attempt(run.attempt, run.resumed_from_step)
     world = world_of(run)
     if run.phase in _ENDED or world == 0:
         return []
-    outputs: list[Output] = []
+    outputs: list[Output] = judge_due_rings(state, run, step, policy)
     boundary = _due(step, current.last_self_check_step, policy.self_check_every)
     if boundary is not None:
         current.last_self_check_step = step
@@ -212,37 +222,61 @@ def on_step_completed(
                 step=boundary,
             )
         )
-    tolerance = state.tolerance(policy)
-    every = policy.cross_check_every if tolerance is not None else policy.cross_check_calibration_every
-    boundary = _due(step, current.last_cross_check_step, every if policy.cross_check_every else 0)
-    pair = cross_pair(world, run.ranks_per_node, state.cross_checks_issued)
-    if boundary is not None and pair is not None:
-        current.last_cross_check_step = step
-        state.cross_checks_issued += 1
-        judged = (
-            f"tolerance {tolerance:.3g}"
-            if tolerance is not None
-            else f"calibrating ({len(state.spread)}/{policy.cross_check_min_samples} good samples)"
-        )
-        text = (
-            f"cross-rank check {state.cross_checks_issued} at step {boundary}: "
-            + " and ".join(f"rank {r} on {node_of(run, r) or '?'}" for r in pair)
-            + f" compute the same microbatch; {judged}"
-        )
-        outputs.append(
-            RunCrossRankCheck(
-                command_id=derived_id("run_cross_rank_check", run.run_id, run.attempt, boundary),
-                run_id=run.run_id,
-                attempt=run.attempt,
-                ranks=pair,
-                issued_ts=ts,
-                reason=Reason(code=CROSS_CHECK_SCHEDULED, text=text),
-                caused_by=[cause_event_id],
-                step=boundary,
-                microbatch_id=f"xr-a{run.attempt}-s{boundary}",
-            )
-        )
+    outputs += _ring_check(state, run, current, step, ts, cause_event_id, policy)
     return outputs
+
+
+def _ring_check(
+    state: SdcState,
+    run: RunState,
+    current: AttemptSdc,
+    step: int,
+    ts: float,
+    cause_event_id: str,
+    policy: SdcPolicy,
+) -> list[Output]:
+    """The ring cross-rank check, once per interval: every ``cross_check_calibration_every``
+    steps until the ring's tolerance is measured, then every ``cross_check_interval()``."""
+    world = world_of(run)
+    interval = policy.cross_check_interval()
+    calibrated = len(state.ring_spread) >= policy.cross_check_min_samples
+    every = interval if calibrated else policy.cross_check_calibration_every
+    boundary = _due(step, current.last_cross_check_step, every if interval else 0)
+    offset = ring_offset(world, run.ranks_per_node, state.cross_checks_issued)
+    if boundary is None or offset is None:
+        return []
+    current.last_cross_check_step = step
+    state.cross_checks_issued += 1
+    if calibrated:
+        judged = (
+            f"tolerance {policy.cross_check_sigma:g}+ sigma of {len(state.ring_spread)} good-hardware gaps"
+        )
+    else:
+        judged = f"calibrating ({len(state.ring_spread)}/{policy.cross_check_min_samples} good-hardware gaps)"
+    cadence = f"every {interval} steps" + (
+        f" (one microbatch of {policy.microbatches_per_step} per step = "
+        f"{policy.cross_check_budget:g} of compute)"
+        if policy.cross_check_every is None
+        else ""
+    )
+    text = (
+        f"ring check {state.cross_checks_issued} at step {boundary}: every rank r also recomputes rank "
+        f"(r + {offset}) mod {world}'s microbatch (on another node) and both report; {judged}; {cadence}"
+    )
+    return [
+        RunRingCheck(
+            command_id=derived_id("run_ring_check", run.run_id, run.attempt, boundary),
+            run_id=run.run_id,
+            attempt=run.attempt,
+            ranks=None,
+            issued_ts=ts,
+            reason=Reason(code=CROSS_CHECK_SCHEDULED, text=text),
+            caused_by=[cause_event_id],
+            step=boundary,
+            check_id=f"ring-a{run.attempt}-s{boundary}",
+            offset=offset,
+        )
+    ]
 
 
 def _due(step: int, last: int, every: int) -> int | None:

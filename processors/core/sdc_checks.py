@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import combinations
+from typing import Protocol
 
 from ...schemas import (
     CrossRankCheck,
@@ -110,16 +111,39 @@ def world_of(run: RunState) -> int:
     return run.world_size or (max(run.ranks) + 1 if run.ranks else 0)
 
 
-def watermark_text(state: SdcState) -> str:
+def watermark_text(state: SdcState, rank: int = -1) -> str:
+    """Where the rollback bound lies: for a device named by a cross-rank check (a
+    deterministic fault), its own cross-rank watermark; otherwise the self-check one."""
+    if rank >= 0:
+        verified = state.cross_watermark(rank)
+        if verified < 0:
+            return f"No cross-rank check that covered rank {rank} ever passed: no clean ancestor is known"
+        return (
+            f"The last cross-rank check that covered rank {rank} passed at step {verified}: "
+            "roll back to the newest checkpoint at or before it"
+        )
     return (
         f"Verification watermark frozen at step {state.last_passing_check_step}: "
         "roll back to the newest checkpoint at or before it"
     )
 
 
+class CheckEvent(Protocol):
+    """What an SdcMismatch is derived from: a check report (or a ring check's verdict)."""
+
+    @property
+    def event_id(self) -> str: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def ts(self) -> float: ...
+    @property
+    def microbatch_id(self) -> str: ...
+
+
 def mismatch(
     run: RunState,
-    event: SdcSelfCheck | CrossRankCheck,
+    event: CheckEvent | SdcSelfCheck | CrossRankCheck,
     *,
     method: str,
     rank: int,

@@ -1,9 +1,13 @@
-"""The rare cross-rank SDC check (seed R3): two ranks compute the same microbatch and
+"""The pair cross-rank SDC check (seed R3): two ranks compute the same microbatch and
 compare at a tolerance measured on good hardware; a disagreement is bisected with a
 third rank on a third node, and the odd one out is the device that lies.
 
 This is the defence against a deterministically wrong GPU, which passes its own bitwise
-self-check because it computes the same wrong answer twice.
+self-check because it computes the same wrong answer twice. The scheduler now issues the
+ring check (:mod:`.sdc_ring`), which covers every rank each time; this module judges the
+pair checks of older logs and the three-rank bisection of a ring's lone failing edge.
+A passing check moves the cross-rank watermark of the ranks it covered (not the
+self-check one: a cross-rank check vouches against deterministic faults).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ def on_cross_check(
         gap = abs(values[0] - values[1])
         if gap <= tolerance:
             _sample(state, gap, policy)
-            state.passed(event.step)
+            state.vouch(ranks, event.step)
             return []
         state.suspect(event.step)
         third = third_rank(world_of(run), run.ranks_per_node, ranks)
@@ -76,11 +80,12 @@ def on_cross_check(
         for i, j in verdict.agreeing:
             _sample(state, abs(values[i] - values[j]), policy)
     if verdict.all_agree and first is None:
-        state.passed(event.step)
+        state.vouch(ranks, event.step)
         return []
     state.suspect(event.step)
     if verdict.liar is not None:
         liar = ranks[verdict.liar]
+        state.vouch([r for r in ranks if r != liar], event.step)
         node = node_of(run, liar) or (event.node if event.rank == liar else "")
         text = (
             f"{where}: rank {liar} on {node or '?'} is the odd one out, off by "
@@ -117,7 +122,7 @@ def _mismatch(
         rank=rank,
         node=node,
         code=ReasonCode.CROSS_RANK_MISMATCH,
-        text=f"{text}. {watermark_text(state)}",
+        text=f"{text}. {watermark_text(state, rank)}",
         tolerance=tolerance,
         deviation=deviation,
         caused_by=[event.event_id] + ([first] if first else []),

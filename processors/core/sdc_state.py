@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from collections import OrderedDict, deque
-from collections.abc import Hashable
-from dataclasses import dataclass, field
-from typing import TypeVar
+from collections.abc import Hashable, Iterable
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -54,8 +54,39 @@ class SdcPolicy(BaseModel):
         ge=0,
         description="Steps between rotating self-checks (R6 change 3: 100, not 1,000); 0 disables.",
     )
-    cross_check_every: int = Field(
-        10_000, ge=0, description="Steps between cross-rank checks once calibrated (R3); 0 disables."
+    cross_check_every: int | None = Field(
+        None,
+        ge=0,
+        description="Steps between ring cross-rank checks once calibrated (R3); 0 disables. "
+        "None: from the cost budget, ceil(1 / (microbatches_per_step x cross_check_budget)) "
+        "(see cross_check_interval).",
+    )
+    cross_check_budget: float = Field(
+        1e-4,
+        gt=0,
+        le=1,
+        description="Share of each rank's compute the cross-rank checks may cost (the seed's "
+        "0.01%). A ring check costs each rank one extra microbatch of one step.",
+    )
+    microbatches_per_step: int = Field(
+        1,
+        ge=1,
+        description="Microbatches each rank computes per step (gradient accumulation); a ring "
+        "check's cost is 1 / this of a step. No record declares it yet: the policy does.",
+    )
+    ring_wait_steps: int = Field(
+        3,
+        ge=1,
+        description="Job steps after a ring check's step before it is judged on the reports it "
+        "has (a rank that died sends none; its edges are left out, nobody is blamed for them).",
+    )
+    ring_false_edge_rate: float = Field(
+        1e-3,
+        gt=0,
+        lt=1,
+        description="Chance that any of a ring check's W comparisons fails on good hardware: the "
+        "ring's tolerance is max(cross_check_sigma, the normal quantile for this rate over W "
+        "edges) x the measured spread, so 16,384 edges do not raise 16,384 times the alarms of one.",
     )
     cross_check_calibration_every: int = Field(
         100,
@@ -82,6 +113,13 @@ class SdcPolicy(BaseModel):
         description="Floor on the cross-rank tolerance (absolute). 0 trusts the measured spread "
         "even when good hardware agrees bitwise.",
     )
+
+    def cross_check_interval(self) -> int:
+        """Steps between ring checks once calibrated: the explicit cross_check_every, else
+        what the budget buys (ceil(cost / budget), the cost one microbatch of a step)."""
+        if self.cross_check_every is not None:
+            return self.cross_check_every
+        return math.ceil(1.0 / (self.microbatches_per_step * self.cross_check_budget) - 1e-9)
 
 
 class RunningQuantile:
@@ -111,8 +149,42 @@ class RunningQuantile:
         return list(self._order)
 
 
+class _NewFieldsDefault:
+    """Unpickling a snapshot written before a field existed gives that field its default."""
+
+    def __setstate__(self, saved: dict[str, Any]) -> None:
+        self.__dict__.update(saved)
+        for f in fields(self):  # type: ignore[arg-type]
+            if f.name in self.__dict__:
+                continue
+            if f.default is not MISSING:
+                setattr(self, f.name, f.default)
+            elif f.default_factory is not MISSING:
+                setattr(self, f.name, f.default_factory())
+
+
 @dataclass
-class AttemptSdc:
+class RingReport:
+    """One rank's RingCheck, as the judging needs it."""
+
+    own: float
+    peer_rank: int
+    peer_value: float
+    event_id: str
+    ts: float
+
+
+@dataclass
+class PendingRing:
+    """A ring check whose reports are arriving: judged once every rank reported, or
+    ``ring_wait_steps`` job steps after its step on the reports it has."""
+
+    step: int
+    reports: dict[int, RingReport] = field(default_factory=dict)
+
+
+@dataclass
+class AttemptSdc(_NewFieldsDefault):
     """What the detector remembers about one attempt of a run; replaced when a new one starts."""
 
     attempt: int
@@ -129,10 +201,12 @@ class AttemptSdc:
     last_cross_check_step: int = 0
     #: microbatch_id -> event_id of the two-rank check whose mismatch is being bisected.
     bisecting: dict[str, str] = field(default_factory=dict)
+    #: check_id -> the ring check being collected (judged ones are in seen_checks).
+    rings: dict[str, PendingRing] = field(default_factory=dict)
 
 
 @dataclass
-class SdcState:
+class SdcState(_NewFieldsDefault):
     """Per-run SDC detector state. Lives with the run (``RunState``); the handlers in
     :mod:`.sdc` update it in place."""
 
@@ -145,8 +219,10 @@ class SdcState:
     self_checks_issued: int = 0
     cross_checks_issued: int = 0
     mismatches: int = 0
-    #: The verification watermark (R6): newest step at which an SDC check passed with no
-    #: mismatch at or before it since. The clean-ancestor bound for rollback.
+    #: The self-check watermark (R6): newest step at which a self-check passed with no
+    #: mismatch at or before it since. It vouches against transient faults only (a
+    #: deterministically wrong GPU passes its self-check): the clean-ancestor bound for a
+    #: rollback after a self-check mismatch.
     last_passing_check_step: int = -1
     #: Step of the first unresolved mismatch. While set, passing checks at later steps do
     #: not advance the watermark (the corruption is already in the weights); cleared when
@@ -155,6 +231,14 @@ class SdcState:
     #: Recent passing check steps, sorted: lets a late-arriving mismatch pull the watermark back.
     passing_steps: list[int] = field(default_factory=list)
     current: AttemptSdc | None = None
+    #: The cross-rank watermark, per rank: the newest step at which a cross-rank (ring or
+    #: pair) check covering the rank passed. It vouches against deterministic faults: a
+    #: device named by a cross-rank check computed right at its watermark, so the weights
+    #: were clean there. Ranks never covered are absent (-1).
+    cross_verified: dict[int, int] = field(default_factory=dict)
+    #: |a - b| / |b| of recent passing ring edges (the ring's good-hardware spread: each
+    #: edge is a different microbatch, so gaps are relative to its value).
+    ring_spread: RunningQuantile = field(default_factory=RunningQuantile)
 
     def for_attempt(self, attempt: int, resumed_from_step: int) -> AttemptSdc:
         """The per-attempt memory, renewed when the run moves to a new attempt. An attempt
@@ -163,6 +247,9 @@ class SdcState:
         if self.current is not None and self.current.attempt == attempt:
             return self.current
         if self.current is not None:
+            for rank, step in self.cross_verified.items():  # work past the resume point is gone
+                if step > resumed_from_step:
+                    self.cross_verified[rank] = resumed_from_step
             if self.suspect_since_step is not None and resumed_from_step <= self.last_passing_check_step:
                 self.suspect_since_step = None
             if resumed_from_step < self.last_passing_check_step:
@@ -181,6 +268,24 @@ class SdcState:
         if len(self.passing_steps) > REMEMBERED:
             del self.passing_steps[0]
         self.last_passing_check_step = max(self.last_passing_check_step, step)
+
+    def vouch(self, ranks: Iterable[int], step: int) -> None:
+        """A cross-rank check covering `ranks` passed at `step`."""
+        verified = self.cross_verified
+        for rank in ranks:
+            if verified.get(rank, -1) < step:
+                verified[rank] = step
+
+    def cross_watermark(self, rank: int) -> int:
+        """The newest step at which a cross-rank check covering `rank` passed (-1: never)."""
+        return self.cross_verified.get(rank, -1)
+
+    def oldest_cross_watermark(self, world_size: int) -> int:
+        """The oldest per-rank cross-rank watermark over the job's ranks (-1 if any rank was
+        never covered): a deterministic-fault rollback never needs a checkpoint older than
+        the newest one at or before it."""
+        verified = self.cross_verified
+        return min((verified.get(r, -1) for r in range(world_size)), default=-1)
 
     def suspect(self, step: int) -> None:
         """A mismatch at `step`: freeze the watermark below it (a late-arriving mismatch

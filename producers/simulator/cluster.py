@@ -22,8 +22,12 @@ SDC checks are commanded (seed R3): ``RunSelfCheck`` makes a rank recompute its 
 microbatch at the first step >= the commanded one and report two digests (equal, unless
 a bit flip or an SDC fault strikes it; a deterministically wrong GPU passes), and
 ``RunCrossRankCheck`` makes two or three ranks compute the same microbatch and report
-their values (good ranks agree to ``cross_rank_noise``; a wrong GPU's is biased). A
-scenario's ``sdc_check_every`` adds a rotating self-check of the simulator's own.
+their values (good ranks agree to ``cross_rank_noise``; a wrong GPU's is biased).
+``RunRingCheck`` makes every live rank compute its own microbatch and recompute that of
+rank (r + offset) mod W, and report both (RingCheck): a wrong GPU biases both of its
+values, so it fails both comparisons it takes part in. A transient bit flip strikes the
+self-check only (once), as before. A scenario's ``sdc_check_every`` adds a rotating
+self-check of the simulator's own.
 
 The verification watermark (R6): every validated checkpoint carries
 ``last_verified_step``, the newest step whose self-check passed in the checkpoint's
@@ -61,9 +65,11 @@ from ...schemas import (
     QuarantineNode,
     RankExit,
     ResumeFrom,
+    RingCheck,
     Rollback,
     RunCrossRankCheck,
     RunNodeSelfTest,
+    RunRingCheck,
     RunSelfCheck,
     RunStarted,
     SdcSelfCheck,
@@ -216,6 +222,7 @@ class SimulatedCluster:
         #: Self-checks and cross-rank checks the ranks ran.
         self.self_checks_run = 0
         self.cross_rank_checks_run = 0
+        self.ring_checks_run = 0
         #: Node self-tests run: (node, passed).
         self.node_self_tests: list[tuple[str, bool]] = []
         #: Step completions, repeats after restarts included; and the furthest step reached.
@@ -246,6 +253,7 @@ class SimulatedCluster:
         self._restart_from: int | None = None
         self._self_check_due: list[tuple[int, int]] = []  # (first step it may run at, rank)
         self._cross_due: list[tuple[int, str, tuple[int, ...]]] = []  # (step, microbatch, ranks)
+        self._ring_due: list[tuple[int, str, int]] = []  # (step, check id, offset)
         self._watermark = -1
         self._watermark_frozen = False
         self._slow_cache: dict[tuple[int, tuple[int, ...]], dict[int, Slowdown]] = {}
@@ -375,6 +383,7 @@ class SimulatedCluster:
         self._watermark_frozen = False
         self._self_check_due = []
         self._cross_due = []
+        self._ring_due = []
         self._heartbeats.reset(ts)
         if self._health is not None:
             self._health.reset(ts)
@@ -589,6 +598,11 @@ class SimulatedCluster:
                 else:
                     waiting.append(item)
             self._cross_due = waiting
+        if self._ring_due:
+            for first, check_id, offset in self._ring_due:
+                if first <= step:
+                    self._run_ring_check(check_id, offset, step, ts, out)
+            self._ring_due = [item for item in self._ring_due if item[0] > step]
 
     def _run_self_checks(self, ranks: list[int], step: int, ts: float, out: list[Envelope]) -> None:
         sc = self.scenario
@@ -659,6 +673,33 @@ class SimulatedCluster:
             )
         )
         self.cross_rank_checks_run += 1
+
+    def _run_ring_check(self, check_id: str, offset: int, step: int, ts: float, out: list[Envelope]) -> None:
+        """Every live rank computes its own microbatch and recomputes its ring neighbour's
+        with the same weights (one extra microbatch each); a rank that is not alive sends
+        nothing."""
+        sc = self.scenario
+        n = sc.world_size
+        for rank in range(n):
+            if not self._live[rank]:
+                continue
+            peer = (rank + offset) % n
+            bias = self._cross_rank_bias(rank, step, ts)
+            own = cross_rank_value(sc.seed, step, f"{check_id}/r{rank}", rank, sc.cross_rank_noise, bias)
+            theirs = cross_rank_value(sc.seed, step, f"{check_id}/r{peer}", rank, sc.cross_rank_noise, bias)
+            out.append(
+                self._event(
+                    RingCheck,
+                    rank,
+                    step,
+                    ts,
+                    check_id=check_id,
+                    own_value=own,
+                    peer_rank=peer,
+                    peer_value=theirs,
+                )
+            )
+        self.ring_checks_run += 1
 
     def _cross_rank_bias(self, rank: int, step: int, ts: float) -> float:
         """Relative error of the rank's cross-rank value: a wrong GPU's bias, or an SDC
@@ -849,6 +890,15 @@ class SimulatedCluster:
         self._cross_due.append((first, command.microbatch_id, tuple(ranks)))
         return f"ranks {ranks} cross-check {command.microbatch_id} at the first step >= {first}"
 
+    def _ring_check(self, command: RunRingCheck, out: list[Envelope]) -> str:
+        self._training_or_refuse(command)
+        n = self.scenario.world_size
+        if n < 2 or command.offset % n == 0:
+            raise CommandRefused(f"a ring check needs 2+ ranks and an offset not a multiple of {n}")
+        first = max(command.step, self.last_completed + 1)
+        self._ring_due.append((first, command.check_id, command.offset))
+        return f"every rank recomputes rank (r + {command.offset}) mod {n}'s microbatch at step >= {first}"
+
     def _training_or_refuse(self, command: Command) -> None:
         if self.phase is not Phase.TRAINING:
             raise CommandRefused(f"no step will run: attempt {self.attempt} is {self.phase}")
@@ -900,6 +950,7 @@ class SimulatedCluster:
         Rollback: _resume,
         RunSelfCheck: _self_check,
         RunCrossRankCheck: _cross_rank_check,
+        RunRingCheck: _ring_check,
         RunNodeSelfTest: _node_self_test,
         SkipUpdate: _skip,
     }

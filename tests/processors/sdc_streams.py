@@ -26,7 +26,9 @@ from trainguard.processors.core.sdc import (
 from trainguard.schemas import (
     CrossRankCheck,
     Envelope,
+    RingCheck,
     RunCrossRankCheck,
+    RunRingCheck,
     RunSelfCheck,
     SdcSelfCheck,
     StepStats,
@@ -53,6 +55,11 @@ class SdcJob(Job):
     flaky: dict[int, int] = field(default_factory=dict)
     #: rank -> (first step, bias): it computes the same wrong answer every time.
     wrong: dict[int, tuple[int, float]] = field(default_factory=dict)
+    #: rank -> step: at the first ring check at or after it, the rank's recomputation of
+    #: its neighbour's microbatch flips a bit (once: a transient fault).
+    ring_flips: dict[int, int] = field(default_factory=dict)
+    #: Ranks that send no ring check report (dead, or their reports lost).
+    silent: set[int] = field(default_factory=set)
     grad_norms: list[float] = field(default_factory=list)
     #: How many of `events` a closed loop has fed to the pipeline.
     fed: int = 0
@@ -62,6 +69,7 @@ class SdcJob(Job):
         self._stats = random.Random(self.seed * 7919 + 1)
         self._self_checks: list[RunSelfCheck] = []
         self._cross_checks: list[RunCrossRankCheck] = []
+        self._rings: list[RunRingCheck] = []
 
     def grad_norm(self, step: int) -> float:
         base = 0.4 + 1.6 * math.exp(-step / (self.planned_steps / 10))
@@ -96,6 +104,8 @@ class SdcJob(Job):
                 self._self_checks.append(out)
             elif isinstance(out, RunCrossRankCheck) and out.attempt == self.attempt:
                 self._cross_checks.append(out)
+            elif isinstance(out, RunRingCheck) and out.attempt == self.attempt:
+                self._rings.append(out)
 
     def _answer_checks(self) -> None:
         step = self.step
@@ -120,7 +130,32 @@ class SdcJob(Job):
                     **self._env(ranks[0]), microbatch_id=command.microbatch_id, ranks=ranks, values=values
                 )
             )
-        self._self_checks, self._cross_checks = [], []
+        for ring in self._rings:
+            self._answer_ring(ring)
+        self._self_checks, self._cross_checks, self._rings = [], [], []
+
+    def _answer_ring(self, command: RunRingCheck) -> None:
+        """Every rank: the value of its own microbatch, and its recomputation of rank
+        (r + offset) mod W's, each with the rank's own float noise and, on a wrong GPU,
+        its bias (the same in both: it is wrong the same way every time)."""
+        n = self.world_size
+        for r in range(n):
+            if r in self.silent:
+                continue
+            peer = (r + command.offset) % n
+            flip = 1e-3 if self.ring_flips.get(r, math.inf) <= self.step else 0.0
+            if flip:
+                del self.ring_flips[r]
+            own = self._value(command.check_id, r, r)
+            theirs = self._value(command.check_id, peer, r) + flip
+            env = self._env(r)
+            self.events.append(
+                RingCheck(**env, check_id=command.check_id, own_value=own, peer_rank=peer, peer_value=theirs)
+            )
+
+    def _value(self, check_id: str, microbatch_of: int, rank: int) -> float:
+        exact = 2.0 + int(_digest(f"{check_id}/r{microbatch_of}", 0, 0)[:8], 16) / 2**32
+        return exact + self._stats.gauss(0.0, self.cross_rank_noise) + self._bias(rank)
 
     def _bias(self, rank: int) -> float:
         onset, bias = self.wrong.get(rank, (math.inf, 0.0))

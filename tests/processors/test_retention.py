@@ -18,6 +18,7 @@ from trainguard.processors.core.retention import (
 )
 from trainguard.processors.core.rollback import (
     KEEP_ALL,
+    Bound,
     RollbackState,
     Validated,
     keep_count,
@@ -186,9 +187,10 @@ def test_a_6h_milestone_is_the_clean_ancestor_when_the_recent_ones_are_all_after
     for i in range(60):  # 20 h
         on_validated(state, validated(10 * (i + 1), T0 + i * every), 5, POLICY)
     assert sorted(state.validated) == [10, 190, 370, 550, 560, 570, 580, 590, 600]  # 0, 6, 12, 18 h
-    (rollback,) = on_mismatch(state, mismatch(600), watermark=400)  # 400 itself was dropped
+    (rollback,) = on_mismatch(state, mismatch(600), Bound(400, "test"))  # 400 itself was dropped
     assert isinstance(rollback, Rollback) and rollback.checkpoint_step == 370  # the 12 h milestone
-    assert "checkpoint 370" in rollback.reason.text and "6 newer checkpoint(s)" in rollback.reason.text
+    assert "checkpoint 370" in rollback.reason.text
+    assert "skipping checkpoint(s) 550, 560, 570, 580, 590, 600" in rollback.reason.text
 
 
 def test_no_clean_ancestor_when_retention_dropped_it() -> None:
@@ -199,7 +201,7 @@ def test_no_clean_ancestor_when_retention_dropped_it() -> None:
     for step, dt in order:
         on_validated(state, validated(step, T0 + dt), 3, POLICY)
     assert 10 in {v.step for v in state.pruned} and min(state.validated) == 20
-    (page,) = on_mismatch(state, mismatch(110), watermark=15)
+    (page,) = on_mismatch(state, mismatch(110), Bound(15, "test"))
     assert isinstance(page, Page) and page.reason.code == ReasonCode.NO_CLEAN_ANCESTOR
     assert "retention already dropped step 10" in page.reason.text
 

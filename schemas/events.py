@@ -95,7 +95,6 @@ class RingCheck(Envelope):
 
     KIND: ClassVar[str] = "ring_check"
     VERSION: ClassVar[int] = 1
-    model_config = ConfigDict(allow_inf_nan=True)  # a wrong GPU may compute NaN: that is the signal
 
     check_id: str = Field(min_length=1, max_length=200)
     own_value: float

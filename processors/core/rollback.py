@@ -132,7 +132,10 @@ class Bound:
     """The step a rollback must not go past, and what vouches for it (for the reason)."""
 
     step: int
-    why: str
+    #: What vouched for the weights at `step`, as a noun phrase.
+    what: str
+    #: Why that and nothing newer ('' when it goes without saying).
+    note: str = ""
 
 
 def bound_for(sdc: SdcState, found: SdcMismatch) -> Bound:
@@ -145,10 +148,10 @@ def bound_for(sdc: SdcState, found: SdcMismatch) -> Bound:
     if found.method in DETERMINISTIC_METHODS and found.rank >= 0:
         return Bound(
             sdc.cross_watermark(found.rank),
-            f"the last cross-rank check that covered rank {found.rank} passed there; a self-check "
-            "cannot vouch for a deterministic fault",
+            f"the last passing cross-rank check that covered rank {found.rank}",
+            "a self-check cannot vouch for a deterministic fault",
         )
-    return Bound(sdc.last_passing_check_step, "the verification watermark: the last passing self-check")
+    return Bound(sdc.last_passing_check_step, "the verification watermark")
 
 
 def _steps(steps: list[int], limit: int = 24) -> str:
@@ -167,10 +170,10 @@ def on_mismatch(state: RollbackState, found: SdcMismatch, bound: Bound) -> list[
         newest = max(state.validated, default=-1)
         dropped = max((v.step for v in state.pruned if v.step <= watermark), default=None)
         why = f"; retention already dropped step {dropped}" if dropped is not None else ""
-        where = f"step {watermark}" if watermark >= 0 else "never: no check vouched for it"
+        where = f"step {watermark}" if watermark >= 0 else "step -1: no check ever vouched for it"
         text = (
             f"SDC at step {found.step} on {found.node or '?'}: no validated checkpoint at or before "
-            f"{where} ({bound.why}){why}; the newest is step {newest}, written after it. Choose an "
+            f"{bound.what} ({where}){why}; the newest is step {newest}, written after it. Choose an "
             "older milestone or accept the risk."
         )
         return [page(found, "no_clean_ancestor", ReasonCode.NO_CLEAN_ANCESTOR, text, [found.event_id])]
@@ -183,7 +186,9 @@ def on_mismatch(state: RollbackState, found: SdcMismatch, bound: Bound) -> list[
         skips = "no newer checkpoint is skipped"
     text = (
         f"SDC at step {found.step} on {found.node or '?'}: roll back to checkpoint {target.step}, the "
-        f"newest validated one at or before step {watermark} ({bound.why}); {skips}"
+        f"newest validated one at or before {bound.what} (step {watermark})"
+        + (f"; {bound.note}" if bound.note else "")
+        + f"; {skips}"
     )
     return [
         Rollback(

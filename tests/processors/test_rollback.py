@@ -46,7 +46,7 @@ def test_a_mismatch_rolls_back_to_the_newest_checkpoint_before_the_last_passing_
     (interruption,) = of(Interruption, outputs)
     assert rollback.checkpoint_step == 60 and rollback.uri == "mem://run-test/60"  # 70-90 may be corrupt
     assert rollback.reason.code == ReasonCode.ROLLBACK
-    assert "at or before step 62 (the verification watermark" in rollback.reason.text
+    assert "at or before the verification watermark (step 62)" in rollback.reason.text
     assert "skipping checkpoint(s) 70, 80, 90" in rollback.reason.text
     assert rollback.caused_by == [found.event_id]
     assert interruption.cause.value == "sdc" and (interruption.rank, interruption.node) == (5, "node-001")

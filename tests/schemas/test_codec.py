@@ -27,6 +27,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "step_stats": dict(loss=2.31, grad_norm=0.84, finite=True),
     "sdc_self_check": dict(microbatch_id="mb-7", digest_first="ab", digest_second="ab"),
     "cross_rank_check": dict(microbatch_id="mb-7", ranks=[1, 9], values=[0.125, 0.1250001]),
+    "ring_check": dict(check_id="ring-a0-s10000", own_value=512.25, peer_rank=17, peer_value=731.5),
     "gpu_health": dict(present=True, temperature_c=71.0, sm_clock_mhz=1980, power_capped=False),
     "checkpoint_written": dict(
         checkpoint_step=100, uri="file:///c/100", shards=8, digest="d", bytes=10, blocking_s=0.4, write_s=5
@@ -124,6 +125,7 @@ COMMAND_SAMPLES: dict[str, dict[str, Any]] = {
     "run_node_self_test": dict(node="node-001", ranks=[8, 9], tests=["gemm"]),
     "resume_from": dict(checkpoint_step=100, uri="file:///c/100"),
     "rollback": dict(checkpoint_step=100, uri="file:///c/100"),
+    "run_ring_check": dict(step=10_000, check_id="ring-a0-s10000", offset=8),
 }
 
 

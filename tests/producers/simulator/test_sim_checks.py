@@ -1,4 +1,4 @@
-"""Commanded SDC checks (RunSelfCheck, RunCrossRankCheck), the verification watermark
+"""Commanded SDC checks (RunSelfCheck, RunCrossRankCheck, RunRingCheck), the verification watermark
 (R6), SkipUpdate, the launcher's restart limit, NaN bursts and the noise model."""
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from trainguard.schemas import (
     CrossRankCheck,
     Envelope,
     QuarantineNode,
+    RingCheck,
     RunCrossRankCheck,
+    RunRingCheck,
     RunSelfCheck,
     RunStarted,
     SdcSelfCheck,
@@ -170,6 +172,28 @@ def test_good_hardware_cross_rank_spread_is_the_scenario_noise() -> None:
     cross_check(again, 5, [xs[0].ranks[0], xs[0].ranks[1]], mb="m0")
     [x0] = of(CrossRankCheck, until_step(again, 6))
     assert x0.values == xs[0].values
+
+
+def test_a_ring_check_runs_on_every_live_rank_and_a_wrong_gpu_is_wrong_in_both_of_its_values() -> None:
+    c = make_cluster(scenario(faults=[{"kind": "wrong_gpu", "rank": 5, "at_step": 0, "bias": 1e-3}]))
+    until_step(c, 1)
+    detail = c.apply(command(RunRingCheck, c, step=10, check_id="ring-a0-s10", offset=3)).detail
+    assert "(r + 3) mod 16" in detail
+    rings = {x.rank: x for x in of(RingCheck, until_step(c, 12))}
+    assert sorted(rings) == list(range(16)) and all(
+        x.step == 10 and x.check_id == "ring-a0-s10" for x in rings.values()
+    )
+    assert all(x.peer_rank == (r + 3) % 16 for r, x in rings.items())
+
+    def gap(r: int) -> float:  # the edge r -> r + 3: r's recomputation against the peer's own value
+        return rings[r].peer_value / rings[rings[r].peer_rank].own_value - 1
+
+    assert gap(2) == pytest.approx(-1e-3 / 1.001, rel=1e-3)  # 5's own value is off ...
+    assert gap(5) == pytest.approx(1e-3, rel=1e-3)  # ... and so is its recomputation of 8's
+    assert all(abs(gap(r)) < 2e-6 for r in rings if r not in (2, 5))  # good hardware: the noise
+    assert c.ring_checks_run == 1 and [f.kind for f in c.fired] == ["wrong_gpu"]
+    with pytest.raises(CommandRefused):
+        c.apply(command(RunRingCheck, c, step=20, check_id="bad", offset=16))
 
 
 def test_a_wrong_gpu_moved_to_a_spare_is_clean() -> None:

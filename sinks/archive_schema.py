@@ -537,7 +537,9 @@ DDL: tuple[str, ...] = (
     # The seed's sdc_check row, one per check a rank ran: SdcSelfCheck (the same microbatch
     # twice on one device: passed when both digests agree) and CrossRankCheck (2 or 3 ranks,
     # one microbatch: the processor judges it at its tolerance, so it failed when the
-    # processor derived an SdcMismatch for it, and passed otherwise). An SdcMismatch whose
+    # processor derived an SdcMismatch for it, and passed otherwise) and RingCheck (one per
+    # rank per ring check, its own microbatch against its neighbour's recomputation: failed
+    # when the processor named the rank, microbatch '<check_id>/r<rank>'). An SdcMismatch whose
     # check is not archived is a failed row of its own. culprit_rank/culprit_node: the
     # device the mismatch names (-1 / '' when it cannot name one). rank: who ran or reported
     # the check; ranks: every participant (the seed's replay_rank).
@@ -552,6 +554,11 @@ DDL: tuple[str, ...] = (
         SELECT event_id, run_id, attempt, rank, node, step, ts, 'cross_rank',
                payload->>'microbatch_id', CAST(payload->'ranks' AS BIGINT[]), NULL
         FROM raw_event WHERE kind = 'cross_rank_check'
+        UNION ALL
+        SELECT event_id, run_id, attempt, rank, node, step, ts, 'ring',
+               (payload->>'check_id') || '/r' || CAST(rank AS VARCHAR),
+               [rank, CAST(payload->>'peer_rank' AS BIGINT)], NULL
+        FROM raw_event WHERE kind = 'ring_check'
     ), mismatch AS (
         SELECT event_id, run_id, attempt, rank, node, step, ts, payload->>'method' AS method,
                payload->>'microbatch_id' AS microbatch_id, payload->'reason'->>'text' AS reason_text

@@ -31,6 +31,7 @@ from trainguard.schemas import (
     ReasonCode,
     Record,
     RestartPhases,
+    RingCheck,
     RunStarted,
     SdcMismatch,
     SdcSelfCheck,
@@ -423,12 +424,13 @@ def test_quarantines(archive: Path, truth: Truth) -> None:
 
 def test_sdc_checks_by_method(archive: Path, truth: Truth) -> None:
     found = {r["method"]: r for r in rows(archive, "sdc_checks_by_method")}
-    selfs, crosses = truth.telemetry(SdcSelfCheck), truth.telemetry(CrossRankCheck)
+    selfs, rings = truth.telemetry(SdcSelfCheck), truth.telemetry(RingCheck)
     flips = sum(1 for run in truth.runs.values() for f in run.fired if f.kind == "bitflip")
+    assert truth.telemetry(CrossRankCheck) == []  # the scheduler runs the ring, not pairs
     assert found == {
-        "cross_rank": {
-            "method": "cross_rank", "checks": len(crosses), "ranks_checked": len({e.rank for e in crosses}),
-            "passed": len(crosses), "failed": 0,  # no wrong GPU in the scenarios
+        "ring": {
+            "method": "ring", "checks": len(rings), "ranks_checked": len({e.rank for e in rings}),
+            "passed": len(rings), "failed": 0,  # no wrong GPU in the scenarios
         },
         "self_check": {
             "method": "self_check", "checks": len(selfs), "ranks_checked": len({e.rank for e in selfs}),
@@ -572,6 +574,30 @@ def test_a_cross_rank_check_fails_when_the_processor_says_so(tmp_path: Path) -> 
         {"step": 101, "passed": True, "culprit_rank": None, "culprit_node": None, "ranks": [0, 5]},
         {"step": 102, "passed": False, "culprit_rank": 5, "culprit_node": "n5", "ranks": [0, 5, 9]},
         {"step": 103, "passed": False, "culprit_rank": -1, "culprit_node": "n-1", "ranks": None},
+    ]
+
+
+def test_a_ring_check_fails_for_the_rank_the_processor_named(tmp_path: Path) -> None:
+    """One row per rank per ring check; only the named device's fails (its neighbours,
+    whose comparisons with it failed too, pass: the processor explained them)."""
+    reports = [
+        RingCheck(
+            event_id=f"ring-{r}", run_id="r", attempt=0, rank=r, node=f"n{r // 2}", step=200, ts=MIDNIGHT + r,
+            check_id="ring-a0-s200", own_value=2.0 + (r == 1) * 1e-3, peer_rank=(r + 2) % 6, peer_value=2.0,
+        )
+        for r in range(6)
+    ]  # fmt: skip
+    named = SdcMismatch(
+        event_id="mm-ring", run_id="r", attempt=0, rank=1, node="n0", step=200, ts=MIDNIGHT + 6,
+        reason=Reason(code=ReasonCode.CROSS_RANK_MISMATCH, text="both neighbours"), caused_by=["ring-1"],
+        method="ring", microbatch_id="ring-a0-s200/r1", tolerance=1e-6, deviation=5e-4,
+    )  # fmt: skip
+    with Archive(tmp_path / "a.duckdb") as db:
+        db.write([*reports, named])
+        found = query(db, "SELECT rank, passed, culprit_rank, ranks FROM sdc_check ORDER BY rank")
+    assert found == [
+        {"rank": r, "passed": r != 1, "culprit_rank": 1 if r == 1 else None, "ranks": [r, (r + 2) % 6]}
+        for r in range(6)
     ]
 
 

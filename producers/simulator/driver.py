@@ -75,6 +75,7 @@ class SimulationResult:
     skipped_updates: list[int] = field(default_factory=list)
     self_checks_run: int = 0
     cross_rank_checks_run: int = 0
+    ring_checks_run: int = 0
     fired: list[FiredFault] = field(default_factory=list)
     truth: list[FaultTruth] = field(default_factory=list)
     notes: list[LauncherNote] = field(default_factory=list)
@@ -284,6 +285,7 @@ def run_simulation(
         skipped_updates=list(cluster.skipped_updates),
         self_checks_run=cluster.self_checks_run,
         cross_rank_checks_run=cluster.cross_rank_checks_run,
+        ring_checks_run=cluster.ring_checks_run,
         fired=list(cluster.fired),
         truth=scenario.truth(),
         notes=list(cluster.notes),

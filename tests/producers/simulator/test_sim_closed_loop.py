@@ -5,10 +5,19 @@ close the loop (crash -> abort -> restart; hang -> stack-dump abort -> odd stack
 from __future__ import annotations
 
 from trainguard.processors.core import engine
-from trainguard.processors.core.policy import CorePolicy
+from trainguard.processors.core.policy import CorePolicy, load_policy
 from trainguard.processors.core.state import CoreState
 from trainguard.producers.simulator import Scenario, SimulatedCluster
-from trainguard.schemas import Command, Interruption, InterruptionCause, InterruptionRecovered, ReasonCode
+from trainguard.schemas import (
+    Command,
+    Interruption,
+    InterruptionCause,
+    InterruptionRecovered,
+    ReasonCode,
+    Rollback,
+    SdcMismatch,
+)
+from trainguard.stack import builtin_policy
 
 
 def test_demo_scenario_closes_the_loop_with_the_policy_core() -> None:
@@ -51,3 +60,34 @@ def test_demo_scenario_closes_the_loop_with_the_policy_core() -> None:
     assert len(recovered) == 3 and all(r.restart_s < 5 for r in recovered)
     truth = {(f.kind, f.rank, f.node) for f in demo.truth()}
     assert {("crash", 13, "node-0001"), ("hang", 42, "node-0005")} <= truth
+
+
+def test_a_wrong_gpu_is_found_by_the_ring_and_rolled_back_behind_its_onset() -> None:
+    """The library's deterministically wrong GPU under the evaluate policy (a ring every
+    200 steps): named at the first ring after its onset, and the run goes back to a
+    checkpoint before the onset, not to one a later passing self-check seemed to vouch for."""
+    scenario = Scenario.library()["sdc-wrong-gpu"]
+    (fault,) = scenario.faults
+    cluster = SimulatedCluster(scenario, 1_000.0, run_id="ring-run", id_prefix="w")
+    state, policy = CoreState(), load_policy(str(builtin_policy("evaluate")))
+    outputs: list = []
+
+    def feed(events: list) -> None:
+        for event in events:
+            for item in engine.step(state, event, policy, scenario.world_size)[1]:
+                outputs.append(item)
+                if isinstance(item, Command):
+                    feed(cluster.apply(item).events)
+
+    t = 1_000.0
+    while not cluster.done and t < 1_000 + 3 * scenario.steps * scenario.step_time_s:
+        t += 0.05
+        feed(cluster.advance(t))
+
+    (found,) = [o for o in outputs if isinstance(o, SdcMismatch)]
+    assert (found.rank, found.method) == (fault.rank, "ring")
+    assert fault.at_step < found.step <= fault.at_step + 200 + 1  # within one ring interval
+    (rollback,) = [o for o in outputs if isinstance(o, Rollback)]
+    assert rollback.checkpoint_step <= fault.at_step
+    assert f"cross-rank check that covered rank {fault.rank}" in rollback.reason.text
+    assert cluster.done and cluster.ring_checks_run >= 3 and cluster.attempt == 1

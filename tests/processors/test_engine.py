@@ -73,7 +73,7 @@ def test_hang_inside_collective_is_detected_and_culprit_named_by_odd_stack() -> 
     assert state.runs["run-test"].phase == RunPhase.INTERRUPTED
 
 
-def test_hang_with_silent_rank_names_the_one_that_never_answered() -> None:
+def test_hang_with_silent_rank_and_no_phases_names_nobody_and_quarantines_nothing() -> None:
     job = Job().start().steps(40).stall(5.0)
     state, _ = run_all(job.events, POLICY)
     n = len(job.events)
@@ -85,7 +85,55 @@ def test_hang_with_silent_rank_names_the_one_that_never_answered() -> None:
     job.heartbeats([11])
     state, outputs = run_all(job.events[n:], POLICY, state)
     (interruption,) = [o for o in outputs if isinstance(o, Interruption)]
-    assert interruption.rank == 11 and interruption.reason.code == ReasonCode.STACKS_INCOMPLETE
+    # Not answering is no evidence: at 2,048 ranks "the first that did not answer" was rank 0.
+    assert interruption.rank == -1 and interruption.node == ""
+    assert interruption.reason.code == ReasonCode.CULPRIT_UNKNOWN
+    assert "culprit unknown, nothing quarantined" in interruption.reason.text
+    assert "1 rank(s) did not answer" in interruption.reason.text
+    assert not [o for o in outputs if isinstance(o, Quarantine | QuarantineNode)]
+
+
+def test_hang_without_any_dump_names_the_rank_whose_last_phase_differs() -> None:
+    job = Job().start().steps(40).stall(5.0, stuck={11: "data"})  # rank 11 stuck loading its batch
+    state, outputs = run_all(job.events, POLICY)
+    hang, abort = outputs
+    assert isinstance(hang, HangDetected) and isinstance(abort, Abort)
+    job.t += POLICY.hang.stack_collect_s + 1  # no dump arrives within the window
+    state, outputs = run_all([Tick(**job._env(-1))], POLICY, state)
+    interruption, _mtbf, quarantine, command = outputs
+    assert isinstance(interruption, Interruption) and interruption.reason.code == ReasonCode.ODD_PHASE
+    assert (interruption.rank, interruption.node) == (11, "node-002")
+    text = interruption.reason.text
+    assert "rank 11 last reported phase 'data' while 15 ranks reported 'allreduce'" in text
+    assert "no stack dump (16 rank(s) did not answer)" in interruption.reason.text
+    assert isinstance(quarantine, Quarantine) and isinstance(command, QuarantineNode)
+    assert quarantine.node == command.node == "node-002"
+    # One story: the detection and the abort name no rank (the culprit is not known yet);
+    # the interruption names the culprit from the evidence.
+    assert hang.rank == -1 and hang.node == "" and abort.ranks is None
+    assert "rank" not in hang.reason.text.split(";")[0] and abort.reason == hang.reason
+    assert interruption.caused_by == [hang.event_id]
+
+
+def test_the_odd_stack_beats_the_phases_and_every_record_agrees_on_the_culprit() -> None:
+    job = Job().start().steps(40).stall(5.0, stuck={6: "forward"})
+    state, (hang, abort) = run_all(job.events, POLICY)
+    job.abort_all(culprit=6)
+    state, more = run_all(job.events[-16:], POLICY, state)
+    interruption, _mtbf, quarantine, command = more
+    assert interruption.rank == quarantine.rank == 6 and quarantine.node == command.node == "node-001"
+    assert interruption.reason.code == ReasonCode.ODD_STACK
+    assert hang.rank == -1 and abort.reason == hang.reason and "rank 6" not in hang.reason.text
+
+
+def test_two_ranks_out_of_phase_name_nobody() -> None:
+    job = Job().start().steps(40).stall(5.0, stuck={3: "forward", 12: "data"})
+    state, _ = run_all(job.events, POLICY)
+    job.t += POLICY.hang.stack_collect_s + 1
+    state, outputs = run_all([Tick(**job._env(-1))], POLICY, state)
+    (interruption, _mtbf) = outputs
+    assert interruption.rank == -1 and interruption.reason.code == ReasonCode.CULPRIT_UNKNOWN
+    assert "no single rank's phase stands out" in interruption.reason.text
 
 
 def test_a_tick_concludes_stack_collection_when_the_job_falls_silent() -> None:
@@ -98,10 +146,9 @@ def test_a_tick_concludes_stack_collection_when_the_job_falls_silent() -> None:
     assert outputs == []  # still collecting
     job.t += POLICY.hang.stack_collect_s + 1
     state, outputs = run_all([Tick(**job._env(-1))], POLICY, state)
-    interruption, _mtbf, quarantine, _command = outputs
-    assert isinstance(interruption, Interruption) and interruption.rank == 15
-    assert interruption.reason.code == ReasonCode.STACKS_INCOMPLETE
-    assert isinstance(quarantine, Quarantine) and quarantine.node == interruption.node  # silent rank's node
+    interruption, _mtbf = outputs  # no evidence against rank 15's node: nothing quarantined
+    assert isinstance(interruption, Interruption) and interruption.rank == -1
+    assert interruption.reason.code == ReasonCode.CULPRIT_UNKNOWN
 
 
 def test_slow_but_progressing_job_is_not_a_hang() -> None:

@@ -70,7 +70,7 @@ def _stop(
             command_id=derived_id("skip_update", page.event_id),
             reason=Reason(code=ReasonCode.SKIP_BATCH, text=text),
             step=failing,
-            **common,  # type: ignore[arg-type]
+            **common,
         )
     text = (
         f"{verdict}; restarting again would fail again: the run is paused for a human "
@@ -80,7 +80,7 @@ def _stop(
         command_id=derived_id("pause_run", page.event_id),
         reason=Reason(code=ReasonCode.PAUSE_RUN, text=text),
         step=failing,
-        **common,  # type: ignore[arg-type]
+        **common,
     )
 
 

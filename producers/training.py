@@ -48,6 +48,13 @@ after its step the scope's batch is replayed twice by ``replay_fn`` after the up
 and the two gradient digests are reported (:mod:`.grad_checks`). The replay must not run
 a collective: under DDP call the unwrapped ``model.module``.
 
+Phases (Heartbeat.phase): the supervisor tells its agent what the loop is doing, one
+attribute store at each boundary: forward from the step's start, allreduce once this
+rank's compute is done (the comm hook or compute_done()) and while the ranks agree in
+check(), optimizer after check(), checkpoint while saving, data between steps (the
+loader). When no stack dump arrives after a hang, the rank whose last phase differs from
+everyone waiting in the all-reduce is the culprit (processors/core/stacks.py).
+
 Nothing here blocks on the broker, the network or storage: events are queued; commands
 are read and acked on the actuator's thread; GPU health is sampled on its own thread;
 heartbeats come from the shipper's thread, so they continue while a step is stuck.
@@ -281,6 +288,7 @@ class StepScope:
     def __enter__(self) -> StepScope:
         self.sup._begin(self)
         self._start = self.sup._marks.mark()
+        self.sup.agent.phase = "forward"
         return self
 
     def compute_done(self) -> None:
@@ -288,11 +296,15 @@ class StepScope:
         instrumented DDP model the comm hook has marked it already; this is then a no-op."""
         if self._compute is None:
             self._compute = self.sup._marks.mark()
+            self.sup.agent.phase = "allreduce"
 
     def check(self, loss: torch.Tensor | float, grad_norm: torch.Tensor | float | None = None) -> bool:
         """The invariants; True: apply the update. Reads the loss (and grad norm) as host
         floats, which waits for the device to compute them."""
-        return self.sup._check(self, loss, grad_norm)
+        self.sup.agent.phase = "allreduce"  # the ranks agree on the verdict with one all-reduce
+        applied = self.sup._check(self, loss, grad_norm)
+        self.sup.agent.phase = "optimizer"
+        return applied
 
     @property
     def applied(self) -> bool:
@@ -503,9 +515,11 @@ class Supervisor:
     def steps(self, loader: Iterable[Any], start: int = 0) -> Iterator[tuple[int, Any]]:
         """``(step, batch)`` pairs numbered from `start`; ``sup.step(step)`` then knows the
         batch (for the self-check replay) without being given it."""
+        self.agent.phase = "data"
         for step, batch in enumerate(loader, start):
             self._batches = {step: batch}
             yield step, batch
+            self.agent.phase = "data"  # the loader fetches the next batch
 
     def step(self, step: int, batch: Any = None, microbatch_id: str | None = None) -> StepScope:
         """The scope of one step (a context manager); see the module docstring."""
@@ -617,6 +631,7 @@ class Supervisor:
         if due is None:
             due = self.checkpoint is not None and self.should_checkpoint(scope.step)
         if due and self.checkpoint is not None:
+            self.agent.phase = "checkpoint"
             self.checkpoint.save(scope.step)
             self.checkpoint_saved(scope.step)
 

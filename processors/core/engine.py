@@ -59,7 +59,7 @@ from .outputs import Forward, abort_for, node_of
 from .policy import CorePolicy
 from .stacks import odd_phase, odd_stack
 from .state import CoreState, OpenInterruption, PendingHang, RankState, RunPhase, RunState, state_key
-from .watchdog import is_hung, stall_s
+from .watchdog import is_hung, stall_s, step_timeout_s
 
 Output = Derived | Command | Forward
 
@@ -223,12 +223,29 @@ def _on_shard_event(run: RunState, event: Envelope, policy: CorePolicy) -> list[
     if isinstance(event, Heartbeat) and rank is not None:
         if rank.progress_ts is None:
             rank.progress_ts = event.ts
-        return []  # a hang stalls every rank: shard 0's watchdog sees it on its own ranks
+        # A hang stalls every rank: shard 0's watchdog sees it on its own ranks. What it
+        # cannot see is this shard's phases, its evidence when no stack dump comes.
+        return _forward_phase(run, rank, event, policy)
     if isinstance(event, StepStats):
         # A finite report is judged by shard 0 from its own ranks (the all-reduced grad
         # norm is the same on every rank); a non-finite one may be this rank's alone.
         return [Forward(event, "non-finite step stats")] if sdc.is_non_finite(event) else []
     return [Forward(event, f"{event.KIND} is decided by shard 0")]  # misrouted: still decided
+
+
+def _forward_phase(run: RunState, rank: RankState, event: Heartbeat, policy: CorePolicy) -> list[Output]:
+    """A non-coordinator shard forwards the phase of a rank stalled past half the step
+    timeout, once per phase and stall: shard 0 learns every rank's phase before it
+    concludes a hang (one record per rank per hang), and nothing while the job progresses."""
+    if not event.phase:
+        return []
+    if stall_s(rank, event.ts) < 0.5 * step_timeout_s(run, policy.hang):
+        rank.forwarded_phase = ""
+        return []
+    if event.phase == rank.forwarded_phase:
+        return []
+    rank.forwarded_phase = event.phase
+    return [Forward(event, "the phase of a stalled rank: hang evidence for shard 0")]
 
 
 # --------------------------------------------------------------------------- handlers
@@ -367,6 +384,9 @@ def _on_heartbeat(run: RunState, rank: RankState, event: Heartbeat, policy: Core
         rank.progress_ts = event.ts
     if event.phase and event.ts >= rank.phase_ts:
         rank.phase, rank.phase_ts = event.phase, event.ts
+    owned = run.owned()
+    if owned is not None and event.rank not in owned:
+        return []  # another shard's rank, forwarded for its phase: its own shard watches it
     timeout = is_hung(run, rank, event.ts, policy.hang)
     if timeout is None:
         return []

@@ -58,6 +58,8 @@ class RankState:
     #: when no stack dump comes.
     phase: str = ""
     phase_ts: float = 0.0
+    #: A non-coordinator shard: the phase last forwarded to shard 0 in this stall.
+    forwarded_phase: str = ""
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainguard.processors.core import CorePolicy, CoreState, HangPolicy, RunPhase, run_all, step
+from trainguard.processors.core.outputs import Forward
 from trainguard.processors.core.state import IllegalTransition, RunState
 from trainguard.processors.core.watchdog import step_timeout_s
 from trainguard.schemas import (
@@ -19,6 +20,7 @@ from trainguard.schemas import (
     ReasonCode,
     Tick,
 )
+from trainguard.schemas.sharding import route
 
 from .streams import Job
 
@@ -124,6 +126,49 @@ def test_the_odd_stack_beats_the_phases_and_every_record_agrees_on_the_culprit()
     assert interruption.rank == quarantine.rank == 6 and quarantine.node == command.node == "node-001"
     assert interruption.reason.code == ReasonCode.ODD_STACK
     assert hang.rank == -1 and abort.reason == hang.reason and "rank 6" not in hang.reason.text
+
+
+def sharded(events: list, shard_ranks: int, world_size: int, state: CoreState) -> list:
+    """Route each event to its shards as the driver does, and re-publish forwards to shard 0."""
+    outputs: list = []
+    for event in events:
+        for shard in route(event, world_size, shard_ranks):
+            _, out = step(state, event, POLICY, shard=shard, shard_ranks=shard_ranks)
+            for o in out:
+                if isinstance(o, Forward):
+                    _, more = step(state, o.event, POLICY, shard=0, shard_ranks=shard_ranks)
+                    outputs += more
+                else:
+                    outputs.append(o)
+    return outputs
+
+
+def test_a_sharded_run_names_the_culprit_from_phases_forwarded_by_its_shard() -> None:
+    # Two shards of 8 ranks: the culprit (rank 13) lives on shard 1, whose heartbeats
+    # shard 0 never sees; shard 1 forwards its stalled ranks' phases, once each.
+    job = Job().start().steps(40).stall(5.0, stuck={13: "data"})
+    state = CoreState()
+    outputs = sharded(job.events, 8, 16, state)
+    assert [o.KIND for o in outputs] == ["hang_detected", "abort"]
+    forwarded = [r for r, s in state.runs["run-test"].ranks.items() if s.phase and r >= 8]
+    assert sorted(forwarded) == list(range(8, 16))
+    job.t += POLICY.hang.stack_collect_s + 1
+    outputs = sharded([Tick(**job._env(-1))], 8, 16, state)
+    interruption = outputs[0]
+    assert isinstance(interruption, Interruption) and interruption.reason.code == ReasonCode.ODD_PHASE
+    assert (interruption.rank, interruption.node) == (13, "node-003")
+
+
+def test_a_progressing_sharded_run_forwards_nothing() -> None:
+    job = Job().start()
+    for _ in range(10):
+        job.steps(4)
+        job.heartbeats(phases={r: "forward" for r in range(16)})
+    state = CoreState()
+    for event in job.events:
+        for shard in route(event, 16, 8):
+            _, out = step(state, event, POLICY, shard=shard, shard_ranks=8)
+            assert not [o for o in out if isinstance(o, Forward)]
 
 
 def test_two_ranks_out_of_phase_name_nobody() -> None:

@@ -384,8 +384,7 @@ def _on_heartbeat(run: RunState, rank: RankState, event: Heartbeat, policy: Core
         rank.progress_ts = event.ts
     if event.phase and event.ts >= rank.phase_ts:
         rank.phase, rank.phase_ts = event.phase, event.ts
-    owned = run.owned()
-    if owned is not None and event.rank not in owned:
+    if run.shard_ranks and (owned := run.owned()) is not None and event.rank not in owned:
         return []  # another shard's rank, forwarded for its phase: its own shard watches it
     timeout = is_hung(run, rank, event.ts, policy.hang)
     if timeout is None:

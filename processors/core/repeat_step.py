@@ -18,6 +18,7 @@ from ...schemas import (
     Command,
     Derived,
     Interruption,
+    InterruptionCause,
     Page,
     PauseRun,
     QuarantineReleased,
@@ -43,8 +44,10 @@ def on_pages(
         return []
     step = interruption.step
     failures = state.by_step.get((step, starting), [])
-    # Before its first completed step, an attempt resumed from checkpoint s dies in step s + 1.
-    failing = step + 1 if starting else step
+    # An interruption's step is the last one the job completed: a crash or hang struck in
+    # the next (an attempt resumed from checkpoint s that completed none dies in s + 1);
+    # a non-finite loss is reported for the step that computed it.
+    failing = step if interruption.cause == InterruptionCause.NON_FINITE else step + 1
     nodes = sorted({n for iid in failures if (n := state.nodes.get(iid))})
     where = f"{len(nodes)} different nodes" if len(nodes) > 1 else "one node"
     verdict = f"step {failing} failed {len(failures)} times on {where}: data or code, not hardware"

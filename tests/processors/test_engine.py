@@ -171,8 +171,15 @@ def test_a_progressing_sharded_run_forwards_nothing() -> None:
             assert not [o for o in out if isinstance(o, Forward)]
 
 
-def test_two_ranks_out_of_phase_name_nobody() -> None:
-    job = Job().start().steps(40).stall(5.0, stuck={3: "forward", 12: "data"})
+@pytest.mark.parametrize(
+    "stuck",
+    [
+        {3: "forward", 12: "data"},  # two ranks out of step
+        {r: "forward" for r in range(16) if r != 7},  # the one in the all-reduce is the one waiting
+    ],
+)
+def test_phases_that_single_out_no_rank_name_nobody(stuck: dict[int, str]) -> None:
+    job = Job().start().steps(40).stall(5.0, stuck=stuck)
     state, _ = run_all(job.events, POLICY)
     job.t += POLICY.hang.stack_collect_s + 1
     state, outputs = run_all([Tick(**job._env(-1))], POLICY, state)

@@ -515,7 +515,7 @@ def _hang_culprit(run: RunState, answered: dict[int, str], expected: int) -> tup
     silent = expected - len(answered)
     dumps = f"{len(answered)} of {expected} stack dumps, no odd one out" if answered else "no stack dump"
     if silent > 0:
-        dumps += f" ({silent} rank(s) did not answer)"
+        dumps += f" ({silent} rank(s) sent none in the window)"
     phases = {r: s.phase for r, s in run.ranks.items() if s.phase}
     found = odd_phase(phases)
     if found is not None:

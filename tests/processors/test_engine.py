@@ -91,7 +91,7 @@ def test_hang_with_silent_rank_and_no_phases_names_nobody_and_quarantines_nothin
     assert interruption.rank == -1 and interruption.node == ""
     assert interruption.reason.code == ReasonCode.CULPRIT_UNKNOWN
     assert "culprit unknown, nothing quarantined" in interruption.reason.text
-    assert "1 rank(s) did not answer" in interruption.reason.text
+    assert "1 rank(s) sent none in the window" in interruption.reason.text
     assert not [o for o in outputs if isinstance(o, Quarantine | QuarantineNode)]
 
 
@@ -107,7 +107,7 @@ def test_hang_without_any_dump_names_the_rank_whose_last_phase_differs() -> None
     assert (interruption.rank, interruption.node) == (11, "node-002")
     text = interruption.reason.text
     assert "rank 11 last reported phase 'data' while 15 ranks reported 'allreduce'" in text
-    assert "no stack dump (16 rank(s) did not answer)" in interruption.reason.text
+    assert "no stack dump (16 rank(s) sent none in the window)" in interruption.reason.text
     assert isinstance(quarantine, Quarantine) and isinstance(command, QuarantineNode)
     assert quarantine.node == command.node == "node-002"
     # One story: the detection and the abort name no rank (the culprit is not known yet);

@@ -51,6 +51,9 @@ Commands (executed on the actuator thread; they only set requests the loop reads
   relaunch on the same run dir after a clean paused end starts again).
 - ReleaseNode: a quarantined node returns to the pool (its failure was the run's, not
   the node's); the next placement may use it again.
+- SkipUpdate (the policy's alternative to PauseRun, ``paging.on_repeat_step: skip``): the
+  step's batch is skipped by every later attempt (TRAINGUARD_SKIP_BATCHES, read by the
+  Supervisor's ``steps()``); the running ranks skip that step's update themselves.
 
 Every exit after an Abort, or during the launcher's own teardown, is reported
 ``requested=True``.
@@ -126,6 +129,7 @@ from ..schemas import (
     ResumeFrom,
     Rollback,
     RunStarted,
+    SkipUpdate,
 )
 from ..schemas import RestartPhases as RestartPhasesEvent
 from .agent import EventSink  # a TelemetryShipper satisfies EventSink
@@ -396,6 +400,8 @@ class Launcher:
         self._request: _Request | None = None
         self._evict: _Request | None = None
         self._forced_resume: int | None = None
+        #: Steps whose batch every later attempt skips (SkipUpdate, journaled).
+        self.skip_batches: set[int] = set(state.skip_batches)
         #: A PauseRun in force (its journal record): no attempt starts while it is set.
         self._pause: dict[str, Any] | None = state.paused
         #: (step S, ts): checkpoints newer than S validated before ts are excluded (rollbacks).
@@ -506,6 +512,13 @@ class Launcher:
             self._pause = self._commands[command.command_id]
         return detail
 
+    def handle_skip(self, command: SkipUpdate, rank: int) -> str:
+        with self._lock:
+            detail = f"the batch of step {command.step} is skipped from the next attempt on"
+            self._record(command, detail, skip=command.step)
+            self.skip_batches.add(command.step)
+        return detail
+
     def handle_release(self, command: ReleaseNode, rank: int) -> str:
         node = command.node
         if node not in self.pool.nodes:
@@ -528,6 +541,7 @@ class Launcher:
         actuator.register(ResumeFrom, self._journaled(self.handle_resume))
         actuator.register(PauseRun, self._journaled(self.handle_pause))
         actuator.register(ReleaseNode, self._journaled(self.handle_release))
+        actuator.register(SkipUpdate, self._journaled(self.handle_skip))
         self.on_attempt = actuator.set_attempt
 
     def unexecuted(self, claimed: Iterable[str]) -> list[str]:
@@ -563,6 +577,7 @@ class Launcher:
         quarantine: str | None = None,
         release: str | None = None,
         pause: dict[str, Any] | None = None,
+        skip: int | None = None,
     ) -> None:
         """Under the lock: journal an executed command (or an operator's quarantine)."""
         key = command.command_id if command is not None else f"operator-quarantine:{quarantine}"
@@ -578,6 +593,7 @@ class Launcher:
             request=dataclasses.asdict(request) if request is not None else None,
             **({"release": release} if release is not None else {}),
             **({"pause": pause} if pause is not None else {}),
+            **({"skip": skip} if skip is not None else {}),
         )
         self._fault("after-command", kind)
 
@@ -989,6 +1005,8 @@ class Launcher:
     def _env(self, rank: int, placement: Placement, resume: int, port: int) -> dict[str, str]:
         cfg = self.config
         rpn = cfg.ranks_per_node
+        with self._lock:  # the actuator thread may be adding one
+            skips = sorted(self.skip_batches)
         env = {
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
             **cfg.env,
@@ -1014,6 +1032,7 @@ class Launcher:
             "TRAINGUARD_RESUME_STEP": str(resume),
             "TRAINGUARD_PHASES_FILE": str(phases_path(self.run_dir, self.attempt, rank)),
             "TRAINGUARD_RUN_DIR": str(self.run_dir),  # the Supervisor's stack dumps and journals
+            "TRAINGUARD_SKIP_BATCHES": ",".join(map(str, skips)),
         }
         return env
 

@@ -18,7 +18,8 @@ Records (``op``; every record also has ``ts``):
   ``kind``, ``attempt``, ``ok`` (False: it was refused, e.g. an unvalidated step),
   ``detail`` (the ack's), ``quarantine`` (the node it took out of the pool, if any) and,
   for Abort/Rollback/ResumeFrom, ``request`` (what the restart needs); ``release`` (the
-  node a ReleaseNode returned to the pool), ``pause`` (a PauseRun's step and reason: no
+  node a ReleaseNode returned to the pool), ``skip`` (a SkipUpdate's step: every later
+  attempt passes over that step's batch), ``pause`` (a PauseRun's step and reason: no
   restart until a clean end, so a successor ends paused too);
 - ``take``: a Rollback/ResumeFrom request consumed (``key``, ``step``, ``rollback``):
   the next attempt resumes from ``step``; a rollback also bars the checkpoints newer than
@@ -129,6 +130,8 @@ class JournalState:
     quarantined: list[str] = field(default_factory=list)
     #: (step, ts) of every rollback taken.
     rollbacks: list[tuple[int, float]] = field(default_factory=list)
+    #: Steps whose batch every later attempt skips (SkipUpdate).
+    skip_batches: list[int] = field(default_factory=list)
     #: The PauseRun record in force (none after a clean end: a human relaunched).
     paused: dict[str, Any] | None = None
     #: Command keys whose resume was taken.
@@ -163,6 +166,9 @@ def replay(records: list[dict[str, Any]]) -> JournalState:
             released = rec.get("release")
             if rec.get("ok") and isinstance(released, str) and released in state.quarantined:
                 state.quarantined.remove(released)
+            skip = rec.get("skip")
+            if rec.get("ok") and isinstance(skip, int) and skip not in state.skip_batches:
+                state.skip_batches.append(skip)
             if rec.get("ok") and isinstance(rec.get("pause"), dict):
                 state.paused = rec
         elif op == "take":

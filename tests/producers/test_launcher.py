@@ -40,6 +40,7 @@ from trainguard.schemas import (
     ReleaseNode,
     Rollback,
     RunStarted,
+    SkipUpdate,
     auth,
     decode,
     encode,
@@ -286,6 +287,27 @@ def test_pause_run_during_the_decision_wait_after_a_crash_restarts_nothing(tmp_p
     result = launcher.run()
     assert result.status == "paused" and result.attempts == 1
     assert [(r.cause, r.to_attempt) for r in result.restarts] == [(RestartCause.CRASH, None)]
+
+
+def test_skip_update_makes_every_later_attempt_skip_that_batch(tmp_path: Path) -> None:
+    sink = MemorySink()
+    launcher = make_launcher(tmp_path, sink, {"FAKE_KILL": "1:3:0"}, decision_wait_s=2.0)
+    reason = Reason(code=ReasonCode.SKIP_BATCH, text="step 3 failed on 2 nodes; skipping its batch")
+    skip = SkipUpdate(command_id="skip", run_id="r1", attempt=0, issued_ts=1.0, reason=reason, step=3)
+    details: list[str] = []
+
+    def skip_after_the_crash() -> None:  # the core decides while the launcher waits for it
+        while not [e for e in sink.of(RankExit) if not e.requested]:
+            time.sleep(0.02)
+        details.append(launcher.handle_skip(skip, -1))
+
+    threading.Thread(target=skip_after_the_crash, daemon=True).start()
+    result = launcher.run()
+    assert result.status == "ok", result.reason
+    assert details == ["the batch of step 3 is skipped from the next attempt on"]
+    assert seen_env(tmp_path, 0, 0)["TRAINGUARD_SKIP_BATCHES"] == ""
+    assert seen_env(tmp_path, 1, 0)["TRAINGUARD_SKIP_BATCHES"] == "3"
+    assert make_launcher(tmp_path, MemorySink(), {}).skip_batches == {3}  # journaled
 
 
 def test_release_node_returns_a_quarantined_node_to_the_next_placement(tmp_path: Path) -> None:

@@ -94,6 +94,16 @@ def test_heartbeats_carry_the_phase_the_loop_is_in(tmp_path: Path) -> None:
     sup.close()
 
 
+def test_the_launchers_skipped_batches_are_passed_over(tmp_path: Path) -> None:
+    env = {"TRAINGUARD_RUN_ID": "run-t", "TRAINGUARD_SKIP_BATCHES": "11,13"}
+    sup = Supervisor.from_env(env, sink=MemorySink(), run_dir=tmp_path, gpu_reader=None)
+    assert sup.skip_batches == {11, 13}
+    batches = [torch.full((1,), float(i)) for i in range(5)]
+    seen = [(step, int(batch.item())) for step, batch in sup.steps(batches, start=10)]
+    assert seen == [(10, 0), (12, 2), (14, 4)] and sup.counters.skipped_batches == 2
+    sup.close()
+
+
 def test_invariants(tmp_path: Path) -> None:
     sup, sink, model = make(tmp_path, config=SupervisorConfig(grad_norm_min_samples=20))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -18,7 +18,9 @@ from ..schemas import (
     Page,
     Quarantine,
     QuarantineNode,
+    QuarantineReleased,
     Reason,
+    ReleaseNode,
     SdcMismatch,
     StragglerDiagnosed,
 )
@@ -76,7 +78,7 @@ class RunView:
 
 
 #: Derived kinds that are decisions (the archive's `decision` view); every command is one.
-_DECISION_KINDS = (Quarantine, Page, EvictionDecision, IntervalUpdate, StragglerDiagnosed)
+_DECISION_KINDS = (Quarantine, Page, EvictionDecision, IntervalUpdate, StragglerDiagnosed, QuarantineReleased)
 
 
 @dataclass
@@ -99,6 +101,8 @@ class RunsView:
                 run.last_mismatch = event
             if isinstance(event, Quarantine):
                 _quarantined(run, event.node, event.ts, event.attempt, event.reason, event.caused_by)
+            elif isinstance(event, QuarantineReleased):  # back in the pool: not the node's fault
+                run.quarantined.pop(event.node, None)
             if isinstance(event, _DECISION_KINDS):
                 _on_decision(
                     run, _decision(event.event_id, event.KIND, event.ts, event.reason, event.caused_by)
@@ -108,6 +112,8 @@ class RunsView:
             if isinstance(command, QuarantineNode):  # the SDC detector's come without a Quarantine
                 args = (command.issued_ts, command.attempt, command.reason, command.caused_by)
                 _quarantined(run, command.node, *args)
+            elif isinstance(command, ReleaseNode):
+                run.quarantined.pop(command.node, None)
             reason, caused_by = command.reason, command.caused_by
             _on_decision(
                 run, _decision(command.command_id, command.KIND, command.issued_ts, reason, caused_by)

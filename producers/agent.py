@@ -100,6 +100,11 @@ class RankAgent:
         self.last_step = NO_STEP
         #: Events not sent because their values failed validation.
         self.invalid = 0
+        #: What the training loop is doing now (Heartbeat.phase: forward, allreduce, optimizer,
+        #: data, checkpoint; '' unknown). The loop assigns it (one attribute store, no lock:
+        #: the flush thread reads whatever was last written); a hang's culprit is the rank
+        #: whose phase differs from everyone waiting in the collective.
+        self.phase = ""
         #: Set by :meth:`exit`; heartbeats stop after it.
         self.exited = False
         self._id_prefix = uuid.uuid4().hex
@@ -152,9 +157,10 @@ class RankAgent:
             self._emit(StepStats, step, loss=loss, grad_norm=grad_norm, finite=finite)
 
     def heartbeat(self) -> None:
-        """Liveness with the last completed step; normally called by :class:`NodeAgents`."""
+        """Liveness with the last completed step and the current phase; normally called by
+        :class:`NodeAgents`."""
         if not self.exited:
-            self._emit(Heartbeat, self.last_step)
+            self._emit(Heartbeat, self.last_step, phase=self.phase)
 
     def gpu_health(self, **fields: Any) -> None:
         """GPU and link health (the GpuHealth fields; `present` defaults to True)."""

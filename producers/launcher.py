@@ -45,6 +45,15 @@ Commands (executed on the actuator thread; they only set requests the loop reads
 - Rollback / ResumeFrom: stop the group now and restart from the named checkpoint step
   (it must carry a VALIDATED marker). After a rollback to S, the checkpoints newer than S
   validated before the rollback (the suspect lineage) are never chosen again.
+- PauseRun: the run fails at one step on every node (data or code): stop the group if one
+  is running, restart nothing, and end with status "paused" and the command's reason
+  (`trainguard launch` exits 75, EX_TEMPFAIL: fix the data or code, then relaunch; a
+  relaunch on the same run dir after a clean paused end starts again).
+- ReleaseNode: a quarantined node returns to the pool (its failure was the run's, not
+  the node's); the next placement may use it again.
+- SkipUpdate (the policy's alternative to PauseRun, ``paging.on_repeat_step: skip``): the
+  step's batch is skipped by every later attempt (TRAINGUARD_SKIP_BATCHES, read by the
+  Supervisor's ``steps()``); the running ranks skip that step's update themselves.
 
 Every exit after an Abort, or during the launcher's own teardown, is reported
 ``requested=True``.
@@ -113,11 +122,14 @@ from ..schemas import (
     Abort,
     Envelope,
     EvictRank,
+    PauseRun,
     QuarantineNode,
     RankExit,
+    ReleaseNode,
     ResumeFrom,
     Rollback,
     RunStarted,
+    SkipUpdate,
 )
 from ..schemas import RestartPhases as RestartPhasesEvent
 from .agent import EventSink  # a TelemetryShipper satisfies EventSink
@@ -134,6 +146,7 @@ VALIDATED_MARKER = "VALIDATED"
 class RestartCause(StrEnum):
     CRASH = "crash"  # a rank ended on its own with a non-zero status
     ABORT = "abort"  # Abort command
+    PAUSE = "pause"  # PauseRun command: the attempt stops and nothing restarts
     ROLLBACK = "rollback"  # Rollback command
     RESUME = "resume"  # ResumeFrom command
     EVICTION = "eviction"  # EvictRank, at the next validated checkpoint
@@ -228,7 +241,7 @@ class RestartPhases:
 
 @dataclass
 class LaunchResult:
-    status: Literal["ok", "failed", "stopped"]
+    status: Literal["ok", "failed", "stopped", "paused"]
     reason: str
     attempts: int
     restarts: list[RestartPhases] = field(default_factory=list)
@@ -387,6 +400,10 @@ class Launcher:
         self._request: _Request | None = None
         self._evict: _Request | None = None
         self._forced_resume: int | None = None
+        #: Steps whose batch every later attempt skips (SkipUpdate, journaled).
+        self.skip_batches: set[int] = set(state.skip_batches)
+        #: A PauseRun in force (its journal record): no attempt starts while it is set.
+        self._pause: dict[str, Any] | None = state.paused
         #: (step S, ts): checkpoints newer than S validated before ts are excluded (rollbacks).
         self._rollbacks: list[tuple[int, float]] = list(state.rollbacks)
         # Event ids are deterministic per run dir (attempt, rank, interruption), so that a
@@ -483,6 +500,38 @@ class Launcher:
             self._request = request
         return detail
 
+    def handle_pause(self, command: PauseRun, rank: int) -> str:
+        with self._lock:
+            running = self.placement is not None and self._pause is None
+            detail = (
+                f"run paused at step {command.step}: "
+                + (f"attempt {self.attempt} stops and " if running else "")
+                + f"nothing restarts until a human relaunches ({command.reason.text[:300]})"
+            )
+            self._record(command, detail, pause={"step": command.step, "reason": command.reason.text})
+            self._pause = self._commands[command.command_id]
+        return detail
+
+    def handle_skip(self, command: SkipUpdate, rank: int) -> str:
+        with self._lock:
+            detail = f"the batch of step {command.step} is skipped from the next attempt on"
+            self._record(command, detail, skip=command.step)
+            self.skip_batches.add(command.step)
+        return detail
+
+    def handle_release(self, command: ReleaseNode, rank: int) -> str:
+        node = command.node
+        if node not in self.pool.nodes:
+            raise ValueError(f"node {node} is not in the pool")
+        with self._lock:
+            if node not in self.quarantined:
+                detail = f"{node} is not quarantined: nothing to release"
+            else:
+                detail = f"{node} is back in the pool from the next restart on"
+            self._record(command, detail, release=node)
+            self.quarantined.discard(node)
+        return detail
+
     def register(self, actuator: Any) -> None:
         """Register the handlers on an Actuator (local_ranks=[-1]) and keep its attempt in step."""
         actuator.register(Abort, self._journaled(self.handle_abort))
@@ -490,6 +539,9 @@ class Launcher:
         actuator.register(EvictRank, self._journaled(self.handle_evict))
         actuator.register(Rollback, self._journaled(self.handle_resume))
         actuator.register(ResumeFrom, self._journaled(self.handle_resume))
+        actuator.register(PauseRun, self._journaled(self.handle_pause))
+        actuator.register(ReleaseNode, self._journaled(self.handle_release))
+        actuator.register(SkipUpdate, self._journaled(self.handle_skip))
         self.on_attempt = actuator.set_attempt
 
     def unexecuted(self, claimed: Iterable[str]) -> list[str]:
@@ -523,6 +575,9 @@ class Launcher:
         ok: bool = True,
         request: _Request | None = None,
         quarantine: str | None = None,
+        release: str | None = None,
+        pause: dict[str, Any] | None = None,
+        skip: int | None = None,
     ) -> None:
         """Under the lock: journal an executed command (or an operator's quarantine)."""
         key = command.command_id if command is not None else f"operator-quarantine:{quarantine}"
@@ -536,6 +591,9 @@ class Launcher:
             detail=detail[:2000],
             quarantine=quarantine,
             request=dataclasses.asdict(request) if request is not None else None,
+            **({"release": release} if release is not None else {}),
+            **({"pause": pause} if pause is not None else {}),
+            **({"skip": skip} if skip is not None else {}),
         )
         self._fault("after-command", kind)
 
@@ -559,6 +617,8 @@ class Launcher:
             pending, restarts, reuse = recovered
         first = True
         while True:
+            if self._paused(result, pending):
+                break
             if not first:
                 self.attempt += 1
             first = False
@@ -614,6 +674,8 @@ class Launcher:
                     self._finish(interruption, result)
                 break
             assert interruption is not None
+            if self._paused(result, interruption):
+                break
             if restarts >= self.config.max_restarts:
                 self._fail(interruption, restarts, result)
                 break
@@ -623,6 +685,22 @@ class Launcher:
                 result.status, result.reason = "stopped", "the launcher was stopped"
                 break
             pending = interruption
+
+    def _paused(self, result: LaunchResult, interruption: RestartPhases | None) -> bool:
+        """A PauseRun is in force: end the run "paused" with its reason (the interruption
+        that ended the last attempt is recorded, with no attempt after it)."""
+        with self._lock:
+            pause = self._pause
+        if pause is None:
+            return False
+        if interruption is not None:
+            self._finish(interruption, result)
+        info = pause.get("pause") or {}
+        result.status = "paused"
+        result.reason = (
+            f"paused at step {info.get('step', -1)} by {pause.get('key', '?')}: {info.get('reason', '')}"
+        )
+        return True
 
     def _fail(self, interruption: RestartPhases, restarts: int, result: LaunchResult) -> None:
         self._finish(interruption, result)
@@ -872,7 +950,14 @@ class Launcher:
                     teardown()
                     break
                 with self._lock:
-                    request, evict = self._request, self._evict
+                    request, evict, pause = self._request, self._evict, self._pause
+                if pause is not None and interruption is None:
+                    interruption = self._interruption(
+                        RestartCause.PAUSE, str((pause.get("pause") or {}).get("reason", ""))[:500], attempt,
+                        float(pause.get("ts", now)), now, command_id=str(pause.get("key", "")),
+                    )  # fmt: skip
+                    teardown()
+                    break
                 if (
                     interruption is None
                     and evict is not None
@@ -920,6 +1005,8 @@ class Launcher:
     def _env(self, rank: int, placement: Placement, resume: int, port: int) -> dict[str, str]:
         cfg = self.config
         rpn = cfg.ranks_per_node
+        with self._lock:  # the actuator thread may be adding one
+            skips = sorted(self.skip_batches)
         env = {
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
             **cfg.env,
@@ -945,6 +1032,7 @@ class Launcher:
             "TRAINGUARD_RESUME_STEP": str(resume),
             "TRAINGUARD_PHASES_FILE": str(phases_path(self.run_dir, self.attempt, rank)),
             "TRAINGUARD_RUN_DIR": str(self.run_dir),  # the Supervisor's stack dumps and journals
+            "TRAINGUARD_SKIP_BATCHES": ",".join(map(str, skips)),
         }
         return env
 

@@ -17,7 +17,10 @@ Records (``op``; every record also has ``ts``):
   idempotency key), written before its effect is applied and before it is acked:
   ``kind``, ``attempt``, ``ok`` (False: it was refused, e.g. an unvalidated step),
   ``detail`` (the ack's), ``quarantine`` (the node it took out of the pool, if any) and,
-  for Abort/Rollback/ResumeFrom, ``request`` (what the restart needs);
+  for Abort/Rollback/ResumeFrom, ``request`` (what the restart needs); ``release`` (the
+  node a ReleaseNode returned to the pool), ``skip`` (a SkipUpdate's step: every later
+  attempt passes over that step's batch), ``pause`` (a PauseRun's step and reason: no
+  restart until a clean end, so a successor ends paused too);
 - ``take``: a Rollback/ResumeFrom request consumed (``key``, ``step``, ``rollback``):
   the next attempt resumes from ``step``; a rollback also bars the checkpoints newer than
   ``step`` validated before ``ts`` (the suspect lineage);
@@ -127,6 +130,10 @@ class JournalState:
     quarantined: list[str] = field(default_factory=list)
     #: (step, ts) of every rollback taken.
     rollbacks: list[tuple[int, float]] = field(default_factory=list)
+    #: Steps whose batch every later attempt skips (SkipUpdate).
+    skip_batches: list[int] = field(default_factory=list)
+    #: The PauseRun record in force (none after a clean end: a human relaunched).
+    paused: dict[str, Any] | None = None
     #: Command keys whose resume was taken.
     taken: set[str] = field(default_factory=set)
     #: index -> interruption record (with key and from_attempt).
@@ -156,6 +163,14 @@ def replay(records: list[dict[str, Any]]) -> JournalState:
             node = rec.get("quarantine")
             if rec.get("ok") and isinstance(node, str) and node not in state.quarantined:
                 state.quarantined.append(node)
+            released = rec.get("release")
+            if rec.get("ok") and isinstance(released, str) and released in state.quarantined:
+                state.quarantined.remove(released)
+            skip = rec.get("skip")
+            if rec.get("ok") and isinstance(skip, int) and skip not in state.skip_batches:
+                state.skip_batches.append(skip)
+            if rec.get("ok") and isinstance(rec.get("pause"), dict):
+                state.paused = rec
         elif op == "take":
             state.taken.add(str(rec["key"]))
             if rec.get("rollback"):
@@ -180,6 +195,7 @@ def replay(records: list[dict[str, Any]]) -> JournalState:
                 a.ended = str(rec["end"])
         elif op == "session":
             state.session_restarts = set()
+            state.paused = None
         if op in ("attempt", "spawned", "ended", "interruption", "take", "session"):
             state.clean = op == "session"
     return state

@@ -48,6 +48,17 @@ after its step the scope's batch is replayed twice by ``replay_fn`` after the up
 and the two gradient digests are reported (:mod:`.grad_checks`). The replay must not run
 a collective: under DDP call the unwrapped ``model.module``.
 
+Skipped batches: a step that failed on every node (data or code) and that the policy
+allows to skip comes back from the launcher as TRAINGUARD_SKIP_BATCHES; :meth:`steps`
+reads and drops its batch, so the restarted run goes past it.
+
+Phases (Heartbeat.phase): the supervisor tells its agent what the loop is doing, one
+attribute store at each boundary: forward from the step's start, allreduce once this
+rank's compute is done (the comm hook or compute_done()) and while the ranks agree in
+check(), optimizer after check(), checkpoint while saving, data between steps (the
+loader). When no stack dump arrives after a hang, the rank whose last phase differs from
+everyone waiting in the all-reduce is the culprit (processors/core/stacks.py).
+
 Nothing here blocks on the broker, the network or storage: events are queued; commands
 are read and acked on the actuator's thread; GPU health is sampled on its own thread;
 heartbeats come from the shipper's thread, so they continue while a step is stuck.
@@ -93,6 +104,9 @@ ENV_TOPIC_PREFIX = "TRAINGUARD_TOPIC_PREFIX"
 ENV_RUN_DIR = "TRAINGUARD_RUN_DIR"
 #: Where the launcher reads this rank's restart phases (producers/launcher.py).
 ENV_PHASES_FILE = "TRAINGUARD_PHASES_FILE"
+#: Steps whose batch this attempt must not train on, comma-separated: a SkipUpdate the
+#: launcher took for a step that failed on every node (producers/launcher.py).
+ENV_SKIP_BATCHES = "TRAINGUARD_SKIP_BATCHES"
 #: SupervisorConfig fields an operator may set from the environment (seconds).
 ENV_CONFIG = {
     "TRAINGUARD_FLUSH_INTERVAL_S": "flush_interval_s",
@@ -209,6 +223,7 @@ class SupervisorCounters:
     self_checks: int = 0
     self_check_mismatches: int = 0
     checkpoints: int = 0
+    skipped_batches: int = 0
 
 
 # --------------------------------------------------------------------------- timing
@@ -281,6 +296,7 @@ class StepScope:
     def __enter__(self) -> StepScope:
         self.sup._begin(self)
         self._start = self.sup._marks.mark()
+        self.sup.agent.phase = "forward"
         return self
 
     def compute_done(self) -> None:
@@ -288,11 +304,15 @@ class StepScope:
         instrumented DDP model the comm hook has marked it already; this is then a no-op."""
         if self._compute is None:
             self._compute = self.sup._marks.mark()
+            self.sup.agent.phase = "allreduce"
 
     def check(self, loss: torch.Tensor | float, grad_norm: torch.Tensor | float | None = None) -> bool:
         """The invariants; True: apply the update. Reads the loss (and grad norm) as host
         floats, which waits for the device to compute them."""
-        return self.sup._check(self, loss, grad_norm)
+        self.sup.agent.phase = "allreduce"  # the ranks agree on the verdict with one all-reduce
+        applied = self.sup._check(self, loss, grad_norm)
+        self.sup.agent.phase = "optimizer"
+        return applied
 
     @property
     def applied(self) -> bool:
@@ -337,8 +357,11 @@ class Supervisor:
         gpu_reader: HealthReader | None | Literal["auto"] = "auto",
         terminate: Callable[[int], None] = os._exit,
         clock: Callable[[], float] = time.perf_counter,
+        skip_batches: Iterable[int] = (),
     ) -> None:
         self.config = config or SupervisorConfig()
+        #: Steps whose batch steps() passes over (the launcher's TRAINGUARD_SKIP_BATCHES).
+        self.skip_batches = frozenset(skip_batches)
         self.run_id, self.rank, self.world_size, self.attempt = run_id, rank, world_size, attempt
         self.node = node or socket.gethostname()
         self.model = model
@@ -445,6 +468,8 @@ class Supervisor:
             kwargs.setdefault("run_dir", env[ENV_RUN_DIR])
         if env.get(ENV_PHASES_FILE):
             kwargs.setdefault("phases_file", env[ENV_PHASES_FILE])
+        if env.get(ENV_SKIP_BATCHES):
+            kwargs.setdefault("skip_batches", [int(s) for s in env[ENV_SKIP_BATCHES].split(",") if s])
         return cls(
             run_id,
             rank=int(env.get("RANK", "0")),
@@ -502,10 +527,18 @@ class Supervisor:
     # ------------------------------------------------------------------ loop API
     def steps(self, loader: Iterable[Any], start: int = 0) -> Iterator[tuple[int, Any]]:
         """``(step, batch)`` pairs numbered from `start`; ``sup.step(step)`` then knows the
-        batch (for the self-check replay) without being given it."""
+        batch (for the self-check replay) without being given it. A step of
+        `skip_batches` is passed over: its batch is read and dropped, on every rank alike
+        (they all have the launcher's list), so the job never trains on it."""
+        self.agent.phase = "data"
         for step, batch in enumerate(loader, start):
+            if step in self.skip_batches:
+                self.counters.skipped_batches += 1
+                log.warning("rank %d: batch of step %d skipped (the launcher's skip list)", self.rank, step)
+                continue
             self._batches = {step: batch}
             yield step, batch
+            self.agent.phase = "data"  # the loader fetches the next batch
 
     def step(self, step: int, batch: Any = None, microbatch_id: str | None = None) -> StepScope:
         """The scope of one step (a context manager); see the module docstring."""
@@ -617,6 +650,7 @@ class Supervisor:
         if due is None:
             due = self.checkpoint is not None and self.should_checkpoint(scope.step)
         if due and self.checkpoint is not None:
+            self.agent.phase = "checkpoint"
             self.checkpoint.save(scope.step)
             self.checkpoint_saved(scope.step)
 

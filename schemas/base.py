@@ -93,6 +93,13 @@ class ReasonCode(StrEnum):
     PAGE_GOODPUT = "page_goodput"
     ROLLBACK = "rollback"
     NO_CLEAN_ANCESTOR = "no_clean_ancestor"
+    # pages and quarantines only on evidence (issue 14 item 4)
+    ODD_PHASE = "odd_phase"
+    CULPRIT_UNKNOWN = "culprit_unknown"
+    NODE_ALREADY_LEAVING = "node_already_leaving"
+    PAUSE_RUN = "pause_run"
+    SKIP_BATCH = "skip_batch"
+    QUARANTINE_RELEASED = "quarantine_released"
 
 
 class Reason(Record):

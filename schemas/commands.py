@@ -140,6 +140,28 @@ class Rollback(Command):
     uri: str = Field(max_length=2000)
 
 
+class PauseRun(Command):
+    """Stop restarting the run: it failed at `step` again and again, on different nodes
+    (data or code, not hardware), so another restart would fail the same way. The launcher
+    ends the attempt if one is running, restarts nothing, and exits with a paused status
+    and this reason for a human (or a scheduler) to act on."""
+
+    KIND: ClassVar[str] = "pause_run"
+    VERSION: ClassVar[int] = 1
+
+    step: int = Field(ge=-1, description="The step that keeps failing (-1: not known).")
+
+
+class ReleaseNode(Command):
+    """Return a node quarantined on a failure that turned out to be the run's (data or
+    code) to the pool: it was not the node's fault."""
+
+    KIND: ClassVar[str] = "release_node"
+    VERSION: ClassVar[int] = 1
+
+    node: str = Field(min_length=1, max_length=128)
+
+
 COMMAND_KINDS: tuple[type[Command], ...] = (
     CheckpointNow,
     SetCheckpointInterval,
@@ -153,6 +175,8 @@ COMMAND_KINDS: tuple[type[Command], ...] = (
     ResumeFrom,
     Rollback,
     RunRingCheck,
+    PauseRun,
+    ReleaseNode,
 )
 
 

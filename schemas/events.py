@@ -33,11 +33,19 @@ class RunStarted(Envelope):
     config_digest: str = Field(default="", max_length=128)
 
 
+#: Training phases a heartbeat may report (Heartbeat.phase); "" when the rank does not say.
+PHASES = ("forward", "backward", "allreduce", "optimizer", "data", "checkpoint", "eval")
+
+
 class Heartbeat(Envelope):
-    """Process liveness; `step` is the last step this rank completed."""
+    """Process liveness; `step` is the last step this rank completed. v2: `phase`, what the
+    training loop was doing when the heartbeat left (a hang's culprit is the rank whose
+    phase differs from everyone waiting in the collective)."""
 
     KIND: ClassVar[str] = "heartbeat"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
+
+    phase: str = Field(default="", max_length=32, description="e.g. forward, allreduce; '' unknown.")
 
 
 class StepTiming(Envelope):
@@ -445,6 +453,16 @@ class GoodputReport(Derived):
     interruptions: int = Field(default=0, ge=0, description="Interruptions detected inside the window.")
 
 
+class QuarantineReleased(Derived):
+    """A node quarantined on a failure is back in the pool: the failure repeated at the
+    same step on other nodes (data or code, not this node). node: the node released."""
+
+    KIND: ClassVar[str] = "quarantine_released"
+    VERSION: ClassVar[int] = 1
+
+    quarantine_id: str = Field(max_length=200, description="The Quarantine event it undoes.")
+
+
 DERIVED_KINDS: tuple[type[Derived], ...] = (
     StragglerFlagged,
     StragglerCleared,
@@ -461,4 +479,5 @@ DERIVED_KINDS: tuple[type[Derived], ...] = (
     Page,
     IntervalUpdate,
     GoodputReport,
+    QuarantineReleased,
 )

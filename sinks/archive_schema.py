@@ -326,10 +326,15 @@ DDL: tuple[str, ...] = (
     # caused), or a QuarantineNode command that no such event caused (the SDC detector's:
     # its cause is the SdcMismatch, whose rank and step are shown). A command archived
     # before its event shows as its own row until the event arrives, then merges into it.
+    # A quarantine later released (QuarantineReleased: the failure repeated at the same step
+    # on other nodes, data or code) is no evidence against its node and is not listed.
     """
     CREATE OR REPLACE VIEW quarantine AS
     WITH event AS (
         SELECT * FROM raw_event WHERE kind = 'quarantine'
+    ), released AS (
+        SELECT DISTINCT payload->>'quarantine_id' AS quarantine_id
+        FROM raw_event WHERE kind = 'quarantine_released'
     ), cmd AS (
         SELECT c.*, CAST(c.payload->'caused_by' AS VARCHAR[]) AS causes
         FROM command c WHERE c.kind = 'quarantine_node'
@@ -342,6 +347,7 @@ DDL: tuple[str, ...] = (
            (SELECT min(c.command_id) FROM cmd c
             WHERE c.run_id = e.run_id AND list_contains(c.causes, e.event_id)) AS command_id
     FROM event e
+    WHERE e.event_id NOT IN (SELECT quarantine_id FROM released)
     UNION ALL
     SELECT c.command_id, 'quarantine_node', c.payload->>'node', c.run_id, c.attempt,
            coalesce(m.rank, -1), coalesce(m.step, -1), c.issued_ts, c.reason_code, c.reason_text,

@@ -531,7 +531,8 @@ def launch(
 ) -> None:
     """Start and supervise NPROC rank processes of COMMAND: restarts from the newest validated
     checkpoint, executes Abort/QuarantineNode/EvictRank/Rollback/ResumeFrom, records the restart
-    phases in DIR/.trainguard/restarts.jsonl. Exit 0 ok, 1 failed, 130 stopped."""
+    phases in DIR/.trainguard/restarts.jsonl. Exit 0 ok, 1 failed, 130 stopped, 75 paused (a
+    PauseRun: the run fails at one step on every node; fix the data or code, then relaunch)."""
     from .producers.agent import MemorySink
     from .producers.launcher import (
         FAULT_ENV,
@@ -588,7 +589,7 @@ def launch(
             markup=False,
         )
     console.print(f"{result.status}: {result.reason} ({result.attempts} attempts)", markup=False)
-    raise typer.Exit({"ok": 0, "failed": 1, "stopped": 130}[result.status])
+    raise typer.Exit({"ok": 0, "failed": 1, "stopped": 130, "paused": 75}[result.status])
 
 
 @app.command()

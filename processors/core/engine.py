@@ -28,6 +28,7 @@ from ...schemas import (
     InterruptionCause,
     InterruptionRecovered,
     MtbfUpdate,
+    QuarantineNode,
     RankExit,
     Reason,
     ReasonCode,
@@ -41,14 +42,25 @@ from ...schemas import (
     StragglerCleared,
     StragglerFlagged,
 )
-from . import baseline, diagnosis, eviction, interval, paging, quarantine, rollback, sdc, straggler
+from . import (
+    baseline,
+    diagnosis,
+    eviction,
+    interval,
+    paging,
+    quarantine,
+    repeat_step,
+    rollback,
+    sdc,
+    straggler,
+)
 from . import goodput as accounting
 from .ids import derived_id
 from .outputs import Forward, abort_for, node_of
 from .policy import CorePolicy
-from .stacks import odd_stack
+from .stacks import odd_phase, odd_stack
 from .state import CoreState, OpenInterruption, PendingHang, RankState, RunPhase, RunState, state_key
-from .watchdog import is_hung, stall_s
+from .watchdog import is_hung, stall_s, step_timeout_s
 
 Output = Derived | Command | Forward
 
@@ -140,11 +152,15 @@ def step(
             if interruption.cause != InterruptionCause.EVICTION:  # planned: not a failure
                 starting = interruption.step <= run.resumed_from_step  # no step done in its attempt
                 outputs += baseline.on_interruption(run.baseline, run, interruption, policy.baseline)
-                outputs += paging.on_interruption(
+                pages = paging.on_interruption(
                     run.paging, interruption, run.baseline, policy.baseline, policy.paging, starting
                 )
+                outputs += pages
                 outputs += quarantine.on_interruption(run.paging, interruption, starting)
+                outputs += repeat_step.on_pages(run.paging, interruption, pages, policy.paging, starting)
             accounting.on_interruption(run.goodput, interruption, list(run.step_times))
+        for leaving in [o for o in outputs if isinstance(o, QuarantineNode)]:  # one node, one action
+            eviction.on_node_leaving(run.eviction, leaving.node, leaving.attempt, leaving.command_id)
         for recovered in [o for o in outputs if isinstance(o, InterruptionRecovered)]:
             eviction.on_recovered(run.eviction, recovered, policy.eviction)
         for update in [o for o in outputs if isinstance(o, MtbfUpdate)]:  # M moved: re-derive T
@@ -212,12 +228,29 @@ def _on_shard_event(run: RunState, event: Envelope, policy: CorePolicy) -> list[
     if isinstance(event, Heartbeat) and rank is not None:
         if rank.progress_ts is None:
             rank.progress_ts = event.ts
-        return []  # a hang stalls every rank: shard 0's watchdog sees it on its own ranks
+        # A hang stalls every rank: shard 0's watchdog sees it on its own ranks. What it
+        # cannot see is this shard's phases, its evidence when no stack dump comes.
+        return _forward_phase(run, rank, event, policy)
     if isinstance(event, StepStats):
         # A finite report is judged by shard 0 from its own ranks (the all-reduced grad
         # norm is the same on every rank); a non-finite one may be this rank's alone.
         return [Forward(event, "non-finite step stats")] if sdc.is_non_finite(event) else []
     return [Forward(event, f"{event.KIND} is decided by shard 0")]  # misrouted: still decided
+
+
+def _forward_phase(run: RunState, rank: RankState, event: Heartbeat, policy: CorePolicy) -> list[Output]:
+    """A non-coordinator shard forwards the phase of a rank stalled past half the step
+    timeout, once per phase and stall: shard 0 learns every rank's phase before it
+    concludes a hang (one record per rank per hang), and nothing while the job progresses."""
+    if not event.phase:
+        return []
+    if stall_s(rank, event.ts) < 0.5 * step_timeout_s(run, policy.hang):
+        rank.forwarded_phase = ""
+        return []
+    if event.phase == rank.forwarded_phase:
+        return []
+    rank.forwarded_phase = event.phase
+    return [Forward(event, "the phase of a stalled rank: hang evidence for shard 0")]
 
 
 # --------------------------------------------------------------------------- handlers
@@ -354,22 +387,29 @@ def _recovered(run: RunState, opened: OpenInterruption, event: StepTiming) -> In
 def _on_heartbeat(run: RunState, rank: RankState, event: Heartbeat, policy: CorePolicy) -> list[Output]:
     if rank.progress_ts is None:  # first sign of life in this attempt starts its clock
         rank.progress_ts = event.ts
+    if event.phase and event.ts >= rank.phase_ts:
+        rank.phase, rank.phase_ts = event.phase, event.ts
+    if run.shard_ranks and (owned := run.owned()) is not None and event.rank not in owned:
+        return []  # another shard's rank, forwarded for its phase: its own shard watches it
     timeout = is_hung(run, rank, event.ts, policy.hang)
     if timeout is None:
         return []
     stalled = stall_s(rank, event.ts)
+    # Run-level: the rank whose heartbeat noticed the stall is not the culprit, and naming
+    # it here would contradict the interruption that names the culprit from the evidence.
     hang = HangDetected(
         event_id=derived_id("hang_detected", event.event_id),
         run_id=run.run_id,
         attempt=run.attempt,
-        rank=event.rank,
-        node=event.node,
+        rank=-1,
+        node="",
         step=run.job_step,
         ts=event.ts,
         reason=Reason(
             code=ReasonCode.NO_PROGRESS,
-            text=f"rank {event.rank} alive but no step completed for {stalled:.1f}s "
-            f"(timeout {timeout:.1f}s) after step {rank.last_step}",
+            text=f"the job is alive but no step completed for {stalled:.1f}s "
+            f"(timeout {timeout:.1f}s) after step {run.job_step}; the culprit is named from "
+            "the ranks' stack dumps, else their last reported phases",
         ),
         caused_by=[event.event_id],
         last_step=run.job_step,
@@ -446,24 +486,7 @@ def _maybe_conclude_hang(run: RunState, now_ts: float, policy: CorePolicy) -> li
     answered = {r: s.stack_signature for r, s in run.ranks.items() if s.exited}
     if len(answered) < expected and now_ts - pending.detected_ts < policy.hang.stack_collect_s:
         return []
-    verdict = odd_stack(answered)
-    missing = sorted(set(range(expected)) - set(answered))
-    if verdict is not None:
-        culprit = verdict.culprits[0]
-        reason = Reason(
-            code=ReasonCode.ODD_STACK,
-            text=f"rank {culprit} was in {verdict.odd_signature!r} while "
-            f"{len(answered) - len(verdict.culprits)} ranks waited in {verdict.majority_signature!r}",
-        )
-    elif missing:
-        culprit = missing[0]
-        reason = Reason(
-            code=ReasonCode.STACKS_INCOMPLETE,
-            text=f"{len(missing)} rank(s) did not answer the stack-dump abort; first: rank {culprit}",
-        )
-    else:
-        culprit = -1
-        reason = Reason(code=ReasonCode.NO_ODD_STACK, text="all stacks alike; culprit unknown")
+    culprit, reason = _hang_culprit(run, answered, expected)
     run.pending_hang = None
     return [
         _interruption(
@@ -477,6 +500,40 @@ def _maybe_conclude_hang(run: RunState, now_ts: float, policy: CorePolicy) -> li
             detect_s=pending.stalled_s,
         )
     ]
+
+
+def _hang_culprit(run: RunState, answered: dict[int, str], expected: int) -> tuple[int, Reason]:
+    """The hang's culprit from evidence only: the odd stack out among the dumps, else the
+    rank whose last reported phase differs from everyone else's (all waiting in the
+    collective, one still in forward or data), else unknown (-1: nothing is quarantined).
+    Never a rank only for not answering the dump: at thousands of ranks many may miss
+    the window, and the first of them is rank 0."""
+    dumped = {r: sig for r, sig in answered.items() if sig}  # an exit without a dump is no evidence
+    verdict = odd_stack(dumped)
+    if verdict is not None:
+        culprit = verdict.culprits[0]
+        return culprit, Reason(
+            code=ReasonCode.ODD_STACK,
+            text=f"rank {culprit} was in {verdict.odd_signature!r} while "
+            f"{len(dumped) - len(verdict.culprits)} ranks waited in {verdict.majority_signature!r}",
+        )
+    answered = dumped
+    silent = expected - len(answered)
+    dumps = f"{len(answered)} of {expected} stack dumps, no odd one out" if answered else "no stack dump"
+    if silent > 0:
+        dumps += f" ({silent} rank(s) sent none in the window)"
+    phases = {r: s.phase for r, s in run.ranks.items() if s.phase}
+    found = odd_phase(phases)
+    if found is not None:
+        culprit, odd, majority, others = found
+        return culprit, Reason(
+            code=ReasonCode.ODD_PHASE,
+            text=f"{dumps}; rank {culprit} last reported phase {odd!r} while {others} ranks "
+            f"reported {majority!r}",
+        )
+    why = "no phases reported" if not phases else "no single rank's phase stands out"
+    code = ReasonCode.NO_ODD_STACK if silent == 0 and answered else ReasonCode.CULPRIT_UNKNOWN
+    return -1, Reason(code=code, text=f"{dumps}; {why}: culprit unknown, nothing quarantined")
 
 
 # --------------------------------------------------------------------------- outputs

@@ -25,6 +25,11 @@ number on the replacement node, and an environmental cause (a hot rack) that dia
 missed makes that rank straggle again. (If the eviction was never carried out, e.g. the
 attempt crashed before its checkpoint boundary, the next attempt still judges it.)
 
+A node counts once (issue 14): a straggler on a node that is already leaving the job in
+this attempt (an eviction issued for another of its GPUs, or a quarantine) is recorded
+"not evicted" (NODE_ALREADY_LEAVING): the node's eviction replaces every GPU of it, so
+there is no second EvictRank, no same-rack page, no deferral to act on later.
+
 Guards, checked in this order once the payback is short enough:
 
 1. same rack: the run's most recent eviction was in this straggler's rack: a Page
@@ -172,6 +177,8 @@ class EvictionState:
     #: Measured restart seconds (InterruptionRecovered), newest last.
     restarts: deque[float] = field(default_factory=lambda: deque(maxlen=20))
     evictions: int = 0
+    #: node -> (attempt, id of the decision or quarantine taking it out at that attempt's end).
+    leaving: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- formulas
@@ -253,6 +260,14 @@ def on_time(
         ts,
         [candidate.decision_id],
     )
+
+
+def on_node_leaving(state: EvictionState, node: str, attempt: int, cause_id: str) -> None:
+    """`node` leaves the job at the end of `attempt` (a quarantine): its other GPUs'
+    straggles are that node's, not new evictions."""
+    if node:
+        state.leaving[node] = (attempt, cause_id)
+        state.deferred = {r: c for r, c in state.deferred.items() if c.diagnosed.node != node}
 
 
 def on_cleared(state: EvictionState, rank: int) -> None:
@@ -380,6 +395,13 @@ def _decide(
             evictions_unresolved=state.unresolved,
         )
 
+    leaving = state.leaving.get(diagnosed.node) if diagnosed.node else None
+    if leaving is not None and leaving[0] == diagnosed.attempt:
+        text = (
+            f"rank {rank} ({where}) not evicted again: {node} already leaves the job at this attempt's "
+            f"end ({leaving[1][:12]}), and with it every GPU of it; one node, one eviction"
+        )
+        return [decision(EvictionVerdict.NOT_EVICTED, ReasonCode.NODE_ALREADY_LEAVING, text)]
     if not policy.enabled:
         text = f"rank {rank} ({where}) not evicted: automatic eviction is disabled by policy; {numbers}"
         return [decision(EvictionVerdict.NOT_EVICTED, ReasonCode.EVICTION_DECLINED, text)]
@@ -431,6 +453,7 @@ def _decide(
     state.last_ts, state.last_rack, state.last_id = ts, rack, made.event_id
     state.evictions += 1
     state.deferred.pop(rank, None)
+    on_node_leaving(state, diagnosed.node, diagnosed.attempt, made.event_id)
     state.pending.append(_Outcome(made.event_id, rank, diagnosed.attempt))
     return [made, command]
 

@@ -3,14 +3,20 @@ reported; a page goes out only on a pattern, once per pattern, with its rule and
 evidence (the interruptions that make it).
 
   same_node     one node caused `same_node_interruptions` interruptions of the run: the
-                quarantine that should have removed it after the first did not work
+                quarantine that should have removed it after the first did not work. A
+                failure at a step that failed before (on any node) is not counted against
+                its node, and the step's first failure stops counting once it repeats: a
+                data or code fault is no evidence against the nodes it happens to run on
   same_step     the job failed at the same step `same_step_interruptions` times across
                 restarts: data or code, not hardware (a restart will not fix it). A failure
                 before the attempt completed any step counts apart, as "starting from
                 checkpoint s", and pages at `same_start_interruptions` (3): a crash just after
                 a checkpoint and a failure during the next restart both stop at step s by
                 chance, and at 16,384 ranks with 10-minute restarts 5% of restarts are hit by
-                another failure, so two in a row happen about monthly; three do not
+                another failure, so two in a row happen about monthly; three do not.
+                What follows the page (repeat_step.py): the run stops restarting into that
+                step (PauseRun, or SkipUpdate under `on_repeat_step: skip`), and the node
+                quarantined at the step's first failure is released
   failure_rate  the last hour's interruptions exceed `rate_multiple` x the baseline rate
                 (the run's MTBF posterior) with at least `rate_min_interruptions` of them:
                 the ratio alone is weak (at 16,384 ranks any two failures in an hour are
@@ -27,6 +33,7 @@ evidence (the interruptions that make it).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -53,6 +60,11 @@ class PagingPolicy(BaseModel):
         ge=2,
         description="Page when this many attempts resumed from one checkpoint failed before "
         "completing a step (a first step that always fails; two happen by chance).",
+    )
+    on_repeat_step: Literal["pause", "skip"] = Field(
+        "pause",
+        description="After a same_step page: pause (PauseRun: the launcher stops restarting and "
+        "waits for a human) or skip (SkipUpdate of the failing step, and the run continues).",
     )
     rate_multiple: float = Field(
         5.0, gt=1, description="Page when the last hour's rate exceeds this x baseline."
@@ -84,6 +96,12 @@ class PagingState:
     by_step: dict[tuple[int, bool], list[str]] = field(default_factory=dict)
     #: (rule, subject) already paged: a pattern pages once.
     paged: set[tuple[str, str]] = field(default_factory=set)
+    #: interruption_id -> the node it named ('' none), for every interruption counted.
+    nodes: dict[str, str] = field(default_factory=dict)
+    #: interruption_id -> (node, Quarantine event id) of the quarantines it caused.
+    quarantined: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: Quarantine event ids already released (a node is released once per quarantine).
+    released: set[str] = field(default_factory=set)
     #: ts of the last failure-rate page (re-armed once its window has passed).
     rate_paged_ts: float | None = None
     #: ts of the last goodput page (likewise).
@@ -104,9 +122,15 @@ def on_interruption(
         return []
     state.counted.add(interruption.interruption_id)
     state.timeline.append((interruption.ts, interruption.interruption_id))
+    state.nodes[interruption.interruption_id] = interruption.node
     pages: list[Page] = []
     node, step = interruption.node, interruption.step
-    if node:
+    repeated = step >= 0 and bool(state.by_step.get((step, starting)))
+    if repeated:  # data or code: neither this failure nor the step's earlier ones count against nodes
+        earlier = set(state.by_step[(step, starting)])
+        for ids in state.by_node.values():
+            ids[:] = [i for i in ids if i not in earlier]
+    if node and not repeated:
         seen = state.by_node.setdefault(node, [])
         seen.append(interruption.interruption_id)
         if len(seen) >= policy.same_node_interruptions and ("same_node", node) not in state.paged:

@@ -4,13 +4,16 @@ it affected, so that "which node killed the most jobs" is one query over the arc
 
 Which interruptions name a node worth removing:
   crash           the rank that died first
-  hang            the rank whose stack differs, or the rank that never answered the
-                  stack dump; not a hang with all stacks alike (culprit unknown)
+  hang            the rank whose stack differs, else the rank whose last reported phase
+                  differs from everyone waiting in the collective; never a rank only for
+                  not answering the stack dump, nor a hang whose culprit is unknown
   not quarantined a non-finite loss (the first reporter is not evidence against its
                   node: abort and investigate), an operator's restart, an SDC mismatch
                   (the SDC detector quarantines the node it proved wrong itself), and a
                   failure at a step that already failed before: that is data or code
-                  (paging says so), and removing node after node would not fix it.
+                  (paging says so), and removing node after node would not fix it. Once
+                  the step's repeat is paged, the node quarantined at its first failure is
+                  released (repeat_step.py).
 """
 
 from __future__ import annotations
@@ -62,4 +65,5 @@ def on_interruption(
         caused_by=[quarantine.event_id],
         node=node,
     )
+    paging.quarantined[interruption.interruption_id] = (node, quarantine.event_id)
     return [quarantine, command]

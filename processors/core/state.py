@@ -54,6 +54,12 @@ class RankState:
     exited: bool = False
     requested_exit: bool = False
     stack_signature: str = ""
+    #: The training phase of its latest heartbeat ('' not reported): a hang's evidence
+    #: when no stack dump comes.
+    phase: str = ""
+    phase_ts: float = 0.0
+    #: A non-coordinator shard: the phase last forwarded to shard 0 in this stall.
+    forwarded_phase: str = ""
 
 
 @dataclass

@@ -62,8 +62,10 @@ from ...schemas import (
     EvictRank,
     GpuHealth,
     Heartbeat,
+    PauseRun,
     QuarantineNode,
     RankExit,
+    ReleaseNode,
     ResumeFrom,
     RingCheck,
     Rollback,
@@ -125,6 +127,7 @@ class Phase(StrEnum):
     STALLED = "stalled"  # alive ranks, but no step can complete (a crash or a hang)
     FINISHED = "finished"
     FAILED = "failed"  # the launcher gave up after max_restarts restarts
+    PAUSED = "paused"  # a PauseRun command: the launcher restarts nothing until a human acts
 
 
 class CommandRefused(ValueError):
@@ -206,6 +209,11 @@ class SimulatedCluster:
         self._rank_node: list[str] = []
         self._spares = itertools.count()
         self._replace: set[int] = set()
+        #: Nodes a ReleaseNode returned to the pool after they were replaced: the next
+        #: replacements take them before a new spare.
+        self._released: list[str] = []
+        #: Why the run was paused (PauseRun), when it was.
+        self.paused: str | None = None
 
         # Run-level state.
         self.now = start_ts
@@ -245,7 +253,8 @@ class SimulatedCluster:
         self._compute: list[float] = []
         self._total = 0.0
         self._block_next = 0.0
-        self._hang: tuple[int, str] | None = None
+        self._hang: tuple[int, str, str] | None = None  # (rank, stack, phase)
+        self._compute_t0 = start_ts  # when the running step's compute began (heartbeat phases)
         self._stall_token = 0
         self._pending_writes: set[int] = set()
         self._checkpoint_requested = False
@@ -265,7 +274,7 @@ class SimulatedCluster:
     def done(self) -> bool:
         """The job finished (or the launcher gave up) and no checkpoint is still being
         written or validated."""
-        return self.phase in (Phase.FINISHED, Phase.FAILED) and not any(
+        return self.phase in (Phase.FINISHED, Phase.FAILED, Phase.PAUSED) and not any(
             kind in ("written", "validated") for _, _, kind, _ in self._heap
         )
 
@@ -336,10 +345,11 @@ class SimulatedCluster:
         a, step, running = self.attempt, self.last_completed, self._step
         beats = self._heartbeats.take(limit, inclusive)
         health = self._health.take(limit, inclusive) if self._health is not None else []
+        phase = self._phase_of
         if not health:
             for ts, rank in beats:
                 if live[rank]:
-                    out.append(make(Heartbeat, a, rank, node_of[rank], step, ts))
+                    out.append(make(Heartbeat, a, rank, node_of[rank], step, ts, phase=phase(rank, ts)))
             return
         slow = self._slow_map(self._step, limit)
         merged = heapq.merge(((ts, 0, r) for ts, r in beats), ((ts, 1, r) for ts, r in health))
@@ -347,14 +357,27 @@ class SimulatedCluster:
             if not live[rank]:
                 continue
             if kind == 0:
-                out.append(make(Heartbeat, a, rank, node_of[rank], step, ts))
+                out.append(make(Heartbeat, a, rank, node_of[rank], step, ts, phase=phase(rank, ts)))
             else:
                 reading = gpu_reading(self._health_rng, self._base_temp[rank], slow.get(rank), running)
                 out.append(make(GpuHealth, a, rank, node_of[rank], step, ts, **reading.fields()))
 
+    def _phase_of(self, rank: int, ts: float) -> str:
+        """What the rank's training loop is doing at `ts` (Heartbeat.phase): a hung rank is
+        stuck in its fault's phase; everyone else of a stalled step waits in the all-reduce;
+        in a running step a rank computes until its compute time is spent, then waits."""
+        hang = self._hang
+        if hang is not None and hang[0] == rank:
+            return hang[2]
+        if self.phase is Phase.TRAINING and ts < self._compute_t0 + self._compute[rank]:
+            return "forward"
+        return "allreduce"
+
     # ================================================================== attempts
     def _on_restart(self, ts: float, out: list[Envelope]) -> None:
         sc = self.scenario
+        if self.phase is Phase.PAUSED:
+            return  # paused: nothing restarts until a human relaunches
         if sc.max_restarts is not None and self.attempt >= sc.max_restarts:
             text = f"giving up after {self.attempt} restarts (max_restarts {sc.max_restarts})"
             log.warning("simulated launcher: %s", text)
@@ -362,7 +385,7 @@ class SimulatedCluster:
             self.phase = Phase.FAILED
             return
         for index in sorted(self._replace):
-            spare = f"spare-{next(self._spares):04d}"
+            spare = self._released.pop(0) if self._released else f"spare-{next(self._spares):04d}"
             self._rack_of[spare] = self._rack_of[self._nodes[index]]  # replaced in the same rack
             self.notes.append(LauncherNote(ts, f"{self._nodes[index]} replaced by {spare}"))
             self._nodes[index] = spare
@@ -440,6 +463,8 @@ class SimulatedCluster:
                 continue
             if not self._live[fault.rank] or (index in self._struck and not fault.repeat):
                 continue
+            if index in self._struck and step in self.skipped_updates:
+                continue  # a data fault's batch that a SkipUpdate skipped: it is not read again
             self._struck.add(index)
             stalled = True
             self._record(fault.kind, fault.rank, step, t0)
@@ -448,11 +473,12 @@ class SimulatedCluster:
                     t0 + _CRASH_POINT * compute[fault.rank], "crash", (self.attempt, fault.rank, index)
                 )
             else:
-                self._hang = (fault.rank, fault.stack)
+                self._hang = (fault.rank, fault.stack, fault.phase)
         if stalled or self._live_count < sc.world_size:
             self._stall(t0)
             return
         comm = self._collective * math.exp(sigma * 0.3 * g(0.0, 1.0))
+        self._compute_t0 = t0 + self._block_next
         self._total = self._block_next + max(compute) + comm
         self._block_next = 0.0
         self._step_end = t0 + self._total
@@ -935,6 +961,38 @@ class SimulatedCluster:
         rest = f"; {', '.join(passed)} passed" if passed else ""
         return f"node {node} failed gemm self-test: wrong answer on rank {ranks}{rest}"
 
+    def _pause(self, command: PauseRun, out: list[Envelope]) -> str:
+        """Stop restarting (a step that fails on every node): the ranks still alive exit,
+        nothing restarts, and the run ends paused with the command's reason."""
+        if self.phase in (Phase.FINISHED, Phase.FAILED, Phase.PAUSED):
+            return f"nothing to pause: the run is {self.phase}"
+        ended = self._live_count
+        if ended:
+            self._exit_all(self.now, out, exit_code=-SIGTERM, signal=SIGTERM, requested=True)
+        self._fail_pending_writes(self.now, out, "the run was paused before the write completed")
+        self.phase, self._step_end, self.paused = Phase.PAUSED, None, command.reason.text
+        text = f"paused at step {command.step}: {command.reason.text}"
+        self.notes.append(LauncherNote(self.now, text))
+        stopped = f"run paused after attempt {self.attempt} ({ended} ranks stopped)"
+        return f"{stopped}; no restart: {command.reason.text}"
+
+    def _release(self, command: ReleaseNode, out: list[Envelope]) -> str:
+        """A quarantined node returns to the pool: a quarantine not yet carried out is
+        undone (the node stays in the job); one already carried out makes the node the
+        next replacement's, before any new spare."""
+        node = command.node
+        if node not in self._rack_of:
+            raise CommandRefused(f"node {node} is not part of the job")
+        if node in self._nodes:
+            index = self._nodes.index(node)
+            if index not in self._replace:
+                return f"{node} is in the job and not quarantined: nothing to release"
+            self._replace.discard(index)
+            return f"{node} stays in the job: its quarantine is lifted before the restart"
+        if node not in self._released:
+            self._released.append(node)
+        return f"{node} is back in the pool (the next replacement takes it)"
+
     def _skip(self, command: SkipUpdate, out: list[Envelope]) -> str:
         self.skipped_updates.append(command.step)
         n = len(self.skipped_updates)
@@ -953,4 +1011,6 @@ class SimulatedCluster:
         RunRingCheck: _ring_check,
         RunNodeSelfTest: _node_self_test,
         SkipUpdate: _skip,
+        PauseRun: _pause,
+        ReleaseNode: _release,
     }

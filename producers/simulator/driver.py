@@ -72,6 +72,8 @@ class SimulationResult:
     kept_real_time: bool
     #: The launcher gave up after the scenario's max_restarts.
     gave_up: bool = False
+    #: Why a PauseRun paused the run (a step that fails on every node), when one did.
+    paused: str | None = None
     skipped_updates: list[int] = field(default_factory=list)
     self_checks_run: int = 0
     cross_rank_checks_run: int = 0
@@ -282,6 +284,7 @@ def run_simulation(
         mean_lag_s=mean_lag,
         kept_real_time=max_lag <= lag_budget_s,
         gave_up=cluster.phase is Phase.FAILED,
+        paused=cluster.paused,
         skipped_updates=list(cluster.skipped_updates),
         self_checks_run=cluster.self_checks_run,
         cross_rank_checks_run=cluster.cross_rank_checks_run,

@@ -75,6 +75,13 @@ class HangFault(_RankFault):
         description="Stack signature the culprit reports when asked for a dump; must differ "
         "from the others' (collective:allreduce) for the odd-stack rule to name it.",
     )
+    phase: str = Field(
+        default="forward",
+        min_length=1,
+        max_length=32,
+        description="Training phase the culprit's heartbeats report while it hangs; the others "
+        "report allreduce (they wait for it in the collective).",
+    )
 
 
 class NanFault(_RankFault):

@@ -36,13 +36,22 @@ class Job:
     t: float = 1_800_000_000.0
     step: int = -1
     events: list[Envelope] = field(default_factory=list)
+    #: Nodes a launcher swapped for spares (quarantine): node -> its replacement.
+    replaced: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
         self._ids = itertools.count()
 
     def node(self, rank: int) -> str:
-        return f"node-{rank // self.ranks_per_node:03d}"
+        node = f"node-{rank // self.ranks_per_node:03d}"
+        return self.replaced.get(node, node)
+
+    def replace(self, node: str) -> str:
+        """The launcher swaps `node` for a spare from the next attempt on (a quarantine)."""
+        spare = f"spare-{len(self.replaced):03d}"
+        self.replaced[node] = spare
+        return spare
 
     def _env(self, rank: int, **extra: object) -> dict[str, object]:
         node = self.node(rank) if rank >= 0 else ""
@@ -71,9 +80,10 @@ class Job:
         )
         return self
 
-    def heartbeats(self, ranks: list[int] | None = None) -> None:
+    def heartbeats(self, ranks: list[int] | None = None, phases: dict[int, str] | None = None) -> None:
+        """One heartbeat per rank; `phases`: rank -> the training phase it reports (none: '')."""
         for r in ranks if ranks is not None else range(self.world_size):
-            self.events.append(Heartbeat(**self._env(r)))
+            self.events.append(Heartbeat(**self._env(r), phase=(phases or {}).get(r, "")))
 
     def steps(self, n: int, exclude: set[int] | None = None) -> Job:
         """n synchronous steps: everyone finishes when the slowest does."""
@@ -116,12 +126,19 @@ class Job:
         )
         return self
 
-    def stall(self, seconds: float, alive: list[int] | None = None) -> Job:
-        """No step completes for `seconds`; live ranks keep heartbeating (stuck in a collective)."""
+    def stall(
+        self, seconds: float, alive: list[int] | None = None, stuck: dict[int, str] | None = None
+    ) -> Job:
+        """No step completes for `seconds`; live ranks keep heartbeating (stuck in a collective).
+        With `stuck` (rank -> phase), heartbeats report phases: those ranks stuck in theirs,
+        every other rank waiting in the all-reduce."""
         end = self.t + seconds
+        phases = None
+        if stuck is not None:
+            phases = {r: stuck.get(r, "allreduce") for r in range(self.world_size)}
         while self.t < end:
             self.t += self.heartbeat_s
-            self.heartbeats(alive)
+            self.heartbeats(alive, phases)
         return self
 
     def exit(self, rank: int, **fields: object) -> Job:

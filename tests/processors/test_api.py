@@ -656,3 +656,25 @@ def test_the_token_comes_from_the_environment_or_a_file_and_is_required(tmp_path
     context = api.ApiContext(World().driver.state, api.RunsView(), POLICY, "", SECRET)
     with pytest.raises(api_web.ApiTokenError):
         api_web.mount(app, context, no_publish)
+
+
+def test_a_released_node_leaves_the_quarantined_list() -> None:
+    from trainguard.processors.core import run_all
+    from trainguard.schemas import Command, Derived
+
+    # A bad batch at step 125: node-001 is quarantined at the first failure, then released
+    # when the step fails on node-002 too (data or code).
+    job = Job(step_s=60.0, checkpoint_every=10).start().steps(126)
+    job.exit(5, exit_code=1)
+    job.replace("node-001")
+    job.restart(resumed_from_step=120).steps(5)
+    job.exit(9, exit_code=1)
+    _, outputs = run_all(job.events, CorePolicy())
+    derived = [o for o in outputs if isinstance(o, Derived)]
+    commands = [o for o in outputs if isinstance(o, Command)]
+    first = next(i for i, o in enumerate(derived) if o.KIND == "quarantine") + 1
+    view = api_view.RunsView()
+    view.observe(derived[:first], [c for c in commands if c.KIND == "quarantine_node"])
+    assert list(view.runs["run-test"].quarantined) == ["node-001"]
+    view.observe(derived[first:], [c for c in commands if c.KIND != "quarantine_node"])
+    assert view.runs["run-test"].quarantined == {}

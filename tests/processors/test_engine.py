@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainguard.processors.core import CorePolicy, CoreState, HangPolicy, RunPhase, run_all, step
+from trainguard.processors.core.outputs import Forward
 from trainguard.processors.core.state import IllegalTransition, RunState
 from trainguard.processors.core.watchdog import step_timeout_s
 from trainguard.schemas import (
@@ -19,6 +20,7 @@ from trainguard.schemas import (
     ReasonCode,
     Tick,
 )
+from trainguard.schemas.sharding import route
 
 from .streams import Job
 
@@ -73,7 +75,7 @@ def test_hang_inside_collective_is_detected_and_culprit_named_by_odd_stack() -> 
     assert state.runs["run-test"].phase == RunPhase.INTERRUPTED
 
 
-def test_hang_with_silent_rank_names_the_one_that_never_answered() -> None:
+def test_hang_with_silent_rank_and_no_phases_names_nobody_and_quarantines_nothing() -> None:
     job = Job().start().steps(40).stall(5.0)
     state, _ = run_all(job.events, POLICY)
     n = len(job.events)
@@ -85,7 +87,105 @@ def test_hang_with_silent_rank_names_the_one_that_never_answered() -> None:
     job.heartbeats([11])
     state, outputs = run_all(job.events[n:], POLICY, state)
     (interruption,) = [o for o in outputs if isinstance(o, Interruption)]
-    assert interruption.rank == 11 and interruption.reason.code == ReasonCode.STACKS_INCOMPLETE
+    # Not answering is no evidence: at 2,048 ranks "the first that did not answer" was rank 0.
+    assert interruption.rank == -1 and interruption.node == ""
+    assert interruption.reason.code == ReasonCode.CULPRIT_UNKNOWN
+    assert "culprit unknown, nothing quarantined" in interruption.reason.text
+    assert "1 rank(s) sent none in the window" in interruption.reason.text
+    assert not [o for o in outputs if isinstance(o, Quarantine | QuarantineNode)]
+
+
+def test_hang_without_any_dump_names_the_rank_whose_last_phase_differs() -> None:
+    job = Job().start().steps(40).stall(5.0, stuck={11: "data"})  # rank 11 stuck loading its batch
+    state, outputs = run_all(job.events, POLICY)
+    hang, abort = outputs
+    assert isinstance(hang, HangDetected) and isinstance(abort, Abort)
+    job.t += POLICY.hang.stack_collect_s + 1  # no dump arrives within the window
+    state, outputs = run_all([Tick(**job._env(-1))], POLICY, state)
+    interruption, _mtbf, quarantine, command = outputs
+    assert isinstance(interruption, Interruption) and interruption.reason.code == ReasonCode.ODD_PHASE
+    assert (interruption.rank, interruption.node) == (11, "node-002")
+    text = interruption.reason.text
+    assert "rank 11 last reported phase 'data' while 15 ranks reported 'allreduce'" in text
+    assert "no stack dump (16 rank(s) sent none in the window)" in interruption.reason.text
+    assert isinstance(quarantine, Quarantine) and isinstance(command, QuarantineNode)
+    assert quarantine.node == command.node == "node-002"
+    # One story: the detection and the abort name no rank (the culprit is not known yet);
+    # the interruption names the culprit from the evidence.
+    assert hang.rank == -1 and hang.node == "" and abort.ranks is None
+    assert "rank" not in hang.reason.text.split(";")[0] and abort.reason == hang.reason
+    assert interruption.caused_by == [hang.event_id]
+
+
+def test_the_odd_stack_beats_the_phases_and_every_record_agrees_on_the_culprit() -> None:
+    job = Job().start().steps(40).stall(5.0, stuck={6: "forward"})
+    state, (hang, abort) = run_all(job.events, POLICY)
+    job.abort_all(culprit=6)
+    state, more = run_all(job.events[-16:], POLICY, state)
+    interruption, _mtbf, quarantine, command = more
+    assert interruption.rank == quarantine.rank == 6 and quarantine.node == command.node == "node-001"
+    assert interruption.reason.code == ReasonCode.ODD_STACK
+    assert hang.rank == -1 and abort.reason == hang.reason and "rank 6" not in hang.reason.text
+
+
+def sharded(events: list, shard_ranks: int, world_size: int, state: CoreState) -> list:
+    """Route each event to its shards as the driver does, and re-publish forwards to shard 0."""
+    outputs: list = []
+    for event in events:
+        for shard in route(event, world_size, shard_ranks):
+            _, out = step(state, event, POLICY, shard=shard, shard_ranks=shard_ranks)
+            for o in out:
+                if isinstance(o, Forward):
+                    _, more = step(state, o.event, POLICY, shard=0, shard_ranks=shard_ranks)
+                    outputs += more
+                else:
+                    outputs.append(o)
+    return outputs
+
+
+def test_a_sharded_run_names_the_culprit_from_phases_forwarded_by_its_shard() -> None:
+    # Two shards of 8 ranks: the culprit (rank 13) lives on shard 1, whose heartbeats
+    # shard 0 never sees; shard 1 forwards its stalled ranks' phases, once each.
+    job = Job().start().steps(40).stall(5.0, stuck={13: "data"})
+    state = CoreState()
+    outputs = sharded(job.events, 8, 16, state)
+    assert [o.KIND for o in outputs] == ["hang_detected", "abort"]
+    forwarded = [r for r, s in state.runs["run-test"].ranks.items() if s.phase and r >= 8]
+    assert sorted(forwarded) == list(range(8, 16))
+    job.t += POLICY.hang.stack_collect_s + 1
+    outputs = sharded([Tick(**job._env(-1))], 8, 16, state)
+    interruption = outputs[0]
+    assert isinstance(interruption, Interruption) and interruption.reason.code == ReasonCode.ODD_PHASE
+    assert (interruption.rank, interruption.node) == (13, "node-003")
+
+
+def test_a_progressing_sharded_run_forwards_nothing() -> None:
+    job = Job().start()
+    for _ in range(10):
+        job.steps(4)
+        job.heartbeats(phases={r: "forward" for r in range(16)})
+    state = CoreState()
+    for event in job.events:
+        for shard in route(event, 16, 8):
+            _, out = step(state, event, POLICY, shard=shard, shard_ranks=8)
+            assert not [o for o in out if isinstance(o, Forward)]
+
+
+@pytest.mark.parametrize(
+    "stuck",
+    [
+        {3: "forward", 12: "data"},  # two ranks out of step
+        {r: "forward" for r in range(16) if r != 7},  # the one in the all-reduce is the one waiting
+    ],
+)
+def test_phases_that_single_out_no_rank_name_nobody(stuck: dict[int, str]) -> None:
+    job = Job().start().steps(40).stall(5.0, stuck=stuck)
+    state, _ = run_all(job.events, POLICY)
+    job.t += POLICY.hang.stack_collect_s + 1
+    state, outputs = run_all([Tick(**job._env(-1))], POLICY, state)
+    (interruption, _mtbf) = outputs
+    assert interruption.rank == -1 and interruption.reason.code == ReasonCode.CULPRIT_UNKNOWN
+    assert "no single rank's phase stands out" in interruption.reason.text
 
 
 def test_a_tick_concludes_stack_collection_when_the_job_falls_silent() -> None:
@@ -98,10 +198,9 @@ def test_a_tick_concludes_stack_collection_when_the_job_falls_silent() -> None:
     assert outputs == []  # still collecting
     job.t += POLICY.hang.stack_collect_s + 1
     state, outputs = run_all([Tick(**job._env(-1))], POLICY, state)
-    interruption, _mtbf, quarantine, _command = outputs
-    assert isinstance(interruption, Interruption) and interruption.rank == 15
-    assert interruption.reason.code == ReasonCode.STACKS_INCOMPLETE
-    assert isinstance(quarantine, Quarantine) and quarantine.node == interruption.node  # silent rank's node
+    interruption, _mtbf = outputs  # no evidence against rank 15's node: nothing quarantined
+    assert isinstance(interruption, Interruption) and interruption.rank == -1
+    assert interruption.reason.code == ReasonCode.CULPRIT_UNKNOWN
 
 
 def test_slow_but_progressing_job_is_not_a_hang() -> None:

@@ -352,6 +352,22 @@ def test_two_consecutive_evictions_in_one_rack_page_a_human_instead() -> None:
     assert again.decision == EvictionVerdict.PAGED and "already paged" in again.reason.text
 
 
+def test_a_second_gpu_of_the_node_being_evicted_is_that_nodes_eviction_not_another() -> None:
+    run = Run(restart_s=600.0).steps(300)
+    (first, _) = run.flag(21)  # node-002, rack-0: evicted at the next checkpoint boundary
+    run.steps(30)
+    (second,) = run.flag(17)  # node-002 too: a second GPU of the node already leaving
+    assert second.decision == EvictionVerdict.NOT_EVICTED
+    assert second.reason.code == ReasonCode.NODE_ALREADY_LEAVING
+    assert "node-002 already leaves the job" in second.reason.text
+    assert "one node, one eviction" in second.reason.text
+    run.steps(720)  # no deferral comes back later as a same-rack page
+    assert [c.rank for c in evictions(run.outputs)] == [21] and pages(run.outputs) == []
+    # In the next attempt node-002's slot holds a new node: its straggler is judged afresh.
+    run.restart().steps(400)
+    assert [d.reason.code for d in decisions(run.flag(17))] == [ReasonCode.PAGE_SAME_RACK]
+
+
 def test_an_eviction_in_another_rack_in_between_resets_the_same_rack_rule() -> None:
     run = Run(restart_s=600.0).steps(300)
     run.flag(21)  # rack-0

@@ -6,7 +6,18 @@ from __future__ import annotations
 
 from trainguard.processors.core import CorePolicy, run_all
 from trainguard.processors.core.baseline import BaselinePolicy
-from trainguard.schemas import Interruption, Page, ReasonCode
+from trainguard.processors.core.paging import PagingPolicy
+from trainguard.schemas import (
+    Interruption,
+    Page,
+    PauseRun,
+    Quarantine,
+    QuarantineNode,
+    QuarantineReleased,
+    ReasonCode,
+    ReleaseNode,
+    SkipUpdate,
+)
 
 from .streams import Job
 
@@ -123,3 +134,73 @@ def test_a_redelivered_interruption_is_not_counted_twice() -> None:
     job.events.append(exit_event)  # at-least-once: the same exit report again
     _, outputs = run_all(job.events, POLICY)
     assert pages(outputs) == []
+
+
+def of(outputs: list, kind: type) -> list:
+    return [o for o in outputs if isinstance(o, kind)]
+
+
+def bad_batch_at_126(policy: CorePolicy = POLICY) -> list:
+    """A bad batch at step 126: every restart from checkpoint 120 completes step 125 and
+    dies in 126, on whichever rank reads it. The first failure's node is quarantined
+    (nobody can tell yet) and swapped for a spare; the second, on another node, is the
+    pattern; a third (a launcher that restarts anyway) comes from the spare that replaced
+    the first node."""
+    job = Job(step_s=60.0, checkpoint_every=10).start().steps(126)
+    job.exit(5, exit_code=1)  # node-001
+    job.replace("node-001")
+    job.restart(resumed_from_step=120).steps(5)
+    job.exit(9, exit_code=1)  # node-002
+    job.restart(resumed_from_step=120).steps(5)
+    job.exit(5, exit_code=1)  # spare-000, in node-001's slot
+    _, outputs = run_all(job.events, policy)
+    return outputs
+
+
+def test_a_step_failing_on_different_nodes_pauses_the_run_and_releases_the_first_node() -> None:
+    outputs = bad_batch_at_126()
+    first, second, third = interruptions(outputs)
+    assert [(i.step, i.node) for i in (first, second, third)] == [
+        (125, "node-001"),
+        (125, "node-002"),
+        (125, "spare-000"),
+    ]
+    (page,) = pages(outputs)  # one page: no same_node page blaming the spare
+    assert page.rule == "same_step" and page.evidence == [first.interruption_id, second.interruption_id]
+    # The run stops restarting into step 126, once.
+    (pause,) = of(outputs, PauseRun)
+    assert pause.step == 126 and pause.attempt == second.attempt and pause.caused_by == [page.event_id]
+    assert pause.reason.code == ReasonCode.PAUSE_RUN
+    assert "step 126 failed 2 times on 2 different nodes: data or code" in pause.reason.text
+    assert "paused for a human" in pause.reason.text
+    # Only the first failure quarantined a node; the pattern gives it back, with the reason.
+    (quarantine,) = of(outputs, Quarantine)
+    (command,) = of(outputs, QuarantineNode)
+    assert quarantine.node == command.node == "node-001"
+    (released,) = of(outputs, QuarantineReleased)
+    (release,) = of(outputs, ReleaseNode)
+    assert released.node == release.node == "node-001" and released.quarantine_id == quarantine.event_id
+    assert released.reason.code == ReasonCode.QUARANTINE_RELEASED == release.reason.code
+    assert released.reason.text.startswith("step 126 failed on 2 different nodes: data or code, not node-001")
+    assert release.caused_by == [released.event_id] and page.event_id in released.caused_by
+
+
+def test_under_the_skip_policy_the_failing_batch_is_skipped_instead() -> None:
+    policy = POLICY.model_copy(update={"paging": PagingPolicy(on_repeat_step="skip")})
+    outputs = bad_batch_at_126(policy)
+    assert of(outputs, PauseRun) == []
+    (skip,) = of(outputs, SkipUpdate)
+    assert skip.step == 126 and skip.reason.code == ReasonCode.SKIP_BATCH
+    assert "skipping the batch of step 126" in skip.reason.text
+    assert [r.node for r in of(outputs, ReleaseNode)] == ["node-001"]
+
+
+def test_the_same_node_failing_twice_at_one_step_keeps_its_quarantine() -> None:
+    # Twice on node-001 (its quarantine did not hold): the step pages, the node stays out.
+    job = Job(step_s=60.0, checkpoint_every=10).start().steps(126)
+    job.exit(5, exit_code=1)
+    job.restart(resumed_from_step=120).steps(5)
+    job.exit(6, exit_code=1)
+    _, outputs = run_all(job.events, POLICY)
+    assert [p.rule for p in pages(outputs)] == ["same_step"] and len(of(outputs, PauseRun)) == 1
+    assert of(outputs, ReleaseNode) == [] and "on one node" in of(outputs, PauseRun)[0].reason.text

@@ -32,12 +32,15 @@ from trainguard.schemas import (
     Ack,
     AckStatus,
     Envelope,
+    PauseRun,
     QuarantineNode,
     RankExit,
     Reason,
     ReasonCode,
+    ReleaseNode,
     Rollback,
     RunStarted,
+    SkipUpdate,
     auth,
     decode,
     encode,
@@ -241,6 +244,102 @@ def test_launcher_stop_tears_the_group_down(tmp_path: Path) -> None:
     assert result.status == "stopped" and time.monotonic() - started < 8
     exits = sink.of(RankExit)
     assert len(exits) == 4 and all(e.requested and e.signal == signal.SIGTERM for e in exits)
+
+
+def pause_run(step: int = 3) -> PauseRun:
+    reason = Reason(code=ReasonCode.PAUSE_RUN, text=f"step {step} failed 2 times on 2 different nodes")
+    return PauseRun(
+        command_id="pause", run_id="r1", attempt=0, issued_ts=time.time(), reason=reason, step=step
+    )
+
+
+def test_pause_run_stops_the_running_group_and_nothing_restarts(tmp_path: Path) -> None:
+    sink = MemorySink()
+    launcher = make_launcher(tmp_path, sink, {"FAKE_HANG": "0"})
+    details: list[str] = []
+
+    def on_attempt(attempt: int) -> None:
+        time.sleep(0.3)
+        details.append(launcher.handle_pause(pause_run(), -1))
+
+    launcher.on_attempt = lambda a: threading.Thread(target=on_attempt, args=(a,)).start()
+    result = launcher.run()
+    assert result.status == "paused" and result.attempts == 1
+    assert result.reason == "paused at step 3 by pause: step 3 failed 2 times on 2 different nodes"
+    assert details[0].startswith("run paused at step 3: attempt 0 stops and nothing restarts")
+    assert [(r.cause, r.to_attempt) for r in result.restarts] == [(RestartCause.PAUSE, None)]
+    assert len(sink.of(RankExit)) == 4 and all(e.requested for e in sink.of(RankExit))
+    assert [s.attempt for s in sink.of(RunStarted)] == [0]
+    # A human relaunches after the clean paused end: the pause is over.
+    assert make_launcher(tmp_path, MemorySink(), {})._pause is None
+
+
+def test_pause_run_during_the_decision_wait_after_a_crash_restarts_nothing(tmp_path: Path) -> None:
+    sink = MemorySink()
+    launcher = make_launcher(tmp_path, sink, {"FAKE_KILL": "1:3:0"}, decision_wait_s=2.0)
+
+    def pause_after_the_crash() -> None:
+        while not [e for e in sink.of(RankExit) if not e.requested]:
+            time.sleep(0.02)
+        launcher.handle_pause(pause_run(), -1)
+
+    threading.Thread(target=pause_after_the_crash, daemon=True).start()
+    result = launcher.run()
+    assert result.status == "paused" and result.attempts == 1
+    assert [(r.cause, r.to_attempt) for r in result.restarts] == [(RestartCause.CRASH, None)]
+
+
+def test_skip_update_makes_every_later_attempt_skip_that_batch(tmp_path: Path) -> None:
+    sink = MemorySink()
+    launcher = make_launcher(tmp_path, sink, {"FAKE_KILL": "1:3:0"}, decision_wait_s=2.0)
+    reason = Reason(code=ReasonCode.SKIP_BATCH, text="step 3 failed on 2 nodes; skipping its batch")
+    skip = SkipUpdate(command_id="skip", run_id="r1", attempt=0, issued_ts=1.0, reason=reason, step=3)
+    details: list[str] = []
+
+    def skip_after_the_crash() -> None:  # the core decides while the launcher waits for it
+        while not [e for e in sink.of(RankExit) if not e.requested]:
+            time.sleep(0.02)
+        details.append(launcher.handle_skip(skip, -1))
+
+    threading.Thread(target=skip_after_the_crash, daemon=True).start()
+    result = launcher.run()
+    assert result.status == "ok", result.reason
+    assert details == ["the batch of step 3 is skipped from the next attempt on"]
+    assert seen_env(tmp_path, 0, 0)["TRAINGUARD_SKIP_BATCHES"] == ""
+    assert seen_env(tmp_path, 1, 0)["TRAINGUARD_SKIP_BATCHES"] == "3"
+    assert make_launcher(tmp_path, MemorySink(), {}).skip_batches == {3}  # journaled
+
+
+def test_release_node_returns_a_quarantined_node_to_the_next_placement(tmp_path: Path) -> None:
+    sink = MemorySink()
+    launcher = make_launcher(tmp_path, sink, {"FAKE_KILL": "2:4:0"})
+    reason = Reason(code=ReasonCode.QUARANTINE_RELEASED, text="data or code, not node-0001")
+    quarantine = QuarantineNode(
+        command_id="q1", run_id="r1", attempt=0, issued_ts=1.0, reason=reason, node="node-0001"
+    )
+    release = ReleaseNode(
+        command_id="rel1", run_id="r1", attempt=0, issued_ts=1.0, reason=reason, node="node-0001"
+    )
+    details: list[str] = []
+
+    def on_attempt(attempt: int) -> None:
+        if attempt == 0:
+            details.append(launcher.handle_quarantine(quarantine, -1))
+            details.append(launcher.handle_release(release, -1))
+            details.append(launcher.handle_release(release.model_copy(update={"command_id": "rel2"}), -1))
+
+    launcher.on_attempt = on_attempt
+    result = launcher.run()
+    assert result.status == "ok", result.reason
+    assert details[1:] == [
+        "node-0001 is back in the pool from the next restart on",
+        "node-0001 is not quarantined: nothing to release",
+    ]
+    assert [s.nodes for s in sink.of(RunStarted)] == [["node-0000", "node-0001"]] * 2
+    with pytest.raises(ValueError, match="not in the pool"):
+        launcher.handle_release(release.model_copy(update={"node": "node-9999"}), -1)
+    # The journal keeps the release: a relaunch does not quarantine the node again.
+    assert make_launcher(tmp_path, MemorySink(), {}).quarantined == set()
 
 
 GLOO_RANK = textwrap.dedent(

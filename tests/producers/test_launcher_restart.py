@@ -224,6 +224,20 @@ def test_journal_drops_a_torn_last_line_and_appends_after_it(tmp_path: Path) -> 
     assert state.attempts[0].ended == "ok" and not state.clean
 
 
+def test_a_journaled_pause_holds_until_a_clean_end_and_a_release_undoes_a_quarantine(tmp_path: Path) -> None:
+    journal = ActionJournal(tmp_path / JOURNAL_NAME)
+    journal.append("command", key="q1", kind="quarantine_node", attempt=0, ok=True, quarantine="node-0001")
+    journal.append("command", key="q2", kind="quarantine_node", attempt=0, ok=True, quarantine="node-0002")
+    journal.append("command", key="rel", kind="release_node", attempt=0, ok=True, release="node-0001")
+    pause = {"step": 80, "reason": "step 80 failed on 2 nodes"}
+    journal.append("command", key="p", kind="pause_run", attempt=1, ok=True, pause=pause)
+    state = replay(journal.records)
+    assert state.quarantined == ["node-0002"]
+    assert state.paused is not None and state.paused["pause"] == pause  # killed before its clean end
+    journal.append("session", status="paused", reason="")
+    assert replay(journal.records).paused is None  # relaunched by a human after the paused end
+
+
 # --------------------------------------------------------------------------- offline: a crash
 
 

@@ -33,6 +33,7 @@ from trainguard.schemas import (
     AckStatus,
     CheckpointNow,
     GpuHealth,
+    Heartbeat,
     Reason,
     ReasonCode,
     SdcSelfCheck,
@@ -68,6 +69,38 @@ def test_step_timing_and_stats(tmp_path: Path) -> None:
     assert timing.total_s - timing.compute_s >= 0.045 and timing.compute_s < 0.05
     assert stats.finite and stats.loss == pytest.approx(loss.item()) and stats.grad_norm is not None
     assert sink.of(GpuHealth)[0].present is False  # no GPU here: absent, not faked
+    sup.close()
+
+
+def test_heartbeats_carry_the_phase_the_loop_is_in(tmp_path: Path) -> None:
+    sup, sink, model = make(tmp_path)
+    seen: list[str] = []
+
+    def beat() -> None:  # what the shipper's flush thread does every heartbeat interval
+        sup.agent.heartbeat()
+        seen.append(sink.of(Heartbeat)[-1].phase)
+
+    for step, batch in sup.steps([torch.ones(4, 8)]):
+        with sup.step(step, batch) as s:
+            beat()
+            loss = model(batch).square().mean()
+            loss.backward()
+            s.compute_done()
+            beat()
+            if s.check(loss):
+                beat()
+    beat()
+    assert seen == ["forward", "allreduce", "optimizer", "data"]
+    sup.close()
+
+
+def test_the_launchers_skipped_batches_are_passed_over(tmp_path: Path) -> None:
+    env = {"TRAINGUARD_RUN_ID": "run-t", "TRAINGUARD_SKIP_BATCHES": "11,13"}
+    sup = Supervisor.from_env(env, sink=MemorySink(), run_dir=tmp_path, gpu_reader=None)
+    assert sup.skip_batches == {11, 13}
+    batches = [torch.full((1,), float(i)) for i in range(5)]
+    seen = [(step, int(batch.item())) for step, batch in sup.steps(batches, start=10)]
+    assert seen == [(10, 0), (12, 2), (14, 4)] and sup.counters.skipped_batches == 2
     sup.close()
 
 

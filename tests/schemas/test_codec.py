@@ -22,7 +22,7 @@ COMMAND: dict[str, Any] = dict(command_id="c-1", run_id="run-a", attempt=2, issu
 # One realistic instance of every kind on the wire.
 SAMPLES: dict[str, dict[str, Any]] = {
     "run_started": dict(world_size=64, ranks_per_node=8, nodes=[f"node-{i:03d}" for i in range(8)]),
-    "heartbeat": {},
+    "heartbeat": dict(phase="allreduce"),
     "step_timing": dict(compute_s=1.41, total_s=2.02),
     "step_stats": dict(loss=2.31, grad_norm=0.84, finite=True),
     "sdc_self_check": dict(microbatch_id="mb-7", digest_first="ab", digest_second="ab"),
@@ -86,6 +86,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
         gpu_hours=3288.2,
     ),
     "quarantine": dict(reason=REASON, run_ids_affected=["run-a"]),
+    "quarantine_released": dict(reason=REASON, quarantine_id="q-1"),
     "page": dict(reason=REASON, rule="same_node_twice", evidence=["i-1", "i-2"]),
     "interval_update": dict(reason=REASON, mtbf_s=11_160.0, checkpoint_cost_s=30.0, interval_s=818.0),
     "goodput_report": dict(
@@ -126,6 +127,8 @@ COMMAND_SAMPLES: dict[str, dict[str, Any]] = {
     "resume_from": dict(checkpoint_step=100, uri="file:///c/100"),
     "rollback": dict(checkpoint_step=100, uri="file:///c/100"),
     "run_ring_check": dict(step=10_000, check_id="ring-a0-s10000", offset=8),
+    "pause_run": dict(step=4711),
+    "release_node": dict(node="node-012"),
 }
 
 
@@ -144,7 +147,7 @@ def test_samples_cover_every_registered_kind() -> None:
 def test_round_trip(kind: str) -> None:
     record = build(kind)
     raw = encode(record)
-    assert orjson.loads(raw)["schema"] == f"{kind}/1"
+    assert orjson.loads(raw)["schema"] == f"{kind}/{type(record).VERSION}"
     assert decode(raw) == record
 
 
@@ -212,7 +215,15 @@ def test_older_version_is_upcast(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(UPCASTERS, ("heartbeat", 0), v0_to_v1)
     old = {**ENVELOPE, "schema": "heartbeat/0", "host": ENVELOPE["node"]}
     del old["node"]
-    assert decode_obj(old) == build("heartbeat")
+    assert decode_obj(old) == build("heartbeat").model_copy(update={"phase": ""})  # then /1 -> /2
+
+
+def test_a_heartbeat_1_reads_as_a_heartbeat_2_of_unknown_phase() -> None:
+    old = {**ENVELOPE, "schema": "heartbeat/1"}
+    beat = decode_obj(old)
+    assert beat == build("heartbeat").model_copy(update={"phase": ""}) and beat.phase == ""  # type: ignore[attr-defined]
+    decoded = decode_batch(batch([orjson.dumps(old)]))
+    assert [e.phase for e in decoded.events] == [""] and not decoded.rejections  # type: ignore[attr-defined]
 
 
 def batch(records: list[bytes], world_size: int = 8, run_id: str = "run-a") -> bytes:

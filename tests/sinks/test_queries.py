@@ -546,6 +546,29 @@ def test_a_quarantine_command_before_its_event_is_one_row(tmp_path: Path, truth:
     assert second == [{"source": "quarantine", "node_id": event.node, "command_id": command.command_id}]
 
 
+def test_a_released_quarantine_is_no_quarantine(tmp_path: Path) -> None:
+    from trainguard.processors.core import CorePolicy, run_all
+
+    from ..processors.streams import Job
+
+    # Step 126 fails on node-001, then on node-002: data or code; node-001 is released.
+    job = Job(step_s=60.0, checkpoint_every=10).start().steps(126)
+    job.exit(5, exit_code=1)
+    job.replace("node-001")
+    job.restart(resumed_from_step=120).steps(5)
+    job.exit(9, exit_code=1)
+    _, outputs = run_all(job.events, CorePolicy())
+    kinds = [o.KIND for o in outputs]
+    assert "quarantine" in kinds and "quarantine_released" in kinds
+    first = kinds.index("quarantine_released")
+    with Archive(tmp_path / "a.duckdb") as db:
+        db.write(outputs[:first])
+        assert [r["node_id"] for r in query(db, "SELECT node_id FROM quarantine")] == ["node-001"]
+        db.write(outputs[first:])
+        assert query(db, "SELECT node_id FROM quarantine") == []
+        assert query(db, "SELECT * FROM node_quarantine") == []
+
+
 def _cross_check(n: int, values: list[float]) -> CrossRankCheck:
     return CrossRankCheck(
         event_id=f"xr-{n}", run_id="r", attempt=0, rank=0, node="n0", step=100 + n, ts=MIDNIGHT + n,

@@ -5,17 +5,24 @@ close the loop (crash -> abort -> restart; hang -> stack-dump abort -> odd stack
 from __future__ import annotations
 
 from trainguard.processors.core import engine
+from trainguard.processors.core.paging import PagingPolicy
 from trainguard.processors.core.policy import CorePolicy, load_policy
 from trainguard.processors.core.state import CoreState
-from trainguard.producers.simulator import Scenario, SimulatedCluster
+from trainguard.producers.simulator import Phase, Scenario, SimulatedCluster
 from trainguard.schemas import (
     Command,
     Interruption,
     InterruptionCause,
     InterruptionRecovered,
+    Page,
+    PauseRun,
+    Quarantine,
+    QuarantineReleased,
     ReasonCode,
+    ReleaseNode,
     Rollback,
     SdcMismatch,
+    SkipUpdate,
 )
 from trainguard.stack import builtin_policy
 
@@ -60,6 +67,56 @@ def test_demo_scenario_closes_the_loop_with_the_policy_core() -> None:
     assert len(recovered) == 3 and all(r.restart_s < 5 for r in recovered)
     truth = {(f.kind, f.rank, f.node) for f in demo.truth()}
     assert {("crash", 13, "node-0001"), ("hang", 42, "node-0005")} <= truth
+
+
+def run_data_fault(policy: CorePolicy) -> tuple[SimulatedCluster, list]:
+    scenario = Scenario.library()["data-fault-repeat"]
+    cluster = SimulatedCluster(scenario, 1_000.0, run_id="data-run", id_prefix="f")
+    state = CoreState()
+    outputs: list = []
+
+    def feed(events: list) -> None:
+        nonlocal state
+        for event in events:
+            state, out = engine.step(state, event, policy)
+            for item in out:
+                outputs.append(item)
+                if isinstance(item, Command):
+                    feed(cluster.apply(item).events)
+
+    t = 1_000.0
+    while not cluster.done and t < 1_400:
+        t += 0.05
+        feed(cluster.advance(t))
+    return cluster, outputs
+
+
+def test_a_data_fault_pauses_the_run_and_frees_the_node_it_first_blamed() -> None:
+    """The library's data fault (rank 77 dies in step 237 on every attempt): the first
+    failure quarantines node-0009 (nobody can tell yet), the second, on the spare, is the
+    pattern: one same_step page, the run paused (not restarted into step 237 until
+    max_restarts), node-0009 released; no same_node page blames the spare."""
+    cluster, outputs = run_data_fault(CorePolicy())
+    assert cluster.done and cluster.paused is not None and cluster.attempt == 1
+    crashes = [o for o in outputs if isinstance(o, Interruption)]
+    assert [(c.rank, c.node, c.step) for c in crashes] == [(77, "node-0009", 236), (77, "spare-0000", 236)]
+    assert [p.rule for p in outputs if isinstance(p, Page)] == ["same_step"]
+    (pause,) = [o for o in outputs if isinstance(o, PauseRun)]
+    assert (
+        pause.step == 237
+        and "step 237 failed 2 times on 2 different nodes: data or code" in pause.reason.text
+    )
+    assert [q.node for q in outputs if isinstance(q, Quarantine)] == ["node-0009"]
+    assert [r.node for r in outputs if isinstance(r, QuarantineReleased | ReleaseNode)] == ["node-0009"] * 2
+
+
+def test_under_the_skip_policy_the_data_fault_is_skipped_and_the_run_finishes() -> None:
+    policy = CorePolicy(paging=PagingPolicy(on_repeat_step="skip"))
+    cluster, outputs = run_data_fault(policy)
+    assert cluster.phase is Phase.FINISHED and cluster.paused is None and cluster.skipped_updates == [237]
+    assert len([o for o in outputs if isinstance(o, Interruption)]) == 2
+    assert [o.step for o in outputs if isinstance(o, SkipUpdate)] == [237]
+    assert [r.node for r in outputs if isinstance(r, ReleaseNode)] == ["node-0009"]
 
 
 def test_a_wrong_gpu_is_found_by_the_ring_and_rolled_back_behind_its_onset() -> None:

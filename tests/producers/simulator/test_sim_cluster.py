@@ -21,13 +21,16 @@ from trainguard.schemas import (
     EvictRank,
     GpuHealth,
     Heartbeat,
+    PauseRun,
     QuarantineNode,
     RankExit,
     Reason,
     ReasonCode,
+    ReleaseNode,
     RunNodeSelfTest,
     RunStarted,
     SdcSelfCheck,
+    SkipUpdate,
     StepStats,
     StepTiming,
     decode_batch,
@@ -264,6 +267,71 @@ def test_hang_keeps_everyone_alive_and_the_culprit_has_the_odd_stack() -> None:
     assert exits[42].node == "node-0005"
     [started] = of(RunStarted, drive(c, T0 + 40))
     assert (started.attempt, started.resumed_from_step) == (1, 25)
+
+
+def test_heartbeats_report_the_phase_the_hung_rank_stuck_in_its_own() -> None:
+    c = cluster(scenario(faults=[{"kind": "hang", "rank": 42, "at_step": 50, "phase": "data"}]))
+    events = drive(c, T0 + 30)
+    running = [b for b in of(Heartbeat, events) if b.step < 40]
+    assert {b.phase for b in running} == {"forward", "allreduce"}  # computing, then waiting
+    hang_ts = max(t.ts for t in of(StepTiming, events))
+    late = [b for b in of(Heartbeat, events) if b.ts > hang_ts + 1]
+    assert {b.phase for b in late if b.rank == 42} == {"data"}
+    assert {b.phase for b in late if b.rank != 42} == {"allreduce"}
+
+
+def repeat_crash_on_a_spare(**changes: Any) -> SimulatedCluster:
+    """A data fault: whoever runs rank 13 crashes at step 80, every time. The first time,
+    its node (node-0001) is quarantined and replaced by a spare; the second time it is the
+    spare: the step, not the node."""
+    c = cluster(scenario(faults=[{"kind": "crash", "rank": 13, "at_step": 80, "repeat": True}], **changes))
+    drive(c, T0 + 25)
+    c.apply(command(QuarantineNode, c, node="node-0001"))
+    c.apply(abort(c, stack_dump=False))
+    drive(c, T0 + 40)
+    assert [(f.kind, f.node) for f in c.fired] == [("crash", "node-0001"), ("crash", "spare-0000")]
+    return c
+
+
+def test_pause_run_stops_the_run_and_nothing_restarts() -> None:
+    c = repeat_crash_on_a_spare()
+    result = c.apply(command(PauseRun, c, step=80))
+    assert "run paused after attempt 1 (63 ranks stopped); no restart" in result.detail
+    assert all(e.requested for e in of(RankExit, result.events)) and len(of(RankExit, result.events)) == 63
+    assert c.phase is Phase.PAUSED and c.done and c.paused == "test"
+    assert not of(RunStarted, drive(c, T0 + 120))  # no orphan timeout, no restart
+    assert c.notes[-1].text == "paused at step 80: test"
+    assert "nothing to pause" in c.apply(command(PauseRun, c, step=80)).detail
+
+
+def test_release_node_returns_a_replaced_node_to_the_pool() -> None:
+    c = repeat_crash_on_a_spare()
+    with pytest.raises(CommandRefused, match="not part of the job"):
+        c.apply(command(ReleaseNode, c, node="node-9999"))
+    detail = c.apply(command(ReleaseNode, c, node="node-0001")).detail
+    assert detail == "node-0001 is back in the pool (the next replacement takes it)"
+    c.apply(command(QuarantineNode, c, node="node-0002"))
+    c.apply(abort(c, stack_dump=False))
+    [started] = of(RunStarted, drive(c, T0 + 50))
+    assert "node-0001" in started.nodes and "node-0002" not in started.nodes
+
+
+def test_release_node_before_the_restart_lifts_the_quarantine() -> None:
+    c = cluster(scenario())
+    drive(c, T0 + 5)
+    c.apply(command(QuarantineNode, c, node="node-0003"))
+    assert "quarantine is lifted" in c.apply(command(ReleaseNode, c, node="node-0003")).detail
+    c.apply(abort(c, stack_dump=False))
+    [started] = of(RunStarted, drive(c, T0 + 10))
+    assert "node-0003" in started.nodes and not c.notes
+
+
+def test_a_skipped_batch_does_not_strike_again() -> None:
+    c = repeat_crash_on_a_spare()
+    c.apply(command(SkipUpdate, c, step=80))
+    c.apply(abort(c, stack_dump=False))
+    drive(c, T0 + 120)
+    assert c.phase is Phase.FINISHED and len(c.fired) == 2
 
 
 # --------------------------------------------------------------------------- slow

@@ -40,22 +40,12 @@ from ...schemas import (
     StragglerCleared,
     StragglerFlagged,
 )
-from . import (
-    baseline,
-    diagnosis,
-    eviction,
-    interval,
-    paging,
-    quarantine,
-    rollback,
-    sdc,
-    stack_window,
-    straggler,
-)
+from . import baseline, diagnosis, eviction, interval, paging, quarantine, rollback, sdc, straggler
 from . import goodput as accounting
 from .ids import derived_id
 from .outputs import Forward, abort_for, node_of
 from .policy import CorePolicy
+from .stack_window import open_window, window_closed
 from .stacks import odd_stack
 from .state import CoreState, OpenInterruption, PendingHang, RankState, RunPhase, RunState, state_key
 from .watchdog import is_hung, stall_s
@@ -134,7 +124,7 @@ def step(
     elif isinstance(event, RankExit) and rank is not None:
         outputs += _on_exit(run, rank, event)
     if run.pending_hang is not None:
-        stack_window.observe(run.pending_hang, event)
+        open_window(run.pending_hang, event)
         outputs += _maybe_conclude_hang(run, event.ts, policy)
     outputs += baseline.on_time(run.baseline, run, event, policy.baseline)
     if run.eviction.deferred:
@@ -450,7 +440,7 @@ def _maybe_conclude_hang(run: RunState, now_ts: float, policy: CorePolicy) -> li
     assert pending is not None
     expected = run.world_size or len(run.ranks)
     answered = {r: s.stack_signature for r, s in run.ranks.items() if s.exited}
-    if not stack_window.closed(pending, answered, expected, now_ts, policy.hang):
+    if not window_closed(pending, answered, expected, now_ts, policy.hang):
         return []
     verdict = odd_stack(answered)
     missing = sorted(set(range(expected)) - set(answered))

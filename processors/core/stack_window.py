@@ -24,7 +24,7 @@ from .stacks import MINORITY_FRACTION
 from .state import PendingHang
 
 
-def observe(pending: PendingHang, event: Envelope) -> None:
+def open_window(pending: PendingHang, event: Envelope) -> None:
     """Open the window at the first event sent after the abort (see the module docstring)."""
     if pending.window_from is not None:
         return
@@ -48,7 +48,7 @@ def odd_one_certain(answered: dict[int, str], expected: int) -> bool:
     return bool(rest) and 2 * majority_n > expected and min(n for _, n in rest) + missing <= limit
 
 
-def closed(
+def window_closed(
     pending: PendingHang, answered: dict[int, str], expected: int, now_ts: float, policy: HangPolicy
 ) -> bool:
     if len(answered) >= expected or odd_one_certain(answered, expected):

@@ -124,7 +124,7 @@ def step(
     elif isinstance(event, RankExit) and rank is not None:
         outputs += _on_exit(run, rank, event)
     if run.pending_hang is not None:
-        open_window(run.pending_hang, event)
+        open_window(run.pending_hang, event, run.last_ts)
         outputs += _maybe_conclude_hang(run, event.ts, policy)
     outputs += baseline.on_time(run.baseline, run, event, policy.baseline)
     if run.eviction.deferred:

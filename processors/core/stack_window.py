@@ -24,15 +24,21 @@ from .stacks import MINORITY_FRACTION
 from .state import PendingHang
 
 
-def open_window(pending: PendingHang, event: Envelope) -> None:
-    """Open the window at the first event sent after the abort (see the module docstring)."""
+def open_window(pending: PendingHang, event: Envelope, run_ts: float) -> None:
+    """Open the window at the first event sent after the abort (see the module docstring).
+    `run_ts` is the run's clock (the newest event time it has seen): a tick opens the window
+    there rather than at its own stamp, the driver's wall clock, which a simulated run
+    played faster or slower than real time does not share."""
     if pending.window_from is not None:
         return
-    if isinstance(event, Tick) or (
-        isinstance(event, RankExit) and (event.requested or event.stack_signature)
-    ):
-        # never before the detection: another host's clock may run a little behind
-        pending.window_from = max(event.ts, pending.detected_ts)
+    if isinstance(event, Tick):
+        opened = run_ts
+    elif isinstance(event, RankExit) and (event.requested or event.stack_signature):
+        opened = event.ts
+    else:
+        return
+    # never before the detection: another host's clock may run a little behind
+    pending.window_from = max(opened, pending.detected_ts)
 
 
 def odd_one_certain(answered: dict[int, str], expected: int) -> bool:

@@ -96,3 +96,19 @@ def test_odd_one_certain_needs_a_majority_of_the_whole_run_and_a_minority_that_s
     few = {r: COLLECTIVE for r in range(30)}
     assert not odd_one_certain({**few, 30: CULPRIT_STACK}, 64)  # 30 of 64 is no majority yet
     assert not odd_one_certain({**alike, 60: CULPRIT_STACK, 61: "x", 62: "y", 63: "z"}, 64)  # all answered
+
+
+def test_a_tick_stamped_by_a_slower_clock_opens_the_window_at_the_runs_clock() -> None:
+    # A simulated run played at 10x real time: the live driver stamps its ticks with the
+    # wall clock, far behind the run's own. The window opens at the newest event time the
+    # run has seen when the tick comes, so the dumps still get stack_collect_s.
+    job, state = hung()
+    start = len(job.events)
+    job.stall(3 * POLICY.hang.stack_collect_s)
+    job.events.append(Tick(**{**job._env(-1), "ts": job.t - 1000.0}))
+    job.stall(POLICY.hang.stack_collect_s - 1)
+    assert feed(job, state, start) == []
+    start = len(job.events)
+    job.stall(2.0)
+    ((_, interruption),) = feed(job, state, start)
+    assert interruption.cause == InterruptionCause.HANG

@@ -136,7 +136,7 @@ def run_scenario(config: SoakConfig, index: int, kills: list[Kill], rng: random.
         checkpoint_blocking_s=0.02,
         checkpoint_write_s=0.2,
         checkpoint_validate_s=0.2,
-        heartbeat_interval_s=1.0,
+        heartbeat_interval_s=max(1.0, 2.5 * config.step_time_s),  # 5 s (the default) at 2 s steps
         gpu_health_interval_s=2.0,
         restart_delay_s=2.0,
         # A crash while every worker is down waits for its abort; the launcher's own

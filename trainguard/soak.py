@@ -438,7 +438,9 @@ def _hangs(
             ),
             None,
         )
-        aborts = [c for c in commands if isinstance(c, Abort) and c.stack_dump and c.attempt == fault.attempt]
+        aborts: list[Command] = [
+            c for c in commands if isinstance(c, Abort) and c.stack_dump and c.attempt == fault.attempt
+        ]
         latency = _ack_latencies(aborts[:1], acks, start_ts, speed)
         out.append(
             HangOutcome(

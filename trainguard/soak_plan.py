@@ -140,8 +140,10 @@ def run_scenario(config: SoakConfig, index: int, kills: list[Kill], rng: random.
         gpu_health_interval_s=2.0,
         restart_delay_s=2.0,
         # A crash while every worker is down waits for its abort; the launcher's own
-        # timeout tears the attempt down after this, as torchrun's would.
-        orphan_restart_after_s=30.0,
+        # timeout tears the attempt down after this, as torchrun's would. Not sooner than
+        # a killed worker's partitions are back (~30 s down at 2,048 ranks on 2 cores):
+        # given up earlier, the hang's stacks are lost with the attempt.
+        orphan_restart_after_s=60.0,
         seed=config.seed * 1000 + index,
         faults=faults,
     )

@@ -23,6 +23,10 @@ def soak(
     world_size: Annotated[int, typer.Option(min=2, help="Ranks per run.")] = 16,
     speed: Annotated[float, typer.Option(help="Simulated time compression of every run.")] = 1.0,
     seed: Annotated[int, typer.Option(help="Seeds the kill plan and the runs' faults.")] = 0,
+    step_time: Annotated[
+        float, typer.Option(min=0.01, help="Healthy step of every simulated run (s); 2 s is a real job's.")
+    ] = 0.2,
+    ranks_per_node: Annotated[int, typer.Option(min=1, help="Ranks per simulated node.")] = 4,
     bootstrap: Annotated[
         str | None,
         typer.Option("--bootstrap", help="Kafka bootstrap servers; default: a local broker of its own."),
@@ -48,7 +52,17 @@ def soak(
         rate = kill_rate(kill_rate_text)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--kill-rate") from exc
-    config = SoakConfig(minutes, rate, workers, runs, seed, world_size, speed)
+    config = SoakConfig(
+        minutes,
+        rate,
+        workers,
+        runs,
+        seed,
+        world_size,
+        speed,
+        step_time_s=step_time,
+        ranks_per_node=ranks_per_node,
+    )
     t0 = time.monotonic()
 
     def note(text: str) -> None:

@@ -32,7 +32,20 @@ from .producers.simulator.scenario import Scenario, SlowFault
 from .replay.log import read_recording, read_topic
 from .replay.oracle import OracleReport, Verdict, check
 from .replay.replay import decision_id, decisions_of
-from .schemas import Abort, Ack, AckStatus, Command, Envelope, decode, decode_batch
+from .schemas import (
+    Abort,
+    Ack,
+    AckStatus,
+    Command,
+    Derived,
+    Envelope,
+    Interruption,
+    InterruptionCause,
+    QuarantineNode,
+    ReasonCode,
+    decode,
+    decode_batch,
+)
 from .schemas.codec import ACKS
 from .schemas.sharding import telemetry_partition
 from .sinks.archive import archive_group
@@ -60,6 +73,22 @@ class RunLoad:
         self.sent.extend(e.event_id for e in events)
 
 
+@dataclass(frozen=True)
+class HangOutcome:
+    """One hang of a run (issue 14: the culprit named from its stack, the abort acked
+    within seconds of the timeout)."""
+
+    rank: int  # the rank that hung
+    named: int  # the rank the hang's interruption named (-1: none, or no interruption)
+    code: str  # the interruption's reason code ("" without one)
+    #: Wall seconds from the hang timeout to the first ack of its stack-dump abort (None: never).
+    ack_s: float | None
+
+    @property
+    def from_stack(self) -> bool:
+        return self.named == self.rank and self.code == ReasonCode.ODD_STACK
+
+
 @dataclass
 class RunOutcome:
     run_id: str
@@ -81,6 +110,10 @@ class RunOutcome:
     #: timeout) to its first ack, sorted: how long a stalled job waited for its abort, which
     #: is what a worker's kill costs (its partitions wait for a new owner).
     abort_latencies: list[float] = field(default_factory=list)
+    #: Each hang that struck: whom the verdict named, how, and how soon its abort was acked.
+    hangs: list[HangOutcome] = field(default_factory=list)
+    #: Nodes quarantined although no fault struck them.
+    innocent_quarantines: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -376,7 +409,48 @@ def _judge(
         abort_latencies=_ack_latencies(
             [c for c in recording.commands if isinstance(c, Abort)], acks, load.start_ts, config.speed
         ),
+        hangs=_hangs(result, recording.derived, recording.commands, acks, load.start_ts, config.speed),
+        innocent_quarantines=sorted(
+            {c.node for c in recording.commands if isinstance(c, QuarantineNode)}
+            - {f.node for f in (result.fired if result is not None else [])}
+        ),
     )
+
+
+def _hangs(
+    result: SimulationResult | None,
+    derived: list[Derived],
+    commands: list[Command],
+    acks: list[Ack],
+    start_ts: float,
+    speed: float,
+) -> list[HangOutcome]:
+    """Each hang that struck, with the verdict of its attempt and its abort's ack latency."""
+    out = []
+    for fault in (f for f in (result.fired if result is not None else []) if f.kind == "hang"):
+        verdict = next(
+            (
+                d
+                for d in derived
+                if isinstance(d, Interruption)
+                and d.cause == InterruptionCause.HANG
+                and d.attempt == fault.attempt
+            ),
+            None,
+        )
+        aborts: list[Command] = [
+            c for c in commands if isinstance(c, Abort) and c.stack_dump and c.attempt == fault.attempt
+        ]
+        latency = _ack_latencies(aborts[:1], acks, start_ts, speed)
+        out.append(
+            HangOutcome(
+                fault.rank,
+                verdict.rank if verdict is not None else -1,
+                verdict.reason.code.value if verdict is not None else "",
+                latency[0] if latency else None,
+            )
+        )
+    return out
 
 
 def _ack_latencies(commands: list[Command], acks: list[Ack], start_ts: float, speed: float) -> list[float]:

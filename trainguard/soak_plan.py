@@ -44,6 +44,9 @@ class SoakConfig:
     #: No kill in the first seconds: the pipeline is warming up.
     warmup_s: float = 5.0
     snapshot_interval_s: float = 3.0
+    #: The simulated job's healthy step and node size (the defaults: STEP_TIME_S, RANKS_PER_NODE).
+    step_time_s: float = 0.2
+    ranks_per_node: int = 4
 
     @property
     def duration_s(self) -> float:
@@ -60,9 +63,9 @@ class Kill:
     restart_after_s: float = 0.0
 
 
-#: The simulated job of every run: 0.2 s steps, 4 ranks per node, 2 nodes per rack.
-STEP_TIME_S = 0.2
-RANKS_PER_NODE = 4
+#: The simulated job of every run by default: 0.2 s steps, 4 ranks per node, 2 nodes per rack.
+STEP_TIME_S = SoakConfig.step_time_s
+RANKS_PER_NODE = SoakConfig.ranks_per_node
 
 
 def plan_kills(config: SoakConfig, rng: random.Random) -> list[Kill]:
@@ -88,16 +91,18 @@ def plan_kills(config: SoakConfig, rng: random.Random) -> list[Kill]:
     return kills
 
 
-def step_at(t_s: float, speed: float) -> int:
+def step_at(t_s: float, speed: float, step_time_s: float = STEP_TIME_S) -> int:
     """The step a run is expected to be in `t_s` wall seconds after its start."""
-    return int(t_s * speed / STEP_TIME_S)
+    return int(t_s * speed / step_time_s)
 
 
 def run_scenario(config: SoakConfig, index: int, kills: list[Kill], rng: random.Random) -> Scenario:
     """Run `index`'s job: its planned rank crashes, plus a hang in the middle third and a
     thermal straggler from early on (so hang aborts, straggler flags and evictions flow
     as well as the crash's interruption and quarantine)."""
-    steps = step_at(config.duration_s, config.speed) + 500  # room for the restarts' re-runs
+    steps = (
+        step_at(config.duration_s, config.speed, config.step_time_s) + 500
+    )  # room for the restarts' re-runs
     taken: set[int] = set()
 
     def free_step(step: int) -> int:
@@ -109,9 +114,9 @@ def run_scenario(config: SoakConfig, index: int, kills: list[Kill], rng: random.
     faults: list[CrashFault | HangFault | SlowFault] = []
     for kill in kills:
         if kill.victim is Victim.RANK and kill.target == index:
-            step = free_step(max(1, step_at(kill.at_s, config.speed)))
+            step = free_step(max(1, step_at(kill.at_s, config.speed, config.step_time_s)))
             faults.append(CrashFault(kind="crash", rank=kill.rank, at_step=step))
-    last = step_at(config.duration_s, config.speed)
+    last = step_at(config.duration_s, config.speed, config.step_time_s)
     hang_step = free_step(rng.randrange(max(1, last // 3), max(2, 2 * last // 3)))
     faults.append(HangFault(kind="hang", rank=rng.randrange(config.world_size), at_step=hang_step))
     slow_from = min(steps - 2, 20 + rng.randrange(30))
@@ -123,20 +128,22 @@ def run_scenario(config: SoakConfig, index: int, kills: list[Kill], rng: random.
         name=f"soak-{index}",
         description=f"chaos soak run {index}: planned rank crashes, a hang, a thermal straggler",
         world_size=config.world_size,
-        ranks_per_node=RANKS_PER_NODE,
+        ranks_per_node=config.ranks_per_node,
         nodes_per_rack=2,
-        step_time_s=STEP_TIME_S,
+        step_time_s=config.step_time_s,
         steps=steps,
         checkpoint_every=25,
         checkpoint_blocking_s=0.02,
         checkpoint_write_s=0.2,
         checkpoint_validate_s=0.2,
-        heartbeat_interval_s=1.0,
+        heartbeat_interval_s=max(1.0, 2.5 * config.step_time_s),  # 5 s (the default) at 2 s steps
         gpu_health_interval_s=2.0,
         restart_delay_s=2.0,
         # A crash while every worker is down waits for its abort; the launcher's own
-        # timeout tears the attempt down after this, as torchrun's would.
-        orphan_restart_after_s=30.0,
+        # timeout tears the attempt down after this, as torchrun's would. Not sooner than
+        # a killed worker's partitions are back (~30 s down at 2,048 ranks on 2 cores):
+        # given up earlier, the hang's stacks are lost with the attempt.
+        orphan_restart_after_s=60.0,
         seed=config.seed * 1000 + index,
         faults=faults,
     )

@@ -73,12 +73,30 @@ def summary(report: SoakReport) -> list[str]:
         _recoveries(report.worker_metrics),
         f"aborts acked after the crash or hang timeout (s, p50 / max): "
         f"{_p50_max(sorted(x for r in report.runs for x in r.abort_latencies))}",
+        _hang_line(report),
         f"caught up {report.drain_s:.0f} s after the load stopped; whole soak {report.total_s:.0f} s; "
         f"archive {report.archive}",
         *(f"failure: {f}" for f in report.failures),
         "verdict: " + ("every check held" if report.ok else "FAILED"),
     ]
     return lines
+
+
+def _hang_line(report: SoakReport) -> str:
+    hangs = [h for r in report.runs for h in r.hangs]
+    named = sum(h.from_stack for h in hangs)
+    acked = sorted(h.ack_s for h in hangs if h.ack_s is not None)
+    detail = "; ".join(
+        f"rank {h.rank}: named {h.named} ({h.code or 'no verdict'}), acked "
+        + (f"{h.ack_s:.1f} s" if h.ack_s is not None else "never")
+        for h in hangs
+    )
+    innocent = sorted({n for r in report.runs for n in r.innocent_quarantines})
+    return (
+        f"hangs: {len(hangs)} struck, {named} culprit(s) named from their stack, abort acked after "
+        f"the timeout (s, p50 / max) {_p50_max(acked)}{f' [{detail}]' if detail else ''}; "
+        f"innocent nodes quarantined: {', '.join(innocent) or 'none'}"
+    )
 
 
 def _recoveries(metrics: dict[str, float]) -> str:

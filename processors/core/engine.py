@@ -58,6 +58,7 @@ from . import goodput as accounting
 from .ids import derived_id
 from .outputs import Forward, abort_for, node_of
 from .policy import CorePolicy
+from .stack_window import open_window, window_closed
 from .stacks import odd_phase, odd_stack
 from .state import CoreState, OpenInterruption, PendingHang, RankState, RunPhase, RunState, state_key
 from .watchdog import is_hung, stall_s, step_timeout_s
@@ -139,6 +140,7 @@ def step(
     elif isinstance(event, RankExit) and rank is not None:
         outputs += _on_exit(run, rank, event)
     if run.pending_hang is not None:
+        open_window(run.pending_hang, event, run.last_ts)
         outputs += _maybe_conclude_hang(run, event.ts, policy)
     outputs += baseline.on_time(run.baseline, run, event, policy.baseline)
     if run.eviction.deferred:
@@ -484,7 +486,7 @@ def _maybe_conclude_hang(run: RunState, now_ts: float, policy: CorePolicy) -> li
     assert pending is not None
     expected = run.world_size or len(run.ranks)
     answered = {r: s.stack_signature for r, s in run.ranks.items() if s.exited}
-    if len(answered) < expected and now_ts - pending.detected_ts < policy.hang.stack_collect_s:
+    if not window_closed(pending, answered, expected, now_ts, policy.hang):
         return []
     culprit, reason = _hang_culprit(run, answered, expected)
     run.pending_hang = None

@@ -35,7 +35,11 @@ class HangPolicy(BaseModel):
         900.0, gt=0, description="Allowed from a rank's first sign of life to its first step of an attempt."
     )
     stack_collect_s: float = Field(
-        30.0, gt=0, description="After an abort, how long to wait for every rank's stack dump."
+        30.0,
+        gt=0,
+        description="After an abort, how long to wait for every rank's stack dump, from the first "
+        "answer or tick after it (processors/core/stack_window.py); an odd stack that no missing "
+        "dump could change ends the wait sooner.",
     )
 
     @model_validator(mode="after")

@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+#: A signature held by at most this share of the ranks is a minority (the odd stack out).
+MINORITY_FRACTION = 0.1
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -19,7 +22,7 @@ class Verdict:
     majority_signature: str
 
 
-def odd_stack(signatures: dict[int, str], minority_fraction: float = 0.1) -> Verdict | None:
+def odd_stack(signatures: dict[int, str], minority_fraction: float = MINORITY_FRACTION) -> Verdict | None:
     """The ranks whose signature is rare (at most `minority_fraction` of ranks, and
     at least one other signature is shared by a majority), or None when no rank stands out."""
     if len(signatures) < 2:

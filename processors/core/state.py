@@ -71,6 +71,8 @@ class PendingHang:
     last_step: int
     stalled_rank: int
     stalled_s: float = 0.0
+    #: When the collection window opened (processors/core/stack_window.py); None: not yet.
+    window_from: float | None = None
 
 
 @dataclass

@@ -110,6 +110,7 @@ def test_the_library_has_one_scenario_per_fault_and_two_controls() -> None:
             "sdc-bitflip",
             "sdc-wrong-gpu",
             "hang-allreduce",
+            "hang-2048",
             "nan-burst",
             "grad-spike",
             "data-fault-repeat",
@@ -126,7 +127,7 @@ def test_the_library_has_one_scenario_per_fault_and_two_controls() -> None:
         # (the 16,384-rank control runs in real time, live only when named).
         healthy_s = sc.steps * sc.step_time_s
         assert healthy_s / sc.live_speed < 75 or sc.world_size > 1024, name
-        if name != "control-16k":
+        if name not in ("control-16k", "hang-2048"):  # the two at scale
             assert sc.world_size <= 256 and sc.step_time_s == 0.2
             assert sc.gpu_health_interval_s > 0
 
@@ -142,6 +143,7 @@ def test_the_library_has_one_scenario_per_fault_and_two_controls() -> None:
         ("sdc-bitflip", FaultTruth("bitflip", 3, "node-0000", "rack-00", 250)),
         ("sdc-wrong-gpu", FaultTruth("wrong_gpu", 11, "node-0001", "rack-00", 300)),
         ("hang-allreduce", FaultTruth("hang", 100, "node-0012", "rack-03", 300)),
+        ("hang-2048", FaultTruth("hang", 1234, "node-0154", "rack-09", 30)),
         ("nan-burst", FaultTruth("nan", 40, "node-0005", "rack-01", 300, 305)),
         ("grad-spike", FaultTruth("grad_spike", 0, "node-0000", "rack-00", 300)),
         ("data-fault-repeat", FaultTruth("crash", 77, "node-0009", "rack-02", 237, repeat=True)),

@@ -100,6 +100,9 @@ def test_hang_without_any_dump_names_the_rank_whose_last_phase_differs() -> None
     state, outputs = run_all(job.events, POLICY)
     hang, abort = outputs
     assert isinstance(hang, HangDetected) and isinstance(abort, Abort)
+    state, _ = run_all(
+        [Tick(**job._env(-1))], POLICY, state
+    )  # the first tick after the abort opens the window
     job.t += POLICY.hang.stack_collect_s + 1  # no dump arrives within the window
     state, outputs = run_all([Tick(**job._env(-1))], POLICY, state)
     interruption, _mtbf, quarantine, command = outputs
@@ -152,6 +155,7 @@ def test_a_sharded_run_names_the_culprit_from_phases_forwarded_by_its_shard() ->
     assert [o.KIND for o in outputs] == ["hang_detected", "abort"]
     forwarded = [r for r, s in state.runs["run-test"].ranks.items() if s.phase and r >= 8]
     assert sorted(forwarded) == list(range(8, 16))
+    sharded([Tick(**job._env(-1))], 8, 16, state)  # opens the window
     job.t += POLICY.hang.stack_collect_s + 1
     outputs = sharded([Tick(**job._env(-1))], 8, 16, state)
     interruption = outputs[0]
@@ -181,6 +185,7 @@ def test_a_progressing_sharded_run_forwards_nothing() -> None:
 def test_phases_that_single_out_no_rank_name_nobody(stuck: dict[int, str]) -> None:
     job = Job().start().steps(40).stall(5.0, stuck=stuck)
     state, _ = run_all(job.events, POLICY)
+    state, _ = run_all([Tick(**job._env(-1))], POLICY, state)  # opens the window
     job.t += POLICY.hang.stack_collect_s + 1
     state, outputs = run_all([Tick(**job._env(-1))], POLICY, state)
     (interruption, _mtbf) = outputs

@@ -41,6 +41,9 @@ from .events import (
     GoodputReport,
     GpuHealth,
     GradSpike,
+    GroupComputeTimes,
+    GroupSlowdownCleared,
+    GroupSlowdownFlagged,
     HangDetected,
     Heartbeat,
     Interruption,
@@ -78,4 +81,5 @@ __all__ = [
     "RunStarted", "SdcMismatch", "SdcSelfCheck", "StepStats", "StepTiming", "StragglerFlagged", "Tick",
     "Diagnosis", "GoodputReport", "GradSpike", "MtbfUpdate", "RanksMissing", "StragglerAction",
     "StragglerCleared", "StragglerDiagnosed", "EvictionDecision", "EvictionVerdict",
+    "GroupComputeTimes", "GroupSlowdownCleared", "GroupSlowdownFlagged",
 ]  # fmt: skip

@@ -93,6 +93,9 @@ class ReasonCode(StrEnum):
     PAGE_GOODPUT = "page_goodput"
     ROLLBACK = "rollback"
     NO_CLEAN_ANCESTOR = "no_clean_ancestor"
+    # rack / placement-group slowdown (issue 14 item 1)
+    GROUP_SLOWDOWN = "group_slowdown"
+    GROUP_SLOWDOWN_CLEARED = "group_slowdown_cleared"
 
 
 class Reason(Record):

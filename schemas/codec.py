@@ -101,6 +101,8 @@ _CURRENT_TELEMETRY: dict[str, type[Envelope]] = {
 UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
     # batch/1 predates sharding: its run is one shard.
     ("batch", 1): lambda body: {**body, "shard": 0, "shard_ranks": 0},
+    # run_started/1 predates placement groups: the run declares none.
+    ("run_started", 1): lambda body: {**body, "placement_groups": {}},
 }
 
 

@@ -82,7 +82,7 @@ def main() -> None:
     print(
         "| ranks | racks | noise-only steps x seeds | flags | noise per rank | 128-rank threshold "
         "| 5% rack: steps to flag | 8% rack: steps to flag | ms/step unsharded "
-        "| ms/step in 4,096-rank shards | python | machine |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| ms/step in 4,096-rank shards | python | machine |\n" + "|---" * 12 + "|"
     )
     for ranks in args.ranks:
         noise = [noise_only(ranks, args.noise_steps, 100 + s) for s in seeds]

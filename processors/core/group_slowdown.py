@@ -398,10 +398,13 @@ def _merge(state: GroupState, parts: list[tuple[np.ndarray, ...]]) -> tuple[np.n
         pieces.sort()
         total = sum(c for _, c in pieces)
         acc = 0.0
-        for mi, ci in pieces:
+        for k, (mi, ci) in enumerate(pieces):
             acc += ci
-            if acc >= total / 2:
+            if acc * 2 > total or (acc * 2 == total and k + 1 == len(pieces)):
                 medians[i] = mi
+                break
+            if acc * 2 == total:  # the halves meet between two parts: their mean, as a median
+                medians[i] = (mi + pieces[k + 1][0]) / 2
                 break
         counts[i] = total
     return medians, counts

@@ -114,6 +114,17 @@ def test_a_sharded_run_finds_what_the_unsharded_run_finds_with_one_record_per_sh
     assert forwarded == (2048 // shard_ranks - 1) * (ONSET + 80)
 
 
+def test_a_group_cut_by_shard_boundaries_is_merged_from_its_parts() -> None:
+    # Shards of 64 ranks cut every 128-rank rack in two (placement groups may straddle
+    # shards): each part's median and count, merged on shard 0, still find the rack, and
+    # only the rack.
+    job = RackJob(seed=8, slow=[SlowGroup(1.05, rack=6, from_step=ONSET)])
+    h = GroupHarness(job, shard_ranks=64)
+    found = flags(h.steps(ONSET + 80))
+    assert [f.group for f in found] == ["rack-06"]
+    assert found[0].step - ONSET <= 100
+
+
 def test_policy_rejects_a_gap_that_outlives_the_clear() -> None:
     with pytest.raises(ValueError, match="max_gap_steps"):
         GroupSlowdownPolicy(max_gap_steps=10, clear_steps=10)

@@ -150,6 +150,7 @@ class _SizeClass:
     groups: np.ndarray  # group indices
     perm: np.ndarray  # their local ranks, concatenated
     size: int
+    top: int  # the highest rank in perm
 
 
 @dataclass
@@ -230,10 +231,10 @@ def on_run_started(state: GroupState, run: RunState, event: RunStarted, policy: 
     for i, g in enumerate(groups):
         if g.local.size:
             by_size.setdefault(int(g.local.size), []).append(i)
-    state.classes = [
-        _SizeClass(np.array(ids, np.int64), np.concatenate([groups[i].local for i in ids]), size)
-        for size, ids in sorted(by_size.items())
-    ]
+    state.classes = []
+    for size, ids in sorted(by_size.items()):
+        perm = np.concatenate([groups[i].local for i in ids])
+        state.classes.append(_SizeClass(np.array(ids, np.int64), perm, size, int(perm.max())))
     state.shards = shard_count(world, run.shard_ranks) if run.shard_ranks else 1
     n = len(groups)
     state.run_len, state.last_slow = [0] * n, [_NEVER] * n
@@ -253,7 +254,7 @@ def summarise(state: GroupState, values: np.ndarray, policy: GroupSlowdownPolicy
     `min_group_ranks` reports are left out."""
     ids, medians, counts = [], [], []
     for c in state.classes:
-        if int(c.perm[-1]) >= values.size:
+        if c.top >= values.size:
             continue  # ranks beyond what the straggler buffers hold: nothing reported there
         block = values[c.perm].reshape(-1, c.size)
         missing = np.isnan(block)
@@ -309,7 +310,7 @@ def on_local_step(
     names = [f"{state.groups[i].kind}:{state.groups[i].name}" for i in ids.tolist()]
     health = {}
     if step % policy.health_every_steps == 0:
-        for i in sorted(set(ids.tolist())):
+        for i in _suspects(ids, medians, policy):
             digest = _health_digest(run.health, state.groups[i].nodes, diagnosis_policy)
             if digest:
                 health[f"{state.groups[i].kind}:{state.groups[i].name}"] = digest
@@ -329,6 +330,16 @@ def on_local_step(
             health=health,
         )
     ]
+
+
+def _suspects(ids: np.ndarray, medians: np.ndarray, policy: GroupSlowdownPolicy) -> list[int]:
+    """The groups of a shard whose health shard 0 may need: those over half the floor above
+    the shard's own median group (a shard of fewer than `min_groups` groups: all of them).
+    Digesting every group's nodes every few steps would cost more than the detector."""
+    if ids.size < policy.min_groups:
+        return sorted(set(ids.tolist()))
+    local = _median(medians.copy())
+    return sorted(set(ids[medians > local * (1 + policy.min_slowdown / 2)].tolist()))
 
 
 def on_summary(

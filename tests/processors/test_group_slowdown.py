@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from trainguard.processors.core import CorePolicy, CoreState, step
-from trainguard.processors.core.group_slowdown import GroupSlowdownPolicy
+from trainguard.processors.core.group_slowdown import GroupSlowdownPolicy, _suspects, summarise
 from trainguard.schemas import (
     Diagnosis,
     EvictRank,
@@ -193,3 +193,14 @@ def test_without_the_group_detector_the_capped_rack_would_be_evicted_node_by_nod
     outputs = _engine(job, policy)
     assert not flags(outputs)
     assert [o for o in outputs if isinstance(o, EvictRank)]
+
+
+def test_a_shard_sends_shard_0_the_health_of_its_suspect_groups_only() -> None:
+    # Digesting the GPU health of every node of a 16,384-rank shard every 10 steps would cost
+    # more than the detector: only groups over half the floor above the shard's median go.
+    job = RackJob(seed=4, slow=[SlowGroup(1.05, rack=12, from_step=0)])
+    h = GroupHarness(job, shard_ranks=1024)  # 8 racks per shard; rack-12 in shard 1
+    values = job.next_step()
+    shard = h.runs[1]
+    ids, medians, _ = summarise(shard.groups, values, h.policy)
+    assert [shard.groups.groups[i].name for i in _suspects(ids, medians, h.policy)] == ["rack-12"]

@@ -137,8 +137,8 @@ def _rack_ranks(job: SyncJob, rack: str) -> list[int]:
     return [r for r in range(job.world_size) if job.rack(job.node(r)) == rack]
 
 
-def _engine(job: SyncJob, policy: CorePolicy) -> list:
-    state, outputs = CoreState(), []
+def _engine(job: SyncJob, policy: CorePolicy, state: CoreState | None = None) -> list:
+    state, outputs = state if state is not None else CoreState(), []
     for event in job.events:
         outputs += step(state, event, policy)[1]
     return outputs
@@ -151,8 +151,11 @@ def test_a_hot_rack_is_environmental_a_facilities_page_and_never_an_eviction() -
     job.slow = [Slow(r, 1.08, from_step=20) for r in _rack_ranks(job, "rack-5")]
     for _ in range(12):
         job.steps(10).health([HealthFault("hot_rack", rack="rack-5")])
-    outputs = _engine(job, CorePolicy())
+    state = CoreState()
+    outputs = _engine(job, CorePolicy(), state)
     found = flags(outputs)
+    # the whole job runs at the rack's pace: goodput charges it like a straggler
+    assert max(state.runs[job.run_id].goodput.slowdowns.values()) == pytest.approx(found[0].slowdown)
     assert [(f.group, f.diagnosis, f.action) for f in found] == [
         ("rack-5", Diagnosis.ENVIRONMENTAL, StragglerAction.ALERT_FACILITIES)
     ]

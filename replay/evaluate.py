@@ -25,6 +25,7 @@ from ..schemas import (
     Derived,
     Envelope,
     GradSpike,
+    GroupSlowdownFlagged,
     Interruption,
     SdcMismatch,
     StepTiming,
@@ -43,7 +44,18 @@ EXPECTED: dict[str, str] = {
     "bitflip": "sdc_self_check",
     "sdc": "sdc_self_check",
     "wrong_gpu": "sdc_cross_rank",
+    # issue 14: a slow fault of a whole rack is the group slowdown detector's (expected_detector)
+    "slow_rack": "group_slowdown",
 }
+
+
+def expected_detector(truth: FaultTruth) -> str | None:
+    """The detector that must find `truth`: a rack-wide slow fault is the group slowdown
+    detector's; the per-rank straggler flags of its ranks explain it too (a rack 25% slow is
+    128 stragglers), but only the group flag is scored for latency and diagnosis."""
+    if truth.kind == "slow" and truth.node is None:
+        return EXPECTED["slow_rack"]
+    return EXPECTED.get(truth.kind)
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,8 @@ def detector_of(output: Derived) -> str | None:
         return "sdc_self_check" if output.method == "self_check" else "sdc_cross_rank"
     if isinstance(output, GradSpike):
         return "grad_spike"
+    if isinstance(output, GroupSlowdownFlagged):
+        return "group_slowdown"  # node: the group's first node (its rack for a rack)
     return None
 
 
@@ -81,7 +95,10 @@ def detections(outputs: Iterable[Derived]) -> list[Detection]:
 
 
 def _explains(detection: Detection, truth: FaultTruth, racks: dict[str, str]) -> bool:
-    if EXPECTED.get(truth.kind) != detection.detector:
+    expected = expected_detector(truth)
+    if detection.detector != expected and not (
+        expected == "group_slowdown" and detection.detector == "straggler"
+    ):
         return False
     if detection.detector in ("non_finite", "grad_spike"):
         return detection.step >= truth.step - 1  # job-level: any rank may report it
@@ -125,29 +142,33 @@ def score(
     """Match detections to truths. Repeated detections of one fault (a data fault that
     fails after every restart, each rank of a hot aisle) count as one true positive."""
     found = detections(outputs)
-    diagnoses = {d.caused_by[0]: d for d in outputs if isinstance(d, StragglerDiagnosed) and d.caused_by}
+    diagnoses: dict[str, StragglerDiagnosed | GroupSlowdownFlagged] = {
+        d.caused_by[0]: d for d in outputs if isinstance(d, StragglerDiagnosed) and d.caused_by
+    }
+    diagnoses.update({d.event_id: d for d in outputs if isinstance(d, GroupSlowdownFlagged)})
     scores: dict[str, DetectorScore] = {}
     explained: set[int] = set()
     misses = []
     for truth in truths:
-        expected = EXPECTED.get(truth.kind)
+        expected = expected_detector(truth)
         if expected is None:
             continue
         board = scores.setdefault(expected, DetectorScore())
         hits = [i for i, d in enumerate(found) if _explains(d, truth, racks)]
+        own = [i for i in hits if found[i].detector == expected]
         explained.update(hits)
-        if not hits:
+        if not own:
             board.fn += 1
             misses.append(truth)
             continue
         board.tp += 1
-        first = min((found[i] for i in hits), key=lambda d: d.ts)
+        first = min((found[i] for i in own), key=lambda d: d.ts)
         board.latency_steps.append(first.step - truth.step)
         onset = step_started_ts.get(truth.step)
         if onset is not None:
             board.latency_s.append(first.ts - onset)
-        if expected == "straggler" and truth.diagnosis is not None:
-            verdicts = [diagnoses.get(found[i].event.event_id) for i in hits]
+        if expected in ("straggler", "group_slowdown") and truth.diagnosis is not None:
+            verdicts = [diagnoses.get(found[i].event.event_id) for i in own]
             right = all(v is not None and v.diagnosis == truth.diagnosis for v in verdicts)
             board.diagnosis_right += int(right)
             board.diagnosis_wrong += int(not right)

@@ -44,6 +44,9 @@ from .events import (
     GoodputReport,
     GpuHealth,
     GradSpike,
+    GroupComputeTimes,
+    GroupSlowdownCleared,
+    GroupSlowdownFlagged,
     HangDetected,
     Heartbeat,
     Interruption,
@@ -85,4 +88,5 @@ __all__ = [
     "Diagnosis", "GoodputReport", "GradSpike", "MtbfUpdate", "RanksMissing", "StragglerAction",
     "StragglerCleared", "StragglerDiagnosed", "EvictionDecision", "EvictionVerdict",
     "RingCheck",
+    "GroupComputeTimes", "GroupSlowdownCleared", "GroupSlowdownFlagged",
 ]  # fmt: skip

@@ -100,6 +100,9 @@ class ReasonCode(StrEnum):
     PAUSE_RUN = "pause_run"
     SKIP_BATCH = "skip_batch"
     QUARANTINE_RELEASED = "quarantine_released"
+    # rack / placement-group slowdown (issue 14 item 1)
+    GROUP_SLOWDOWN = "group_slowdown"
+    GROUP_SLOWDOWN_CLEARED = "group_slowdown_cleared"
 
 
 class Reason(Record):

@@ -103,6 +103,8 @@ UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
     ("batch", 1): lambda body: {**body, "shard": 0, "shard_ranks": 0},
     # heartbeat/1 predates the phase: unknown.
     ("heartbeat", 1): lambda body: {**body, "phase": ""},
+    # run_started/1 predates placement groups: the run declares none.
+    ("run_started", 1): lambda body: {**body, "placement_groups": {}},
 }
 
 

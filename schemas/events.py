@@ -21,7 +21,7 @@ class RunStarted(Envelope):
     """A launcher (or the simulator) registers an attempt of a run before its ranks report."""
 
     KIND: ClassVar[str] = "run_started"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
 
     world_size: int = Field(ge=1, le=1_048_576)
     ranks_per_node: int = Field(ge=1, le=1024)
@@ -31,6 +31,11 @@ class RunStarted(Envelope):
         default=-1, ge=-1, description="Checkpoint step this attempt resumes from."
     )
     config_digest: str = Field(default="", max_length=128)
+    # v2: placement groups the run declares (an aisle, a power domain, a switch), watched as
+    # a whole by the group slowdown detector like the racks.
+    placement_groups: dict[str, list[str]] = Field(
+        default_factory=dict, description="group -> its nodes (a node may be in several groups)."
+    )
 
 
 #: Training phases a heartbeat may report (Heartbeat.phase); "" when the rank does not say.
@@ -200,6 +205,25 @@ class Tick(Envelope):
     VERSION: ClassVar[int] = 1
 
 
+class GroupComputeTimes(Envelope):
+    """A non-coordinator shard's per-step summary of its groups' (racks', placement groups')
+    pre-collective compute times, forwarded to shard 0, which alone has the run-wide
+    reference (processors/core/group_slowdown.py). One record per shard per evaluated step;
+    rank -1. `health` carries, every few steps, each group's GPU-health digest, since the
+    GpuHealth reports of a shard's ranks never reach shard 0."""
+
+    KIND: ClassVar[str] = "group_compute_times"
+    VERSION: ClassVar[int] = 1
+
+    shard: int = Field(ge=0)
+    groups: list[str] = Field(max_length=65_536)
+    medians: list[float] = Field(max_length=65_536, description="Median compute_s per group (aligned).")
+    counts: list[int] = Field(max_length=65_536, description="Ranks that reported, per group (aligned).")
+    health: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="group -> health digest (median_temp_c, hot_share, nic_median)."
+    )
+
+
 TELEMETRY_KINDS: tuple[type[Envelope], ...] = (
     RunStarted,
     Heartbeat,
@@ -215,6 +239,7 @@ TELEMETRY_KINDS: tuple[type[Envelope], ...] = (
     RestartPhases,
     Tick,
     RingCheck,
+    GroupComputeTimes,
 )
 
 # --------------------------------------------------------------------------- derived
@@ -461,6 +486,34 @@ class QuarantineReleased(Derived):
     VERSION: ClassVar[int] = 1
 
     quarantine_id: str = Field(max_length=200, description="The Quarantine event it undoes.")
+class GroupSlowdownFlagged(Derived):
+    """A rack or placement group computes persistently slower than the run as a whole
+    (its median against the median of the groups' medians). rank -1; node: the group's
+    first node. Never evicts: environmental -> alert facilities, otherwise a human looks."""
+
+    KIND: ClassVar[str] = "group_slowdown_flagged"
+    VERSION: ClassVar[int] = 1
+
+    group: str = Field(max_length=128)
+    group_kind: str = Field(max_length=32, description="rack or placement_group")
+    members: list[str] = Field(max_length=4096, description="The group's nodes.")
+    slowdown: float = Field(ge=0, description="Mean group median / run reference over the streak.")
+    threshold: float = Field(ge=0, description="Relative excess above which a step counted as slow.")
+    consecutive_steps: int = Field(ge=0)
+    onset_step: int = Field(ge=-1)
+    diagnosis: Diagnosis
+    action: StragglerAction
+    evidence: dict[str, float] = Field(default_factory=dict)
+
+
+class GroupSlowdownCleared(Derived):
+    """A flagged group is back within its threshold."""
+
+    KIND: ClassVar[str] = "group_slowdown_cleared"
+    VERSION: ClassVar[int] = 1
+
+    group: str = Field(max_length=128)
+    flagged_steps: int = Field(ge=0)
 
 
 DERIVED_KINDS: tuple[type[Derived], ...] = (
@@ -480,4 +533,6 @@ DERIVED_KINDS: tuple[type[Derived], ...] = (
     IntervalUpdate,
     GoodputReport,
     QuarantineReleased,
+    GroupSlowdownFlagged,
+    GroupSlowdownCleared,
 )

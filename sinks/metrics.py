@@ -22,7 +22,15 @@ from ..schemas import Interruption, Page
 #: Every rule the core pages on (processors/core: paging.py, eviction.py, rollback.py): the
 #: values of the pages counter's `rule` label, with OTHER_RULE for one not listed here, so a
 #: new rule still pages (sinks/prometheus/trainguard.rules.yml) and the label stays bounded.
-PAGE_RULES = ("same_node", "same_step", "failure_rate", "goodput", "same_rack_eviction", "no_clean_ancestor")
+PAGE_RULES = (
+    "same_node",
+    "same_step",
+    "failure_rate",
+    "goodput",
+    "same_rack_eviction",
+    "no_clean_ancestor",
+    "facilities",
+)
 OTHER_RULE = "other"
 #: Interruption and page ids remembered against double counting (a month at 16k ranks has
 #: ~233 interruptions; recent ids are what a redelivery re-derives).
@@ -38,6 +46,12 @@ def flagged_ranks(run: RunState) -> int:
     """Ranks of the current attempt flagged as stragglers; the detector keeps an older
     attempt's flags until the new attempt's first step, and those ranks may be gone."""
     return len(run.straggler.flagged) if run.straggler.attempt == run.attempt else 0
+
+
+def slow_groups(run: RunState) -> int:
+    """Racks and placement groups of the current attempt flagged slow as a whole (issue 14):
+    only the coordinator (shard 0) holds the group findings."""
+    return len(run.groups.flagged) if run.groups.attempt == run.attempt else 0
 
 
 class ProcessorMetrics:
@@ -109,6 +123,13 @@ class ProcessorMetrics:
             ["run_id"],
             registry=r,
         )
+        self.slow_groups = Gauge(
+            "trainguard_slow_groups",
+            "Racks and placement groups of the run's current attempt flagged slow as a whole "
+            "(0 on a worker that does not hold the run's shard 0).",
+            ["run_id"],
+            registry=r,
+        )
         self.world_size = Gauge(
             "trainguard_world_size", "Ranks in the run (0 while unknown).", ["run_id"], registry=r
         )
@@ -155,6 +176,7 @@ class ProcessorMetrics:
             self.step_max,
             self.slowest_rank,
             self.stragglers,
+            self.slow_groups,
             self.world_size,
         )
         #: Interruption and page ids counted, the newest COUNTED_IDS: a redelivery re-derives
@@ -205,6 +227,7 @@ class ProcessorMetrics:
             self.step_max.labels(run_id=run_id).set(worst)
             self.slowest_rank.labels(run_id=run_id).set(slowest)
             self.stragglers.labels(run_id=run_id).set(sum(map(flagged_ranks, shards[run_id])))
+            self.slow_groups.labels(run_id=run_id).set(slow_groups(run))
             self.world_size.labels(run_id=run_id).set(run.world_size or 0)
             self._page_series(run_id)
         self._labelled = live

@@ -14,14 +14,20 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable
 
+import numpy as np
+
 from ...schemas import (
     CheckpointValidated,
     CheckpointWritten,
     Command,
     CrossRankCheck,
     Derived,
+    Diagnosis,
     Envelope,
     GpuHealth,
+    GroupComputeTimes,
+    GroupSlowdownCleared,
+    GroupSlowdownFlagged,
     HangDetected,
     Heartbeat,
     Interruption,
@@ -39,13 +45,16 @@ from ...schemas import (
     SdcSelfCheck,
     StepStats,
     StepTiming,
+    StragglerAction,
     StragglerCleared,
+    StragglerDiagnosed,
     StragglerFlagged,
 )
 from . import (
     baseline,
     diagnosis,
     eviction,
+    group_slowdown,
     interval,
     paging,
     quarantine,
@@ -104,7 +113,7 @@ def step(
     accounting.advance(run.goodput, ts, run.open_interruption is not None, policy.goodput)
     outputs: list[Output] = []
     if isinstance(event, RunStarted):
-        outputs += _on_run_started(run, event)
+        outputs += _on_run_started(run, event, policy)
         outputs += baseline.on_time(run.baseline, run, event, policy.baseline)
         return state, outputs
     if event.attempt > run.attempt:  # the launcher's record is late or lost
@@ -119,6 +128,10 @@ def step(
         outputs += _stragglers(run, event, policy)
     elif isinstance(event, GpuHealth):
         diagnosis.observe_health(run.health, run, event, policy.diagnosis)
+    elif isinstance(event, GroupComputeTimes):
+        outputs += _group_findings(
+            run, group_slowdown.on_summary(run.groups, run, event, policy.group_slowdown, policy.diagnosis)
+        )
     elif isinstance(event, StepStats):
         outputs += sdc.on_step_stats(run.sdc, run, event, policy.sdc, _interruption)
     elif isinstance(event, SdcSelfCheck):
@@ -195,10 +208,19 @@ def _stragglers(run: RunState, event: StepTiming, policy: CorePolicy) -> list[Ou
     the coordinator, a diagnosis recommending eviction goes to the payback decision (a
     sharded run's other shards flag and diagnose; their evictions are not decided yet)."""
     outputs: list[Output] = []
-    for found in straggler.observe_step(run.straggler, run, event, policy.straggler):
+    judged: list[Derived | GroupComputeTimes] = []
+
+    def groups(step: int, values: np.ndarray, trigger: StepTiming) -> None:
+        judged.extend(
+            group_slowdown.on_local_step(
+                run.groups, run, step, values, trigger, policy.group_slowdown, policy.diagnosis
+            )
+        )
+
+    for found in straggler.observe_step(run.straggler, run, event, policy.straggler, groups):
         outputs.append(found)
         if isinstance(found, StragglerFlagged):
-            diagnosed = diagnosis.diagnosed(run.health, run, found, policy.diagnosis)
+            diagnosed = _in_flagged_group(run, diagnosis.diagnosed(run.health, run, found, policy.diagnosis))
             outputs.append(diagnosed)
             run.goodput.slowdowns[found.rank] = found.slowdown
             if run.coordinator:
@@ -208,7 +230,45 @@ def _stragglers(run: RunState, event: StepTiming, policy: CorePolicy) -> list[Ou
         elif isinstance(found, StragglerCleared):
             run.goodput.slowdowns.pop(found.rank, None)
             eviction.on_cleared(run.eviction, found.rank)
-    return outputs
+    for made in judged:  # a shard's summary goes to shard 0, which alone has the reference
+        outputs += [Forward(made, "group step summary")] if isinstance(made, GroupComputeTimes) else []
+    return outputs + _group_findings(run, [d for d in judged if not isinstance(d, GroupComputeTimes)])
+
+
+def _group_findings(run: RunState, found: list[Derived]) -> list[Output]:
+    """Group slowdown flags and clears; a flagged group slows the whole job by its factor
+    (goodput charges it like a straggler, keyed by a negative id: no rank's)."""
+    for item in found:
+        if isinstance(item, GroupSlowdownFlagged):
+            run.goodput.slowdowns[_group_key(run, item.group)] = item.slowdown
+        elif isinstance(item, GroupSlowdownCleared):
+            run.goodput.slowdowns.pop(_group_key(run, item.group), None)
+    return list(found)
+
+
+def _group_key(run: RunState, group: str) -> int:
+    names = [g.name for g in run.groups.groups]
+    return -1 - (names.index(group) if group in names else len(names))
+
+
+def _in_flagged_group(run: RunState, diagnosed: StragglerDiagnosed) -> StragglerDiagnosed:
+    """A straggler whose node is in a group flagged ENVIRONMENTAL is the environment's too,
+    whatever its own node says: alert facilities, never evict it node by node."""
+    group = group_slowdown.flagged_environment(run.groups, diagnosed.node)
+    if group is None or diagnosed.action == StragglerAction.ALERT_FACILITIES:
+        return diagnosed
+    reason = Reason(
+        code=ReasonCode.ENVIRONMENTAL,
+        text=f"{diagnosed.node} is in {group}, flagged slow as a whole and environmental: the "
+        f"environment, not the node; alert facilities, do not evict (own diagnosis: "
+        f"{diagnosed.reason.text[:300]})",
+    )
+    update = {
+        "diagnosis": Diagnosis.ENVIRONMENTAL,
+        "action": StragglerAction.ALERT_FACILITIES,
+        "reason": reason,
+    }
+    return diagnosed.model_copy(update=update)
 
 
 def _on_shard_event(run: RunState, event: Envelope, policy: CorePolicy) -> list[Output]:
@@ -216,7 +276,7 @@ def _on_shard_event(run: RunState, event: Envelope, policy: CorePolicy) -> list[
     diagnosis); reports that need a run-level decision are forwarded to shard 0, and
     run-level outputs (interruptions, hang watchdog, checks, MTBF) are never made here."""
     if isinstance(event, RunStarted):
-        _on_run_started(run, event)  # its interruption bookkeeping belongs to shard 0
+        _on_run_started(run, event, policy)  # its interruption bookkeeping belongs to shard 0
         return []
     if event.attempt > run.attempt:
         _begin_attempt(run, event, resumed_from_step=run.last_validated_step)
@@ -269,13 +329,14 @@ def _rank(run: RunState, event: Envelope) -> RankState | None:
     return rank
 
 
-def _on_run_started(run: RunState, event: RunStarted) -> list[Output]:
+def _on_run_started(run: RunState, event: RunStarted, policy: CorePolicy) -> list[Output]:
     opened = run.open_interruption
     if opened is not None and event.attempt > run.attempt and opened.launched_ts is None:
         opened.launched_ts = event.ts  # the restart's reschedule phase ends here
     run.world_size = event.world_size
     run.ranks_per_node = event.ranks_per_node
     run.racks = dict(event.racks)
+    group_slowdown.on_run_started(run.groups, run, event, policy.group_slowdown)
     if event.attempt > run.attempt or run.phase == RunPhase.STARTING and not run.ranks:
         return _begin_attempt(run, event, resumed_from_step=event.resumed_from_step)
     return []

@@ -13,6 +13,7 @@ from .baseline import BaselinePolicy
 from .diagnosis import DiagnosisPolicy
 from .eviction import EvictionPolicy
 from .goodput import GoodputPolicy
+from .group_slowdown import GroupSlowdownPolicy
 from .interval import IntervalPolicy
 from .paging import PagingPolicy
 from .retention import RetentionPolicy
@@ -65,6 +66,7 @@ class CorePolicy(BaseModel):
     sdc: SdcPolicy = SdcPolicy()
     straggler: StragglerPolicy = StragglerPolicy()
     diagnosis: DiagnosisPolicy = DiagnosisPolicy()
+    group_slowdown: GroupSlowdownPolicy = GroupSlowdownPolicy()
     interval: IntervalPolicy = IntervalPolicy()
     paging: PagingPolicy = PagingPolicy()
     goodput: GoodputPolicy = GoodputPolicy()

@@ -12,6 +12,7 @@ from .baseline import BaselineState
 from .diagnosis import HealthState
 from .eviction import EvictionState
 from .goodput import GoodputState
+from .group_slowdown import GroupState
 from .interval import IntervalState
 from .paging import PagingState
 from .rollback import RollbackState
@@ -123,6 +124,9 @@ class RunState:
     #: Straggler streaks (seed §7) and the GPU health that diagnoses them (R2).
     straggler: StragglerState = field(default_factory=StragglerState)
     health: HealthState = field(default_factory=HealthState)
+    #: Rack and placement-group slowdown (issue 14): per shard its groups' step medians,
+    #: on shard 0 the run-wide reference, streaks and flags.
+    groups: GroupState = field(default_factory=GroupState)
     #: Checkpoint cost samples and the interval in force (seed §6).
     interval: IntervalState = field(default_factory=IntervalState)
     #: Interruptions by node and step, and the pages already sent (seed R5).

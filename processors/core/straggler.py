@@ -31,6 +31,7 @@ bench/bench_straggler.py), the per-rank streak work is Python over the slow rank
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -194,10 +195,20 @@ def reset(state: StragglerState, attempt: int) -> None:
     state.evaluated, state.duplicates, state.late, state.out_of_range = counters
 
 
+#: Called with each evaluated step, its compute times by rank (NaN: no report; a view of a
+#: buffer that is reused, so read it, do not keep it) and the event that completed it.
+StepSink = Callable[[int, np.ndarray, StepTiming], None]
+
+
 def observe_step(
-    state: StragglerState, run: RunState, event: StepTiming, policy: StragglerPolicy
+    state: StragglerState,
+    run: RunState,
+    event: StepTiming,
+    policy: StragglerPolicy,
+    on_step: StepSink | None = None,
 ) -> list[Derived]:
-    """Record one rank's step timing; evaluate, in step order, every step that became ready."""
+    """Record one rank's step timing; evaluate, in step order, every step that became ready
+    (each also handed to `on_step`: the group slowdown detector reads the same steps)."""
     if event.attempt != state.attempt:
         if event.attempt < state.attempt:
             return []
@@ -250,6 +261,8 @@ def observe_step(
         del state.pending[oldest]
         state.evaluated_through = oldest
         outputs += _evaluate(state, run, oldest, ready, event, policy)
+        if on_step is not None:
+            on_step(oldest, np.frombuffer(ready.values), event)
     return outputs
 
 

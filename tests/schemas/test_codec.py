@@ -8,7 +8,16 @@ from typing import Any
 import orjson
 import pytest
 
-from trainguard.schemas import Record, RejectReason, auth, decode, decode_batch, encode, encode_batch
+from trainguard.schemas import (
+    Record,
+    RejectReason,
+    RunStarted,
+    auth,
+    decode,
+    decode_batch,
+    encode,
+    encode_batch,
+)
 from trainguard.schemas.base import Reason, ReasonCode
 from trainguard.schemas.codec import ALL, COMMANDS, TELEMETRY, UPCASTERS, Rejected, decode_obj
 from trainguard.schemas.commands import Abort, Ack, AckStatus, Rollback
@@ -113,6 +122,27 @@ SAMPLES: dict[str, dict[str, Any]] = {
         evictions_resolved=3,
         evictions_unresolved=1,
     ),
+    "group_compute_times": dict(
+        shard=1,
+        groups=["rack:rack-08", "rack:rack-09"],
+        medians=[1.402, 1.471],
+        counts=[128, 127],
+        health={"rack:rack-09": {"median_temp_c": 91.2, "hot_share": 0.94, "nodes_reporting": 16.0}},
+    ),
+    "group_slowdown_flagged": dict(
+        reason=REASON,
+        group="rack-09",
+        group_kind="rack",
+        members=[f"node-{i:04d}" for i in range(144, 160)],
+        slowdown=1.05,
+        threshold=0.03,
+        consecutive_steps=50,
+        onset_step=100,
+        diagnosis="environmental",
+        action="alert_facilities",
+        evidence={"median_temp_c": 91.2},
+    ),
+    "group_slowdown_cleared": dict(reason=REASON, group="rack-09", flagged_steps=120),
 }
 COMMAND_SAMPLES: dict[str, dict[str, Any]] = {
     "checkpoint_now": {},
@@ -305,3 +335,9 @@ def test_secret_comes_from_env_or_file_and_short_ones_are_refused(tmp_path) -> N
         auth.load_master_secret({"TRAINGUARD_SECRET": "short"})
     with pytest.raises(auth.SecretError, match="TRAINGUARD_SECRET"):
         auth.load_master_secret({})
+
+
+def test_a_run_started_of_version_1_is_upcast_with_no_placement_groups() -> None:
+    body = {"schema": "run_started/1", **ENVELOPE, **SAMPLES["run_started"]}
+    event = decode(orjson.dumps(body))
+    assert isinstance(event, RunStarted) and event.placement_groups == {}

@@ -18,7 +18,7 @@ from trainguard.schemas.sharding import route
 from trainguard.sinks import metrics as metrics_module
 from trainguard.sinks.metrics import OTHER_RULE, PAGE_RULES, ProcessorMetrics
 
-from ..processors.straggler_streams import Slow, SyncJob
+from ..processors.straggler_streams import HealthFault, Slow, SyncJob
 from ..processors.streams import Job
 
 #: A 16-rank test job given the seed's 16,384-GPU failure rate, as in tests/processors/test_paging.py.
@@ -192,3 +192,22 @@ def test_the_counted_ids_are_bounded_and_a_recent_redelivery_still_counts_once(
     # An id older than the bound is forgotten: its redelivery would count again.
     worker.metrics.observe(DriverResult(derived=counted[:1]))
     assert worker.value("trainguard_interruptions_total", cause="crash") == 4
+
+
+def test_a_hot_rack_shows_in_the_slow_groups_gauge_and_pages_facilities_once() -> None:
+    # 256 ranks in 8 racks of 32; rack-3 8% slow as a whole from step 10, its GPUs hot.
+    job = SyncJob(run_id="run-rack", world_size=256, nodes_per_rack=4).start()
+    rack = [r for r in range(job.world_size) if job.rack(job.node(r)) == "rack-3"]
+    job.slow = [Slow(rank=r, factor=1.08, from_step=10) for r in rack]
+    worker = Worker(CorePolicy())
+    for _ in range(4):
+        job.steps(10).health([HealthFault("hot_rack", rack="rack-3")])
+    worker.feed(job.events, job.world_size)
+    assert worker.value("trainguard_slow_groups", run_id="run-rack") == 0  # 30 slow steps: not yet
+    job.events.clear()
+    for _ in range(4):
+        job.steps(10).health([HealthFault("hot_rack", rack="rack-3")])
+    worker.feed(job.events, job.world_size)
+    assert worker.value("trainguard_slow_groups", run_id="run-rack") == 1
+    assert worker.pages("run-rack")["facilities"] == 1
+    assert [p.rule for p in worker.derived_pages()] == ["facilities"]

@@ -114,6 +114,7 @@ def test_the_library_has_one_scenario_per_fault_and_two_controls() -> None:
             "nan-burst",
             "grad-spike",
             "data-fault-repeat",
+            "rack-slow-5pct",
             "control-healthy",
             "control-16k",
         ]
@@ -128,7 +129,8 @@ def test_the_library_has_one_scenario_per_fault_and_two_controls() -> None:
         healthy_s = sc.steps * sc.step_time_s
         assert healthy_s / sc.live_speed < 75 or sc.world_size > 1024, name
         if name not in ("control-16k", "hang-2048"):  # the two at scale
-            assert sc.world_size <= 256 and sc.step_time_s == 0.2
+            # 512 for the racks 5% slow: a rack must be a minority of 8, of 64 ranks each
+            assert sc.world_size <= (512 if name == "rack-slow-5pct" else 256) and sc.step_time_s == 0.2
             assert sc.gpu_health_interval_s > 0
 
 
@@ -151,6 +153,13 @@ def test_the_library_has_one_scenario_per_fault_and_two_controls() -> None:
 )
 def test_truth(name: str, truth: FaultTruth) -> None:
     assert LIBRARY[name].truth() == [truth]
+
+
+def test_the_racks_5_percent_slow_are_one_hot_aisle_and_one_contended_network() -> None:
+    hot, network = LIBRARY["rack-slow-5pct"].truth()
+    assert hot == FaultTruth("slow", None, None, "rack-02", 60, 260, "thermal")
+    assert network == FaultTruth("slow", None, None, "rack-05", 100, None, "network")
+    assert (hot.diagnosis, network.diagnosis) == (Diagnosis.ENVIRONMENTAL, Diagnosis.NETWORK_CONTENTION)
 
 
 def test_controls_have_no_truth() -> None:

@@ -210,10 +210,10 @@ def _stragglers(run: RunState, event: StepTiming, policy: CorePolicy) -> list[Ou
     outputs: list[Output] = []
     judged: list[Derived | GroupComputeTimes] = []
 
-    def groups(step: int, values: np.ndarray, trigger: StepTiming) -> None:
+    def groups(step: int, values: np.ndarray, reported: int, trigger: StepTiming) -> None:
         judged.extend(
             group_slowdown.on_local_step(
-                run.groups, run, step, values, trigger, policy.group_slowdown, policy.diagnosis
+                run.groups, run, step, values, trigger, policy.group_slowdown, policy.diagnosis, reported
             )
         )
 

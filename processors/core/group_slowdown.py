@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -218,9 +217,9 @@ def on_run_started(state: GroupState, run: RunState, event: RunStarted, policy: 
     for (kind, name), nodes in members.items():
         if not nodes:
             continue
-        ranks = np.concatenate(
-            [np.arange(where[n] * rpn, min(world, (where[n] + 1) * rpn), dtype=np.int64) for n in nodes]
-        )
+        first = np.fromiter((where[n] * rpn for n in nodes), np.int64, len(nodes))
+        ranks = (first[:, None] + np.arange(rpn, dtype=np.int64)).ravel()
+        ranks = ranks[ranks < world]
         local = ranks[(ranks >= owned.start) & (ranks < owned.stop)]
         groups.append(_Group(name, kind, nodes, int(ranks.size), local))
     state.groups = groups
@@ -260,16 +259,21 @@ def summarise(state: GroupState, values: np.ndarray, policy: GroupSlowdownPolicy
         missing = np.isnan(block)
         if missing.any():
             count = c.size - missing.sum(axis=1)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN row: excluded below
-                median = np.nanmedian(block, axis=1)
-        else:
-            count = np.full(block.shape[0], c.size)
-            median = _row_medians(block)
-        keep = count >= policy.min_group_ranks
-        ids.append(c.groups[keep])
-        medians.append(median[keep])
-        counts.append(count[keep])
+            keep = count >= policy.min_group_ranks
+            if not keep.any():
+                continue
+            # Rows sorted put NaN last: each row's median is at its own count's middle
+            # (np.nanmedian takes a masked-array path many times slower).
+            rows, count = np.sort(block[keep], axis=1), count[keep]
+            lo = np.take_along_axis(rows, ((count - 1) // 2)[:, None], axis=1)[:, 0]
+            hi = np.take_along_axis(rows, (count // 2)[:, None], axis=1)[:, 0]
+            ids.append(c.groups[keep])
+            medians.append((lo + hi) / 2)
+            counts.append(count)
+            continue
+        ids.append(c.groups)
+        medians.append(_row_medians(block))
+        counts.append(np.full(block.shape[0], c.size))
     if not ids:
         return np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
     return np.concatenate(ids), np.concatenate(medians), np.concatenate(counts)
@@ -297,11 +301,16 @@ def on_local_step(
     trigger: Envelope,
     policy: GroupSlowdownPolicy,
     diagnosis_policy: DiagnosisPolicy,
+    reported: int | None = None,
 ) -> list[Derived | GroupComputeTimes]:
-    """One step evaluated by this state's straggler detector: on the coordinator its groups'
-    part is judged with the others'; on another shard it becomes the GroupComputeTimes to
-    forward to shard 0."""
+    """One step evaluated by this state's straggler detector (`reported`: how many ranks
+    reported it, when known): on the coordinator its groups' part is judged with the
+    others'; on another shard it becomes the GroupComputeTimes to forward to shard 0. A step
+    too thinly reported for any group to count costs nothing (a run whose ranks mostly do
+    not report: the month-long simulation has one reporting rank)."""
     if not state.groups or trigger.attempt != state.attempt:
+        return []
+    if reported is not None and reported < policy.min_group_ranks:
         return []
     ids, medians, counts = summarise(state, values, policy)
     if run.coordinator:

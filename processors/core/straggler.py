@@ -196,8 +196,9 @@ def reset(state: StragglerState, attempt: int) -> None:
 
 
 #: Called with each evaluated step, its compute times by rank (NaN: no report; a view of a
-#: buffer that is reused, so read it, do not keep it) and the event that completed it.
-StepSink = Callable[[int, np.ndarray, StepTiming], None]
+#: buffer that is reused, so read it, do not keep it), how many ranks reported, and the
+#: event that completed it.
+StepSink = Callable[[int, np.ndarray, int, StepTiming], None]
 
 
 def observe_step(
@@ -262,7 +263,7 @@ def observe_step(
         state.evaluated_through = oldest
         outputs += _evaluate(state, run, oldest, ready, event, policy)
         if on_step is not None:
-            on_step(oldest, np.frombuffer(ready.values), event)
+            on_step(oldest, np.frombuffer(ready.values), ready.count, event)
     return outputs
 
 

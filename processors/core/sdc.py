@@ -242,8 +242,10 @@ def _ring_check(
     calibrated = len(state.ring_spread) >= policy.cross_check_min_samples
     every = interval if calibrated else policy.cross_check_calibration_every
     boundary = _due(step, current.last_cross_check_step, every if interval else 0)
+    if boundary is None:  # most steps: decided before the offset is worked out
+        return []
     offset = ring_offset(world, run.ranks_per_node, state.cross_checks_issued)
-    if boundary is None or offset is None:
+    if offset is None:
         return []
     current.last_cross_check_step = step
     state.cross_checks_issued += 1

@@ -285,6 +285,10 @@ class SdcState(_NewFieldsDefault):
         never covered): a deterministic-fault rollback never needs a checkpoint older than
         the newest one at or before it."""
         verified = self.cross_verified
+        if len(verified) < world_size:  # some rank of the job was never covered
+            return -1
+        if len(verified) == world_size and max(verified) == world_size - 1:  # every rank: C-speed scans
+            return min(verified.values(), default=-1)
         return min((verified.get(r, -1) for r in range(world_size)), default=-1)
 
     def suspect(self, step: int) -> None:

@@ -6,6 +6,12 @@ detector: a detection that explains a fault is a true positive, one that explain
 is a false positive, a fault that nothing explains is a false negative. Latency is
 measured from the fault's onset, in steps and in seconds of the run's own time.
 
+Detections are half of it: the run's decisions are scored too (replay/harms.py), by what
+a user suffers: false pages, innocent nodes quarantined, rollbacks to a checkpoint after a
+corruption's onset, restarts into a step known to fail, records from ranks that do not
+exist accepted, and the goodput each fault cost. A scenario's `expect` section says which
+pages are right and which harms fail it (by default: none allowed).
+
 Two drivers produce the detections from the same scenario: the pure core in a closed
 loop (the simulator reacts to the core's commands in-process, no broker), and the live
 pipeline (simulator -> Kafka -> processor -> Kafka), read back from the events topic.
@@ -13,25 +19,26 @@ pipeline (simulator -> Kafka -> processor -> Kafka), read back from the events t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ..processors.core import CorePolicy, CoreState, step
-from ..processors.core.outputs import Forward
+from ..processors.core.outputs import Forward, Reject
 from ..producers.simulator import Scenario, SimulatedCluster
-from ..producers.simulator.scenario import FaultTruth
+from ..producers.simulator.scenario import Expect, FaultTruth
 from ..schemas import (
     Command,
     Derived,
+    Diagnosis,
     Envelope,
     GradSpike,
     Interruption,
     SdcMismatch,
     StepTiming,
-    StragglerDiagnosed,
     StragglerFlagged,
 )
 from ..schemas.sharding import route, shard_size
+from .harms import Harms, assess
 
 #: Which detector each truth kind should trigger.
 EXPECTED: dict[str, str] = {
@@ -44,6 +51,19 @@ EXPECTED: dict[str, str] = {
     "sdc": "sdc_self_check",
     "wrong_gpu": "sdc_cross_rank",
 }
+#: A slowdown of a whole rack (or a placement group the run declares) is the group
+#: detector's (issue 14, WP-B: GroupSlowdownFlagged); per-rank straggler flags of the
+#: rack's ranks explain it too, as the only detector before it.
+GROUP_DETECTOR = "group_slowdown"
+#: Derived kinds -> detector, for detectors whose classes other work adds.
+DETECTOR_KINDS: dict[str, str] = {"group_slowdown_flagged": GROUP_DETECTOR}
+
+
+def expected_detector(truth: FaultTruth) -> str | None:
+    """The detector that should find `truth` (None: not a detection, e.g. phantom ranks)."""
+    if truth.kind == "slow" and truth.node is None:
+        return GROUP_DETECTOR
+    return EXPECTED.get(truth.kind)
 
 
 @dataclass(frozen=True)
@@ -68,7 +88,7 @@ def detector_of(output: Derived) -> str | None:
         return "sdc_self_check" if output.method == "self_check" else "sdc_cross_rank"
     if isinstance(output, GradSpike):
         return "grad_spike"
-    return None
+    return DETECTOR_KINDS.get(output.KIND)
 
 
 def detections(outputs: Iterable[Derived]) -> list[Detection]:
@@ -81,7 +101,9 @@ def detections(outputs: Iterable[Derived]) -> list[Detection]:
 
 
 def _explains(detection: Detection, truth: FaultTruth, racks: dict[str, str]) -> bool:
-    if EXPECTED.get(truth.kind) != detection.detector:
+    expected = expected_detector(truth)
+    also = ("straggler",) if expected == GROUP_DETECTOR else ()
+    if detection.detector != expected and detection.detector not in also:
         return False
     if detection.detector in ("non_finite", "grad_spike"):
         return detection.step >= truth.step - 1  # job-level: any rank may report it
@@ -91,7 +113,8 @@ def _explains(detection: Detection, truth: FaultTruth, racks: dict[str, str]) ->
         return detection.rank == truth.rank
     if truth.node is not None:
         return detection.node == truth.node
-    return racks.get(detection.node) == truth.rack  # rack-wide fault
+    # rack-wide fault: a rank of the rack, or the rack (a group flag names it as its node)
+    return racks.get(detection.node, detection.node) == truth.rack
 
 
 @dataclass
@@ -113,24 +136,41 @@ class ScenarioScore:
     detections: list[Detection]
     misses: list[FaultTruth]
     false_alarms: list[Detection]
+    harms: Harms = field(default_factory=Harms)
+    #: What the scenario's truth forbids and happened (replay/harms.py), one line each.
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.misses or self.false_alarms or self.violations)
 
 
 def score(
     name: str,
     truths: list[FaultTruth],
-    outputs: list[Derived],
+    outputs: Sequence[Derived | Command],
     step_started_ts: dict[int, float],
     racks: dict[str, str],
+    expect: Expect | None = None,
+    world_size: int | None = None,
+    phantoms: tuple[int, int] | None = None,
 ) -> ScenarioScore:
-    """Match detections to truths. Repeated detections of one fault (a data fault that
-    fails after every restart, each rank of a hot aisle) count as one true positive."""
-    found = detections(outputs)
-    diagnoses = {d.caused_by[0]: d for d in outputs if isinstance(d, StragglerDiagnosed) and d.caused_by}
+    """Match detections to truths, and assess the run's decisions (replay/harms.py).
+    Repeated detections of one fault (a data fault that fails after every restart, each
+    rank of a hot aisle) count as one true positive. `outputs` may hold the commands too
+    (the SDC detector's quarantine is a command); `phantoms` is (records from ranks
+    outside the world size sent, rejected)."""
+    found = detections(o for o in outputs if isinstance(o, Derived))
+    diagnoses = {
+        d.caused_by[0]: d
+        for d in outputs
+        if isinstance(d, Derived) and isinstance(getattr(d, "diagnosis", None), Diagnosis) and d.caused_by
+    }
     scores: dict[str, DetectorScore] = {}
     explained: set[int] = set()
     misses = []
     for truth in truths:
-        expected = EXPECTED.get(truth.kind)
+        expected = expected_detector(truth)
         if expected is None:
             continue
         board = scores.setdefault(expected, DetectorScore())
@@ -146,15 +186,17 @@ def score(
         onset = step_started_ts.get(truth.step)
         if onset is not None:
             board.latency_s.append(first.ts - onset)
-        if expected == "straggler" and truth.diagnosis is not None:
+        if expected in ("straggler", GROUP_DETECTOR) and truth.diagnosis is not None:
             verdicts = [diagnoses.get(found[i].event.event_id) for i in hits]
-            right = all(v is not None and v.diagnosis == truth.diagnosis for v in verdicts)
+            right = all(v is not None and getattr(v, "diagnosis", None) == truth.diagnosis for v in verdicts)
             board.diagnosis_right += int(right)
             board.diagnosis_wrong += int(not right)
     false_alarms = [d for i, d in enumerate(found) if i not in explained]
     for alarm in false_alarms:
         scores.setdefault(alarm.detector, DetectorScore()).fp += 1
-    return ScenarioScore(name, scores, truths, found, misses, false_alarms)
+    expect = expect or Expect()
+    harms = assess(truths, outputs, expect, world_size, phantoms, racks, step_started_ts)
+    return ScenarioScore(name, scores, truths, found, misses, false_alarms, harms, harms.violations(expect))
 
 
 def step_start_times(events: Iterable[Envelope]) -> dict[int, float]:
@@ -184,17 +226,22 @@ def run_core(
     world = scenario.world_size
     size = shard_size(world, shard_ranks)
     states = [CoreState() for _ in range(max(1, workers))]
-    outputs: list[Derived] = []
+    outputs: list[Derived | Command] = []
     seen: list[Envelope] = []
+    rejected = 0
 
     def feed(events: list[Envelope], forwarded: bool = False) -> None:
+        nonlocal rejected
         for event in events:
             if not forwarded:
                 seen.append(event)
             for shard in (0,) if forwarded else route(event, world, size):
                 state = states[shard % len(states)]
                 for item in step(state, event, policy, world, shard, size)[1]:
-                    if isinstance(item, Command):
+                    if isinstance(item, Reject):  # the live driver dead-letters it
+                        rejected += 1
+                    elif isinstance(item, Command):
+                        outputs.append(item)
                         try:
                             feed(cluster.apply(item).events)
                         except Exception:  # a command the simulated ranks refuse (e.g. not training)
@@ -209,4 +256,14 @@ def run_core(
     while not cluster.done and t < limit:
         t += dt_s
         feed(cluster.advance(t))
-    return score(scenario.name, scenario.truth(), outputs, step_start_times(seen), scenario.racks())
+    sent = sum(1 for event in seen if event.rank >= world)
+    return score(
+        scenario.name,
+        scenario.truth(),
+        outputs,
+        step_start_times(e for e in seen if e.rank < world),
+        scenario.racks(),
+        scenario.expect,
+        world,
+        (sent, rejected),
+    )

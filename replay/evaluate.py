@@ -20,7 +20,7 @@ pipeline (simulator -> Kafka -> processor -> Kafka), read back from the events t
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from ..processors.core import CorePolicy, CoreState, step
 from ..processors.core.outputs import Forward, Reject
@@ -187,7 +187,8 @@ def score(
         if onset is not None:
             board.latency_s.append(first.ts - onset)
         if expected in ("straggler", GROUP_DETECTOR) and truth.diagnosis is not None:
-            verdicts = [diagnoses.get(found[i].event.event_id) for i in hits]
+            # a straggler's StragglerDiagnosed follows it; a group flag carries its own diagnosis
+            verdicts = [diagnoses.get(found[i].event.event_id, found[i].event) for i in hits]
             right = all(v is not None and getattr(v, "diagnosis", None) == truth.diagnosis for v in verdicts)
             board.diagnosis_right += int(right)
             board.diagnosis_wrong += int(not right)
@@ -199,6 +200,28 @@ def score(
     return ScenarioScore(name, scores, truths, found, misses, false_alarms, harms, harms.violations(expect))
 
 
+def scores_json(scores: Sequence[ScenarioScore]) -> list[dict[str, object]]:
+    """Each scenario's score as plain data (`trainguard evaluate --json`)."""
+    out: list[dict[str, object]] = []
+    for scored in scores:
+        h = scored.harms
+        out.append(
+            {
+                "scenario": scored.scenario,
+                "failed": scored.failed,
+                "detectors": {name: asdict(board) for name, board in sorted(scored.detectors.items())},
+                "misses": [asdict(m) for m in scored.misses],
+                "false_alarms": [
+                    {"detector": a.detector, "rank": a.rank, "node": a.node, "step": a.step}
+                    for a in scored.false_alarms
+                ],
+                "harms": asdict(h),
+                "violations": scored.violations,
+            }
+        )
+    return out
+
+
 def step_start_times(events: Iterable[Envelope]) -> dict[int, float]:
     """When each step started: the ts at which the job completed the step before it."""
     started: dict[int, float] = {}
@@ -206,6 +229,71 @@ def step_start_times(events: Iterable[Envelope]) -> dict[int, float]:
         if isinstance(event, StepTiming) and event.step + 1 not in started:
             started[event.step + 1] = event.ts
     return started
+
+
+@dataclass
+class ClosedLoop:
+    """What a closed-loop run produced: the core's decisions (derived events and commands),
+    when each step started, and the records from ranks outside the world size."""
+
+    cluster: SimulatedCluster
+    outputs: list[Derived | Command]
+    step_started_ts: dict[int, float]
+    phantoms_sent: int = 0
+    phantoms_rejected: int = 0
+
+
+def closed_loop(
+    scenario: Scenario,
+    policy: CorePolicy,
+    dt_s: float = 0.05,
+    start_ts: float = 1_000.0,
+    shard_ranks: int = 0,
+    workers: int = 1,
+) -> ClosedLoop:
+    """The pure core in a closed loop with the simulator: no broker, no wall clock.
+
+    With `shard_ranks`, the run is cut into shards exactly as the shippers cut it
+    (schemas/sharding.py) and shard k is folded by worker k mod `workers`, each worker
+    with its own state; forwarded reports go to shard 0's worker, as the live processor
+    sends them through Kafka. A record the core rejects (Reject) is what the live driver
+    dead-letters."""
+    cluster = SimulatedCluster(scenario, start_ts, run_id=f"eval-{scenario.name}", id_prefix="e")
+    world = scenario.world_size
+    size = shard_size(world, shard_ranks)
+    states = [CoreState() for _ in range(max(1, workers))]
+    loop = ClosedLoop(cluster, [], {})
+    started = loop.step_started_ts
+
+    def feed(events: list[Envelope], forwarded: bool = False) -> None:
+        for event in events:
+            if not forwarded:
+                if event.rank >= world:
+                    loop.phantoms_sent += 1
+                elif isinstance(event, StepTiming) and event.step + 1 not in started:
+                    started[event.step + 1] = event.ts  # as step_start_times, without keeping events
+            for shard in (0,) if forwarded else route(event, world, size):
+                state = states[shard % len(states)]
+                for item in step(state, event, policy, world, shard, size)[1]:
+                    if isinstance(item, Reject):
+                        loop.phantoms_rejected += 1
+                    elif isinstance(item, Command):
+                        loop.outputs.append(item)
+                        try:
+                            feed(cluster.apply(item).events)
+                        except Exception:  # a command the simulated ranks refuse (e.g. not training)
+                            continue
+                    elif isinstance(item, Forward):
+                        feed([item.event], forwarded=True)
+                    else:
+                        loop.outputs.append(item)
+
+    t = start_ts
+    limit = start_ts + 20 * scenario.steps * scenario.step_time_s + 600
+    while not cluster.done and t < limit:
+        t += dt_s
+        feed(cluster.advance(t))
+    return loop
 
 
 def run_core(
@@ -216,54 +304,19 @@ def run_core(
     shard_ranks: int = 0,
     workers: int = 1,
 ) -> ScenarioScore:
-    """The pure core in a closed loop with the simulator: no broker, no wall clock.
+    """Score `scenario` through the pure core in a closed loop (closed_loop)."""
+    loop = closed_loop(scenario, policy, dt_s, start_ts, shard_ranks, workers)
+    return score_loop(scenario, loop)
 
-    With `shard_ranks`, the run is cut into shards exactly as the shippers cut it
-    (schemas/sharding.py) and shard k is folded by worker k mod `workers`, each worker
-    with its own state; forwarded reports go to shard 0's worker, as the live processor
-    sends them through Kafka."""
-    cluster = SimulatedCluster(scenario, start_ts, run_id=f"eval-{scenario.name}", id_prefix="e")
-    world = scenario.world_size
-    size = shard_size(world, shard_ranks)
-    states = [CoreState() for _ in range(max(1, workers))]
-    outputs: list[Derived | Command] = []
-    seen: list[Envelope] = []
-    rejected = 0
 
-    def feed(events: list[Envelope], forwarded: bool = False) -> None:
-        nonlocal rejected
-        for event in events:
-            if not forwarded:
-                seen.append(event)
-            for shard in (0,) if forwarded else route(event, world, size):
-                state = states[shard % len(states)]
-                for item in step(state, event, policy, world, shard, size)[1]:
-                    if isinstance(item, Reject):  # the live driver dead-letters it
-                        rejected += 1
-                    elif isinstance(item, Command):
-                        outputs.append(item)
-                        try:
-                            feed(cluster.apply(item).events)
-                        except Exception:  # a command the simulated ranks refuse (e.g. not training)
-                            continue
-                    elif isinstance(item, Forward):
-                        feed([item.event], forwarded=True)
-                    else:
-                        outputs.append(item)
-
-    t = start_ts
-    limit = start_ts + 20 * scenario.steps * scenario.step_time_s + 600
-    while not cluster.done and t < limit:
-        t += dt_s
-        feed(cluster.advance(t))
-    sent = sum(1 for event in seen if event.rank >= world)
+def score_loop(scenario: Scenario, loop: ClosedLoop) -> ScenarioScore:
     return score(
         scenario.name,
         scenario.truth(),
-        outputs,
-        step_start_times(e for e in seen if e.rank < world),
+        loop.outputs,
+        loop.step_started_ts,
         scenario.racks(),
         scenario.expect,
-        world,
-        (sent, rejected),
+        scenario.world_size,
+        (loop.phantoms_sent, loop.phantoms_rejected),
     )

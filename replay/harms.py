@@ -8,7 +8,8 @@ does not exist reaching a detector, and the training time each fault cost.
   false page          a Page whose rule the scenario neither expects (Scenario.expect.pages)
                       nor tolerates (expect.allow_pages), and that no true fault explains:
                       `same_step` is explained by a data fault repeating at that step
-                      (FaultTruth.repeat). An expected rule that never paged is a missing page.
+                      (FaultTruth.repeat), `facilities` by a hot rack (environmental). An
+                      expected rule that never paged is a missing page.
   false quarantine    a node quarantined (Quarantine, QuarantineNode) or evicted (an EVICT
                       EvictionDecision, EvictRank) that holds no hardware fault: hardware is a
                       crash or hang that strikes once, an SDC, a wrong GPU, a bit flip, or a
@@ -50,6 +51,7 @@ from ..producers.simulator.scenario import Expect, FaultTruth
 from ..schemas import (
     Command,
     Derived,
+    Diagnosis,
     EvictionDecision,
     EvictRank,
     Interruption,
@@ -132,7 +134,7 @@ def assess(
     outputs = list(outputs)
     racks = racks or {}
     harms = Harms()
-    _pages(harms, truths, outputs, expect)
+    _pages(harms, truths, outputs, expect, racks)
     _quarantines(harms, truths, outputs)
     _rollbacks(harms, truths, outputs)
     _phantoms(harms, outputs, world_size, phantoms)
@@ -143,14 +145,21 @@ def assess(
 # --------------------------------------------------------------------------- pages
 
 
-def _page_explained(page: Page, truths: Sequence[FaultTruth]) -> bool:
+def _page_explained(page: Page, truths: Sequence[FaultTruth], racks: dict[str, str]) -> bool:
     if page.rule == "same_step":  # the interruption's step is the last completed one
         return any(t.repeat and t.step - 1 <= page.step <= t.step for t in truths)
+    if page.rule == "facilities":  # a hot aisle: the whole rack hot (FaultTruth.diagnosis)
+        rack = racks.get(page.node, page.node)
+        return any(t.diagnosis == Diagnosis.ENVIRONMENTAL and t.rack == rack for t in truths)
     return False
 
 
 def _pages(
-    harms: Harms, truths: Sequence[FaultTruth], outputs: list[Derived | Command], expect: Expect
+    harms: Harms,
+    truths: Sequence[FaultTruth],
+    outputs: list[Derived | Command],
+    expect: Expect,
+    racks: dict[str, str],
 ) -> None:
     paged: set[str] = set()
     same_step: list[Page] = []
@@ -158,7 +167,7 @@ def _pages(
         if isinstance(output, Page):
             line = f"{output.rule} at step {output.step}: {output.reason.text}"
             paged.add(output.rule)
-            if output.rule in expect.pages or _page_explained(output, truths):
+            if output.rule in expect.pages or _page_explained(output, truths, racks):
                 harms.pages_right.append(line)
             elif output.rule in expect.allow_pages:
                 harms.pages_tolerated.append(line)

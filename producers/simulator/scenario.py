@@ -17,7 +17,7 @@ small scenario per fault of issue 3 plus healthy controls, each with its ground 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -260,7 +260,7 @@ class FaultTruth:
     until_step: int | None = None
     cause: str = ""
     repeat: bool = False
-    factor: float = 1.0
+    factor: float = field(default=1.0, compare=False)
 
     @property
     def diagnosis(self) -> Diagnosis | None:
@@ -294,9 +294,16 @@ MUST_NOT_DEFAULT: tuple[MustNot, ...] = (
     "restart_after_same_step",
     "phantom_accepted",
 )
-#: Page rules a scenario may expect (processors/core/paging.py, eviction.py, rollback.py).
+#: Page rules a scenario may expect (processors/core/paging.py, eviction.py, rollback.py, and
+#: the rack detector's facilities alert of issue 14).
 PageRule = Literal[
-    "same_node", "same_step", "failure_rate", "goodput", "same_rack_eviction", "no_clean_ancestor"
+    "same_node",
+    "same_step",
+    "failure_rate",
+    "goodput",
+    "same_rack_eviction",
+    "no_clean_ancestor",
+    "facilities",
 ]
 
 

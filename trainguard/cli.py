@@ -387,7 +387,7 @@ def evaluate(
     fault. Through the pure core (always) and the live pipeline on a real broker (--live)."""
     from .processors.core.policy import load_policy
     from .producers.simulator import Scenario
-    from .replay.evaluate import run_core, scores_json
+    from .replay.evaluate import ScenarioScore, run_core, scores_json
     from .report import evaluation_table, harms_table, make_console, scenario_lines
     from .stack import builtin_policy
 
@@ -406,7 +406,7 @@ def evaluate(
     for line in scenario_lines(core):
         out.print(line, markup=False)
     failed = any(s.failed for s in core)
-    scores = []
+    scores: list[ScenarioScore] = []
     if live:
         from .replay.evaluate_live import run_live
         from .schemas.auth import write_secret_file

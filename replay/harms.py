@@ -18,10 +18,13 @@ does not exist reaching a detector, and the training time each fault cost.
                       not ranks. A node released afterwards with its reason (a derived event
                       or command whose kind is in RELEASE_KINDS) counts as `released` instead.
   wrong rollback      a rollback (an SDC interruption, or its Rollback command) to checkpoint
-                      s for a corruption fault (sdc, wrong_gpu, bitflip) with onset o <= s: a
-                      checkpoint "at step s" is taken after step s ran, so from s = o on it
-                      holds the fault's output. The fault answered is the corruption truth on
-                      the mismatch's node, else the newest one struck before the mismatch.
+                      s for a corruption fault (sdc, wrong_gpu, bitflip) with onset o < s (the
+                      issue's "at or before the onset" is right). Strictly, a checkpoint "at
+                      step s" is taken after step s ran, so s = o holds the fault's output too:
+                      the library places onsets off the checkpoint steps. A bit flip's onset is
+                      the step of the self-check that saw it (it is armed at truth.step and
+                      strikes there). The fault answered is the corruption truth on the
+                      mismatch's node, else the newest one struck before the mismatch.
   restart after       an interruption at a step after a `same_step` page about that step: the
   same_step           run restarted into a step known to fail (data or code).
   phantom accepted    records from ranks >= world size that the processors did not reject
@@ -259,12 +262,17 @@ def _rollbacks(harms: Harms, truths: Sequence[FaultTruth], outputs: list[Derived
             )
     harms.rollbacks = len(targets)
     for cause, target in targets.items():
-        truth = _answered(mismatches.get(cause), truths)
-        if truth is None or target < truth.step:
+        found = mismatches.get(cause)
+        truth = _answered(found, truths)
+        if truth is None:
+            continue
+        # a bit flip is armed at truth.step and strikes in the check that sees it
+        onset = found.step if truth.kind == "bitflip" and found is not None else truth.step
+        if target <= onset:
             continue
         harms.wrong_rollbacks.append(
-            f"rollback to checkpoint {target} for {truth_label(truth)}: taken after the onset, it holds "
-            "the fault's output"
+            f"rollback to checkpoint {target} for {truth_label(truth)}: taken after the onset "
+            f"(step {onset}), it holds the fault's output"
         )
 
 

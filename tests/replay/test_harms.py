@@ -155,12 +155,24 @@ def test_a_rollback_to_a_checkpoint_taken_after_the_onset_is_wrong() -> None:
     harms = harms_of("sdc-wrong-gpu")
     assert harms.rollbacks == 1 and len(harms.wrong_rollbacks) == 1
     target = rollback.last_checkpoint_step
-    assert f"checkpoint {target} for wrong_gpu rank 11 @300" in harms.wrong_rollbacks[0]
+    assert (
+        f"checkpoint {target} for wrong_gpu rank 11 @300: taken after the onset (step 300)"
+        in (harms.wrong_rollbacks[0])
+    )
 
 
-@pytest.mark.parametrize(("target", "wrong"), [(250, False), (299, False), (300, True)])
-def test_a_rollback_is_right_only_to_a_checkpoint_before_the_onset(target: int, wrong: bool) -> None:
-    """A checkpoint "at step s" is taken after step s: at s = onset it holds the fault's output."""
+def test_a_bit_flips_onset_is_the_check_that_saw_it() -> None:
+    """sdc-bitflip: armed at step 250, it strikes in the check of step 401; the rollback to
+    checkpoint 300 (the newest at or before the last passing check) is right."""
+    run = loop("sdc-bitflip")
+    assert _sdc_interruption(run.outputs).last_checkpoint_step == 300
+    harms = harms_of("sdc-bitflip")
+    assert harms.rollbacks == 1 and harms.wrong_rollbacks == []
+
+
+@pytest.mark.parametrize(("target", "wrong"), [(250, False), (300, False), (350, True)])
+def test_a_rollback_is_right_only_to_a_checkpoint_at_or_before_the_onset(target: int, wrong: bool) -> None:
+    """Issue 14's acceptance: every rollback target at or before the fault's onset."""
     run = loop("sdc-wrong-gpu")
     found = _sdc_interruption(run.outputs)
     moved = [

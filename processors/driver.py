@@ -15,7 +15,7 @@ from ..schemas import Command, Derived, Envelope, Rejection, decode_batch, encod
 from ..schemas.auth import run_key, sign
 from ..schemas.codec import RejectReason
 from .core import CorePolicy, CoreState, Output, step
-from .core.outputs import Forward
+from .core.outputs import Forward, Reject
 from .core.state import state_key
 
 log = logging.getLogger("trainguard.processor")
@@ -89,5 +89,7 @@ class CoreDriver:
                 result.commands.append(sign(output, self.key(output.run_id)))
             elif isinstance(output, Forward):
                 result.forwards.append(output.event)
+            elif isinstance(output, Reject):
+                result.rejections.append(Rejection(output.reason, output.detail, encode(output.event)))
             else:
                 result.derived.append(output)

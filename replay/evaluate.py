@@ -6,6 +6,12 @@ detector: a detection that explains a fault is a true positive, one that explain
 is a false positive, a fault that nothing explains is a false negative. Latency is
 measured from the fault's onset, in steps and in seconds of the run's own time.
 
+Detections are half of it: the run's decisions are scored too (replay/harms.py), by what
+a user suffers: false pages, innocent nodes quarantined, rollbacks to a checkpoint after a
+corruption's onset, restarts into a step known to fail, records from ranks that do not
+exist accepted, and the goodput each fault cost. A scenario's `expect` section says which
+pages are right and which harms fail it (by default: none allowed).
+
 Two drivers produce the detections from the same scenario: the pure core in a closed
 loop (the simulator reacts to the core's commands in-process, no broker), and the live
 pipeline (simulator -> Kafka -> processor -> Kafka), read back from the events topic.
@@ -13,26 +19,26 @@ pipeline (simulator -> Kafka -> processor -> Kafka), read back from the events t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
 
 from ..processors.core import CorePolicy, CoreState, step
-from ..processors.core.outputs import Forward
+from ..processors.core.outputs import Forward, Reject
 from ..producers.simulator import Scenario, SimulatedCluster
-from ..producers.simulator.scenario import FaultTruth
+from ..producers.simulator.scenario import Expect, FaultTruth
 from ..schemas import (
     Command,
     Derived,
+    Diagnosis,
     Envelope,
     GradSpike,
-    GroupSlowdownFlagged,
     Interruption,
     SdcMismatch,
     StepTiming,
-    StragglerDiagnosed,
     StragglerFlagged,
 )
 from ..schemas.sharding import route, shard_size
+from .harms import Harms, assess
 
 #: Which detector each truth kind should trigger.
 EXPECTED: dict[str, str] = {
@@ -44,17 +50,19 @@ EXPECTED: dict[str, str] = {
     "bitflip": "sdc_self_check",
     "sdc": "sdc_self_check",
     "wrong_gpu": "sdc_cross_rank",
-    # issue 14: a slow fault of a whole rack is the group slowdown detector's (expected_detector)
-    "slow_rack": "group_slowdown",
 }
+#: A slowdown of a whole rack (or a placement group the run declares) is the group
+#: detector's (issue 14, WP-B: GroupSlowdownFlagged); per-rank straggler flags of the
+#: rack's ranks explain it too, as the only detector before it.
+GROUP_DETECTOR = "group_slowdown"
+#: Derived kinds -> detector, for detectors whose classes other work adds.
+DETECTOR_KINDS: dict[str, str] = {"group_slowdown_flagged": GROUP_DETECTOR}
 
 
 def expected_detector(truth: FaultTruth) -> str | None:
-    """The detector that must find `truth`: a rack-wide slow fault is the group slowdown
-    detector's; the per-rank straggler flags of its ranks explain it too (a rack 25% slow is
-    128 stragglers), but only the group flag is scored for latency and diagnosis."""
+    """The detector that should find `truth` (None: not a detection, e.g. phantom ranks)."""
     if truth.kind == "slow" and truth.node is None:
-        return EXPECTED["slow_rack"]
+        return GROUP_DETECTOR
     return EXPECTED.get(truth.kind)
 
 
@@ -80,9 +88,7 @@ def detector_of(output: Derived) -> str | None:
         return "sdc_self_check" if output.method == "self_check" else "sdc_cross_rank"
     if isinstance(output, GradSpike):
         return "grad_spike"
-    if isinstance(output, GroupSlowdownFlagged):
-        return "group_slowdown"  # node: the group's first node (its rack for a rack)
-    return None
+    return DETECTOR_KINDS.get(output.KIND)
 
 
 def detections(outputs: Iterable[Derived]) -> list[Detection]:
@@ -96,9 +102,8 @@ def detections(outputs: Iterable[Derived]) -> list[Detection]:
 
 def _explains(detection: Detection, truth: FaultTruth, racks: dict[str, str]) -> bool:
     expected = expected_detector(truth)
-    if detection.detector != expected and not (
-        expected == "group_slowdown" and detection.detector == "straggler"
-    ):
+    also = ("straggler",) if expected == GROUP_DETECTOR else ()
+    if detection.detector != expected and detection.detector not in also:
         return False
     if detection.detector in ("non_finite", "grad_spike"):
         return detection.step >= truth.step - 1  # job-level: any rank may report it
@@ -108,7 +113,8 @@ def _explains(detection: Detection, truth: FaultTruth, racks: dict[str, str]) ->
         return detection.rank == truth.rank
     if truth.node is not None:
         return detection.node == truth.node
-    return racks.get(detection.node) == truth.rack  # rack-wide fault
+    # rack-wide fault: a rank of the rack, or the rack (a group flag names it as its node)
+    return racks.get(detection.node, detection.node) == truth.rack
 
 
 @dataclass
@@ -130,22 +136,36 @@ class ScenarioScore:
     detections: list[Detection]
     misses: list[FaultTruth]
     false_alarms: list[Detection]
+    harms: Harms = field(default_factory=Harms)
+    #: What the scenario's truth forbids and happened (replay/harms.py), one line each.
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.misses or self.false_alarms or self.violations)
 
 
 def score(
     name: str,
     truths: list[FaultTruth],
-    outputs: list[Derived],
+    outputs: Sequence[Derived | Command],
     step_started_ts: dict[int, float],
     racks: dict[str, str],
+    expect: Expect | None = None,
+    world_size: int | None = None,
+    phantoms: tuple[int, int] | None = None,
 ) -> ScenarioScore:
-    """Match detections to truths. Repeated detections of one fault (a data fault that
-    fails after every restart, each rank of a hot aisle) count as one true positive."""
-    found = detections(outputs)
-    diagnoses: dict[str, StragglerDiagnosed | GroupSlowdownFlagged] = {
-        d.caused_by[0]: d for d in outputs if isinstance(d, StragglerDiagnosed) and d.caused_by
+    """Match detections to truths, and assess the run's decisions (replay/harms.py).
+    Repeated detections of one fault (a data fault that fails after every restart, each
+    rank of a hot aisle) count as one true positive. `outputs` may hold the commands too
+    (the SDC detector's quarantine is a command); `phantoms` is (records from ranks
+    outside the world size sent, rejected)."""
+    found = detections(o for o in outputs if isinstance(o, Derived))
+    diagnoses = {
+        d.caused_by[0]: d
+        for d in outputs
+        if isinstance(d, Derived) and isinstance(getattr(d, "diagnosis", None), Diagnosis) and d.caused_by
     }
-    diagnoses.update({d.event_id: d for d in outputs if isinstance(d, GroupSlowdownFlagged)})
     scores: dict[str, DetectorScore] = {}
     explained: set[int] = set()
     misses = []
@@ -167,15 +187,40 @@ def score(
         onset = step_started_ts.get(truth.step)
         if onset is not None:
             board.latency_s.append(first.ts - onset)
-        if expected in ("straggler", "group_slowdown") and truth.diagnosis is not None:
-            verdicts = [diagnoses.get(found[i].event.event_id) for i in own]
-            right = all(v is not None and v.diagnosis == truth.diagnosis for v in verdicts)
+        if expected in ("straggler", GROUP_DETECTOR) and truth.diagnosis is not None:
+            # a straggler's StragglerDiagnosed follows it; a group flag carries its own diagnosis
+            verdicts = [diagnoses.get(found[i].event.event_id, found[i].event) for i in own]
+            right = all(v is not None and getattr(v, "diagnosis", None) == truth.diagnosis for v in verdicts)
             board.diagnosis_right += int(right)
             board.diagnosis_wrong += int(not right)
     false_alarms = [d for i, d in enumerate(found) if i not in explained]
     for alarm in false_alarms:
         scores.setdefault(alarm.detector, DetectorScore()).fp += 1
-    return ScenarioScore(name, scores, truths, found, misses, false_alarms)
+    expect = expect or Expect()
+    harms = assess(truths, outputs, expect, world_size, phantoms, racks, step_started_ts)
+    return ScenarioScore(name, scores, truths, found, misses, false_alarms, harms, harms.violations(expect))
+
+
+def scores_json(scores: Sequence[ScenarioScore]) -> list[dict[str, object]]:
+    """Each scenario's score as plain data (`trainguard evaluate --json`)."""
+    out: list[dict[str, object]] = []
+    for scored in scores:
+        h = scored.harms
+        out.append(
+            {
+                "scenario": scored.scenario,
+                "failed": scored.failed,
+                "detectors": {name: asdict(board) for name, board in sorted(scored.detectors.items())},
+                "misses": [asdict(m) for m in scored.misses],
+                "false_alarms": [
+                    {"detector": a.detector, "rank": a.rank, "node": a.node, "step": a.step}
+                    for a in scored.false_alarms
+                ],
+                "harms": asdict(h),
+                "violations": scored.violations,
+            }
+        )
+    return out
 
 
 def step_start_times(events: Iterable[Envelope]) -> dict[int, float]:
@@ -187,6 +232,71 @@ def step_start_times(events: Iterable[Envelope]) -> dict[int, float]:
     return started
 
 
+@dataclass
+class ClosedLoop:
+    """What a closed-loop run produced: the core's decisions (derived events and commands),
+    when each step started, and the records from ranks outside the world size."""
+
+    cluster: SimulatedCluster
+    outputs: list[Derived | Command]
+    step_started_ts: dict[int, float]
+    phantoms_sent: int = 0
+    phantoms_rejected: int = 0
+
+
+def closed_loop(
+    scenario: Scenario,
+    policy: CorePolicy,
+    dt_s: float = 0.05,
+    start_ts: float = 1_000.0,
+    shard_ranks: int = 0,
+    workers: int = 1,
+) -> ClosedLoop:
+    """The pure core in a closed loop with the simulator: no broker, no wall clock.
+
+    With `shard_ranks`, the run is cut into shards exactly as the shippers cut it
+    (schemas/sharding.py) and shard k is folded by worker k mod `workers`, each worker
+    with its own state; forwarded reports go to shard 0's worker, as the live processor
+    sends them through Kafka. A record the core rejects (Reject) is what the live driver
+    dead-letters."""
+    cluster = SimulatedCluster(scenario, start_ts, run_id=f"eval-{scenario.name}", id_prefix="e")
+    world = scenario.world_size
+    size = shard_size(world, shard_ranks)
+    states = [CoreState() for _ in range(max(1, workers))]
+    loop = ClosedLoop(cluster, [], {})
+    started = loop.step_started_ts
+
+    def feed(events: list[Envelope], forwarded: bool = False) -> None:
+        for event in events:
+            if not forwarded:
+                if event.rank >= world:
+                    loop.phantoms_sent += 1
+                elif isinstance(event, StepTiming) and event.step + 1 not in started:
+                    started[event.step + 1] = event.ts  # as step_start_times, without keeping events
+            for shard in (0,) if forwarded else route(event, world, size):
+                state = states[shard % len(states)]
+                for item in step(state, event, policy, world, shard, size)[1]:
+                    if isinstance(item, Reject):
+                        loop.phantoms_rejected += 1
+                    elif isinstance(item, Command):
+                        loop.outputs.append(item)
+                        try:
+                            feed(cluster.apply(item).events)
+                        except Exception:  # a command the simulated ranks refuse (e.g. not training)
+                            continue
+                    elif isinstance(item, Forward):
+                        feed([item.event], forwarded=True)
+                    else:
+                        loop.outputs.append(item)
+
+    t = start_ts
+    limit = start_ts + 20 * scenario.steps * scenario.step_time_s + 600
+    while not cluster.done and t < limit:
+        t += dt_s
+        feed(cluster.advance(t))
+    return loop
+
+
 def run_core(
     scenario: Scenario,
     policy: CorePolicy,
@@ -195,39 +305,19 @@ def run_core(
     shard_ranks: int = 0,
     workers: int = 1,
 ) -> ScenarioScore:
-    """The pure core in a closed loop with the simulator: no broker, no wall clock.
+    """Score `scenario` through the pure core in a closed loop (closed_loop)."""
+    loop = closed_loop(scenario, policy, dt_s, start_ts, shard_ranks, workers)
+    return score_loop(scenario, loop)
 
-    With `shard_ranks`, the run is cut into shards exactly as the shippers cut it
-    (schemas/sharding.py) and shard k is folded by worker k mod `workers`, each worker
-    with its own state; forwarded reports go to shard 0's worker, as the live processor
-    sends them through Kafka."""
-    cluster = SimulatedCluster(scenario, start_ts, run_id=f"eval-{scenario.name}", id_prefix="e")
-    world = scenario.world_size
-    size = shard_size(world, shard_ranks)
-    states = [CoreState() for _ in range(max(1, workers))]
-    outputs: list[Derived] = []
-    seen: list[Envelope] = []
 
-    def feed(events: list[Envelope], forwarded: bool = False) -> None:
-        for event in events:
-            if not forwarded:
-                seen.append(event)
-            for shard in (0,) if forwarded else route(event, world, size):
-                state = states[shard % len(states)]
-                for item in step(state, event, policy, world, shard, size)[1]:
-                    if isinstance(item, Command):
-                        try:
-                            feed(cluster.apply(item).events)
-                        except Exception:  # a command the simulated ranks refuse (e.g. not training)
-                            continue
-                    elif isinstance(item, Forward):
-                        feed([item.event], forwarded=True)
-                    else:
-                        outputs.append(item)
-
-    t = start_ts
-    limit = start_ts + 20 * scenario.steps * scenario.step_time_s + 600
-    while not cluster.done and t < limit:
-        t += dt_s
-        feed(cluster.advance(t))
-    return score(scenario.name, scenario.truth(), outputs, step_start_times(seen), scenario.racks())
+def score_loop(scenario: Scenario, loop: ClosedLoop) -> ScenarioScore:
+    return score(
+        scenario.name,
+        scenario.truth(),
+        loop.outputs,
+        loop.step_started_ts,
+        scenario.racks(),
+        scenario.expect,
+        scenario.world_size,
+        (loop.phantoms_sent, loop.phantoms_rejected),
+    )

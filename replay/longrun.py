@@ -19,7 +19,7 @@ from ..processors.core import engine
 from ..processors.core.baseline import mtbf_s
 from ..processors.core.goodput import Breakdown, breakdown
 from ..processors.core.interval import optimal_s, overhead
-from ..processors.core.outputs import Forward
+from ..processors.core.outputs import Forward, Reject
 from ..processors.core.policy import CorePolicy
 from ..processors.core.state import CoreState
 from ..producers.simulator.longrun import LongRun, Truth, simulate
@@ -89,8 +89,8 @@ def run_longrun(
             kept.append(event)
         commands = []
         for out in outputs:
-            if isinstance(out, Forward):
-                continue  # an unsharded run has nothing to forward
+            if isinstance(out, Forward | Reject):
+                continue  # an unsharded run has nothing to forward; its ranks are all in range
             counts[out.KIND] += 1
             if isinstance(out, Command):
                 commands.append(out)

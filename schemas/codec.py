@@ -186,12 +186,14 @@ def decode(raw: bytes, registry: dict[str, type[Record]] = ALL) -> Record:
     return decode_obj(_loads(raw, MAX_RECORD_BYTES), registry, raw)
 
 
+def rank_out_of_range(event: Envelope, world_size: int) -> str:
+    """The dead letter's detail for a rank outside its run (the decoder and the core say the same)."""
+    return f"rank {event.rank} is outside world size {world_size} of run {event.run_id}"
+
+
 def check_rank(event: Envelope, world_size: int) -> None:
     if event.rank >= world_size:
-        raise Rejected(
-            RejectReason.RANK_OUT_OF_RANGE,
-            f"rank {event.rank} is outside world size {world_size} of run {event.run_id}",
-        )
+        raise Rejected(RejectReason.RANK_OUT_OF_RANGE, rank_out_of_range(event, world_size))
 
 
 @dataclass(frozen=True, slots=True)

@@ -486,6 +486,8 @@ class QuarantineReleased(Derived):
     VERSION: ClassVar[int] = 1
 
     quarantine_id: str = Field(max_length=200, description="The Quarantine event it undoes.")
+
+
 class GroupSlowdownFlagged(Derived):
     """A rack or placement group computes persistently slower than the run as a whole
     (its median against the median of the groups' medians). rank -1; node: the group's

@@ -6,6 +6,7 @@ is instant and one missing part does not break the others.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -376,13 +377,18 @@ def evaluate(
         ),
     ] = 0,
     workers: Annotated[int, typer.Option(help="Pure core: workers (separate states) the shards go to.")] = 1,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Also write every score (detectors and harms) here.")
+    ] = None,
 ) -> None:
     """Score every detector on the labelled fault scenarios: TP, FP, FN and detection
-    latency, through the pure core (always) and the live pipeline on a real broker (--live)."""
+    latency; and what a user suffers: false pages, false quarantines, wrong rollback
+    targets, restarts into a failing step, phantom records accepted, goodput lost per
+    fault. Through the pure core (always) and the live pipeline on a real broker (--live)."""
     from .processors.core.policy import load_policy
     from .producers.simulator import Scenario
-    from .replay.evaluate import run_core
-    from .report import evaluation_table, make_console, scenario_lines
+    from .replay.evaluate import ScenarioScore, run_core, scores_json
+    from .report import evaluation_table, harms_table, make_console, scenario_lines
     from .stack import builtin_policy
 
     out = make_console()
@@ -396,9 +402,11 @@ def evaluate(
             core.append(run_core(sc, load_policy(str(policy_path)), shard_ranks=shard_ranks, workers=workers))
     sharded = f", shards of {shard_ranks} ranks over {workers} worker(s)" if shard_ranks else ""
     out.print(evaluation_table(f"Pure core ({len(core)} scenarios{sharded})", core))
+    out.print(harms_table("Pure core: what a user suffers", core))
     for line in scenario_lines(core):
         out.print(line, markup=False)
-    failed = any(s.misses or s.false_alarms for s in core)
+    failed = any(s.failed for s in core)
+    scores: list[ScenarioScore] = []
     if live:
         from .replay.evaluate_live import run_live
         from .schemas.auth import write_secret_file
@@ -416,9 +424,12 @@ def evaluate(
                 with console.status(f"live pipeline: {name} (x{sc.live_speed})"):
                     scores.append(run_live(sc, stack, secret))
         out.print(evaluation_table(f"Live pipeline ({len(scores)} scenarios)", scores))
+        out.print(harms_table("Live pipeline: what a user suffers", scores))
         for line in scenario_lines(scores):
             out.print(line, markup=False)
-        failed |= any(s.misses or s.false_alarms for s in scores)
+        failed |= any(s.failed for s in scores)
+    if json_out is not None:
+        json_out.write_text(json.dumps({"core": scores_json(core), "live": scores_json(scores)}, indent=1))
     raise typer.Exit(1 if failed else 0)
 
 

@@ -140,10 +140,44 @@ def evaluation_table(title: str, scores: list[Any]) -> Table:
     return table
 
 
+def harms_table(title: str, scores: list[Any]) -> Table:
+    """Per scenario, what a user suffers (replay/harms.py): faults found, false pages,
+    innocent nodes quarantined (and released), rollbacks after a corruption's onset,
+    restarts into a step known to fail, phantom records accepted, goodput lost."""
+    table = Table(title=title)
+    columns = (
+        "scenario",
+        "faults found",
+        "false pages",
+        "false quarantines (released)",
+        "wrong rollbacks / all",
+        "restarts after same_step",
+        "phantoms accepted / sent",
+        "goodput lost s (faults, unattributed)",
+    )
+    for column in columns:
+        table.add_column(column)
+    for scenario in scores:
+        h = scenario.harms
+        faults = [t for t in scenario.truths if t.kind != "phantom_ranks"]
+        unattributed = h.lost_s.get("unattributed", 0.0)
+        table.add_row(
+            scenario.scenario,
+            f"{len(faults) - len(scenario.misses)}/{len(faults)}",
+            str(len(h.false_pages)),
+            f"{len(h.false_quarantines)} ({len(h.released)})",
+            f"{len(h.wrong_rollbacks)}/{h.rollbacks}",
+            str(len(h.restarts_after_same_step)),
+            f"{h.phantoms_accepted}/{h.phantoms_sent}",
+            f"{sum(h.lost_s.values()) - unattributed:,.0f}, {unattributed:,.0f}",
+        )
+    return table
+
+
 def scenario_lines(scores: list[Any]) -> list[str]:
     lines = []
     for scenario in scores:
-        verdict = "ok" if not scenario.misses and not scenario.false_alarms else "CHECK"
+        verdict = "CHECK" if scenario.failed else "ok"
         found = ", ".join(sorted({d.detector for d in scenario.detections})) or "nothing"
         lines.append(f"{scenario.scenario:26s} {verdict:5s} detected: {found}")
         lines += [f"    missed {m.kind} rank {m.rank} ({m.node}) at step {m.step}" for m in scenario.misses]
@@ -151,6 +185,10 @@ def scenario_lines(scores: list[Any]) -> list[str]:
             f"    false alarm {a.detector} rank {a.rank} ({a.node}) at step {a.step}: {a.event.reason.text}"
             for a in scenario.false_alarms
         ]
+        lines += [f"    {line}" for line in scenario.violations]
+        lost = scenario.harms.lost_s
+        if lost:
+            lines.append("    goodput lost: " + ", ".join(f"{k} {v:,.1f} s" for k, v in sorted(lost.items())))
     return lines
 
 

@@ -50,6 +50,7 @@ from ...schemas import (
     StragglerDiagnosed,
     StragglerFlagged,
 )
+from ...schemas.codec import RejectReason, rank_out_of_range
 from . import (
     baseline,
     diagnosis,
@@ -65,14 +66,14 @@ from . import (
 )
 from . import goodput as accounting
 from .ids import derived_id
-from .outputs import Forward, abort_for, node_of
+from .outputs import Forward, Reject, abort_for, node_of
 from .policy import CorePolicy
 from .stack_window import open_window, window_closed
 from .stacks import odd_phase, odd_stack
 from .state import CoreState, OpenInterruption, PendingHang, RankState, RunPhase, RunState, state_key
 from .watchdog import is_hung, stall_s, step_timeout_s
 
-Output = Derived | Command | Forward
+Output = Derived | Command | Forward | Reject
 
 
 def step(
@@ -93,6 +94,10 @@ def step(
             event.run_id, world_size=world_size_hint, shard=shard, shard_ranks=shard_ranks
         )
         run.step_times = type(run.step_times)(maxlen=policy.hang.window)
+    size = run.world_size or world_size_hint
+    if size and event.rank >= size:  # a rank that does not exist: no state, no clock, no decision
+        run.rejected += 1
+        return state, [Reject(event, RejectReason.RANK_OUT_OF_RANGE, rank_out_of_range(event, size))]
     if event.event_id in run.seen:
         run.duplicates += 1
         return state, []

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...schemas import Abort, Derived, Envelope
+from ...schemas.codec import RejectReason
 from .ids import derived_id
 
 if TYPE_CHECKING:
@@ -39,3 +40,14 @@ class Forward:
 
     event: Envelope
     why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Input the core refuses (a rank outside the run's world size): the driver parks
+    `event` in the dead-letter topic with `reason` and `detail`, as the decoder does with
+    what it refuses, so live and replay reject the same records for the same reason."""
+
+    event: Envelope
+    reason: RejectReason
+    detail: str

@@ -140,6 +140,8 @@ class RunState:
     seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
     duplicates: int = 0
     stale: int = 0
+    #: Records refused: a rank outside the world size (no RankState is made for it).
+    rejected: int = 0
 
     @property
     def coordinator(self) -> bool:

@@ -89,6 +89,7 @@ from .scenario import (
     GradSpikeFault,
     HangFault,
     NanFault,
+    PhantomRanksFault,
     Scenario,
     SdcFault,
     SlowFault,
@@ -204,6 +205,9 @@ class SimulatedCluster:
         self._data_faults = [(i, f) for i, f in faults if isinstance(f, NanFault | GradSpikeFault)]
         gpu_kinds = SdcFault | BitFlipFault | WrongGpuFault
         self._gpu_faults = [(i, f) for i, f in faults if isinstance(f, gpu_kinds)]
+        self._phantoms = [(i, f) for i, f in faults if isinstance(f, PhantomRanksFault)]
+        #: Records the simulator emitted for ranks outside the world size.
+        self.phantom_records = 0
         self._nodes = list(self._original_nodes)
         self._rack_of = sc.racks()
         self._rank_node: list[str] = []
@@ -547,6 +551,8 @@ class SimulatedCluster:
                     finite=grad_finite,
                 )
             )
+        if self._phantoms:
+            self._phantom_records(step, ts, out)
         self.last_completed = step
         self.steps_completed += 1
         self.high_water_step = max(self.high_water_step, step)
@@ -563,6 +569,23 @@ class SimulatedCluster:
             self._start_step(step + 1, ts)
 
     # ================================================================== faults and health
+    def _phantom_records(self, step: int, ts: float, out: list[Envelope]) -> None:
+        """Well-formed telemetry from ranks that do not exist (PhantomRanksFault)."""
+        a, make, median = self.attempt, self._make, self._compute_median
+        for index, fault in self._phantoms:
+            if not fault.active(step):
+                continue
+            compute = median * fault.slowdown
+            for rank in fault.ranks:
+                out.append(
+                    make(StepTiming, a, rank, fault.node, step, ts, compute_s=compute, total_s=self._total)
+                )
+                out.append(make(Heartbeat, a, rank, fault.node, step, ts))
+                self.phantom_records += 2
+            if index not in self._struck:
+                self._struck.add(index)
+                self.fired.append(FiredFault("phantom_ranks", fault.ranks[0], fault.node, step, a, ts))
+
     def _record(self, kind: str, rank: int, step: int, ts: float) -> None:
         self.fired.append(FiredFault(kind, rank, self._rank_node[rank], step, self.attempt, ts))
 

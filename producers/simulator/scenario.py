@@ -17,7 +17,7 @@ small scenario per fault of issue 3 plus healthy controls, each with its ground 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -165,8 +165,35 @@ class SlowFault(_Strict):
         return self.from_step <= step and (self.to_step is None or step < self.to_step)
 
 
+class PhantomRanksFault(_Strict):
+    """Records from ranks that do not exist: a launcher with a stale host list, a job of
+    another size writing under this run's id, a spoofing producer. For steps [from_step,
+    to_step), whenever the job completes a step, each of `ranks` (all >= world_size)
+    reports a well-formed StepTiming and Heartbeat from `node`, `slowdown` times slower
+    than the median rank, so that a core which accepted them would flag phantom
+    stragglers. The processors must reject every one (dead letter: rank out of range)."""
+
+    kind: Literal["phantom_ranks"]
+    ranks: list[int] = Field(min_length=1, max_length=1024, description="Ranks >= world_size.")
+    node: str = Field(default="node-phantom", min_length=1, max_length=128)
+    from_step: int = Field(default=0, ge=0)
+    to_step: int | None = Field(default=None, ge=1, description="Exclusive; null: until the end.")
+    slowdown: float = Field(default=3.0, gt=0, le=100)
+
+    def active(self, step: int) -> bool:
+        return self.from_step <= step and (self.to_step is None or step < self.to_step)
+
+
 Fault = Annotated[
-    CrashFault | HangFault | SlowFault | NanFault | GradSpikeFault | SdcFault | BitFlipFault | WrongGpuFault,
+    CrashFault
+    | HangFault
+    | SlowFault
+    | NanFault
+    | GradSpikeFault
+    | SdcFault
+    | BitFlipFault
+    | WrongGpuFault
+    | PhantomRanksFault,
     Field(discriminator="kind"),
 ]
 RankFault = CrashFault | HangFault | NanFault | GradSpikeFault | SdcFault | BitFlipFault | WrongGpuFault
@@ -230,7 +257,7 @@ class FaultTruth:
     completed step; a bit flip is armed at `step` and shows at the rank's next self-check);
     `until_step` is the exclusive end of a slow window or a NaN burst. `cause` is a slow
     fault's cause; `repeat` marks a data or code fault that strikes again at the same step
-    after every restart (seed R5 rule 3)."""
+    after every restart (seed R5 rule 3); `factor` a slow fault's slowdown."""
 
     kind: str
     rank: int | None
@@ -240,6 +267,7 @@ class FaultTruth:
     until_step: int | None = None
     cause: str = ""
     repeat: bool = False
+    factor: float = field(default=1.0, compare=False)
 
     @property
     def diagnosis(self) -> Diagnosis | None:
@@ -250,6 +278,60 @@ class FaultTruth:
         if self.node is None and self.cause in ("thermal", "power"):
             return Diagnosis.ENVIRONMENTAL
         return _DIAGNOSES[self.cause]
+
+
+#: What must not happen in a run (Expect.must_not), each scored by replay/evaluate.py:
+#:   page_false            a page whose rule is not in `pages` or that no true fault explains
+#:   quarantine_innocent   a node quarantined (or evicted) that holds no hardware fault
+#:   rollback_after_onset  a rollback for a corruption fault to a checkpoint after its onset
+#:   restart_after_same_step  a restart into a step after the same_step page about it
+#:   phantom_accepted      a record from a rank outside the world size reaching the core
+#: (A missed fault and a detection that explains none always fail a scenario.)
+MustNot = Literal[
+    "page_false",
+    "quarantine_innocent",
+    "rollback_after_onset",
+    "restart_after_same_step",
+    "phantom_accepted",
+]
+MUST_NOT_DEFAULT: tuple[MustNot, ...] = (
+    "page_false",
+    "quarantine_innocent",
+    "rollback_after_onset",
+    "restart_after_same_step",
+    "phantom_accepted",
+)
+#: Page rules a scenario may expect (processors/core/paging.py, eviction.py, rollback.py, and
+#: the rack detector's facilities alert of issue 14).
+PageRule = Literal[
+    "same_node",
+    "same_step",
+    "failure_rate",
+    "goodput",
+    "same_rack_eviction",
+    "no_clean_ancestor",
+    "facilities",
+]
+
+
+class Expect(_Strict):
+    """What the run's truth requires besides "find every fault": the pages that are right
+    (a data fault repeating at one step must page `same_step`), those it tolerates, and what
+    must not happen. A scenario without this section expects no page and forbids
+    MUST_NOT_DEFAULT. Names are checked: an unknown rule or harm fails validation."""
+
+    pages: list[PageRule] = Field(
+        default_factory=list, description="Rules that must page (each at least once)."
+    )
+    allow_pages: list[PageRule] = Field(
+        default_factory=list,
+        description="Rules that may page without counting as false: a pattern the scenario makes "
+        "on purpose, e.g. failure_rate when several independent faults are packed into minutes.",
+    )
+    must_not: list[MustNot] = Field(
+        default_factory=lambda: list(MUST_NOT_DEFAULT),
+        description="Harms that fail the scenario; a scenario that tolerates one leaves it out.",
+    )
 
 
 class Scenario(_Strict):
@@ -315,6 +397,7 @@ class Scenario(_Strict):
         "driver's `speed`); informational: the simulator itself never reads it.",
     )
     faults: list[Fault] = Field(default_factory=list)
+    expect: Expect = Field(default_factory=Expect, description="Required pages and forbidden harms.")
 
     # ------------------------------------------------------------------ validation
     @model_validator(mode="after")
@@ -323,6 +406,10 @@ class Scenario(_Strict):
         racks = set(self.racks().values())
         for i, fault in enumerate(self.faults):
             where = f"faults.{i}"
+            if isinstance(fault, PhantomRanksFault):
+                inside = [r for r in fault.ranks if r < self.world_size]
+                if inside:
+                    raise ValueError(f"{where}.ranks: {inside} are inside world_size {self.world_size}")
             rank = getattr(fault, "rank", None)
             if rank is not None and rank >= self.world_size:
                 raise ValueError(f"{where}.rank: rank {rank} is outside world_size {self.world_size}")
@@ -359,11 +446,22 @@ class Scenario(_Strict):
         racks = self.racks()
         out: list[FaultTruth] = []
         for fault in self.faults:
-            if isinstance(fault, SlowFault):
+            if isinstance(fault, PhantomRanksFault):
+                out.append(FaultTruth("phantom_ranks", None, fault.node, "", fault.from_step, fault.to_step))
+            elif isinstance(fault, SlowFault):
                 node = self.node_of(fault.rank) if fault.rank is not None else fault.node
                 rack = racks[node] if node is not None else str(fault.rack)
                 out.append(
-                    FaultTruth("slow", fault.rank, node, rack, fault.from_step, fault.to_step, fault.cause)
+                    FaultTruth(
+                        "slow",
+                        fault.rank,
+                        node,
+                        rack,
+                        fault.from_step,
+                        fault.to_step,
+                        fault.cause,
+                        factor=fault.factor,
+                    )
                 )
             else:
                 node = self.node_of(fault.rank)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainguard.processors.core import CorePolicy, CoreState, HangPolicy, RunPhase, run_all, step
-from trainguard.processors.core.outputs import Forward
+from trainguard.processors.core.outputs import Forward, Reject
 from trainguard.processors.core.state import IllegalTransition, RunState
 from trainguard.processors.core.watchdog import step_timeout_s
 from trainguard.schemas import (
@@ -18,8 +18,13 @@ from trainguard.schemas import (
     Quarantine,
     QuarantineNode,
     ReasonCode,
+    StepTiming,
     Tick,
+    decode_batch,
+    encode,
+    encode_batch,
 )
+from trainguard.schemas.codec import RejectReason
 from trainguard.schemas.sharding import route
 
 from .streams import Job
@@ -315,3 +320,30 @@ def test_step_accepts_unregistered_run_with_world_size_hint() -> None:
     job.steps(1)
     state, _ = step(CoreState(), job.events[0], POLICY, world_size_hint=4)
     assert state.runs["run-test"].world_size == 4
+
+
+def test_a_rank_outside_the_world_is_rejected_like_the_decoder_rejects_it() -> None:
+    """Records from ranks that do not exist (issue 14): no RankState, no clock, no decision;
+    a Reject the driver dead-letters with the decoder's reason and words, and a counter."""
+    job = Job(world_size=8, ranks_per_node=4).start().steps(30)
+    phantom = next(e for e in job.events if isinstance(e, StepTiming) and e.step == 29)
+    phantom = phantom.model_copy(update={"event_id": "phantom-1", "rank": 4100, "compute_s": 9.0, "ts": 2e9})
+    state, _ = run_all(job.events, POLICY)
+    run = state.runs[job.run_id]
+    last_ts = run.last_ts
+    _, outputs = step(state, phantom, POLICY)
+    (reject,) = outputs
+    assert isinstance(reject, Reject) and reject.event is phantom
+    assert reject.reason is RejectReason.RANK_OUT_OF_RANGE
+    assert reject.detail == f"rank 4100 is outside world size 8 of run {job.run_id}"
+    assert 4100 not in run.ranks and run.rejected == 1 and run.last_ts == last_ts
+    header = dict(run_id=job.run_id, node=phantom.node, world_size=8, producer_id="p", seq=0)
+    (dead,) = decode_batch(encode_batch(header, [encode(phantom)])).rejections  # the live path
+    assert (dead.reason, dead.detail) == (reject.reason, reject.detail)
+
+
+def test_a_rank_outside_the_hinted_world_is_rejected_before_the_run_registers() -> None:
+    job = Job(world_size=4).start().steps(1)
+    first = next(e for e in job.events if isinstance(e, StepTiming))
+    state, outputs = step(CoreState(), first.model_copy(update={"rank": 4}), POLICY, world_size_hint=4)
+    assert [type(o) for o in outputs] == [Reject] and state.runs[job.run_id].ranks == {}

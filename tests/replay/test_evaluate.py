@@ -9,13 +9,14 @@ import pytest
 
 from trainguard.processors.core.policy import load_policy
 from trainguard.producers.simulator import Scenario
-from trainguard.replay.evaluate import expected_detector, run_core, score
+from trainguard.replay.evaluate import EXPECTED, expected_detector, run_core, score
 from trainguard.stack import builtin_policy
 
 POLICY = load_policy(str(builtin_policy("evaluate")))
 LIBRARY = Scenario.library()
-#: The 16,384-rank control is exercised by the benchmarks, not the unit suite (minutes of CPU).
-QUICK = sorted(name for name in LIBRARY if name != "control-16k")
+#: The 16,384-rank control is exercised by the benchmarks, not the unit suite (minutes of CPU);
+#: the mixed-fault runs are scored by tests/replay/test_harms.py (mixed-256) and the benchmarks.
+QUICK = sorted(name for name in LIBRARY if name != "control-16k" and not name.startswith("mixed-"))
 
 
 @pytest.mark.parametrize("name", QUICK)
@@ -26,7 +27,7 @@ def test_every_fault_is_detected_and_nothing_else(name: str) -> None:
     assert result.misses == [], result.misses
     assert result.false_alarms == [], [(a.detector, a.rank, a.node, a.step) for a in result.false_alarms]
     for truth in result.truths:
-        board = result.detectors[expected_detector(truth)]
+        board = result.detectors[expected_detector(truth) or EXPECTED[truth.kind]]
         assert board.tp >= 1
         if truth.kind == "slow":
             # flagged within 110 steps of onset (issue 3), and diagnosed as the ground truth says

@@ -43,6 +43,8 @@ STRAGGLERS = [
     "straggler-nic",
 ]
 THERMAL_LIMIT_C = 85.0
+#: Several faults in one run (issue 14), scored in tests/replay/test_harms.py.
+MIXED = ["mixed-256", "mixed-2048", "mixed-2048-b"]
 
 
 _RUNS: dict[str, tuple[SimulatedCluster, list[Envelope]]] = {}
@@ -117,6 +119,7 @@ def test_the_library_has_one_scenario_per_fault_and_two_controls() -> None:
             "rack-slow-5pct",
             "control-healthy",
             "control-16k",
+            *MIXED,
         ]
     )
     assert {path.stem for path in LIBRARY_DIR.glob("*.yaml")} == set(LIBRARY)
@@ -128,7 +131,7 @@ def test_the_library_has_one_scenario_per_fault_and_two_controls() -> None:
         # (the 16,384-rank control runs in real time, live only when named).
         healthy_s = sc.steps * sc.step_time_s
         assert healthy_s / sc.live_speed < 75 or sc.world_size > 1024, name
-        if name not in ("control-16k", "hang-2048"):  # the two at scale
+        if name not in ("control-16k", "hang-2048", "mixed-2048", "mixed-2048-b"):  # at scale, 2 s steps
             # 512 for the racks 5% slow: a rack must be a minority of 8, of 64 ranks each
             assert sc.world_size <= (512 if name == "rack-slow-5pct" else 256) and sc.step_time_s == 0.2
             assert sc.gpu_health_interval_s > 0
@@ -434,6 +437,36 @@ def _abort_on(trigger: Callable[[Envelope], bool]) -> Any:
         return []
 
     return controller
+
+
+def test_phantom_ranks_report_well_formed_records_from_outside_the_world() -> None:
+    healthy = LIBRARY["control-healthy"]
+    fault = {"kind": "phantom_ranks", "ranks": [256, 4100], "from_step": 10, "to_step": 20, "slowdown": 3.0}
+    sc = Scenario.parse({**healthy.model_dump(mode="json"), "steps": 30, "faults": [fault]})
+    c = make_cluster(sc)  # validate=True: every event through pydantic
+    events = run(c)
+    phantoms = [e for e in events if e.rank >= sc.world_size]
+    assert len(phantoms) == c.phantom_records == 2 * 2 * 10
+    assert {(e.rank, e.node) for e in phantoms} == {(256, "node-phantom"), (4100, "node-phantom")}
+    assert sorted({e.step for e in phantoms}) == list(range(10, 20))
+    timings = [e for e in of(StepTiming, phantoms)]
+    median = statistics.median(e.compute_s for e in of(StepTiming, events) if e.rank < sc.world_size)
+    assert all(e.compute_s > 2.5 * median for e in timings)  # accepted, they would straggle
+    assert [(f.kind, f.rank, f.step) for f in c.fired] == [("phantom_ranks", 256, 10)]
+    assert c.phase is Phase.FINISHED
+
+
+def test_mixed_scenarios_hold_several_faults_and_phantoms_and_say_what_must_not_happen() -> None:
+    for name in MIXED:
+        sc = LIBRARY[name]
+        kinds = {t.kind for t in sc.truth()}
+        assert {"slow", "wrong_gpu", "hang", "crash", "phantom_ranks"} <= kinds, name
+        assert any(t.repeat for t in sc.truth()), f"{name}: a data fault repeating at one step"
+        assert any(t.kind == "slow" and t.node is None for t in sc.truth()), f"{name}: a slow rack"
+        assert sc.expect.pages == ["same_step", "facilities"] and "quarantine_innocent" in sc.expect.must_not
+        data_fault = max(t.step for t in sc.truth() if t.repeat)
+        assert data_fault == max(t.step for t in sc.truth()), f"{name}: its repeats end the run: last"
+    assert [LIBRARY[n].world_size for n in MIXED] == [256, 2048, 2048]
 
 
 # --------------------------------------------------------------------------- controls

@@ -1,0 +1,282 @@
+"""What a user suffers, scored (replay/harms.py): each harm on the decisions of a library
+scenario run through the pure core in a closed loop, some of them edited to make the harm
+(a page nobody expects, a rollback target after the onset, a release)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import pytest
+
+from trainguard.processors.core.policy import load_policy
+from trainguard.producers.simulator import Scenario, ScenarioError
+from trainguard.producers.simulator.scenario import Expect
+from trainguard.replay.evaluate import ClosedLoop, closed_loop, score_loop
+from trainguard.replay.harms import UNATTRIBUTED, assess, truth_label
+from trainguard.schemas import (
+    Derived,
+    Interruption,
+    InterruptionCause,
+    InterruptionRecovered,
+    Page,
+    Reason,
+    ReasonCode,
+    StragglerFlagged,
+)
+from trainguard.stack import builtin_policy
+
+POLICY = load_policy(str(builtin_policy("evaluate")))
+LIBRARY = Scenario.library()
+_LOOPS: dict[str, ClosedLoop] = {}
+
+
+def loop(name: str) -> ClosedLoop:
+    """The scenario through the pure core (cached: several tests read one run)."""
+    if name not in _LOOPS:
+        _LOOPS[name] = closed_loop(LIBRARY[name], POLICY)
+    return _LOOPS[name]
+
+
+def harms_of(name: str, outputs: list | None = None, expect: Expect | None = None, **kwargs: object):  # type: ignore[no-untyped-def]
+    scenario, run = LIBRARY[name], loop(name)
+    return assess(
+        scenario.truth(),
+        run.outputs if outputs is None else outputs,
+        expect if expect is not None else scenario.expect,
+        scenario.world_size,
+        racks=scenario.racks(),
+        step_started_ts=run.step_started_ts,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+class NodeReleased(Derived):
+    """Stands for the release WP-C adds: a quarantined node back in the pool, with the reason."""
+
+    KIND: ClassVar[str] = "quarantine_released"
+    VERSION: ClassVar[int] = 1
+
+
+# --------------------------------------------------------------------------- pages
+
+
+def test_a_data_fault_pages_same_step_rightly_and_what_follows_is_counted_against_the_run() -> None:
+    """Today's core on the repeating data fault (issue 14): same_step pages (explained by
+    the truth: a data fault repeating at that step), but the run keeps restarting into the
+    step, the spare that replaced the innocent node is paged as same_node, and the node
+    quarantined at the first failure is never released."""
+    harms = harms_of("data-fault-repeat")
+    assert [line.split(" at ")[0] for line in harms.pages_right] == ["same_step"]
+    assert any(line.startswith("same_node") and "spare-0000" in line for line in harms.false_pages)
+    assert [line.split(" ")[0] for line in harms.false_quarantines] == ["node-0009"]
+    assert len(harms.restarts_after_same_step) == 2  # attempts 2 and 3 (max_restarts 3)
+    assert harms.pages_missing == [] and harms.released == []
+
+
+def test_an_unexpected_page_is_false_a_tolerated_one_is_not_an_expected_one_must_come() -> None:
+    run = loop("straggler-thermal")
+    flag = next(o for o in run.outputs if isinstance(o, StragglerFlagged))
+    goodput_page = Page(
+        event_id="page-x",
+        run_id=flag.run_id,
+        attempt=flag.attempt,
+        rank=-1,
+        node="",
+        step=flag.step,
+        ts=flag.ts,
+        reason=Reason(code=ReasonCode.PAGE_GOODPUT, text="goodput 0.2 over the last 1 h"),
+        rule="goodput",
+    )
+    outputs = [*run.outputs, goodput_page]
+    assert len(harms_of("straggler-thermal", outputs).false_pages) == 1
+    tolerated = harms_of("straggler-thermal", outputs, Expect(allow_pages=["goodput"]))
+    assert tolerated.false_pages == [] and len(tolerated.pages_tolerated) == 1
+    missing = harms_of("straggler-thermal", run.outputs, Expect(pages=["goodput"]))
+    assert missing.pages_missing == ["goodput"]
+    assert missing.violations(Expect(pages=["goodput"])) == ["page missing: goodput"]
+
+
+def test_a_facilities_page_is_right_for_a_hot_rack_and_false_for_a_hot_node() -> None:
+    """The rack detector's alert (WP-B): explained by a hot aisle, not by one hot node."""
+    for name, right in (("straggler-hot-aisle", True), ("straggler-thermal", False)):
+        run = loop(name)
+        flag = next(o for o in run.outputs if isinstance(o, StragglerFlagged))
+        alert = Page(
+            **flag.model_dump(include={"run_id", "attempt", "node", "step", "ts"}),
+            event_id="page-facilities",
+            rank=-1,
+            reason=Reason(code=ReasonCode.ENVIRONMENTAL, text=f"{flag.node}'s rack is hot: alert facilities"),
+            rule="facilities",
+        )
+        harms = harms_of(name, [*run.outputs, alert])
+        assert (len(harms.pages_right), len(harms.false_pages)) == ((1, 0) if right else (0, 1)), name
+
+
+# --------------------------------------------------------------------------- quarantines
+
+
+def test_a_quarantined_innocent_node_released_with_its_reason_counts_as_released() -> None:
+    run = loop("data-fault-repeat")
+    quarantined = next(o for o in run.outputs if o.KIND == "quarantine")
+    release = NodeReleased(
+        event_id="release-1",
+        run_id=quarantined.run_id,
+        attempt=quarantined.attempt + 1,
+        rank=-1,
+        node=quarantined.node,
+        step=quarantined.step,
+        ts=quarantined.ts + 10,
+        reason=Reason(code=ReasonCode.QUARANTINE, text="step 237 failed again on a spare: data"),
+    )
+    harms = harms_of("data-fault-repeat", [*run.outputs, release])
+    assert harms.false_quarantines == [] and [line.split(" ")[0] for line in harms.released] == ["node-0009"]
+
+
+def test_a_quarantine_of_the_faulty_node_is_right() -> None:
+    harms = harms_of("hang-allreduce")
+    quarantines = [o for o in loop("hang-allreduce").outputs if o.KIND == "quarantine"]
+    assert [q.node for q in quarantines] == ["node-0012"]  # rank 100's node
+    assert harms.false_quarantines == [] and harms.violations(Expect()) == []
+
+
+# --------------------------------------------------------------------------- rollbacks
+
+
+def _sdc_interruption(outputs: list) -> Interruption:  # type: ignore[type-arg]
+    return next(o for o in outputs if isinstance(o, Interruption) and o.cause == InterruptionCause.SDC)
+
+
+def test_a_rollback_to_a_checkpoint_taken_after_the_onset_is_wrong() -> None:
+    """sdc-wrong-gpu: the wrong GPU is deterministic from step 300; today's rollback goes to
+    the newest checkpoint at or before the self-check watermark (issue 14: 2500)."""
+    run = loop("sdc-wrong-gpu")
+    rollback = _sdc_interruption(run.outputs)
+    assert rollback.last_checkpoint_step > 300
+    harms = harms_of("sdc-wrong-gpu")
+    assert harms.rollbacks == 1 and len(harms.wrong_rollbacks) == 1
+    target = rollback.last_checkpoint_step
+    assert (
+        f"checkpoint {target} for wrong_gpu rank 11 @300: taken after the onset (step 300)"
+        in (harms.wrong_rollbacks[0])
+    )
+
+
+def test_a_bit_flips_onset_is_the_check_that_saw_it() -> None:
+    """sdc-bitflip: armed at step 250, it strikes in the check of step 401; the rollback to
+    checkpoint 300 (the newest at or before the last passing check) is right."""
+    run = loop("sdc-bitflip")
+    assert _sdc_interruption(run.outputs).last_checkpoint_step == 300
+    harms = harms_of("sdc-bitflip")
+    assert harms.rollbacks == 1 and harms.wrong_rollbacks == []
+
+
+@pytest.mark.parametrize(("target", "wrong"), [(250, False), (300, False), (350, True)])
+def test_a_rollback_is_right_only_to_a_checkpoint_at_or_before_the_onset(target: int, wrong: bool) -> None:
+    """Issue 14's acceptance: every rollback target at or before the fault's onset."""
+    run = loop("sdc-wrong-gpu")
+    found = _sdc_interruption(run.outputs)
+    moved = [
+        o.model_copy(update={"last_checkpoint_step": target}) if o is found else o
+        for o in run.outputs
+        if o.KIND != "rollback"  # the command names the same target
+    ]
+    assert len(harms_of("sdc-wrong-gpu", moved).wrong_rollbacks) == int(wrong)
+
+
+# --------------------------------------------------------------------------- phantoms
+
+
+def test_phantom_records_not_rejected_are_accepted() -> None:
+    harms = harms_of("control-healthy", phantoms=(10, 4))
+    assert (harms.phantoms_sent, harms.phantoms_rejected, harms.phantoms_accepted) == (10, 4, 6)
+    assert harms.violations(Expect()) == ["phantom_accepted: 6 phantom record(s) accepted"]
+
+
+def test_a_decision_naming_a_rank_outside_the_world_counts_as_a_phantom_accepted() -> None:
+    run = loop("straggler-thermal")
+    flag = next(o for o in run.outputs if isinstance(o, StragglerFlagged))
+    phantom = flag.model_copy(update={"event_id": "phantom-flag", "rank": 4100, "node": "node-phantom"})
+    assert harms_of("straggler-thermal", [*run.outputs, phantom]).phantoms_accepted == 1
+
+
+# --------------------------------------------------------------------------- goodput
+
+
+def test_goodput_lost_is_attributed_to_the_fault_from_the_cores_accounting() -> None:
+    run = loop("hang-allreduce")
+    (recovered,) = [o for o in run.outputs if isinstance(o, InterruptionRecovered)]
+    harms = harms_of("hang-allreduce")
+    (truth,) = LIBRARY["hang-allreduce"].truth()
+    expected = recovered.phases["detect"] + recovered.restart_s + recovered.lost_s
+    assert harms.lost_s == {truth_label(truth): pytest.approx(expected)}
+    assert UNATTRIBUTED not in harms.lost_s
+
+
+def test_a_slowdown_costs_its_pace_until_it_is_flagged() -> None:
+    run = loop("straggler-thermal")
+    (truth,) = LIBRARY["straggler-thermal"].truth()
+    first = min((o for o in run.outputs if isinstance(o, StragglerFlagged)), key=lambda o: o.ts)
+    onset = run.step_started_ts[truth.step]
+    lost = harms_of("straggler-thermal").lost_s[truth_label(truth)]
+    before_detection = (first.ts - onset) * (1 - 1 / first.slowdown)
+    assert before_detection > 0 and lost >= before_detection  # plus the eviction's restart, if any
+
+
+# --------------------------------------------------------------------------- expect
+
+
+def test_a_scenario_without_expect_forbids_every_harm_and_unknown_names_fail() -> None:
+    assert set(Scenario.builtin("control-healthy").expect.must_not) == {
+        "page_false",
+        "quarantine_innocent",
+        "rollback_after_onset",
+        "restart_after_same_step",
+        "phantom_accepted",
+    }
+    base = Scenario.builtin("control-healthy").model_dump(mode="json")
+    for expect, field in (
+        ({"must_not": ["page_flase"]}, "expect.must_not.0"),
+        ({"pages": ["same_stepp"]}, "expect.pages.0"),
+        ({"forbid": []}, "expect.forbid"),
+    ):
+        with pytest.raises(ScenarioError, match=field.replace(".", r"\.")):
+            Scenario.parse({**base, "expect": expect})
+
+
+def test_phantom_ranks_must_lie_outside_the_world() -> None:
+    base = Scenario.builtin("control-healthy").model_dump(mode="json")
+    fault = {"kind": "phantom_ranks", "ranks": [255, 256], "from_step": 1}
+    with pytest.raises(ScenarioError, match=r"faults\.0\.ranks: \[255\] are inside world_size 256"):
+        Scenario.parse({**base, "faults": [fault]})
+
+
+# --------------------------------------------------------------------------- mixed-256
+
+
+def test_mixed_256_scored_through_the_pure_core() -> None:
+    """The small mixed-fault scenario on today's core, in numbers (issue 14): what holds,
+    and what the other work packages must turn to zero. Found: the thermal node, the NIC
+    contention, the hang, the independent crash, the data fault; every phantom record
+    rejected. Not yet: the 8% hot rack (per-rank z cannot see it) and the wrong GPU (the
+    pair rotation reaches rank 47 at check 229); false pages (same_rack_eviction for the
+    node already being evicted, same_node on a spare), the innocent node of the data fault
+    quarantined, the run restarting into step 530 until max_restarts, and no facilities
+    alert for the hot aisle."""
+    scenario = LIBRARY["mixed-256"]
+    result = score_loop(scenario, closed_loop(scenario, POLICY))
+    h = result.harms
+    assert h.phantoms_sent == h.phantoms_rejected == 3 * 2 * 250 and h.phantoms_accepted == 0
+    assert result.false_alarms == []
+    assert sorted((m.kind, m.rack if m.node is None else m.node) for m in result.misses) == [
+        ("slow", "rack-05"),
+        ("wrong_gpu", "node-0005"),
+    ]
+    found = {truth_label(t) for t in result.truths} - {truth_label(m) for m in result.misses}
+    assert {label.split(" ")[0] for label in found} == {"slow", "hang", "crash", "phantom_ranks"}
+    assert h.wrong_rollbacks == [] and h.rollbacks == 0  # nothing found the wrong GPU to roll back for
+    # today's failures, counted (WP-B, WP-C and WP-A bring them to zero)
+    assert sorted(line.split(" at ")[0] for line in h.false_pages) == ["same_node", "same_rack_eviction"]
+    assert [line.split(" ")[0] for line in h.false_quarantines] == ["node-0009"]
+    assert len(h.restarts_after_same_step) == 6
+    assert h.pages_missing == ["facilities"]  # nothing saw the hot aisle: no facilities alert
+    assert result.failed and len(result.violations) == 1 + 2 + 1 + 6

@@ -615,7 +615,11 @@ def _flag(
         },
     )
     outputs: list[Derived] = [flagged]
-    if action == StragglerAction.ALERT_FACILITIES:
+    # one facilities page per group until it clears: a restart re-flags the same hot rack in
+    # the new attempt, and a second page about it is noise, not news
+    paged = ("facilities", f"{g.kind}:{g.name}")
+    if action == StragglerAction.ALERT_FACILITIES and paged not in run.paging.paged:
+        run.paging.paged.add(paged)
         outputs.append(page(flagged, "facilities", code, f"{where}: {why}", [event_id]))
     return outputs
 
@@ -624,6 +628,7 @@ def _cleared(
     state: GroupState, run: RunState, i: int, flag: _Flag, step: int, excess: float, trigger: Envelope
 ) -> GroupSlowdownCleared:
     g = state.groups[i]
+    run.paging.paged.discard(("facilities", f"{g.kind}:{g.name}"))  # a recurrence pages again
     return GroupSlowdownCleared(
         event_id=derived_id("group_slowdown_cleared", flag.event_id, step),
         run_id=run.run_id,

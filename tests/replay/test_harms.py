@@ -254,29 +254,25 @@ def test_phantom_ranks_must_lie_outside_the_world() -> None:
 
 
 def test_mixed_256_scored_through_the_pure_core() -> None:
-    """The small mixed-fault scenario on today's core, in numbers (issue 14): what holds,
-    and what the other work packages must turn to zero. Found: the thermal node, the NIC
-    contention, the hang, the independent crash, the data fault; every phantom record
-    rejected. Not yet: the 8% hot rack (per-rank z cannot see it) and the wrong GPU (the
-    pair rotation reaches rank 47 at check 229); false pages (same_rack_eviction for the
-    node already being evicted, same_node on a spare), the innocent node of the data fault
-    quarantined, the run restarting into step 530 until max_restarts, and no facilities
-    alert for the hot aisle."""
+    """The small mixed-fault scenario (issue 14): a thermal node, a NIC node, an 8% hot
+    rack, a deterministically wrong GPU, a hang, crashes, a data fault repeating at one
+    step and records from ranks that do not exist, in one run. Every fault found with its
+    cause, and nothing a user would suffer: no false page, no innocent node left
+    quarantined (the data fault's first node is released), the rollback behind the wrong
+    GPU's onset, no restart into the failing step after the same_step page, one facilities
+    page for the hot rack however often the run restarts, every phantom record rejected."""
     scenario = LIBRARY["mixed-256"]
     result = score_loop(scenario, closed_loop(scenario, POLICY))
     h = result.harms
-    assert h.phantoms_sent == h.phantoms_rejected == 3 * 2 * 250 and h.phantoms_accepted == 0
-    assert result.false_alarms == []
-    assert sorted((m.kind, m.rack if m.node is None else m.node) for m in result.misses) == [
-        ("slow", "rack-05"),
-        ("wrong_gpu", "node-0005"),
-    ]
-    found = {truth_label(t) for t in result.truths} - {truth_label(m) for m in result.misses}
-    assert {label.split(" ")[0] for label in found} == {"slow", "hang", "crash", "phantom_ranks"}
-    assert h.wrong_rollbacks == [] and h.rollbacks == 0  # nothing found the wrong GPU to roll back for
-    # today's failures, counted (WP-B, WP-C and WP-A bring them to zero)
-    assert sorted(line.split(" at ")[0] for line in h.false_pages) == ["same_node", "same_rack_eviction"]
-    assert [line.split(" ")[0] for line in h.false_quarantines] == ["node-0009"]
-    assert len(h.restarts_after_same_step) == 6
-    assert h.pages_missing == ["facilities"]  # nothing saw the hot aisle: no facilities alert
-    assert result.failed and len(result.violations) == 1 + 2 + 1 + 6
+    assert h.phantoms_sent == h.phantoms_rejected > 0 and h.phantoms_accepted == 0
+    assert result.false_alarms == [] and result.misses == []
+    assert {"group_slowdown", "sdc_cross_rank", "straggler", "hang", "crash"} <= set(result.detectors)
+    for name, board in result.detectors.items():
+        assert board.fn == 0 and board.fp == 0 and board.diagnosis_wrong == 0, name
+    assert h.false_pages == [] and h.pages_missing == []
+    assert sorted(line.split(" at ")[0] for line in h.pages_right) == ["facilities", "same_step"]
+    assert h.false_quarantines == []
+    assert [line.split(" ")[0] for line in h.released] == ["node-0009"]
+    assert h.rollbacks == 1 and h.wrong_rollbacks == []
+    assert h.restarts_after_same_step == []
+    assert not result.failed and result.violations == []

@@ -27,25 +27,35 @@ from trainguard.schemas import (
 from trainguard.stack import builtin_policy
 
 
-def test_demo_scenario_closes_the_loop_with_the_policy_core() -> None:
-    demo = Scenario.builtin("demo")
-    cluster = SimulatedCluster(demo, 1_000.0, run_id="demo-run", id_prefix="d")
-    state, policy = CoreState(), CorePolicy()
-    outputs = []
+def close_loop(
+    scenario: Scenario, policy: CorePolicy, run_id: str, id_prefix: str, until_s: float
+) -> tuple[SimulatedCluster, list]:
+    """The simulator and the core in a closed loop from t=1,000 s: every command the core
+    sends is applied to the cluster and its events fed back, until the run is done or
+    `until_s` (the simulated clock). Returns the cluster and every output, in order."""
+    cluster = SimulatedCluster(scenario, 1_000.0, run_id=run_id, id_prefix=id_prefix)
+    state = CoreState()
+    outputs: list = []
 
     def feed(events: list) -> None:
         nonlocal state
         for event in events:
-            state, out = engine.step(state, event, policy)
+            state, out = engine.step(state, event, policy, scenario.world_size)
             for item in out:
                 outputs.append(item)
                 if isinstance(item, Command):
                     feed(cluster.apply(item).events)
 
     t = 1_000.0
-    while not cluster.done and t < 1_300:
+    while not cluster.done and t < until_s:
         t += 0.05
         feed(cluster.advance(t))
+    return cluster, outputs
+
+
+def test_demo_scenario_closes_the_loop_with_the_policy_core() -> None:
+    demo = Scenario.builtin("demo")
+    cluster, outputs = close_loop(demo, CorePolicy(), "demo-run", "d", 1_300)
 
     # a crash, a hang, then the straggler's eviction at a checkpoint boundary: 3 restarts
     assert cluster.done and cluster.attempt == 3
@@ -70,25 +80,7 @@ def test_demo_scenario_closes_the_loop_with_the_policy_core() -> None:
 
 
 def run_data_fault(policy: CorePolicy) -> tuple[SimulatedCluster, list]:
-    scenario = Scenario.library()["data-fault-repeat"]
-    cluster = SimulatedCluster(scenario, 1_000.0, run_id="data-run", id_prefix="f")
-    state = CoreState()
-    outputs: list = []
-
-    def feed(events: list) -> None:
-        nonlocal state
-        for event in events:
-            state, out = engine.step(state, event, policy)
-            for item in out:
-                outputs.append(item)
-                if isinstance(item, Command):
-                    feed(cluster.apply(item).events)
-
-    t = 1_000.0
-    while not cluster.done and t < 1_400:
-        t += 0.05
-        feed(cluster.advance(t))
-    return cluster, outputs
+    return close_loop(Scenario.library()["data-fault-repeat"], policy, "data-run", "f", 1_400)
 
 
 def test_a_data_fault_pauses_the_run_and_frees_the_node_it_first_blamed() -> None:
@@ -125,21 +117,10 @@ def test_a_wrong_gpu_is_found_by_the_ring_and_rolled_back_behind_its_onset() -> 
     checkpoint before the onset, not to one a later passing self-check seemed to vouch for."""
     scenario = Scenario.library()["sdc-wrong-gpu"]
     (fault,) = scenario.faults
-    cluster = SimulatedCluster(scenario, 1_000.0, run_id="ring-run", id_prefix="w")
-    state, policy = CoreState(), load_policy(str(builtin_policy("evaluate")))
-    outputs: list = []
-
-    def feed(events: list) -> None:
-        for event in events:
-            for item in engine.step(state, event, policy, scenario.world_size)[1]:
-                outputs.append(item)
-                if isinstance(item, Command):
-                    feed(cluster.apply(item).events)
-
-    t = 1_000.0
-    while not cluster.done and t < 1_000 + 3 * scenario.steps * scenario.step_time_s:
-        t += 0.05
-        feed(cluster.advance(t))
+    until = 1_000 + 3 * scenario.steps * scenario.step_time_s
+    cluster, outputs = close_loop(
+        scenario, load_policy(str(builtin_policy("evaluate"))), "ring-run", "w", until
+    )
 
     (found,) = [o for o in outputs if isinstance(o, SdcMismatch)]
     assert (found.rank, found.method) == (fault.rank, "ring")

@@ -82,7 +82,12 @@ def test_restarts_after_the_same_step_page_and_an_unreleased_node_count_against_
     assert [line.split(" ")[0] for line in harms.false_quarantines] == ["node-0009"] and harms.released == []
     page = next(o for o in run.outputs if isinstance(o, Page) and o.rule == "same_step")
     again = next(o for o in run.outputs if isinstance(o, Interruption) and o.step == page.step)
-    update = {"event_id": "again", "interruption_id": "again", "attempt": again.attempt + 5, "ts": page.ts + 60}
+    update = {
+        "event_id": "again",
+        "interruption_id": "again",
+        "attempt": again.attempt + 5,
+        "ts": page.ts + 60,
+    }
     later = again.model_copy(update=update)
     assert len(harms_of("data-fault-repeat", [*kept, later]).restarts_after_same_step) == 1
 

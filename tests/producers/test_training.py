@@ -66,7 +66,9 @@ def test_step_timing_and_stats(tmp_path: Path) -> None:
         assert s.check(loss)
     (timing,) = sink.of(StepTiming)
     (stats,) = sink.of(StepStats)
-    assert timing.total_s - timing.compute_s >= 0.045 and timing.compute_s < 0.05
+    # the 50 ms "collective" is in total_s only (were it in compute_s too, the gap would be ~0);
+    # no bound on compute_s itself: a cold first step on a loaded machine took 53 ms
+    assert timing.total_s - timing.compute_s >= 0.045
     assert stats.finite and stats.loss == pytest.approx(loss.item()) and stats.grad_norm is not None
     assert sink.of(GpuHealth)[0].present is False  # no GPU here: absent, not faked
     sup.close()

@@ -8,7 +8,7 @@ travel one per record on the events topic.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import ClassVar
+from typing import ClassVar, Literal, get_args
 
 from pydantic import ConfigDict, Field
 
@@ -439,6 +439,20 @@ class Quarantine(Derived):
     VERSION: ClassVar[int] = 1
 
     run_ids_affected: list[str] = Field(default_factory=list)
+
+
+#: Every rule the core pages on (processors/core: paging.py, eviction.py, rollback.py,
+#: group_slowdown.py). Page.rule stays a str so a record with a newer rule still decodes.
+PageRule = Literal[
+    "same_node",
+    "same_step",
+    "failure_rate",
+    "goodput",
+    "same_rack_eviction",
+    "no_clean_ancestor",
+    "facilities",
+]
+PAGE_RULES: tuple[str, ...] = get_args(PageRule)
 
 
 class Page(Derived):

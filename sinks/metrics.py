@@ -18,19 +18,11 @@ from ..processors.core import CoreState, RunPhase, RunState, goodput, step_time_
 from ..processors.core.sdc_state import remember
 from ..processors.driver import DriverResult
 from ..schemas import Interruption, Page
+from ..schemas.events import PAGE_RULES
 
-#: Every rule the core pages on (processors/core: paging.py, eviction.py, rollback.py): the
-#: values of the pages counter's `rule` label, with OTHER_RULE for one not listed here, so a
-#: new rule still pages (sinks/prometheus/trainguard.rules.yml) and the label stays bounded.
-PAGE_RULES = (
-    "same_node",
-    "same_step",
-    "failure_rate",
-    "goodput",
-    "same_rack_eviction",
-    "no_clean_ancestor",
-    "facilities",
-)
+#: The pages counter's `rule` label takes PAGE_RULES (schemas/events.py), with OTHER_RULE for
+#: one not listed there, so a new rule still pages (sinks/prometheus/trainguard.rules.yml) and
+#: the label stays bounded.
 OTHER_RULE = "other"
 #: Interruption and page ids remembered against double counting (a month at 16k ranks has
 #: ~233 interruptions; recent ids are what a redelivery re-derives).

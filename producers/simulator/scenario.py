@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ...schemas import Diagnosis
+from ...schemas.events import PageRule
 
 #: Stack signature of a rank waiting for its peers inside the gradient all-reduce.
 COLLECTIVE_STACK = "collective:allreduce"
@@ -301,17 +302,6 @@ MUST_NOT_DEFAULT: tuple[MustNot, ...] = (
     "restart_after_same_step",
     "phantom_accepted",
 )
-#: Page rules a scenario may expect (processors/core/paging.py, eviction.py, rollback.py, and
-#: the rack detector's facilities alert of issue 14).
-PageRule = Literal[
-    "same_node",
-    "same_step",
-    "failure_rate",
-    "goodput",
-    "same_rack_eviction",
-    "no_clean_ancestor",
-    "facilities",
-]
 
 
 class Expect(_Strict):

@@ -363,9 +363,16 @@ def evaluate(
         bool,
         typer.Option(
             help="Also run each scenario through the live pipeline (scenarios over 1,024 ranks only "
-            "when named with --scenario: they run in real time)."
+            "when named with --scenario)."
         ),
     ] = False,
+    speed: Annotated[
+        float | None,
+        typer.Option(
+            help="Live: time compression for every scenario (1: real time); default: each "
+            "scenario's own live_speed."
+        ),
+    ] = None,
     policy: Annotated[str | None, typer.Option(help="Policy YAML; default: policies/evaluate.yaml.")] = None,
     workdir: Annotated[Path, typer.Option(help="Broker data for --live.")] = Path(".trainguard/evaluate"),
     metrics_port: Annotated[int, typer.Option(help="Processor metrics port for --live.")] = 9465,
@@ -421,8 +428,8 @@ def evaluate(
             for name, sc in chosen.items():
                 if sc.world_size > 1024 and name not in named:
                     continue
-                with console.status(f"live pipeline: {name} (x{sc.live_speed})"):
-                    scores.append(run_live(sc, stack, secret))
+                with console.status(f"live pipeline: {name} (x{speed or sc.live_speed})"):
+                    scores.append(run_live(sc, stack, secret, speed=speed))
         out.print(evaluation_table(f"Live pipeline ({len(scores)} scenarios)", scores))
         out.print(harms_table("Live pipeline: what a user suffers", scores))
         for line in scenario_lines(scores):

@@ -572,9 +572,7 @@ class Launcher:
         with self._lock:
             busy = self.placement is not None and node in self.placement.nodes and not self._ended.is_set()
             when = "once its ranks have left it" if busy else "now"
-            detail = (
-                f"{node}: {', '.join(command.tests)} self-test runs {when}; result as node_self_test_result"
-            )
+            detail = f"{node}: {', '.join(command.tests)} self-test {when}; its result: node_self_test_result"
             self._record(command, detail)
         self.tester.start(
             node, command.tests, "quarantine", command.command_id, ready=lambda: self._free(node)

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.producers.actuator import CommandGate, Outcome, Verdict
 from trainguard.producers.agent import MemorySink
 from trainguard.producers.launcher import Launcher
 from trainguard.producers.selftest import CheckResult, NodeSelfTestReport
 from trainguard.schemas import (
+    RUN_LEVEL_RANK,
     NodeSelfTestResult,
     QuarantineNode,
     Reason,
@@ -23,6 +25,8 @@ from trainguard.schemas import (
     ReleaseNode,
     RunNodeSelfTest,
     RunStarted,
+    auth,
+    encode,
 )
 
 from .test_launcher import make_launcher
@@ -74,11 +78,17 @@ def quarantine_and_test(launcher: Launcher, node: str, ranks: list[int]) -> list
     return [launcher.handle_quarantine(quarantine, -1), launcher.handle_self_test(test, -1)]
 
 
-def test_the_command_is_the_launchers_whatever_ranks_it_names() -> None:
+def test_the_command_reaches_the_launchers_actuator_not_the_ranks_it_names() -> None:
+    key = auth.run_key(b"s" * 32, "r1")
     test = RunNodeSelfTest(
-        command_id="t", run_id="r", attempt=0, issued_ts=1.0, reason=REASON, node="n", ranks=[2, 3]
+        command_id="t", run_id="r1", attempt=0, issued_ts=1.0, reason=REASON, node="node-0001", ranks=[2, 3]
     )
-    assert test.targets(-1) and not test.targets(2) and not test.targets(0)
+    raw = encode(auth.sign(test, key))
+    launcher_side = CommandGate("r1", 0, (RUN_LEVEL_RANK,), key)
+    rank_side = CommandGate("r1", 0, (2, 3), key)  # the node's own ranks: no handler there
+    assert launcher_side.admit(raw)[1] == {RUN_LEVEL_RANK: Verdict.EXECUTE}
+    decision, verdicts = rank_side.admit(raw)
+    assert decision.outcome is Outcome.ACCEPTED and verdicts == {} and rank_side.counters.untargeted == 1
 
 
 def test_a_quarantined_node_is_tested_once_its_ranks_left_and_stays_out_when_it_fails(tmp_path: Path) -> None:

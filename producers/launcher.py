@@ -434,6 +434,8 @@ class Launcher:
             max(state.interruptions, default=-1) + 1, max(self._recorded, default=-1) + 1
         )
         self._ended = threading.Event()  # the run is over: every node is free for its self-test
+        #: Nodes with live ranks of the running attempt (none between attempts).
+        self._busy: frozenset[str] = frozenset()
         self.tester = NodeTester(
             self_test or self._run_self_test,
             config.ranks_per_node,
@@ -570,8 +572,7 @@ class Launcher:
         if unknown:
             raise ValueError(f"no {', '.join(unknown)} self-test here (known: {', '.join(SELF_TESTS)})")
         with self._lock:
-            busy = self.placement is not None and node in self.placement.nodes and not self._ended.is_set()
-            when = "once its ranks have left it" if busy else "now"
+            when = "now" if self._free(node) else "once its ranks have left it"
             detail = f"{node}: {', '.join(command.tests)} self-test {when}; its result: node_self_test_result"
             self._record(command, detail)
         self.tester.start(
@@ -678,6 +679,7 @@ class Launcher:
             with self._lock:
                 try:
                     self.placement = plan(self.pool, self.quarantined, self.config.nproc, self.placement)
+                    self._busy = frozenset(self.placement.nodes)  # until the attempt's ranks are gone
                 except PoolExhausted as exc:
                     result.status, result.reason = "failed", str(exc)
                     break
@@ -1048,6 +1050,7 @@ class Launcher:
             raise
         finally:
             ctx.close(signal.SIGKILL, timeout=1)  # no-op when all are gone; frees the log files
+            self._busy = frozenset()  # a node left by this attempt may be self-tested now
         if self._stop.is_set() and interruption is None:
             return "stopped", None
         if interruption is not None:
@@ -1096,9 +1099,8 @@ class Launcher:
         return run_node_self_test(node, devices, tests, self.config.self_test_timeout_s, self.config.env)
 
     def _free(self, node: str) -> bool:
-        """No rank of the running attempt is on `node` (or the run is over)."""
-        placement = self.placement
-        return self._ended.is_set() or placement is None or node not in placement.nodes
+        """No live rank is on `node`: between attempts, after the run, or not in the placement."""
+        return self._ended.is_set() or node not in self._busy
 
     def _joining(self) -> list[str]:
         """Spares the next placement would bring in that have not passed a self-test."""

@@ -45,8 +45,7 @@ class FakeSelfTest:
 
     def __call__(self, node: str, devices: int, tests: Sequence[str]) -> NodeSelfTestReport:
         assert self.launcher is not None
-        placement = self.launcher.placement
-        busy = placement.nodes if placement is not None else ()
+        busy = tuple(sorted(self.launcher._busy))  # nodes with live (or about to start) ranks
         with self.lock:
             self.calls.append((node, devices, list(tests), busy, self.launcher._ended.is_set()))
         report = NodeSelfTestReport(node, list(tests), wall_s=0.5)
@@ -107,10 +106,10 @@ def test_a_quarantined_node_is_tested_once_its_ranks_left_and_stays_out_when_it_
     # The spare was tested before it joined; node-0001 only once no rank of the job was on it.
     tested = {call[0]: call for call in fake.calls}
     assert set(tested) == {"spare-0000", "node-0001"}
-    assert tested["spare-0000"][3] == ("node-0000", "node-0001")  # before attempt 1's placement
+    assert tested["spare-0000"][3] == ("node-0000", "node-0001")  # during attempt 0: pre-started
     node, devices, tests, busy, ended = tested["node-0001"]
     assert (devices, tests) == (2, ["gemm", "collective"])
-    assert ended or "node-0001" not in busy
+    assert ended or "node-0001" not in busy  # after attempt 0's ranks were gone
     assert [s.nodes for s in sink.of(RunStarted)] == [["node-0000", "node-0001"], ["node-0000", "spare-0000"]]
     results = {r.node: r for r in sink.of(NodeSelfTestResult)}
     spare, suspect = results["spare-0000"], results["node-0001"]

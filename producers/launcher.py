@@ -55,9 +55,10 @@ Commands (executed on the actuator thread; they only set requests the loop reads
 - RunNodeSelfTest: the node's known-answer self-test (:mod:`.selftest`) runs once the
   node's ranks have left it (:mod:`.launcher_selftest`), in the background; its result
   goes out as NodeSelfTestResult; a node that fails is quarantined and stays out.
-  Spares are tested the same way before they join (``self_test_spares``): the test starts
-  when a quarantine makes a spare the next placement's, and a spare that fails is
-  quarantined and the placement made again.
+  Spares are tested the same way before they join (``self_test_spares``): one at a time
+  in the background from the start of the run, so that a restart onto a spare finds it
+  tested; a restart that needs a spare not yet tested waits for its test; a spare that
+  fails is quarantined and the placement made again.
 - SkipUpdate (the policy's alternative to PauseRun, ``paging.on_repeat_step: skip``): the
   step's batch is skipped by every later attempt (TRAINGUARD_SKIP_BATCHES, read by the
   Supervisor's ``steps()``); the running ranks skip that step's update themselves.
@@ -649,6 +650,8 @@ class Launcher:
     # ------------------------------------------------------------------ main loop
     def run(self) -> LaunchResult:
         result = LaunchResult("failed", "", 0)
+        if self.config.self_test_spares:  # ahead of need: a restart onto a tested spare waits for nothing
+            threading.Thread(target=self._pretest_spares, name="selftest-spares", daemon=True).start()
         try:
             self._run(result)
         finally:
@@ -1112,6 +1115,18 @@ class Launcher:
             before = set(self.placement.nodes) if self.placement is not None else set()
         own = set(self.pool.nodes[: self.pool.slots(self.config.nproc)])
         return [n for n in nxt.nodes if n not in own and n not in before and n not in self.tester.passed]
+
+    def _pretest_spares(self) -> None:
+        """Test the pool's spares one at a time (bounded extra load) while the run trains."""
+        own = set(self.pool.nodes[: self.pool.slots(self.config.nproc)])
+        for node in self.pool.nodes:
+            if self._ended.is_set() or self._stop.is_set():
+                return
+            with self._lock:
+                skip = node in own or node in self.quarantined
+            if not skip:
+                self.tester.start(node, SELF_TESTS, "spare")
+                self.tester.wait(node)
 
     def _prestart_spares(self) -> None:
         if self.config.self_test_spares:

@@ -55,10 +55,11 @@ Commands (executed on the actuator thread; they only set requests the loop reads
 - RunNodeSelfTest: the node's known-answer self-test (:mod:`.selftest`) runs once the
   node's ranks have left it (:mod:`.launcher_selftest`), in the background; its result
   goes out as NodeSelfTestResult; a node that fails is quarantined and stays out.
-  Spares are tested the same way before they join (``self_test_spares``): one at a time
-  in the background from the start of the run, so that a restart onto a spare finds it
-  tested; a restart that needs a spare not yet tested waits for its test; a spare that
-  fails is quarantined and the placement made again.
+  Spares are tested the same way before they join (``self_test_spares``): on demand,
+  from the moment a quarantine makes a spare the next placement's (overlapping the rest
+  of the attempt, its teardown and the decision wait), or ahead of need, one at a time
+  from the start of the run; a restart that needs a spare not yet tested waits for its
+  test; a spare that fails is quarantined and the placement made again.
 - SkipUpdate (the policy's alternative to PauseRun, ``paging.on_repeat_step: skip``): the
   step's batch is skipped by every later attempt (TRAINGUARD_SKIP_BATCHES, read by the
   Supervisor's ``steps()``); the running ranks skip that step's update themselves.
@@ -297,8 +298,11 @@ class LauncherConfig:
     env: dict[str, str] = field(default_factory=dict)
     #: Test hook, FAULT_ENV's value: SIGKILL the launcher at this point (FAULT_POINTS).
     fault: str = ""
-    #: Self-test a spare (known-answer GEMM + all-reduce, producers/selftest.py) before it joins.
-    self_test_spares: bool = True
+    #: When a spare is self-tested (known-answer GEMM + all-reduce, producers/selftest.py)
+    #: before it joins: "on-demand" when a quarantine makes it the next placement's (the
+    #: restart may wait for the test), "ahead" one spare at a time from the start of the run
+    #: (where spares are idle machines of their own: restarts never wait), "off": untested.
+    self_test_spares: Literal["on-demand", "ahead", "off"] = "on-demand"
     #: Longest a node self-test may take (its worker processes are killed after it).
     self_test_timeout_s: float = 120.0
 
@@ -650,13 +654,14 @@ class Launcher:
     # ------------------------------------------------------------------ main loop
     def run(self) -> LaunchResult:
         result = LaunchResult("failed", "", 0)
-        if self.config.self_test_spares:  # ahead of need: a restart onto a tested spare waits for nothing
+        if self.config.self_test_spares == "ahead":  # a restart onto a tested spare waits for nothing
             threading.Thread(target=self._pretest_spares, name="selftest-spares", daemon=True).start()
         try:
             self._run(result)
         finally:
             self._ended.set()  # a node still waiting for its self-test is free now
-            self.tester.close(self.config.self_test_timeout_s)
+            # A suspect node's verdict is worth waiting for; not after a stop.
+            self.tester.close(0.0 if self._stop.is_set() else self.config.self_test_timeout_s)
         # A clean end: a later launcher on this run dir starts a new session (and budget).
         self.journal.append("session", status=result.status, reason=result.reason[:500])
         return result
@@ -1129,14 +1134,14 @@ class Launcher:
                 self.tester.wait(node)
 
     def _prestart_spares(self) -> None:
-        if self.config.self_test_spares:
+        if self.config.self_test_spares != "off":
             for node in self._joining():
                 self.tester.start(node, SELF_TESTS, "spare")
 
     def _admit_spares(self) -> None:
         """Before an attempt: every spare its placement brings in has passed the self-test;
         one that fails is quarantined (by the tester) and the placement made again."""
-        if not self.config.self_test_spares:
+        if self.config.self_test_spares == "off":
             return
         while not self._stop.is_set():
             joining = self._joining()

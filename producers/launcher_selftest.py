@@ -90,11 +90,12 @@ class NodeTester:
 
     def close(self, timeout_s: float) -> None:
         """Let tests still waiting for their node run now (the run is over: every node is
-        free) and wait for all of them, at most `timeout_s` in all."""
+        free) and wait for those of suspect nodes, at most `timeout_s` in all (a spare's
+        test is only worth its verdict for a placement, and there is none to come)."""
         self._closed.set()
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            tests = list(self._tests.values())
+            tests = [t for t in self._tests.values() if t.purpose != "spare"]
         for test in tests:
             test.done.wait(max(0.0, deadline - time.monotonic()))
 

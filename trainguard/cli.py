@@ -538,8 +538,12 @@ def launch(
         bool, typer.Option(help="No Kafka: no telemetry, no commands (restarts on crashes only).")
     ] = False,
     self_test: Annotated[
-        bool, typer.Option(help="Self-test a spare (known answers: GEMM, all-reduce) before it joins.")
-    ] = True,
+        str,
+        typer.Option(
+            help="When a spare is self-tested (known answers: GEMM, all-reduce) before it joins: "
+            "on-demand (once a quarantine picks it), ahead (from the start), off."
+        ),
+    ] = "on-demand",
     bootstrap: Bootstrap = None,
     topic_prefix: Prefix = "",
 ) -> None:
@@ -547,6 +551,9 @@ def launch(
     checkpoint, executes Abort/QuarantineNode/EvictRank/Rollback/ResumeFrom, records the restart
     phases in DIR/.trainguard/restarts.jsonl. Exit 0 ok, 1 failed, 130 stopped, 75 paused (a
     PauseRun: the run fails at one step on every node; fix the data or code, then relaunch)."""
+    if self_test not in ("on-demand", "ahead", "off"):
+        console.print(f"[red]--self-test must be on-demand, ahead or off (got {self_test!r})")
+        raise typer.Exit(2)
     from .producers.agent import MemorySink
     from .producers.launcher import (
         FAULT_ENV,
@@ -567,7 +574,7 @@ def launch(
         max_restarts=max_restarts,
         grace_s=grace_s,
         decision_wait_s=decision_wait_s,
-        self_test_spares=self_test,
+        self_test_spares=self_test,  # type: ignore[arg-type]  # checked above
         bootstrap="" if offline else resolve_bootstrap(bootstrap),
         topic_prefix=topic_prefix,
         secret_file=os.environ.get("TRAINGUARD_SECRET_FILE", ""),

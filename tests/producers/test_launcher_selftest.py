@@ -103,10 +103,10 @@ def test_a_quarantined_node_is_tested_once_its_ranks_left_and_stays_out_when_it_
         "node-0001: gemm, collective self-test once its ranks have left it; its result: node_self_test_result"
     )
     assert details[1] == want
-    # The spares were tested ahead of need, the one that joined before it joined; node-0001
+    # The spare was tested before it joined (on demand: from the quarantine on); node-0001
     # only once no rank of the job was on it.
     tested = {call[0]: call for call in fake.calls}
-    assert set(tested) == {"spare-0000", "spare-0001", "node-0001"}
+    assert set(tested) == {"spare-0000", "node-0001"}
     events = list(sink.events)
     spare_tested = next(
         i for i, e in enumerate(events) if isinstance(e, NodeSelfTestResult) and e.node == "spare-0000"
@@ -151,7 +151,7 @@ def test_a_spare_that_fails_its_self_test_never_joins(tmp_path: Path) -> None:
     result = launcher.run()
     assert result.status == "ok", result.reason
     assert [s.nodes for s in sink.of(RunStarted)] == [["node-0000", "node-0001"], ["node-0000", "spare-0001"]]
-    assert sorted(c[0] for c in fake.calls) == ["spare-0000", "spare-0001"]  # each once
+    assert [c[0] for c in fake.calls] == ["spare-0000", "spare-0001"]  # each once, in pool order
     assert {"node-0001", "spare-0000"} <= launcher.quarantined
     assert sorted((r.node, r.passed, r.purpose) for r in sink.of(NodeSelfTestResult)) == [
         ("spare-0000", False, "spare"),
@@ -162,7 +162,7 @@ def test_a_spare_that_fails_its_self_test_never_joins(tmp_path: Path) -> None:
 def test_spares_join_untested_when_the_self_test_is_off(tmp_path: Path) -> None:
     sink = MemorySink()
     launcher, fake = launcher_with(tmp_path, sink, set(), FAKE_KILL="2:4:0")
-    launcher.config = type(launcher.config)(**{**launcher.config.__dict__, "self_test_spares": False})
+    launcher.config = type(launcher.config)(**{**launcher.config.__dict__, "self_test_spares": "off"})
     launcher.on_attempt = lambda attempt: (
         launcher.handle_quarantine(
             QuarantineNode(
@@ -175,3 +175,16 @@ def test_spares_join_untested_when_the_self_test_is_off(tmp_path: Path) -> None:
     )
     assert launcher.run().status == "ok"
     assert fake.calls == [] and sink.of(NodeSelfTestResult) == []
+
+
+def test_ahead_of_need_every_spare_is_tested_from_the_start_one_at_a_time(tmp_path: Path) -> None:
+    sink = MemorySink()
+    launcher, fake = launcher_with(tmp_path, sink, {"spare-0001"})
+    launcher.config = type(launcher.config)(**{**launcher.config.__dict__, "self_test_spares": "ahead"})
+    assert launcher.run().status == "ok"
+    assert [c[0] for c in fake.calls] == ["spare-0000", "spare-0001"]  # no quarantine needed
+    assert [(r.node, r.passed) for r in sink.of(NodeSelfTestResult)] == [
+        ("spare-0000", True),
+        ("spare-0001", False),
+    ]
+    assert "spare-0001" in launcher.quarantined and "spare-0000" not in launcher.quarantined

@@ -99,9 +99,9 @@ def pipeline(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield processor
 
 
-def launch(pipeline: Processor, workdir: Path, fault: str | None = None, self_test: bool = False) -> Run:
-    """`trainguard launch` of the example; spares join untested unless `self_test` (the real
-    node self-test costs each restart onto a spare a few seconds of worker start-up here)."""
+def launch(pipeline: Processor, workdir: Path, fault: str | None = None, self_test: str = "off") -> Run:
+    """`trainguard launch` of the example; spares join untested unless `self_test` says when
+    to test them (the real node self-test costs worker start-ups on this machine)."""
     run_id = f"tiny-{uuid.uuid4().hex[:8]}"
     workdir.mkdir(parents=True, exist_ok=True)
     ckpt = workdir / "ckpt"
@@ -118,7 +118,7 @@ def launch(pipeline: Processor, workdir: Path, fault: str | None = None, self_te
         "--run-id", run_id, "--checkpoint-dir", str(ckpt),
         "--bootstrap", pipeline.bootstrap, "--topic-prefix", pipeline.prefix,
         "--max-restarts", "2", "--decision-wait-s", "2", "--grace-s", "5",
-        "--self-test" if self_test else "--no-self-test",
+        "--self-test", self_test,
         "--", sys.executable, str(EXAMPLE),
     ]  # fmt: skip
     done = subprocess.run(command, env=env, cwd=workdir, capture_output=True, text=True, timeout=400)
@@ -224,7 +224,7 @@ def test_a_rank_slowed_before_the_collective_is_flagged_and_evicted(
 def test_a_flipped_gradient_bit_is_caught_by_the_self_check_and_rolled_back(
     pipeline: Processor, clean: Run, tmp_path: Path
 ) -> None:
-    run = launch(pipeline, tmp_path, fault="flip:1:100:0", self_test=True)
+    run = launch(pipeline, tmp_path, fault="flip:1:100:0", self_test="ahead")
     assert run.done.returncode == 0, run.explain()
     derived, commands = decisions(pipeline, run.run_id)
     mismatches = [d for d in derived if isinstance(d, SdcMismatch)]

@@ -1,10 +1,17 @@
 """GPU and link health through NVML, sampled off the training thread.
 
-NVML comes from the ``pynvml`` module (the ``nvidia-ml-py`` distribution), used only if it
-is importable and NVML initialises; trainguard does not depend on it. Where there is no
-GPU (or no NVML), the rank reports ``GpuHealth(present=False)`` once and nothing else:
-numbers are never made up (seed R2's diagnosis reads these fields, and a fake "healthy"
-reading would send it the wrong way).
+NVML comes from the ``pynvml`` module of the ``nvidia-ml-py`` distribution (pinned in the
+``train`` extra), used only if NVML initialises. Where there is no GPU (or no NVML
+driver), the rank reports ``GpuHealth(present=False)`` once and nothing else: numbers are
+never made up (seed R2's diagnosis reads these fields, and a fake "healthy" reading would
+send it the wrong way).
+
+What is read (GpuHealth v2): GPU and memory (HBM) temperature; SM clock against its
+maximum, memory clock; power draw and the enforced limit; the active clock-event
+(throttle) reasons by name, summarised as power_capped / thermal_throttle; ECC corrected
+and uncorrected counts since the driver loaded (volatile) and over the device's life
+(aggregate); NVLink links up against links present, replay + recovery errors and CRC
+(flit + data) errors summed over links.
 
 Which GPU: the rank's CUDA device, found in NVML by UUID (NVML ignores
 CUDA_VISIBLE_DEVICES, so indices differ between the two), else by LOCAL_RANK.
@@ -29,13 +36,32 @@ _POWER_CAP = 0x0000000000000004  # SwPowerCap
 _HW_POWER_BRAKE = 0x0000000000000080  # HwPowerBrakeSlowdown
 _SW_THERMAL = 0x0000000000000020  # SwThermalSlowdown
 _HW_THERMAL = 0x0000000000000040  # HwThermalSlowdown
+#: Every reason bit by the name GpuHealth.throttle_reasons uses (nvml.h order).
+THROTTLE_REASONS = (
+    (0x0000000000000001, "gpu_idle"),
+    (0x0000000000000002, "applications_clocks_setting"),
+    (_POWER_CAP, "sw_power_cap"),
+    (0x0000000000000008, "hw_slowdown"),
+    (0x0000000000000010, "sync_boost"),
+    (_SW_THERMAL, "sw_thermal_slowdown"),
+    (_HW_THERMAL, "hw_thermal_slowdown"),
+    (_HW_POWER_BRAKE, "hw_power_brake_slowdown"),
+    (0x0000000000000100, "display_clock_setting"),
+)
 _MAX_NVLINKS = 18  # NVML_NVLINK_MAX_LINKS on Hopper
+_FI_DEV_MEMORY_TEMP = 82  # NVML_FI_DEV_MEMORY_TEMP
+#: c_nvmlValue_t's member for each NVML_VALUE_TYPE_* (double, uint, ulong, ulonglong, longlong, int, ushort).
+_VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 
 
 class HealthReader(Protocol):
     """Reads one GPU's health: GpuHealth fields (present included)."""
 
     def sample(self) -> dict[str, Any]: ...
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _try(fn: Callable[..., Any], *args: Any) -> Any:
@@ -55,48 +81,69 @@ class NvmlReader:
     def sample(self) -> dict[str, Any]:
         n, h = self.nvml, self.handle
         out: dict[str, Any] = {"present": True}
-        temp = _try(n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU)
-        out["temperature_c"] = None if temp is None else float(temp)
-        clock = _try(n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_SM)
-        out["sm_clock_mhz"] = None if clock is None else float(clock)
+        out["temperature_c"] = _float(_try(n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU))
+        out["memory_temperature_c"] = self._field(getattr(n, "NVML_FI_DEV_MEMORY_TEMP", _FI_DEV_MEMORY_TEMP))
+        out["sm_clock_mhz"] = _float(_try(n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_SM))
+        out["sm_clock_max_mhz"] = _float(_try(n.nvmlDeviceGetMaxClockInfo, h, n.NVML_CLOCK_SM))
+        out["memory_clock_mhz"] = _float(_try(n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_MEM))
+        power_mw = _try(n.nvmlDeviceGetPowerUsage, h)  # milliwatts
+        limit_mw = _try(n.nvmlDeviceGetEnforcedPowerLimit, h)
+        out["power_w"] = None if power_mw is None else float(power_mw) / 1000.0
+        out["power_limit_w"] = None if limit_mw is None else float(limit_mw) / 1000.0
         reasons_fn = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
             n, "nvmlDeviceGetCurrentClocksThrottleReasons", None
         )
         reasons = _try(reasons_fn, h) if reasons_fn is not None else None
         if reasons is not None:
+            reasons = int(reasons)
             out["power_capped"] = bool(reasons & (_POWER_CAP | _HW_POWER_BRAKE))
             out["thermal_throttle"] = bool(reasons & (_SW_THERMAL | _HW_THERMAL))
+            out["throttle_reasons"] = [name for bit, name in THROTTLE_REASONS if reasons & bit]
         out.update(self._nvlink())
-        corrected = _try(
-            n.nvmlDeviceGetTotalEccErrors, h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC
-        )
-        uncorrected = _try(
-            n.nvmlDeviceGetTotalEccErrors, h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC
-        )
-        out["ecc_corrected"] = None if corrected is None else int(corrected)
-        out["ecc_uncorrected"] = None if uncorrected is None else int(uncorrected)
+        for key, kind in (("corrected", "CORRECTED"), ("uncorrected", "UNCORRECTED")):
+            error_type = getattr(n, f"NVML_MEMORY_ERROR_TYPE_{kind}")
+            volatile = _try(n.nvmlDeviceGetTotalEccErrors, h, error_type, n.NVML_VOLATILE_ECC)
+            lifetime = _try(n.nvmlDeviceGetTotalEccErrors, h, error_type, n.NVML_AGGREGATE_ECC)
+            out[f"ecc_{key}"] = None if volatile is None else int(volatile)
+            out[f"ecc_{key}_total"] = None if lifetime is None else int(lifetime)
         return out
+
+    def _field(self, field_id: int) -> float | None:
+        """One NVML field value (nvmlDeviceGetFieldValues), or None if not supported."""
+        values = _try(self.nvml.nvmlDeviceGetFieldValues, self.handle, [field_id])
+        if not values or getattr(values[0], "nvmlReturn", 1) != 0:
+            return None
+        value = values[0]
+        kind = int(getattr(value, "valueType", 1))
+        member = _VALUE_MEMBERS[kind] if 0 <= kind < len(_VALUE_MEMBERS) else "uiVal"
+        return _float(getattr(value.value, member, None))
 
     def _nvlink(self) -> dict[str, Any]:
         """Active links (width), links the device has (expected), and replay + recovery
         error counts summed over links (retries)."""
         n, h = self.nvml, self.handle
         links = active = 0
-        retries: int | None = None
+        sums: dict[str, int | None] = {"nvlink_retries": None, "nvlink_crc_errors": None}
+        counters = (
+            ("nvlink_retries", "NVML_NVLINK_ERROR_DL_REPLAY"),
+            ("nvlink_retries", "NVML_NVLINK_ERROR_DL_RECOVERY"),
+            ("nvlink_crc_errors", "NVML_NVLINK_ERROR_DL_CRC_FLIT"),
+            ("nvlink_crc_errors", "NVML_NVLINK_ERROR_DL_CRC_DATA"),
+        )
         for link in range(getattr(n, "NVML_NVLINK_MAX_LINKS", _MAX_NVLINKS)):
             state = _try(n.nvmlDeviceGetNvLinkState, h, link)
             if state is None:
                 continue
             links += 1
             active += int(state == getattr(n, "NVML_FEATURE_ENABLED", 1))
-            for counter in ("NVML_NVLINK_ERROR_DL_REPLAY", "NVML_NVLINK_ERROR_DL_RECOVERY"):
+            for key, counter in counters:
                 if hasattr(n, counter):
                     value = _try(n.nvmlDeviceGetNvLinkErrorCounter, h, link, getattr(n, counter))
                     if value is not None:
-                        retries = (retries or 0) + int(value)
+                        sums[key] = (sums[key] or 0) + int(value)
         if not links:
             return {}
-        return {"nvlink_width": active, "nvlink_expected_width": links, "nvlink_retries": retries}
+        return {"nvlink_width": active, "nvlink_expected_width": links, **sums}
 
 
 def _cuda_uuid() -> str | None:

@@ -50,7 +50,16 @@ Commands (executed on the actuator thread; they only set requests the loop reads
   (`trainguard launch` exits 75, EX_TEMPFAIL: fix the data or code, then relaunch; a
   relaunch on the same run dir after a clean paused end starts again).
 - ReleaseNode: a quarantined node returns to the pool (its failure was the run's, not
-  the node's); the next placement may use it again.
+  the node's); the next placement may use it again. Refused for a node that failed its
+  self-test: it stays out for the run.
+- RunNodeSelfTest: the node's known-answer self-test (:mod:`.selftest`) runs once the
+  node's ranks have left it (:mod:`.launcher_selftest`), in the background; its result
+  goes out as NodeSelfTestResult; a node that fails is quarantined and stays out.
+  Spares are tested the same way before they join (``self_test_spares``): on demand,
+  from the moment a quarantine makes a spare the next placement's (overlapping the rest
+  of the attempt, its teardown and the decision wait), or ahead of need, one at a time
+  from the start of the run; a restart that needs a spare not yet tested waits for its
+  test; a spare that fails is quarantined and the placement made again.
 - SkipUpdate (the policy's alternative to PauseRun, ``paging.on_repeat_step: skip``): the
   step's batch is skipped by every later attempt (TRAINGUARD_SKIP_BATCHES, read by the
   Supervisor's ``steps()``); the running ranks skip that step's update themselves.
@@ -122,12 +131,16 @@ from ..schemas import (
     Abort,
     Envelope,
     EvictRank,
+    NodeSelfTestResult,
     PauseRun,
     QuarantineNode,
     RankExit,
+    Reason,
+    ReasonCode,
     ReleaseNode,
     ResumeFrom,
     Rollback,
+    RunNodeSelfTest,
     RunStarted,
     SkipUpdate,
 )
@@ -136,6 +149,8 @@ from .agent import EventSink  # a TelemetryShipper satisfies EventSink
 from .launch_plan import NodePool, Placement, PoolExhausted, make_pool, plan
 from .launcher_journal import JOURNAL_NAME, ActionJournal, AttemptRecord, JournalState, rank_processes, replay
 from .launcher_journal import terminate as terminate_orphans
+from .launcher_selftest import NodeTester, Runner
+from .selftest import SELF_TESTS, NodeSelfTestReport, run_node_self_test
 
 log = logging.getLogger(__name__)
 
@@ -283,6 +298,13 @@ class LauncherConfig:
     env: dict[str, str] = field(default_factory=dict)
     #: Test hook, FAULT_ENV's value: SIGKILL the launcher at this point (FAULT_POINTS).
     fault: str = ""
+    #: When a spare is self-tested (known-answer GEMM + all-reduce, producers/selftest.py)
+    #: before it joins: "on-demand" when a quarantine makes it the next placement's (the
+    #: restart may wait for the test), "ahead" one spare at a time from the start of the run
+    #: (where spares are idle machines of their own: restarts never wait), "off": untested.
+    self_test_spares: Literal["on-demand", "ahead", "off"] = "on-demand"
+    #: Longest a node self-test may take (its worker processes are killed after it).
+    self_test_timeout_s: float = 120.0
 
     @property
     def resolved_run_dir(self) -> Path:
@@ -363,6 +385,7 @@ class Launcher:
         sink: EventSink,
         pool: NodePool | None = None,
         clock: Callable[[], float] = time.time,
+        self_test: Runner | None = None,
     ) -> None:
         if config.nproc < 1 or config.ranks_per_node < 1 or not config.command:
             raise ValueError("nproc >= 1, ranks_per_node >= 1 and a command are required")
@@ -415,6 +438,15 @@ class Launcher:
         self._interruptions = max(
             max(state.interruptions, default=-1) + 1, max(self._recorded, default=-1) + 1
         )
+        self._ended = threading.Event()  # the run is over: every node is free for its self-test
+        #: Nodes with live ranks of the running attempt (none between attempts).
+        self._busy: frozenset[str] = frozenset()
+        self.tester = NodeTester(
+            self_test or self._run_self_test,
+            config.ranks_per_node,
+            self._report_self_test,
+            self._failed_self_test,
+        )
 
     # ------------------------------------------------------------------ control (any thread)
     def stop(self) -> None:
@@ -450,6 +482,7 @@ class Launcher:
             detail = self._quarantine_detail(node)
             self._record(command, detail, quarantine=node)
             self.quarantined.add(node)
+        self._prestart_spares()
         return detail
 
     def _quarantine_detail(self, node: str) -> str:
@@ -484,6 +517,7 @@ class Launcher:
                 f"evict rank {command.rank} ({node})",
                 evict_after_step=newest,
             )
+        self._prestart_spares()
         return detail
 
     def handle_resume(self, command: Rollback | ResumeFrom, rank: int) -> str:
@@ -523,6 +557,9 @@ class Launcher:
         node = command.node
         if node not in self.pool.nodes:
             raise ValueError(f"node {node} is not in the pool")
+        failed = self.tester.failed.get(node)
+        if failed is not None:
+            raise ValueError(f"{node} stays out of the pool: it failed its self-test ({failed[:500]})")
         with self._lock:
             if node not in self.quarantined:
                 detail = f"{node} is not quarantined: nothing to release"
@@ -530,6 +567,22 @@ class Launcher:
                 detail = f"{node} is back in the pool from the next restart on"
             self._record(command, detail, release=node)
             self.quarantined.discard(node)
+        return detail
+
+    def handle_self_test(self, command: RunNodeSelfTest, rank: int) -> str:
+        node = command.node
+        if node not in self.pool.nodes:
+            raise ValueError(f"node {node} is not in the pool")
+        unknown = [t for t in command.tests if t not in SELF_TESTS]
+        if unknown:
+            raise ValueError(f"no {', '.join(unknown)} self-test here (known: {', '.join(SELF_TESTS)})")
+        with self._lock:
+            when = "now" if self._free(node) else "once its ranks have left it"
+            detail = f"{node}: {', '.join(command.tests)} self-test {when}; its result: node_self_test_result"
+            self._record(command, detail)
+        self.tester.start(
+            node, command.tests, "quarantine", command.command_id, ready=lambda: self._free(node)
+        )
         return detail
 
     def register(self, actuator: Any) -> None:
@@ -542,6 +595,7 @@ class Launcher:
         actuator.register(PauseRun, self._journaled(self.handle_pause))
         actuator.register(ReleaseNode, self._journaled(self.handle_release))
         actuator.register(SkipUpdate, self._journaled(self.handle_skip))
+        actuator.register(RunNodeSelfTest, self._journaled(self.handle_self_test))
         self.on_attempt = actuator.set_attempt
 
     def unexecuted(self, claimed: Iterable[str]) -> list[str]:
@@ -600,7 +654,14 @@ class Launcher:
     # ------------------------------------------------------------------ main loop
     def run(self) -> LaunchResult:
         result = LaunchResult("failed", "", 0)
-        self._run(result)
+        if self.config.self_test_spares == "ahead":  # a restart onto a tested spare waits for nothing
+            threading.Thread(target=self._pretest_spares, name="selftest-spares", daemon=True).start()
+        try:
+            self._run(result)
+        finally:
+            self._ended.set()  # a node still waiting for its self-test is free now
+            # A suspect node's verdict is worth waiting for; not after a stop.
+            self.tester.close(0.0 if self._stop.is_set() else self.config.self_test_timeout_s)
         # A clean end: a later launcher on this run dir starts a new session (and budget).
         self.journal.append("session", status=result.status, reason=result.reason[:500])
         return result
@@ -622,9 +683,11 @@ class Launcher:
             if not first:
                 self.attempt += 1
             first = False
+            self._admit_spares()
             with self._lock:
                 try:
                     self.placement = plan(self.pool, self.quarantined, self.config.nproc, self.placement)
+                    self._busy = frozenset(self.placement.nodes)  # until the attempt's ranks are gone
                 except PoolExhausted as exc:
                     result.status, result.reason = "failed", str(exc)
                     break
@@ -995,6 +1058,7 @@ class Launcher:
             raise
         finally:
             ctx.close(signal.SIGKILL, timeout=1)  # no-op when all are gone; frees the log files
+            self._busy = frozenset()  # a node left by this attempt may be self-tested now
         if self._stop.is_set() and interruption is None:
             return "stopped", None
         if interruption is not None:
@@ -1035,6 +1099,87 @@ class Launcher:
             "TRAINGUARD_SKIP_BATCHES": ",".join(map(str, skips)),
         }
         return env
+
+    # ------------------------------------------------------------------ node self-tests
+    def _run_self_test(self, node: str, devices: int, tests: Any) -> NodeSelfTestReport:
+        """The real test: one worker process per device of `node`, with the ranks' extra
+        environment (so a fire drill's TRAINGUARD_INJECT_WRONG_DEVICE reaches it)."""
+        return run_node_self_test(node, devices, tests, self.config.self_test_timeout_s, self.config.env)
+
+    def _free(self, node: str) -> bool:
+        """No live rank is on `node`: between attempts, after the run, or not in the placement."""
+        return self._ended.is_set() or node not in self._busy
+
+    def _joining(self) -> list[str]:
+        """Spares the next placement would bring in that have not passed a self-test."""
+        with self._lock:
+            try:
+                nxt = plan(self.pool, self.quarantined, self.config.nproc, self.placement)
+            except PoolExhausted:
+                return []  # the placement itself says so
+            before = set(self.placement.nodes) if self.placement is not None else set()
+        own = set(self.pool.nodes[: self.pool.slots(self.config.nproc)])
+        return [n for n in nxt.nodes if n not in own and n not in before and n not in self.tester.passed]
+
+    def _pretest_spares(self) -> None:
+        """Test the pool's spares one at a time (bounded extra load) while the run trains."""
+        own = set(self.pool.nodes[: self.pool.slots(self.config.nproc)])
+        for node in self.pool.nodes:
+            if self._ended.is_set() or self._stop.is_set():
+                return
+            with self._lock:
+                skip = node in own or node in self.quarantined
+            if not skip:
+                self.tester.start(node, SELF_TESTS, "spare")
+                self.tester.wait(node)
+
+    def _prestart_spares(self) -> None:
+        if self.config.self_test_spares != "off":
+            for node in self._joining():
+                self.tester.start(node, SELF_TESTS, "spare")
+
+    def _admit_spares(self) -> None:
+        """Before an attempt: every spare its placement brings in has passed the self-test;
+        one that fails is quarantined (by the tester) and the placement made again."""
+        if self.config.self_test_spares == "off":
+            return
+        while not self._stop.is_set():
+            joining = self._joining()
+            if not joining:
+                return
+            for node in joining:
+                self.tester.start(node, SELF_TESTS, "spare")
+            for node in joining:
+                report = self.tester.wait(node, self.config.self_test_timeout_s + 30)
+                if report is None:  # never finished: keep it out rather than trust it
+                    self._failed_self_test(node)
+
+    def _failed_self_test(self, node: str) -> None:
+        with self._lock:
+            if node in self.quarantined:
+                return
+            detail = f"{node} failed its self-test: {self._quarantine_detail(node)}"
+            self._record(None, detail, quarantine=node)
+            self.quarantined.add(node)
+
+    def _report_self_test(self, report: NodeSelfTestReport, purpose: str, command_id: str) -> None:
+        summary = report.summary()
+        code = ReasonCode.NODE_SELF_TEST_PASSED if report.passed else ReasonCode.NODE_SELF_TEST_FAILED
+        self._emit(
+            NodeSelfTestResult,
+            RUN_LEVEL_RANK,
+            report.node,
+            NO_STEP,
+            key=f"selftest-{report.node}-{purpose}-{command_id or self.attempt}",
+            passed=report.passed,
+            tests=report.tests,
+            failed_tests=report.failed_tests,
+            purpose=purpose,
+            command_id=command_id,
+            devices=len({r.local_rank for r in report.results}),
+            wall_s=max(0.0, report.wall_s),
+            reason=Reason(code=code, text=summary[:2000]),
+        )
 
     def _take_resume(self, request: _Request) -> None:
         """Under the lock: the next attempt resumes from the named step (journaled: a

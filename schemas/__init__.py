@@ -54,6 +54,7 @@ from .events import (
     InterruptionRecovered,
     IntervalUpdate,
     MtbfUpdate,
+    NodeSelfTestResult,
     Page,
     Quarantine,
     QuarantineReleased,
@@ -89,4 +90,5 @@ __all__ = [
     "StragglerCleared", "StragglerDiagnosed", "EvictionDecision", "EvictionVerdict",
     "RingCheck",
     "GroupComputeTimes", "GroupSlowdownCleared", "GroupSlowdownFlagged",
+    "NodeSelfTestResult",
 ]  # fmt: skip

@@ -103,6 +103,9 @@ class ReasonCode(StrEnum):
     # rack / placement-group slowdown (issue 14 item 1)
     GROUP_SLOWDOWN = "group_slowdown"
     GROUP_SLOWDOWN_CLEARED = "group_slowdown_cleared"
+    # node self-test results (issue 15 item 6)
+    NODE_SELF_TEST_PASSED = "node_self_test_passed"
+    NODE_SELF_TEST_FAILED = "node_self_test_failed"
 
 
 class Reason(Record):

@@ -105,6 +105,9 @@ UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
     ("heartbeat", 1): lambda body: {**body, "phase": ""},
     # run_started/1 predates placement groups: the run declares none.
     ("run_started", 1): lambda body: {**body, "placement_groups": {}},
+    # gpu_health/1 predates the v2 readings (memory temperature, clocks, power, throttle
+    # reasons, lifetime ECC, NVLink CRC): none of them was read.
+    ("gpu_health", 1): lambda body: dict(body),
 }
 
 

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from .base import Reason, Record
+from .base import RUN_LEVEL_RANK, Reason, Record
 
 
 class Command(Record):
@@ -111,6 +111,11 @@ class RunNodeSelfTest(Command):
 
     KIND: ClassVar[str] = "run_node_self_test"
     VERSION: ClassVar[int] = 1
+
+    def targets(self, rank: int) -> bool:
+        """The launcher (rank -1) runs it: it owns the node and tests it once the node's
+        ranks have left it; `ranks` only say which devices of the job were on the node."""
+        return rank == RUN_LEVEL_RANK
 
     node: str = Field(min_length=1, max_length=128)
     tests: list[str] = Field(

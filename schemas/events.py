@@ -116,10 +116,14 @@ class RingCheck(Envelope):
 
 
 class GpuHealth(Envelope):
-    """GPU and link health from NVML. On a machine without a GPU, present=False and nothing else."""
+    """GPU and link health from NVML. On a machine without a GPU, present=False and nothing else.
+    A field the device does not support (NVLink on a PCIe card, ECC off) is None, never a guess.
+
+    Version 2 (issue 15) adds the memory temperature, the clocks against their maxima, power,
+    the named clock-event (throttle) reasons, lifetime ECC counts and NVLink CRC errors."""
 
     KIND: ClassVar[str] = "gpu_health"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
 
     present: bool
     temperature_c: float | None = None
@@ -128,10 +132,24 @@ class GpuHealth(Envelope):
     thermal_throttle: bool | None = None
     nvlink_width: int | None = None
     nvlink_expected_width: int | None = None
-    nvlink_retries: int | None = None
-    ecc_corrected: int | None = None
-    ecc_uncorrected: int | None = None
+    nvlink_retries: int | None = Field(default=None, description="NVLink replay + recovery errors.")
+    ecc_corrected: int | None = Field(default=None, description="Since the last driver reload (volatile).")
+    ecc_uncorrected: int | None = Field(default=None, description="Since the last driver reload (volatile).")
     nic_utilization: float | None = Field(default=None, ge=0, le=1)
+    memory_temperature_c: float | None = Field(default=None, description="HBM temperature.")
+    sm_clock_max_mhz: float | None = None
+    memory_clock_mhz: float | None = None
+    power_w: float | None = Field(default=None, ge=0)
+    power_limit_w: float | None = Field(default=None, ge=0)
+    throttle_reasons: list[str] | None = Field(
+        default=None,
+        max_length=32,
+        description="Active clock-event reasons by NVML name (sw_power_cap, hw_slowdown, "
+        "sw_thermal_slowdown, hw_thermal_slowdown, hw_power_brake_slowdown, sync_boost, ...).",
+    )
+    ecc_corrected_total: int | None = Field(default=None, description="Over the device's life (aggregate).")
+    ecc_uncorrected_total: int | None = Field(default=None, description="Over the device's life (aggregate).")
+    nvlink_crc_errors: int | None = Field(default=None, description="NVLink CRC flit + data errors.")
 
 
 class CheckpointWritten(Envelope):
@@ -224,6 +242,27 @@ class GroupComputeTimes(Envelope):
     )
 
 
+class NodeSelfTestResult(Envelope):
+    """A node's self-test with known answers (seed §SDC (c)): a GEMM on each of its devices
+    and an all-reduce across them, run by the launcher on a quarantined node before it may
+    return to the pool and on a spare before it joins (producers/selftest.py). rank -1;
+    node: the node tested. The core keeps a node that failed out of the pool."""
+
+    KIND: ClassVar[str] = "node_self_test_result"
+    VERSION: ClassVar[int] = 1
+
+    passed: bool
+    tests: list[str] = Field(max_length=16)
+    failed_tests: list[str] = Field(default_factory=list, max_length=16)
+    purpose: Literal["quarantine", "spare", "operator"] = Field(
+        description="quarantine: a suspected node, before it may return; spare: before it joins."
+    )
+    command_id: str = Field(default="", max_length=200, description="The RunNodeSelfTest it answers.")
+    devices: int = Field(ge=0, description="Devices (worker processes) that reported.")
+    wall_s: float = Field(ge=0)
+    reason: Reason
+
+
 TELEMETRY_KINDS: tuple[type[Envelope], ...] = (
     RunStarted,
     Heartbeat,
@@ -240,6 +279,7 @@ TELEMETRY_KINDS: tuple[type[Envelope], ...] = (
     Tick,
     RingCheck,
     GroupComputeTimes,
+    NodeSelfTestResult,
 )
 
 # --------------------------------------------------------------------------- derived

@@ -79,7 +79,10 @@ _GPU_HEALTH_STRUCT = (
     '{"present": "BOOLEAN", "temperature_c": "DOUBLE", "sm_clock_mhz": "DOUBLE", '
     '"power_capped": "BOOLEAN", "thermal_throttle": "BOOLEAN", "nvlink_width": "BIGINT", '
     '"nvlink_expected_width": "BIGINT", "nvlink_retries": "BIGINT", "ecc_corrected": "BIGINT", '
-    '"ecc_uncorrected": "BIGINT", "nic_utilization": "DOUBLE"}'
+    '"ecc_uncorrected": "BIGINT", "nic_utilization": "DOUBLE", "memory_temperature_c": "DOUBLE", '
+    '"sm_clock_max_mhz": "DOUBLE", "memory_clock_mhz": "DOUBLE", "power_w": "DOUBLE", '
+    '"power_limit_w": "DOUBLE", "throttle_reasons": "VARCHAR[]", "ecc_corrected_total": "BIGINT", '
+    '"ecc_uncorrected_total": "BIGINT", "nvlink_crc_errors": "BIGINT"}'
 )
 
 DDL: tuple[str, ...] = (

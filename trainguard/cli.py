@@ -544,6 +544,13 @@ def launch(
     offline: Annotated[
         bool, typer.Option(help="No Kafka: no telemetry, no commands (restarts on crashes only).")
     ] = False,
+    self_test: Annotated[
+        str,
+        typer.Option(
+            help="When a spare is self-tested (known answers: GEMM, all-reduce) before it joins: "
+            "on-demand (once a quarantine picks it), ahead (from the start), off."
+        ),
+    ] = "on-demand",
     bootstrap: Bootstrap = None,
     topic_prefix: Prefix = "",
 ) -> None:
@@ -551,6 +558,9 @@ def launch(
     checkpoint, executes Abort/QuarantineNode/EvictRank/Rollback/ResumeFrom, records the restart
     phases in DIR/.trainguard/restarts.jsonl. Exit 0 ok, 1 failed, 130 stopped, 75 paused (a
     PauseRun: the run fails at one step on every node; fix the data or code, then relaunch)."""
+    if self_test not in ("on-demand", "ahead", "off"):
+        console.print(f"[red]--self-test must be on-demand, ahead or off (got {self_test!r})")
+        raise typer.Exit(2)
     from .producers.agent import MemorySink
     from .producers.launcher import (
         FAULT_ENV,
@@ -571,6 +581,7 @@ def launch(
         max_restarts=max_restarts,
         grace_s=grace_s,
         decision_wait_s=decision_wait_s,
+        self_test_spares=self_test,  # type: ignore[arg-type]  # checked above
         bootstrap="" if offline else resolve_bootstrap(bootstrap),
         topic_prefix=topic_prefix,
         secret_file=os.environ.get("TRAINGUARD_SECRET_FILE", ""),
@@ -608,6 +619,47 @@ def launch(
         )
     console.print(f"{result.status}: {result.reason} ({result.attempts} attempts)", markup=False)
     raise typer.Exit({"ok": 0, "failed": 1, "stopped": 130, "paused": 75}[result.status])
+
+
+@app.command()
+def selftest(
+    node: Annotated[
+        str | None, typer.Option(help="The node's name in the report (default: TRAINGUARD_NODE or the host).")
+    ] = None,
+    nproc_per_node: Annotated[
+        int, typer.Option(help="Devices to test, one process each (0: LOCAL_WORLD_SIZE, the GPUs, else 2).")
+    ] = 0,
+    tests: Annotated[str, typer.Option(help="Comma-separated: gemm, collective.")] = "gemm,collective",
+    timeout_s: Annotated[float, typer.Option(help="Give up (and fail) after this many seconds.")] = 120.0,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the full report as JSON.")] = False,
+) -> None:
+    """Run the node self-test with known answers: a matrix multiply of small integers on every
+    device (exact whatever the kernel's summation order) and an all-reduce of known values
+    across them (NCCL on GPUs, gloo on CPU). Exit 0 when every test passed, 1 otherwise."""
+    import json
+    import socket
+
+    from .producers.selftest import default_nproc, run_node_self_test
+
+    chosen = [t.strip() for t in tests.split(",") if t.strip()]
+    name = node or os.environ.get("TRAINGUARD_NODE") or socket.gethostname()
+    try:
+        report = run_node_self_test(name, nproc_per_node or default_nproc(), chosen, timeout_s)
+    except ValueError as exc:
+        console.print(f"[red]{exc}")
+        raise typer.Exit(2) from None
+    if json_out:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        for r in report.results:
+            mark = "ok  " if r.passed else "FAIL"
+            console.print(
+                f"{mark} {r.test:<10} local rank {r.local_rank} ({r.device}): {r.detail}", markup=False
+            )
+        for error in report.errors:
+            console.print(f"FAIL {error}", markup=False)
+        console.print(report.summary(), markup=False)
+    raise typer.Exit(0 if report.passed else 1)
 
 
 @app.command()

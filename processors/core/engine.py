@@ -34,10 +34,12 @@ from ...schemas import (
     InterruptionCause,
     InterruptionRecovered,
     MtbfUpdate,
+    NodeSelfTestResult,
     QuarantineNode,
     RankExit,
     Reason,
     ReasonCode,
+    ReleaseNode,
     RingCheck,
     Rollback,
     RunStarted,
@@ -57,6 +59,7 @@ from . import (
     eviction,
     group_slowdown,
     interval,
+    node_tests,
     paging,
     quarantine,
     repeat_step,
@@ -157,6 +160,8 @@ def step(
         rollback.on_validated(run.rollback, event, rollback.keep_count(run, policy), policy.retention, pin)
     elif isinstance(event, RankExit) and rank is not None:
         outputs += _on_exit(run, rank, event)
+    elif isinstance(event, NodeSelfTestResult):
+        outputs += node_tests.on_result(run.paging, event, policy.release_on_self_test_pass)
     if run.pending_hang is not None:
         open_window(run.pending_hang, event, run.last_ts)
         outputs += _maybe_conclude_hang(run, event.ts, policy)
@@ -181,6 +186,9 @@ def step(
             accounting.on_interruption(run.goodput, interruption, list(run.step_times))
         for leaving in [o for o in outputs if isinstance(o, QuarantineNode)]:  # one node, one action
             eviction.on_node_leaving(run.eviction, leaving.node, leaving.attempt, leaving.command_id)
+            node_tests.note_leaving(run.paging, leaving)
+        for back in [o for o in outputs if isinstance(o, ReleaseNode)]:
+            node_tests.note_released(run.paging, back)
         for recovered in [o for o in outputs if isinstance(o, InterruptionRecovered)]:
             eviction.on_recovered(run.eviction, recovered, policy.eviction)
         for update in [o for o in outputs if isinstance(o, MtbfUpdate)]:  # M moved: re-derive T

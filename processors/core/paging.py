@@ -102,6 +102,10 @@ class PagingState:
     quarantined: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: Quarantine event ids already released (a node is released once per quarantine).
     released: set[str] = field(default_factory=set)
+    #: node -> the QuarantineNode command that sent it out, while it is out (node_tests.py).
+    out: dict[str, str] = field(default_factory=dict)
+    #: node -> the NodeSelfTestResult it failed: out for the rest of the run, never released.
+    self_test_failed: dict[str, str] = field(default_factory=dict)
     #: ts of the last failure-rate page (re-armed once its window has passed).
     rate_paged_ts: float | None = None
     #: ts of the last goodput page (likewise).

@@ -77,6 +77,12 @@ class CorePolicy(BaseModel):
         description="On an SDC mismatch, roll back to the clean ancestor (R6); false: quarantine "
         "and report only, and leave the rollback to a human.",
     )
+    release_on_self_test_pass: bool = Field(
+        False,
+        description="A quarantined node that passes its node self-test returns to the pool; "
+        "false: it stays out (the pass is recorded) until a human releases it. A node that "
+        "fails stays out either way.",
+    )
     dedupe_window: int = Field(
         200_000, ge=1000, description="Event ids remembered per run to drop redelivered events."
     )

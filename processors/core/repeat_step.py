@@ -101,6 +101,8 @@ def _releases(
         if quarantined is None or quarantined[1] in state.released:
             continue
         node, quarantine_id = quarantined
+        if node in state.self_test_failed:
+            continue  # it failed a known-answer test too: its own fault as well, it stays out
         state.released.add(quarantine_id)
         reason = Reason(
             code=ReasonCode.QUARANTINE_RELEASED,

@@ -51,6 +51,7 @@ from enum import StrEnum
 from typing import Any
 
 from ...schemas import (
+    NO_STEP,
     Abort,
     CheckpointFailed,
     CheckpointNow,
@@ -62,9 +63,12 @@ from ...schemas import (
     EvictRank,
     GpuHealth,
     Heartbeat,
+    NodeSelfTestResult,
     PauseRun,
     QuarantineNode,
     RankExit,
+    Reason,
+    ReasonCode,
     ReleaseNode,
     ResumeFrom,
     RingCheck,
@@ -979,10 +983,25 @@ class SimulatedCluster:
         passed = [test for test in command.tests if test not in failed]
         self.node_self_tests.append((node, not failed))
         if not failed:
-            return f"node {node} passed {', '.join(passed)} self-test{'s' if len(passed) > 1 else ''}"
-        ranks = ", ".join(map(str, wrong))
-        rest = f"; {', '.join(passed)} passed" if passed else ""
-        return f"node {node} failed gemm self-test: wrong answer on rank {ranks}{rest}"
+            detail = f"node {node} passed {', '.join(passed)} self-test{'s' if len(passed) > 1 else ''}"
+        else:
+            ranks = ", ".join(map(str, wrong))
+            rest = f"; {', '.join(passed)} passed" if passed else ""
+            detail = f"node {node} failed gemm self-test: wrong answer on rank {ranks}{rest}"
+        # The same result record the launcher reports on real hardware (the core reads it).
+        code = ReasonCode.NODE_SELF_TEST_FAILED if failed else ReasonCode.NODE_SELF_TEST_PASSED
+        result = dict(
+            passed=not failed,
+            tests=list(command.tests),
+            failed_tests=failed,
+            purpose="quarantine",
+            command_id=command.command_id,
+            devices=self.scenario.ranks_per_node,
+            wall_s=0.0,
+            reason=Reason(code=code, text=detail),
+        )
+        out.append(self._make(NodeSelfTestResult, self.attempt, -1, node, NO_STEP, self.now, **result))
+        return detail
 
     def _pause(self, command: PauseRun, out: list[Envelope]) -> str:
         """Stop restarting (a step that fails on every node): the ranks still alive exit,

@@ -160,6 +160,7 @@ def launch(
     argv = [sys.executable, "-m", "trainguard", "launch", "--nproc", "4", "--ranks-per-node", "2"]
     argv += ["--run-id", run.run_id, "--checkpoint-dir", str(run.ckpt), "--max-restarts", "3"]
     argv += ["--decision-wait-s", str(decision_wait_s), "--grace-s", "1"]
+    argv += ["--self-test", "off"]  # spares join untested: the restart's timing is what is tested here
     argv += ["--bootstrap", broker[0], "--topic-prefix", broker[1]] if broker else ["--offline"]
     argv += ["--", sys.executable, str(script or run.workdir / "rank.py")]
     full = {**os.environ, "FAKE_OUT": str(run.out), "FAKE_STEPS": str(STEPS), "TRAINGUARD_SECRET": SECRET}

@@ -44,8 +44,10 @@ from trainguard.schemas import (
     HangDetected,
     Interruption,
     InterruptionCause,
+    NodeSelfTestResult,
     QuarantineNode,
     Rollback,
+    RunNodeSelfTest,
     SdcMismatch,
     SdcSelfCheck,
     StragglerDiagnosed,
@@ -97,7 +99,9 @@ def pipeline(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield processor
 
 
-def launch(pipeline: Processor, workdir: Path, fault: str | None = None) -> Run:
+def launch(pipeline: Processor, workdir: Path, fault: str | None = None, self_test: str = "off") -> Run:
+    """`trainguard launch` of the example; spares join untested unless `self_test` says when
+    to test them (the real node self-test costs worker start-ups on this machine)."""
     run_id = f"tiny-{uuid.uuid4().hex[:8]}"
     workdir.mkdir(parents=True, exist_ok=True)
     ckpt = workdir / "ckpt"
@@ -114,6 +118,7 @@ def launch(pipeline: Processor, workdir: Path, fault: str | None = None) -> Run:
         "--run-id", run_id, "--checkpoint-dir", str(ckpt),
         "--bootstrap", pipeline.bootstrap, "--topic-prefix", pipeline.prefix,
         "--max-restarts", "2", "--decision-wait-s", "2", "--grace-s", "5",
+        "--self-test", self_test,
         "--", sys.executable, str(EXAMPLE),
     ]  # fmt: skip
     done = subprocess.run(command, env=env, cwd=workdir, capture_output=True, text=True, timeout=400)
@@ -219,7 +224,7 @@ def test_a_rank_slowed_before_the_collective_is_flagged_and_evicted(
 def test_a_flipped_gradient_bit_is_caught_by_the_self_check_and_rolled_back(
     pipeline: Processor, clean: Run, tmp_path: Path
 ) -> None:
-    run = launch(pipeline, tmp_path, fault="flip:1:100:0")
+    run = launch(pipeline, tmp_path, fault="flip:1:100:0", self_test="ahead")
     assert run.done.returncode == 0, run.explain()
     derived, commands = decisions(pipeline, run.run_id)
     mismatches = [d for d in derived if isinstance(d, SdcMismatch)]
@@ -252,6 +257,17 @@ def test_a_flipped_gradient_bit_is_caught_by_the_self_check_and_rolled_back(
     assert run.validated(STEPS - 1)
     if clean_ancestor < 100:  # no other rank's check passed between the onset and the catch:
         assert_bitwise(run, clean)  # every corrupted step was discarded
+    # The node self-test ran for real (the launcher, producers/selftest.py): on the spare
+    # before it joined, and on the quarantined node once its ranks had left it. A flipped
+    # bit is transient: the node computes the known answers right again.
+    (selftest,) = [c for c in commands if isinstance(c, RunNodeSelfTest)]
+    results = {
+        (e.node, e.purpose): e for e in telemetry(pipeline, run.run_id) if isinstance(e, NodeSelfTestResult)
+    }
+    suspect, spare = results[(mismatch.node, "quarantine")], results[("spare-0000", "spare")]
+    assert suspect.command_id == selftest.command_id and suspect.passed and spare.passed, results
+    assert suspect.tests == ["gemm", "collective"] and suspect.devices == 2
+    assert suspect.reason.text.startswith(f"node {mismatch.node} passed gemm, collective on 2 device(s)")
 
 
 def test_storage_unavailable_for_a_while_loses_nothing(

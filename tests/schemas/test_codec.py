@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from trainguard.schemas import (
+    GpuHealth,
     Record,
     RejectReason,
     RunStarted,
@@ -37,7 +38,31 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "sdc_self_check": dict(microbatch_id="mb-7", digest_first="ab", digest_second="ab"),
     "cross_rank_check": dict(microbatch_id="mb-7", ranks=[1, 9], values=[0.125, 0.1250001]),
     "ring_check": dict(check_id="ring-a0-s10000", own_value=512.25, peer_rank=17, peer_value=731.5),
-    "gpu_health": dict(present=True, temperature_c=71.0, sm_clock_mhz=1980, power_capped=False),
+    "gpu_health": dict(
+        present=True,
+        temperature_c=71.0,
+        sm_clock_mhz=1980,
+        power_capped=False,
+        memory_temperature_c=82.0,
+        sm_clock_max_mhz=1980,
+        memory_clock_mhz=2619,
+        power_w=612.5,
+        power_limit_w=700.0,
+        throttle_reasons=["sw_thermal_slowdown"],
+        ecc_corrected_total=12,
+        ecc_uncorrected_total=0,
+        nvlink_crc_errors=3,
+    ),
+    "node_self_test_result": dict(
+        passed=False,
+        tests=["gemm", "collective"],
+        failed_tests=["gemm"],
+        purpose="quarantine",
+        command_id="c-7",
+        devices=8,
+        wall_s=6.8,
+        reason=Reason(code=ReasonCode.NODE_SELF_TEST_FAILED, text="gemm wrong on local rank 1"),
+    ),
     "checkpoint_written": dict(
         checkpoint_step=100, uri="file:///c/100", shards=8, digest="d", bytes=10, blocking_s=0.4, write_s=5
     ),
@@ -341,3 +366,14 @@ def test_a_run_started_of_version_1_is_upcast_with_no_placement_groups() -> None
     body = {"schema": "run_started/1", **ENVELOPE, **SAMPLES["run_started"]}
     event = decode(orjson.dumps(body))
     assert isinstance(event, RunStarted) and event.placement_groups == {}
+
+
+def test_a_gpu_health_of_version_1_is_upcast_with_the_v2_readings_unknown() -> None:
+    v1 = dict(present=True, temperature_c=71.0, sm_clock_mhz=1980, power_capped=False, ecc_corrected=2)
+    event = decode(orjson.dumps({"schema": "gpu_health/1", **ENVELOPE, **v1}))
+    assert isinstance(event, GpuHealth) and event.temperature_c == 71.0 and event.ecc_corrected == 2
+    assert (
+        event.throttle_reasons is None
+        and event.memory_temperature_c is None
+        and event.nvlink_crc_errors is None
+    )

@@ -21,6 +21,7 @@ from trainguard.schemas import (
     EvictRank,
     GpuHealth,
     Heartbeat,
+    NodeSelfTestResult,
     PauseRun,
     QuarantineNode,
     RankExit,
@@ -497,8 +498,15 @@ def test_node_self_test_fails_on_hardware_that_computes_wrong_answers_and_passes
     assert gemm_only == "node node-0002 failed gemm self-test: wrong answer on rank 18"
     for healthy in ("node-0000", "node-0001", "node-0007"):
         result = c.apply(command(RunNodeSelfTest, c, node=healthy))
-        assert result.detail == f"node {healthy} passed gemm, collective self-tests" and result.events == []
+        assert result.detail == f"node {healthy} passed gemm, collective self-tests"
+        (report,) = result.events  # the record the launcher sends on real hardware
+        assert isinstance(report, NodeSelfTestResult) and (report.node, report.passed) == (healthy, True)
+        assert report.reason.code == ReasonCode.NODE_SELF_TEST_PASSED and report.reason.text == result.detail
+    (failed,) = c.apply(command(RunNodeSelfTest, c, node="node-0005")).events
+    assert isinstance(failed, NodeSelfTestResult) and not failed.passed and failed.failed_tests == ["gemm"]
+    assert failed.reason.code == ReasonCode.NODE_SELF_TEST_FAILED and failed.purpose == "quarantine"
     assert c.node_self_tests[1:3] == [("node-0005", False), ("node-0002", False)]
+    assert c.node_self_tests[-1] == ("node-0005", False)
     with pytest.raises(CommandRefused, match="not part of the job"):
         c.apply(command(RunNodeSelfTest, c, node="node-9999"))
     with pytest.raises(CommandRefused, match="no memtest self-test"):

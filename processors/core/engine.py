@@ -126,7 +126,10 @@ def step(
     rank = _rank(run, event)
     if isinstance(event, StepTiming) and rank is not None:
         new_step = event.step > run.job_step
+        starting = run.phase == RunPhase.STARTING
         outputs += _on_step(run, rank, event)
+        if starting and run.phase == RunPhase.TRAINING:  # the attempt's first step: its ranks listen
+            outputs += interval.on_attempt_training(run.interval, run.run_id, event, policy.interval)
         if new_step:
             outputs += sdc.on_step_completed(run.sdc, run, event.step, event.ts, event.event_id, policy.sdc)
             eviction.on_step(run.eviction, event.attempt, event.step, policy.eviction)

@@ -460,6 +460,9 @@ class Supervisor:
                 node=self.node,
                 instance=f"{self.node}-rank{rank}",
                 journal_path=self.run_dir / "actuator" / f"rank-{rank:05d}.journal",
+                # A rank on a new node reads its group from here, not from the topic's end: a
+                # command for this attempt may come while it is being assigned (2 s: clocks).
+                start_ts=process_start_ts() - 2.0,
             )
             self.handlers.register(self.actuator)
             self.actuator.start()

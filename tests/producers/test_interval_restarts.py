@@ -46,7 +46,7 @@ pytestmark = pytest.mark.broker
 POLICY = Path(__file__).with_name("interval_policy.yaml")
 DERIVED_S = 1.5  # the policy's clamp: the only interval the core can derive
 LAUNCHER_S = 0.25  # the launcher's interval, in force until the core derives one
-STEPS = 480
+STEPS = 420
 KILLS = "kill:3:140:0,kill:1:300:1"  # rank 3 at step 140 of attempt 0, rank 1 at step 300 of attempt 1
 
 

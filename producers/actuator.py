@@ -315,7 +315,11 @@ class Actuator:
     restart, so that a restarted actuator resumes from its committed offset, and distinct
     for each process of a node. Give a `journal_path` too, or a restart forgets what was
     executed. A brand-new group starts at the END of the topic (`offset_reset="latest"`), because
-    the commands already there were meant for processes that came before it. Its start
+    the commands already there were meant for processes that came before it; with
+    `start_ts` (epoch seconds: a rank gives its process start), at the first command
+    produced at or after it instead, so that a command of this attempt sent while the
+    actuator was still being assigned (a rank on a spare node: a group of its own) is not
+    skipped; an older attempt's command in that span is refused by the gate. Its start
     position is resolved and committed as soon as partitions are assigned, so
     :meth:`wait_ready` returning True means no later command can be skipped.
 
@@ -343,8 +347,10 @@ class Actuator:
         producer_config: dict[str, Any] | None = None,
         clock: Callable[[], float] = time.time,
         credentials: KafkaCredentials | None = None,
+        start_ts: float | None = None,
     ) -> None:
         self.bootstrap = bootstrap
+        self.start_ts = start_ts
         self.credentials = resolve(credentials)
         secured = self.credentials is not None
         self.commands_topic = run_commands_topic(commands_topic, run_id) if secured else commands_topic
@@ -530,6 +536,11 @@ class Actuator:
                     _, tp.offset = consumer.get_watermark_offsets(
                         TopicPartition(tp.topic, tp.partition), timeout=10, cached=False
                     )
+                    if self.start_ts is not None:  # the first command since start_ts, if any
+                        since = TopicPartition(tp.topic, tp.partition, int(self.start_ts * 1000))
+                        (found,) = consumer.offsets_for_times([since], timeout=10)
+                        if found.error is None and 0 <= found.offset < tp.offset:
+                            tp.offset = found.offset
                     fresh.append(tp)
                 else:
                     tp.offset = OFFSET_BEGINNING

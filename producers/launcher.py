@@ -63,6 +63,10 @@ Commands (executed on the actuator thread; they only set requests the loop reads
 - SkipUpdate (the policy's alternative to PauseRun, ``paging.on_repeat_step: skip``): the
   step's batch is skipped by every later attempt (TRAINGUARD_SKIP_BATCHES, read by the
   Supervisor's ``steps()``); the running ranks skip that step's update themselves.
+- SetCheckpointInterval: the running ranks follow it themselves; the launcher journals it
+  and every later attempt starts with it (TRAINGUARD_CHECKPOINT_INTERVAL_S, read by the
+  Supervisor), so a restart never falls back to an older interval: the command carries
+  the attempt it was sent to, and a later attempt's ranks refuse it.
 
 Every exit after an Abort, or during the launcher's own teardown, is reported
 ``requested=True``.
@@ -142,6 +146,7 @@ from ..schemas import (
     Rollback,
     RunNodeSelfTest,
     RunStarted,
+    SetCheckpointInterval,
     SkipUpdate,
 )
 from ..schemas import RestartPhases as RestartPhasesEvent
@@ -425,6 +430,8 @@ class Launcher:
         self._forced_resume: int | None = None
         #: Steps whose batch every later attempt skips (SkipUpdate, journaled).
         self.skip_batches: set[int] = set(state.skip_batches)
+        #: The last checkpoint interval the run was sent (SetCheckpointInterval, journaled).
+        self.checkpoint_interval_s: float | None = last_interval(state.commands.values())
         #: A PauseRun in force (its journal record): no attempt starts while it is set.
         self._pause: dict[str, Any] | None = state.paused
         #: (step S, ts): checkpoints newer than S validated before ts are excluded (rollbacks).
@@ -585,6 +592,13 @@ class Launcher:
         )
         return detail
 
+    def handle_interval(self, command: SetCheckpointInterval, rank: int) -> str:
+        with self._lock:
+            detail = f"checkpoint every {command.interval_s:g}s from the next attempt on too"
+            self._record(command, detail, interval_s=command.interval_s)
+            self.checkpoint_interval_s = command.interval_s
+        return detail
+
     def register(self, actuator: Any) -> None:
         """Register the handlers on an Actuator (local_ranks=[-1]) and keep its attempt in step."""
         actuator.register(Abort, self._journaled(self.handle_abort))
@@ -596,6 +610,7 @@ class Launcher:
         actuator.register(ReleaseNode, self._journaled(self.handle_release))
         actuator.register(SkipUpdate, self._journaled(self.handle_skip))
         actuator.register(RunNodeSelfTest, self._journaled(self.handle_self_test))
+        actuator.register(SetCheckpointInterval, self._journaled(self.handle_interval))
         self.on_attempt = actuator.set_attempt
 
     def unexecuted(self, claimed: Iterable[str]) -> list[str]:
@@ -632,6 +647,7 @@ class Launcher:
         release: str | None = None,
         pause: dict[str, Any] | None = None,
         skip: int | None = None,
+        interval_s: float | None = None,
     ) -> None:
         """Under the lock: journal an executed command (or an operator's quarantine)."""
         key = command.command_id if command is not None else f"operator-quarantine:{quarantine}"
@@ -648,6 +664,7 @@ class Launcher:
             **({"release": release} if release is not None else {}),
             **({"pause": pause} if pause is not None else {}),
             **({"skip": skip} if skip is not None else {}),
+            **({"interval_s": interval_s} if interval_s is not None else {}),
         )
         self._fault("after-command", kind)
 
@@ -1071,6 +1088,7 @@ class Launcher:
         rpn = cfg.ranks_per_node
         with self._lock:  # the actuator thread may be adding one
             skips = sorted(self.skip_batches)
+            interval = self.checkpoint_interval_s
         env = {
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
             **cfg.env,
@@ -1098,6 +1116,8 @@ class Launcher:
             "TRAINGUARD_RUN_DIR": str(self.run_dir),  # the Supervisor's stack dumps and journals
             "TRAINGUARD_SKIP_BATCHES": ",".join(map(str, skips)),
         }
+        if interval is not None:  # else the operator's, if any (cfg.env or the launcher's own)
+            env["TRAINGUARD_CHECKPOINT_INTERVAL_S"] = f"{interval:g}"
         return env
 
     # ------------------------------------------------------------------ node self-tests
@@ -1406,6 +1426,16 @@ def _claimed(path: Path, run_id: str) -> list[str]:
         if rid == run_id and rank == RUN_LEVEL_RANK and isinstance(command_id, str):
             out.append(command_id)
     return out
+
+
+def last_interval(commands: Iterable[dict[str, Any]]) -> float | None:
+    """The interval of the last SetCheckpointInterval among journaled command records."""
+    found = None
+    for record in commands:
+        value = record.get("interval_s")
+        if record.get("ok") and isinstance(value, int | float) and value > 0:
+            found = float(value)
+    return found
 
 
 def install_signal_handlers(

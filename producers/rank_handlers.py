@@ -14,7 +14,8 @@ command                on this rank
 CheckpointNow          save at the next step boundary (the supervisor calls the
                        checkpoint manager's ``save(step)``, or ``should_checkpoint``
                        answers True)
-SetCheckpointInterval  ``should_checkpoint`` uses the new interval from now on
+SetCheckpointInterval  ``should_checkpoint`` uses the new interval from now on, counted
+                       in steps of the measured step time (:mod:`.checkpoint_cadence`)
 SkipUpdate(step)       ``check()`` of that step returns False (FAILED if it is already
                        applied: the core then knows the update went in)
 RunSelfCheck(step)     the bitwise replay runs at the first step >= step

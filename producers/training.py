@@ -48,6 +48,18 @@ after its step the scope's batch is replayed twice by ``replay_fn`` after the up
 and the two gradient digests are reported (:mod:`.grad_checks`). The replay must not run
 a collective: under DDP call the unwrapped ``model.module``.
 
+Checkpoints (seed §6): a checkpoint is due at a step boundary when a CheckpointNow came
+or the interval in force has passed, counted in steps from the measured step time
+(:mod:`.checkpoint_cadence`); the interval in force is the last SetCheckpointInterval, else
+the launcher's (TRAINGUARD_CHECKPOINT_INTERVAL_S: the last interval the run was sent),
+else none. ``checkpoint_every_steps`` replaces it with a fixed cadence. The ranks agree on
+the step in check()'s all-reduce; with a `checkpoint` manager the supervisor saves, else
+the loop asks ``should_checkpoint(step)`` after the step and saves itself::
+
+        if sup.should_checkpoint(step):   # the same answer on every rank
+            ckpt.save(step)
+            sup.checkpoint_saved(step)
+
 Skipped batches: a step that failed on every node (data or code) and that the policy
 allows to skip comes back from the launcher as TRAINGUARD_SKIP_BATCHES; :meth:`steps`
 reads and drops its batch, so the restarted run goes past it.
@@ -66,6 +78,7 @@ heartbeats come from the shipper's thread, so they continue while a step is stuc
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -90,6 +103,7 @@ from ..schemas import auth
 from . import grad_checks
 from .actuator import Actuator
 from .agent import EventSink, MemorySink, NodeAgents, RankAgent
+from .checkpoint_cadence import CheckpointCadence
 from .gpu_health import GpuHealthSampler, HealthReader, open_reader
 from .rank_handlers import CheckpointManager, RankControl, RankHandlers
 from .shipper import ShipperConfig, TelemetryShipper
@@ -112,6 +126,8 @@ ENV_CONFIG = {
     "TRAINGUARD_FLUSH_INTERVAL_S": "flush_interval_s",
     "TRAINGUARD_HEARTBEAT_INTERVAL_S": "heartbeat_interval_s",
     "TRAINGUARD_GPU_HEALTH_INTERVAL_S": "gpu_health_interval_s",
+    # The interval in force when the attempt starts: the launcher's, the last the run was sent.
+    "TRAINGUARD_CHECKPOINT_INTERVAL_S": "checkpoint_interval_s",
 }
 
 
@@ -155,8 +171,11 @@ class SupervisorConfig:
     on_non_finite: Literal["skip", "raise"] = "skip"
     #: Under torch.distributed, all-reduce the skip decision so that every rank agrees.
     agree_on_skip: bool = True
-    #: Seconds between checkpoints until a SetCheckpointInterval command says otherwise.
+    #: Seconds between checkpoints until a SetCheckpointInterval command says otherwise
+    #: (counted in steps from the measured step time: producers/checkpoint_cadence.py).
     checkpoint_interval_s: float | None = None
+    #: A fixed cadence instead: checkpoint after every step s with (s + 1) % N == 0.
+    checkpoint_every_steps: int | None = None
     #: Exit after an abort/rollback command: wait this long for the ack, then flush for
     #: at most exit_flush_s, then os._exit.
     exit_grace_s: float = 1.0
@@ -358,8 +377,11 @@ class Supervisor:
         terminate: Callable[[int], None] = os._exit,
         clock: Callable[[], float] = time.perf_counter,
         skip_batches: Iterable[int] = (),
+        checkpoint_every_steps: int | None = None,
     ) -> None:
         self.config = config or SupervisorConfig()
+        if checkpoint_every_steps is not None:
+            self.config = dataclasses.replace(self.config, checkpoint_every_steps=checkpoint_every_steps)
         #: Steps whose batch steps() passes over (the launcher's TRAINGUARD_SKIP_BATCHES).
         self.skip_batches = frozenset(skip_batches)
         self.run_id, self.rank, self.world_size, self.attempt = run_id, rank, world_size, attempt
@@ -375,7 +397,11 @@ class Supervisor:
         self.control = RankControl(checkpoint_interval_s=self.config.checkpoint_interval_s)
         self.self_check_results: list[grad_checks.SelfCheckResult] = []
         self._clock = clock
-        self._last_checkpoint_t = time.monotonic()
+        self.cadence = CheckpointCadence(
+            self.config.checkpoint_interval_s, every_steps=self.config.checkpoint_every_steps
+        )
+        #: (step, checkpoint due) as the ranks agreed in check(); cleared by checkpoint_saved.
+        self._agreed: tuple[int, bool] | None = None
         self._grad_norms = RunningQuantile()
         self._pending: deque[_Pending] = deque()
         self._scope: StepScope | None = None
@@ -434,6 +460,9 @@ class Supervisor:
                 node=self.node,
                 instance=f"{self.node}-rank{rank}",
                 journal_path=self.run_dir / "actuator" / f"rank-{rank:05d}.journal",
+                # A rank on a new node reads its group from here, not from the topic's end: a
+                # command for this attempt may come while it is being assigned (2 s: clocks).
+                start_ts=process_start_ts() - 2.0,
             )
             self.handlers.register(self.actuator)
             self.actuator.start()
@@ -548,22 +577,37 @@ class Supervisor:
         return StepScope(self, step, batch, mb)
 
     def should_checkpoint(self, step: int | None = None, now: float | None = None) -> bool:
-        """For loops that save themselves (no `checkpoint` manager given): True when a
-        CheckpointNow came or the interval has passed. Call :meth:`checkpoint_saved`
-        after saving."""
-        if self.control.take_checkpoint_request():
-            return True
-        interval = self.control.checkpoint_interval_s
-        now = time.monotonic() if now is None else now
-        return interval is not None and now - self._last_checkpoint_t >= interval
+        """True when a checkpoint after `step` is due: a CheckpointNow came, or the interval in
+        force has passed (module docstring). After check() of that step, the answer the ranks
+        agreed on, the same on every rank; for loops that save themselves (no `checkpoint`
+        manager given): save, then call :meth:`checkpoint_saved`."""
+        agreed = self._agreed
+        if step is not None and agreed is not None and agreed[0] == step:
+            return agreed[1]
+        return self._wants_checkpoint(step, now)
 
     def checkpoint_saved(self, step: int, now: float | None = None) -> None:
-        self._last_checkpoint_t = time.monotonic() if now is None else now
+        self.cadence.saved(step, time.monotonic() if now is None else now)
+        self._agreed = (step, False)
         self.counters.checkpoints += 1
+
+    def _wants_checkpoint(self, step: int | None, now: float | None = None) -> bool:
+        """This rank's own answer (consumes a CheckpointNow)."""
+        if self.control.take_checkpoint_request():
+            return True
+        with self.control.lock:
+            interval = self.control.checkpoint_interval_s
+        if interval != self.cadence.interval_s:
+            self.cadence.set_interval(interval)
+            log.info("rank %d: checkpoint %s", self.rank, self.cadence.describe())
+        if step is None:
+            step = self.control.current_step
+        return self.cadence.due(step, time.monotonic() if now is None else now)
 
     # ------------------------------------------------------------------ internals
     def _begin(self, scope: StepScope) -> None:
         self._scope = scope
+        self.cadence.begin(scope.step, time.monotonic())
         with self.control.lock:
             self.control.current_step = scope.step
             self.control.training_thread = threading.get_ident()
@@ -580,8 +624,9 @@ class Supervisor:
             norm = None if grad_norm is None else float(grad_norm)
         scope.loss, scope.grad_norm = loss_f, norm
         verdict = self._local_verdict(scope.step, loss_f, norm)
-        wants_checkpoint = self.checkpoint is not None and self.should_checkpoint(scope.step)
-        verdict, scope.checkpoint_due = self._agree(verdict, wants_checkpoint)
+        wants_checkpoint = self._wants_checkpoint(scope.step)
+        verdict, due = self._agree(verdict, wants_checkpoint)
+        scope.checkpoint_due, self._agreed = due, (scope.step, due)
         scope.verdict = verdict
         if verdict is Verdict.APPLY:
             if norm is not None:
@@ -648,7 +693,7 @@ class Supervisor:
             self._self_check(scope)
         due = scope.checkpoint_due  # None: check() was not called, so nothing was agreed
         if due is None:
-            due = self.checkpoint is not None and self.should_checkpoint(scope.step)
+            due = self.checkpoint is not None and self._wants_checkpoint(scope.step)
         if due and self.checkpoint is not None:
             self.agent.phase = "checkpoint"
             self.checkpoint.save(scope.step)

@@ -11,8 +11,16 @@ and the model are deterministic (fixed seeds), so a run that was interrupted and
 ends with exactly the weights of an uninterrupted one: the final weights are written to
 TRAINGUARD_RUN_DIR/final.pt for tests to compare.
 
+Checkpoints: the Supervisor saves (asynchronously; validated in the background) at the step
+boundary where its ``should_checkpoint`` says one is due, the same step on every rank: the
+interval in force (`interval: auto` in the policy: the processor's SetCheckpointInterval,
+else the launcher's TRAINGUARD_CHECKPOINT_INTERVAL_S) counted in steps of the measured
+step time, or a CheckpointNow; TRAIN_CHECKPOINT_EVERY=N saves after every N-th step instead
+(tests that compare which steps were saved).
+
 Optional fault plan for tests, TRAINGUARD_EXAMPLE_FAULT="kind:rank:step:attempt[:steps]"
-(in that attempt, from that step on) with kind one of kill (the rank SIGKILLs itself
+(in that attempt, from that step on; several plans separated by commas, the first one
+armed for this rank and attempt applies) with kind one of kill (the rank SIGKILLs itself
 before the step), hang (it sleeps inside the step, so the others wait in the
 all-reduce), slow (0.05 s more compute per step, before the collective), flip (its
 device turns faulty: every second gradient it computes has one mantissa bit flipped,
@@ -28,6 +36,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -40,23 +49,35 @@ from trainguard.producers.train_state import ResumableSampler, TrainState  # tra
 from trainguard.producers.training import Supervisor, init_process_group  # trainguard
 
 STEPS = int(os.environ.get("TRAIN_STEPS", "60"))
-CHECKPOINT_EVERY = int(os.environ.get("TRAIN_CHECKPOINT_EVERY", "10"))
+EVERY = os.environ.get("TRAIN_CHECKPOINT_EVERY")  # a fixed cadence instead of the interval
 BATCH = 16
 
 
 class Fault:
     """The injected fault of TRAINGUARD_EXAMPLE_FAULT (module docstring); inert when unset."""
 
-    def __init__(self, plan: str, rank: int, attempt: int) -> None:
-        kind, at_rank, step, at_attempt, *steps = (plan or "none:-1:0:-1").split(":")
+    def __init__(self, plans: str, rank: int, attempt: int) -> None:
+        mine = [plan.split(":") for plan in plans.split(",") if plan]
+        mine = [p for p in mine if int(p[3]) == attempt and (p[0] == "storage" or int(p[1]) == rank)]
+        kind, _, step, _, *steps = mine[0] if mine else ["none", "-1", "0", "-1"]
         self.kind, self.step, self.steps = kind, int(step), int(steps[0]) if steps else 15
-        self.armed = int(at_attempt) == attempt and (kind == "storage" or int(at_rank) == rank)
+        self.armed = bool(mine)
         self.now = -1  # the loop's current step
         self.saving = -1  # the step of the newest save the loop asked for
         self.backwards = 0  # gradients this rank computed since the device turned faulty
 
     def active(self, kind: str) -> bool:
         return self.armed and self.kind == kind and self.now >= self.step
+
+    def watch(self, manager: CheckpointManager) -> None:
+        """Note the step of every save the loop asks `manager` for (the storage window)."""
+        save = manager.save
+
+        def noted(step: int, *args: Any, **kwargs: Any) -> Any:
+            self.saving = step
+            return save(step, *args, **kwargs)
+
+        manager.save = noted  # type: ignore[method-assign]
 
     def storage(self) -> None:  # CheckpointManager's storage probe: raise = unavailable
         if self.armed and self.kind == "storage" and self.step <= self.saving < self.step + self.steps:
@@ -89,7 +110,8 @@ def main() -> None:
     def loss_of(batch: torch.Tensor, module: nn.Module = model) -> torch.Tensor:
         return nn.functional.mse_loss(module(inputs[batch]), targets[batch])
 
-    sup = Supervisor.from_env(model=model, optimizer=optimizer)  # trainguard
+    every = int(EVERY) if EVERY else None
+    sup = Supervisor.from_env(model=model, optimizer=optimizer, checkpoint_every_steps=every)  # trainguard
     sup.replay_fn = lambda batch: loss_of(batch, net).backward()  # trainguard: the self-check replay
     ckpt = CheckpointManager(  # trainguard
         Path(os.environ["TRAINGUARD_CHECKPOINT_DIR"]),
@@ -100,7 +122,8 @@ def main() -> None:
         reporter=sup.agent,
         storage_hook=fault.storage,
     )
-    sup.checkpoint = ckpt  # trainguard: CheckpointNow commands save through it
+    fault.watch(ckpt)
+    sup.checkpoint = ckpt  # trainguard: it saves when one is due (the interval in force, a CheckpointNow)
     resume = int(os.environ.get("TRAINGUARD_RESUME_STEP", "-1"))
     start = ckpt.load(resume) + 1 if resume >= 0 else 0  # trainguard: validated checkpoints only
 
@@ -121,9 +144,6 @@ def main() -> None:
             if s.check(loss):  # trainguard: invariants and commanded skips
                 optimizer.step()
             optimizer.zero_grad()
-        if (step + 1) % CHECKPOINT_EVERY == 0:
-            fault.saving = step
-            ckpt.save(step)  # trainguard: async; validated in the background
     ckpt.close()
     if rank == 0:
         run_dir = Path(os.environ.get("TRAINGUARD_RUN_DIR", "."))

@@ -129,7 +129,10 @@ def step(
     rank = _rank(run, event)
     if isinstance(event, StepTiming) and rank is not None:
         new_step = event.step > run.job_step
+        starting = run.phase == RunPhase.STARTING
         outputs += _on_step(run, rank, event)
+        if starting and run.phase == RunPhase.TRAINING:  # the attempt's first step: its ranks listen
+            outputs += interval.on_attempt_training(run.interval, run.run_id, event, policy.interval)
         if new_step:
             outputs += sdc.on_step_completed(run.sdc, run, event.step, event.ts, event.event_id, policy.sdc)
             eviction.on_step(run.eviction, event.attempt, event.step, policy.eviction)
@@ -471,8 +474,9 @@ def _on_heartbeat(run: RunState, rank: RankState, event: Heartbeat, policy: Core
     if timeout is None:
         return []
     stalled = stall_s(rank, event.ts)
-    # Run-level: the rank whose heartbeat noticed the stall is not the culprit, and naming
-    # it here would contradict the interruption that names the culprit from the evidence.
+    # Run-level: the rank whose heartbeat noticed the stall is only a witness (in a hang every
+    # rank stalls); naming it as the record's rank would contradict the interruption that
+    # names the culprit from the evidence. The text names it, labelled as the witness.
     hang = HangDetected(
         event_id=derived_id("hang_detected", event.event_id),
         run_id=run.run_id,
@@ -485,7 +489,9 @@ def _on_heartbeat(run: RunState, rank: RankState, event: Heartbeat, policy: Core
             code=ReasonCode.NO_PROGRESS,
             text=f"the job is alive but no step completed for {stalled:.1f}s "
             f"(timeout {timeout:.1f}s) after step {run.job_step}; the culprit is named from "
-            "the ranks' stack dumps, else their last reported phases",
+            "the ranks' stack dumps, else their last reported phases "
+            f"(witness: rank {event.rank}, whose heartbeat showed the stall first; every rank's "
+            "does in a hang, so it says nothing about the cause)",
         ),
         caused_by=[event.event_id],
         last_step=run.job_step,

@@ -18,6 +18,15 @@ set-interval command goes out only when the interval in force costs more than
 Because the overhead is flat around its minimum, M drifting by 10% moves T* by 5% and
 costs ~0.01% of goodput: not worth a command. The first optimum replaces the launcher's
 interval under the same rule.
+
+Every attempt starts with the interval in force. A command carries the attempt it was
+issued in, and a rank refuses another attempt's commands, so the set-interval command of
+an earlier attempt does not reach the ranks of a restarted one, and re-deriving sends
+nothing (the interval in force is already the optimum). So when an attempt's first step
+completes (its ranks are up and reading their commands, a spare node's too), the interval
+in force is sent again for that attempt (:func:`on_attempt_training`). The launcher also
+hands the last interval it received to the next attempt's ranks in their environment
+(producers/launcher.py), so they start with it even before this command arrives.
 """
 
 from __future__ import annotations
@@ -104,6 +113,8 @@ class IntervalState:
     seen_steps: set[tuple[int, int]] = field(default_factory=set)
     current_s: float | None = None
     published: int = 0
+    #: The attempt the interval in force was last sent to (-1: never sent).
+    sent_attempt: int = -1
 
     def cost_s(self) -> float | None:
         return statistics.median(self.costs) if self.costs else None
@@ -138,6 +149,7 @@ def rederive(
         return []
     state.current_s = best
     state.published += 1
+    state.sent_attempt = max(state.sent_attempt, cause.attempt)
     reason = Reason(
         code=ReasonCode.CHECKPOINT_INTERVAL,
         text=f"checkpoint every {best / 60:.1f} min ({formula}: C={c:.1f} s, M={mtbf_s / 3600:.2f} h); "
@@ -170,3 +182,32 @@ def rederive(
         interval_s=best,
     )
     return [update, command]
+
+
+def on_attempt_training(
+    state: IntervalState, run_id: str, first_step: Envelope, policy: IntervalPolicy
+) -> list[SetCheckpointInterval]:
+    """An attempt completed its first step: send it the interval in force, once per attempt,
+    if the core ever published one (before that, the launcher's interval is in force)."""
+    if policy.mode != "auto" or state.current_s is None or first_step.attempt <= state.sent_attempt:
+        return []
+    previous = state.sent_attempt
+    state.sent_attempt = first_step.attempt
+    reason = Reason(
+        code=ReasonCode.CHECKPOINT_INTERVAL,
+        text=f"attempt {first_step.attempt} started: the interval in force, checkpoint every "
+        f"{state.current_s / 60:.1f} min ({state.current_s:g} s), sent again to its ranks (the command "
+        f"sent to attempt {previous} is refused by a later attempt's ranks)",
+    )
+    return [
+        SetCheckpointInterval(
+            command_id=derived_id("set_checkpoint_interval", run_id, first_step.event_id),
+            run_id=run_id,
+            attempt=first_step.attempt,
+            ranks=None,
+            issued_ts=first_step.ts,
+            reason=reason,
+            caused_by=[first_step.event_id],
+            interval_s=state.current_s,
+        )
+    ]

@@ -70,7 +70,8 @@ class PendingHang:
     event_id: str
     detected_ts: float
     last_step: int
-    stalled_rank: int
+    #: The rank whose heartbeat showed the stall first: a witness, never the culprit as such.
+    witness_rank: int
     stalled_s: float = 0.0
     #: When the collection window opened (processors/core/stack_window.py); None: not yet.
     window_from: float | None = None

@@ -134,6 +134,11 @@ def test_the_odd_stack_beats_the_phases_and_every_record_agrees_on_the_culprit()
     assert interruption.rank == quarantine.rank == 6 and quarantine.node == command.node == "node-001"
     assert interruption.reason.code == ReasonCode.ODD_STACK
     assert hang.rank == -1 and abort.reason == hang.reason and "rank 6" not in hang.reason.text
+    # The rank whose heartbeat showed the stall first is named only as the witness.
+    assert hang.reason.text.endswith(
+        "(witness: rank 0, whose heartbeat showed the stall first; every rank's does in a hang, "
+        "so it says nothing about the cause)"
+    )
 
 
 def sharded(events: list, shard_ranks: int, world_size: int, state: CoreState) -> list:

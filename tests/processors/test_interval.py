@@ -116,6 +116,49 @@ def test_interruptions_lower_the_mtbf_and_republish_only_when_the_gain_matters()
     assert published[0] == 1 and published[-1] == 2
 
 
+def test_every_attempt_gets_the_interval_in_force_at_its_first_step() -> None:
+    """Issue 15: a command carries its attempt and a restarted rank refuses an earlier
+    attempt's, so the interval derived in attempt 0 is sent again to attempts 1 and 2, once
+    each, at their first completed step (their ranks are up and reading commands), although
+    re-deriving finds nothing new to publish."""
+    job = Job(checkpoint_every=20, checkpoint_blocking_s=30.0).start().steps(60)
+    for _ in range(2):
+        job.exit(3, exit_code=1, signal=9)
+        job.restart(resumed_from_step=job.step - job.step % 20)
+        job.steps(60)
+    clamped = policy(min_s=600, max_s=600)  # T* = 10 min whatever the crashes do to M
+    _, outputs = run_all(job.events, clamped)
+    updates, commands = decisions(outputs)
+    (update,) = updates  # derived once, in attempt 0
+    assert [(c.attempt, c.interval_s) for c in commands] == [(a, update.interval_s) for a in (0, 1, 2)]
+    first_steps = {
+        a: min((e for e in job.events if e.KIND == "step_timing" and e.attempt == a), key=lambda e: e.ts)
+        for a in (1, 2)
+    }
+    for again in commands[1:]:
+        cause = first_steps[again.attempt]
+        assert again.caused_by == [cause.event_id] and again.issued_ts == cause.ts
+        assert again.ranks is None and again.reason.code == ReasonCode.CHECKPOINT_INTERVAL
+        assert again.reason.text.startswith(f"attempt {again.attempt} started: the interval in force")
+        assert f"sent to attempt {again.attempt - 1} is refused" in again.reason.text
+    # A replay decides the same commands (ids derived from their causes).
+    _, replayed = run_all(job.events, clamped)
+    assert [c.command_id for c in decisions(replayed)[1]] == [c.command_id for c in commands]
+
+
+def test_nothing_is_re_sent_before_the_core_published_an_interval() -> None:
+    """Until the core derives one, the launcher's interval is in force: nothing to re-send."""
+    job = Job(checkpoint_every=20).start().steps(30)  # no checkpoint cost measured
+    job.exit(3, exit_code=1, signal=9)
+    job.restart(resumed_from_step=20).steps(30)
+    _, outputs = run_all(job.events, policy())
+    assert decisions(outputs) == ([], [])
+    fixed = Job(checkpoint_every=20, checkpoint_blocking_s=30.0).start().steps(60)
+    fixed.exit(3, exit_code=1, signal=9)
+    fixed.restart(resumed_from_step=60).steps(30)
+    assert decisions(run_all(fixed.events, policy(mode="fixed"))[1]) == ([], [])
+
+
 def test_a_fixed_interval_is_never_changed() -> None:
     job = Job(checkpoint_every=20, checkpoint_blocking_s=30.0).start().steps(200)
     _, outputs = run_all(job.events, policy(mode="fixed"))

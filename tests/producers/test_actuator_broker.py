@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -88,7 +89,12 @@ def recorder(ran: list[tuple[str, int]], detail: str | None = None) -> Callable[
 
 
 def make_actuator(
-    bootstrap: str, topics: TopicNames, run_id: str, journal: Path, instance: str = "node-a"
+    bootstrap: str,
+    topics: TopicNames,
+    run_id: str,
+    journal: Path,
+    instance: str = "node-a",
+    start_ts: float | None = None,
 ) -> Actuator:
     actuator = Actuator(
         bootstrap,
@@ -101,6 +107,7 @@ def make_actuator(
         node="node-a",
         instance=instance,
         journal_path=journal,
+        start_ts=start_ts,
     )
     return actuator
 
@@ -219,6 +226,26 @@ def test_a_new_actuator_starts_at_the_end(
         got = acks.take(2)
     assert ran == [("new", 0), ("new", 1)]
     assert {a.command_id for a in got} == {"new"}
+
+
+def test_a_new_actuator_with_a_start_time_reads_the_commands_sent_since(
+    bootstrap: str, topics: TopicNames, run_id: str, acks: AckReader, tmp_path: Path
+) -> None:
+    """A rank on a new node (a group of its own) gives its process start: a command for its
+    attempt sent while it was being assigned is not skipped; older ones still are."""
+    key = auth.run_key(SECRET, run_id)
+    send(bootstrap, topics.commands, run_id, encode(auth.sign(checkpoint_now(run_id, "before"), key)))
+    time.sleep(0.5)
+    started = time.time()
+    send(bootstrap, topics.commands, run_id, encode(auth.sign(checkpoint_now(run_id, "since"), key)))
+    ran: list[tuple[str, int]] = []
+    actuator = make_actuator(bootstrap, topics, run_id, tmp_path / "journal", "spare", start_ts=started)
+    actuator.register(CheckpointNow, recorder(ran))
+    with actuator:
+        assert actuator.wait_ready(30)
+        got = acks.take(2)
+    assert ran == [("since", 0), ("since", 1)]
+    assert {a.command_id for a in got} == {"since"}
 
 
 def test_a_topic_created_late_and_a_partition_added_while_running(

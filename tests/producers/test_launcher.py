@@ -42,6 +42,7 @@ from trainguard.schemas import (
     ReleaseNode,
     Rollback,
     RunStarted,
+    SetCheckpointInterval,
     SkipUpdate,
     auth,
     decode,
@@ -317,6 +318,32 @@ def test_skip_update_makes_every_later_attempt_skip_that_batch(tmp_path: Path) -
     assert seen_env(tmp_path, 0, 0)["TRAINGUARD_SKIP_BATCHES"] == ""
     assert seen_env(tmp_path, 1, 0)["TRAINGUARD_SKIP_BATCHES"] == "3"
     assert make_launcher(tmp_path, MemorySink(), {}).skip_batches == {3}  # journaled
+
+
+def test_every_later_attempt_starts_with_the_last_checkpoint_interval_sent(tmp_path: Path) -> None:
+    """Issue 15: a SetCheckpointInterval carries its attempt, so a restarted rank would
+    refuse it; the launcher journals it and hands it to every later attempt's ranks."""
+    sink = MemorySink()
+    operator = {"FAKE_KILL": "1:3:0", "TRAINGUARD_CHECKPOINT_INTERVAL_S": "1800"}
+    launcher = make_launcher(tmp_path, sink, operator, decision_wait_s=2.0)
+    reason = Reason(code=ReasonCode.CHECKPOINT_INTERVAL, text="checkpoint every 2.0 min (young)")
+    interval = SetCheckpointInterval(
+        command_id="int1", run_id="r1", attempt=0, issued_ts=1.0, reason=reason, interval_s=120.0
+    )
+    details: list[str] = []
+
+    def send_after_the_crash() -> None:
+        while not [e for e in sink.of(RankExit) if not e.requested]:
+            time.sleep(0.02)
+        details.append(launcher.handle_interval(interval, -1))
+
+    threading.Thread(target=send_after_the_crash, daemon=True).start()
+    result = launcher.run()
+    assert result.status == "ok", result.reason
+    assert details == ["checkpoint every 120s from the next attempt on too"]
+    assert seen_env(tmp_path, 0, 0)["TRAINGUARD_CHECKPOINT_INTERVAL_S"] == "1800"  # the operator's
+    assert seen_env(tmp_path, 1, 3)["TRAINGUARD_CHECKPOINT_INTERVAL_S"] == "120"
+    assert make_launcher(tmp_path, MemorySink(), {}).checkpoint_interval_s == 120.0  # journaled
 
 
 def test_release_node_returns_a_quarantined_node_to_the_next_placement(tmp_path: Path) -> None:

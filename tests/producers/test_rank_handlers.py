@@ -96,6 +96,39 @@ def test_checkpoint_now_and_interval(tmp_path: Path) -> None:
     sup.close()
 
 
+def test_a_loop_that_saves_itself_asks_should_checkpoint_after_the_step(tmp_path: Path) -> None:
+    """No manager given: the answer agreed in check() for that step, once; the interval in
+    force counts in steps of the measured step time (here ~1 ms a step: 0.02 s is many)."""
+    sup, _ = supervisor(tmp_path, config=SupervisorConfig(checkpoint_interval_s=3600.0))
+    saved = []
+    for step in range(8):
+        one_step(sup, step)
+        if sup.should_checkpoint(step):
+            saved.append(step)
+            sup.checkpoint_saved(step)
+        assert not sup.should_checkpoint(step)  # saved, or agreed not due: asking again changes nothing
+    assert saved == [] and sup.cadence.interval_s == 3600.0  # the launcher's interval, not passed yet
+    sup.handlers.checkpoint_now(signed(CheckpointNow, "c1"), 0)
+    one_step(sup, 8)
+    assert sup.should_checkpoint(8)
+    sup.checkpoint_saved(8)
+    sup.handlers.set_interval(signed(SetCheckpointInterval, "c2", interval_s=1e-9), 0)
+    one_step(sup, 9)
+    assert sup.should_checkpoint(9) and sup.cadence.steps_per_checkpoint() == 1
+    assert sup.counters.checkpoints == 1
+    sup.close()
+
+
+def test_a_fixed_cadence_replaces_the_interval(tmp_path: Path) -> None:
+    manager = Manager()
+    sup, _ = supervisor(tmp_path, checkpoint=manager, checkpoint_every_steps=5)
+    sup.handlers.set_interval(signed(SetCheckpointInterval, "c3", interval_s=1e-9), 0)
+    for step in range(12):
+        one_step(sup, step)
+    assert manager.saved == [4, 9] and sup.config.checkpoint_every_steps == 5
+    sup.close()
+
+
 def test_skip_update_before_and_after_the_step(tmp_path: Path) -> None:
     sup, _ = supervisor(tmp_path)
     one_step(sup, 0)

@@ -6,7 +6,8 @@ process, as in production), with each fault injected in turn:
 - SIGKILL of one rank, and one rank hung inside the step while the others wait in the
   all-reduce: detected, the run restarts from the newest validated checkpoint, and its
   final weights are bitwise those of the uninterrupted run (no step lost, no sample
-  repeated or skipped);
+  repeated or skipped); every record that names the hang's culprit (the interruption,
+  the quarantine, the timeline) names the hung rank, and none names another as the cause;
 - one rank slowed before the collective: flagged as a straggler, diagnosed, evicted at
   the next checkpoint boundary, and the run finishes;
 - one rank's device flipping a gradient bit: the commanded self-check catches it, the
@@ -45,7 +46,10 @@ from trainguard.schemas import (
     Interruption,
     InterruptionCause,
     NodeSelfTestResult,
+    Page,
+    Quarantine,
     QuarantineNode,
+    ReasonCode,
     Rollback,
     RunNodeSelfTest,
     SdcMismatch,
@@ -55,6 +59,7 @@ from trainguard.schemas import (
     decode,
 )
 from trainguard.schemas.codec import COMMANDS, DERIVED, decode_batch
+from trainguard.sinks.archive_store import Archive, timeline
 from trainguard.stack import PROCESSOR_GROUP
 
 from ..pipeline import Processor, running_processor
@@ -182,18 +187,42 @@ def test_sigkill_of_one_rank_restarts_and_ends_bitwise(
     assert_bitwise(run, clean)
 
 
+def named_as_cause(text: str) -> set[int]:
+    """The ranks a reason text names, except the one labelled as the hang's witness."""
+    return {int(r) for r in re.findall(r"\brank (\d+)", re.sub(r"witness: rank \d+", "", text))}
+
+
 def test_a_rank_hung_in_the_step_is_detected_aborted_and_the_run_ends_bitwise(
     pipeline: Processor, clean: Run, tmp_path: Path
 ) -> None:
-    run = launch(pipeline, tmp_path, fault="hang:1:64:0")
+    run = launch(pipeline, tmp_path, fault="hang:2:64:0")
     assert run.done.returncode == 0, run.explain()
     (restart,) = run.restarts()
-    assert restart["cause"] == "abort"
+    assert restart["cause"] == "abort" and restart["rank"] == -1  # the launcher blames nobody
     derived, commands = decisions(pipeline, run.run_id)
-    assert len([d for d in derived if isinstance(d, HangDetected)]) == 1
+    (detected,) = [d for d in derived if isinstance(d, HangDetected)]
     (hang,) = [d for d in derived if isinstance(d, Interruption)]
-    assert (hang.cause, hang.rank) == (InterruptionCause.HANG, 1)  # named by its odd stack
-    assert [c.command_id for c in commands if isinstance(c, Abort)] == [restart["command_id"]]
+    assert (hang.cause, hang.rank, hang.node) == (InterruptionCause.HANG, 2, "node-0001")  # its odd stack
+    assert hang.reason.code == ReasonCode.ODD_STACK and named_as_cause(hang.reason.text) == {2}
+    (abort,) = [c for c in commands if isinstance(c, Abort)]
+    assert abort.command_id == restart["command_id"]
+    # Issue 15: no record names a wrong culprit. The detection and its abort name none (the
+    # rank whose heartbeat showed the stall is labelled the witness); every record that
+    # names one, the timeline included, names rank 2 on node-0001.
+    assert (detected.rank, detected.node) == (-1, "") and abort.reason == detected.reason
+    assert named_as_cause(detected.reason.text) == set() and "(witness: rank " in detected.reason.text
+    (quarantine,) = [d for d in derived if isinstance(d, Quarantine)]
+    assert (quarantine.rank, quarantine.node) == (2, "node-0001")
+    assert [c.node for c in commands if isinstance(c, QuarantineNode)] == ["node-0001"]
+    about = [d for d in derived if isinstance(d, Interruption | Quarantine | Page)]
+    about += [c for c in commands if isinstance(c, Abort | QuarantineNode)]
+    assert all(named_as_cause(r.reason.text) <= {2} for r in about), [r.reason.text for r in about]
+    with Archive(tmp_path / "archive.duckdb") as archive:
+        archive.write([*derived, *commands])
+    (row,) = timeline(tmp_path / "archive.duckdb", run.run_id)
+    assert (row["cause"], row["rank"], row["node"]) == ("hang", 2, "node-0001")
+    assert {"abort", "quarantine", "quarantine_node"} <= set(row["decisions"])
+    assert all(named_as_cause(text) <= {2} for text in [row["reason"], *row["decision_reasons"]]), row
     resumed = restart["resumed_from_step"]
     assert isinstance(resumed, int) and resumed < 64 and run.validated(resumed)
     assert_bitwise(run, clean)

@@ -161,6 +161,8 @@ def test_the_environment_tunes_the_intervals_and_a_bad_value_is_named() -> None:
     config = SupervisorConfig.from_env(env)
     assert (config.flush_interval_s, config.heartbeat_interval_s) == (0.25, 1.0)
     assert config.gpu_health_interval_s == SupervisorConfig().gpu_health_interval_s
+    # The launcher's checkpoint interval (the last the run was sent) is in force at the start.
+    assert SupervisorConfig.from_env({"TRAINGUARD_CHECKPOINT_INTERVAL_S": "120"}).checkpoint_interval_s == 120
     for bad in ("0", "-1", "nan", "fast"):
         with pytest.raises(ValueError, match=f"TRAINGUARD_FLUSH_INTERVAL_S={bad!r}: expected a positive"):
             SupervisorConfig.from_env({"TRAINGUARD_FLUSH_INTERVAL_S": bad})

@@ -35,8 +35,13 @@ rank. Under torch.distributed the ranks therefore agree on the step: the oldest 
 ring check joins the all-reduce that already agrees on skips and checkpoints
 (``Supervisor._agree``; two more integers, no extra collective), and every rank runs it
 after the update of the first step at which all ranks hold it. Without that agreement (a
-single process, or a loop that does not call ``check()``) a rank runs it at its first
-step at or after the command's step.
+single process, a loop that does not call ``check()``, or ``agree_on_skip=False``) a rank
+runs it at its first step at or after the command's step; with several ranks their
+weights may then differ and so may their values, so keep the agreement on.
+
+A ring check that raises (the user's ``batch_fn`` or ``replay_fn``) is logged and sends
+nothing: training goes on, and the core judges the ring on the reports it has without
+blaming anyone for the missing one.
 
 Cost: two replays (forward + backward of one microbatch each) per rank per check, run at
 the check step only, after the update; the steps in between pay nothing.
@@ -45,6 +50,7 @@ the check step only, after the update; the steps in between pay nothing.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -65,6 +71,13 @@ def gradient_value(params: Iterable[torch.Tensor]) -> float:
         if p.grad is not None:
             total += float(torch.sum(p.grad.detach().to(torch.float64) ** 2))
     return math.sqrt(total) if math.isfinite(total) else math.nan
+
+
+def reportable(value: float) -> float:
+    """`value` as RingCheck can carry it: the schema takes finite numbers only, so a
+    non-finite recomputation goes out as the largest float, which fails its comparisons
+    (a missing report would blame nobody)."""
+    return value if math.isfinite(value) else sys.float_info.max
 
 
 def recompute(
@@ -109,8 +122,8 @@ def ring_check(
     (rank + offset) mod world_size, recomputed with the current weights."""
     peer = (rank + offset) % world_size
     t0 = clock()
-    own = recompute(replay_fn, batch_fn(rank, step), params, module)
-    theirs = recompute(replay_fn, batch_fn(peer, step), params, module)
+    own = reportable(recompute(replay_fn, batch_fn(rank, step), params, module))
+    theirs = reportable(recompute(replay_fn, batch_fn(peer, step), params, module))
     return RingResult(step, check_id, own, peer, theirs, max(0.0, clock() - t0))
 
 

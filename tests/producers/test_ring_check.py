@@ -159,3 +159,19 @@ def test_the_supervisor_installs_the_wrong_device_at_its_step(tmp_path: Path) ->
         uninstall_wrong_device()
         sup.close()
     assert wrapped == [False, False, True, True]  # from its step's start
+
+
+def test_a_failing_hook_skips_the_report_and_a_non_finite_value_still_fails(tmp_path: Path) -> None:
+    model = net()
+    sup, sink = supervisor(tmp_path, model)
+
+    def broken(rank: int, step: int) -> torch.Tensor:
+        raise IndexError("the user's sampler")
+
+    sup.batch_fn = broken
+    sup.handlers.run_ring_check(ring_command(0), 0)
+    train(sup, model, 2)  # training goes on
+    sup.close()
+    assert sink.of(RingCheck) == [] and sup.control.ring_checks_due == []
+    assert ring_check.reportable(math.nan) == ring_check.reportable(math.inf) > 1e300
+    assert not relative_gap(ring_check.reportable(math.nan), 1.0) <= 1.0  # fails any tolerance

@@ -66,11 +66,12 @@ BatchFn = Callable[[int, int], Any]
 
 def gradient_value(params: Iterable[torch.Tensor]) -> float:
     """The L2 norm of every gradient, summed in float64 (NaN when one is not finite)."""
-    total = 0.0
-    for p in params:
-        if p.grad is not None:
-            total += float(torch.sum(p.grad.detach().to(torch.float64) ** 2))
-    return math.sqrt(total) if math.isfinite(total) else math.nan
+    grads = [p.grad.detach() for p in params if p.grad is not None]
+    norms = [torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads]
+    if not norms:
+        return 0.0
+    total = float(torch.linalg.vector_norm(torch.stack([n.to(norms[0].device) for n in norms])))
+    return total if math.isfinite(total) else math.nan
 
 
 def reportable(value: float) -> float:

@@ -45,6 +45,7 @@ from ..schemas import (
     GpuHealth,
     Heartbeat,
     RankExit,
+    RingCheck,
     SdcSelfCheck,
     StepStats,
     StepTiming,
@@ -176,6 +177,14 @@ class RankAgent:
             digest_first=digest_first,
             digest_second=digest_second,
         )
+
+    def ring_check(
+        self, step: int, check_id: str, own_value: float, peer_rank: int, peer_value: float
+    ) -> None:
+        """This rank's part of a ring cross-rank check: its own microbatch's value and its
+        recomputation of ring neighbour `peer_rank`'s, with the weights of `step`."""
+        fields = {"own_value": own_value, "peer_rank": peer_rank, "peer_value": peer_value}
+        self._emit(RingCheck, step, check_id=check_id, **fields)
 
     def checkpoint_written(
         self,

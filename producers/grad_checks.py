@@ -100,7 +100,7 @@ class SelfCheckResult:
 
 
 @contextlib.contextmanager
-def _preserved_state(params: list[torch.Tensor], module: torch.nn.Module | None) -> Iterator[None]:
+def preserved_state(params: list[torch.Tensor], module: torch.nn.Module | None) -> Iterator[None]:
     """Stash gradients (by reference, no copy), buffers and RNG states; restore them after."""
     grads = [p.grad for p in params]
     for p in params:
@@ -143,7 +143,7 @@ def self_check(
     if module is None and isinstance(params, torch.nn.Module):
         module = params
     t0 = clock()
-    with _preserved_state(plist, module):
+    with preserved_state(plist, module):
         rng = torch.get_rng_state()
         cuda = (
             torch.cuda.get_rng_state_all()

@@ -19,6 +19,8 @@ SetCheckpointInterval  ``should_checkpoint`` uses the new interval from now on, 
 SkipUpdate(step)       ``check()`` of that step returns False (FAILED if it is already
                        applied: the core then knows the update went in)
 RunSelfCheck(step)     the bitwise replay runs at the first step >= step
+RunRingCheck(step)     own and neighbour's microbatch recomputed at the first step >=
+                       step that every rank agrees on (:mod:`.ring_check`)
 Abort(stack_dump)      all threads' stacks to a file (faulthandler), the main thread's
                        stack signature and the file reported in RankExit(requested),
                        telemetry flushed (bounded), then ``os._exit``, which ends even
@@ -53,6 +55,7 @@ from ..schemas import (
     CheckpointNow,
     ResumeFrom,
     Rollback,
+    RunRingCheck,
     RunSelfCheck,
     SetCheckpointInterval,
     SkipUpdate,
@@ -98,6 +101,8 @@ class RankControl:
     skip_steps: set[int] = field(default_factory=set)
     #: First steps >= which a self-check replay is due (RunSelfCheck).
     self_checks_due: list[int] = field(default_factory=list)
+    #: Ring checks due, oldest first: (first step >= which, check_id, offset) (RunRingCheck).
+    ring_checks_due: list[tuple[int, str, int]] = field(default_factory=list)
     #: Newest step this rank has begun (-1 before the first); set by the training thread.
     current_step: int = -1
     #: Steps decided locally (bounded): step -> True if applied, False if skipped.
@@ -129,6 +134,20 @@ class RankControl:
                 return False
             self.self_checks_due = [s for s in self.self_checks_due if s > step]
             return True
+
+    def oldest_ring_check(self) -> int | None:
+        """The step of the oldest pending ring check (what the ranks agree on), or None."""
+        with self.lock:
+            return self.ring_checks_due[0][0] if self.ring_checks_due else None
+
+    def take_ring_check(self, first: int) -> tuple[str, int] | None:
+        """Remove the pending ring check due from `first`: its (check_id, offset)."""
+        with self.lock:
+            for i, (due, check_id, offset) in enumerate(self.ring_checks_due):
+                if due == first:
+                    del self.ring_checks_due[i]
+                    return check_id, offset
+            return None
 
     def take_checkpoint_request(self) -> bool:
         with self.lock:
@@ -187,6 +206,7 @@ class RankHandlers:
         grace_s: float = 1.0,
         flush_s: float = 3.0,
         can_self_check: Callable[[], bool] = lambda: True,
+        can_ring_check: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.agent = agent
         self.control = control
@@ -196,6 +216,8 @@ class RankHandlers:
         self.grace_s = grace_s
         self.flush_s = flush_s
         self.can_self_check = can_self_check
+        #: Why this rank cannot run a ring check (None: it can).
+        self.can_ring_check = can_ring_check
         self.exit_thread: threading.Thread | None = None
 
     def register(self, actuator: Registrar) -> None:
@@ -203,6 +225,7 @@ class RankHandlers:
         actuator.register(SetCheckpointInterval, self.set_interval)
         actuator.register(SkipUpdate, self.skip_update)
         actuator.register(RunSelfCheck, self.run_self_check)
+        actuator.register(RunRingCheck, self.run_ring_check)
         actuator.register(Abort, self.abort)
         actuator.register(Rollback, self.restart_from)
         actuator.register(ResumeFrom, self.restart_from)
@@ -236,6 +259,19 @@ class RankHandlers:
             first = max(command.step, self.control.current_step + 1)
             self.control.self_checks_due.append(first)
         return f"self-check at the first step >= {first}"
+
+    def run_ring_check(self, command: RunRingCheck, rank: int) -> str:
+        if (missing := self.can_ring_check()) is not None:
+            raise RuntimeError(missing)
+        with self.control.lock:
+            if any(check_id == command.check_id for _, check_id, _ in self.control.ring_checks_due):
+                return f"ring check {command.check_id} already due"
+            self.control.ring_checks_due.append((command.step, command.check_id, command.offset))
+            self.control.ring_checks_due.sort()
+        return (
+            f"ring check {command.check_id}: recompute own and rank (r + {command.offset})'s microbatch "
+            f"at the first step >= {command.step} that every rank holds it"
+        )
 
     # ------------------------------------------------------------------ exits
     def abort(self, command: Abort, rank: int) -> str:

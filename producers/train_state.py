@@ -72,7 +72,7 @@ class ResumableSampler(Sampler[int]):
         """Indices per rank per epoch."""
         return -(-self.num_samples // self.world_size)
 
-    def _order(self, epoch: int) -> list[int]:
+    def _order(self, epoch: int, rank: int | None = None) -> list[int]:
         if self.shuffle:
             g = torch.Generator()
             g.manual_seed(self.seed + epoch)
@@ -81,7 +81,7 @@ class ResumableSampler(Sampler[int]):
             order = list(range(self.num_samples))
         total = len(self) * self.world_size
         order += order[: total - len(order)]
-        return order[self.rank : total : self.world_size]
+        return order[self.rank if rank is None else rank : total : self.world_size]
 
     def __iter__(self) -> Iterator[int]:
         mine = self._order(self.epoch)
@@ -91,6 +91,22 @@ class ResumableSampler(Sampler[int]):
             yield index
         self.epoch += 1
         self.position = 0
+
+    def indices(self, rank: int, start: int, count: int) -> list[int]:
+        """Indices ``start .. start + count - 1`` of what rank `rank` yields, epoch after
+        epoch from epoch 0, position 0: ANY rank's batch, whatever this sampler's own state
+        (a loop drawing `b` indices per step from step 0 trains rank r at step s on
+        ``indices(r, s * b, b)``; the ring cross-rank check's ``batch_fn``)."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} outside world size {self.world_size}")
+        per_epoch = len(self)
+        out: list[int] = []
+        epoch, position = divmod(start, per_epoch)
+        while len(out) < count:
+            theirs = self._order(epoch, rank)
+            out += theirs[position : position + count - len(out)]
+            epoch, position = epoch + 1, 0
+        return out
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning."""

@@ -60,6 +60,20 @@ the loop asks ``should_checkpoint(step)`` after the step and saves itself::
             ckpt.save(step)
             sup.checkpoint_saved(step)
 
+Ring cross-rank check (R3, :mod:`.ring_check`): when a RunRingCheck arrives, every rank
+recomputes its own microbatch and its ring neighbour's with the weights of the same step,
+after that step's update, and reports both values (RingCheck). It needs ``replay_fn`` and
+``batch_fn(rank, step)``, the batch ANY rank trains on at a step (the sampler knows every
+rank's indices)::
+
+    sup.batch_fn = lambda rank, step: batch_of(rank, step)
+
+The ranks agree on the step inside the all-reduce of ``check()`` (no extra collective).
+
+Chaos knob: with TRAINGUARD_INJECT_WRONG_DEVICE naming this rank's node and local rank
+(:mod:`.device_fault`), the supervisor makes this process's matrix products wrong from
+the named step on, installed at that step's start.
+
 Skipped batches: a step that failed on every node (data or code) and that the policy
 allows to skip comes back from the launcher as TRAINGUARD_SKIP_BATCHES; :meth:`steps`
 reads and drops its batch, so the restarted run goes past it.
@@ -100,10 +114,11 @@ import torch
 from ..broker.topics import topic_names
 from ..processors.core.sdc_state import RunningQuantile
 from ..schemas import auth
-from . import grad_checks
+from . import grad_checks, ring_check
 from .actuator import Actuator
 from .agent import EventSink, MemorySink, NodeAgents, RankAgent
 from .checkpoint_cadence import CheckpointCadence
+from .device_fault import WrongDevice, install_wrong_device, wrong_device_from_env
 from .gpu_health import GpuHealthSampler, HealthReader, open_reader
 from .rank_handlers import CheckpointManager, RankControl, RankHandlers
 from .shipper import ShipperConfig, TelemetryShipper
@@ -241,6 +256,9 @@ class SupervisorCounters:
     peer_skips: int = 0
     self_checks: int = 0
     self_check_mismatches: int = 0
+    ring_checks: int = 0
+    #: Seconds spent in ring checks (both recomputations), for their cost per check.
+    ring_check_s: float = 0.0
     checkpoints: int = 0
     skipped_batches: int = 0
 
@@ -309,6 +327,9 @@ class StepScope:
         self.verdict: Verdict | None = None
         #: Save a checkpoint at the end of this step: decided in check(), agreed over ranks.
         self.checkpoint_due: bool | None = None
+        #: The ranks agreed in check() (None: no agreement ran): run the pending ring check
+        #: due from this step (-1: none) at the end of this step.
+        self.ring_check_due: int | None = None
         self._start: Any = None
         self._compute: Any = None
 
@@ -366,6 +387,7 @@ class Supervisor:
         params: Iterable[torch.Tensor] | None = None,
         checkpoint: CheckpointManager | None = None,
         replay_fn: Callable[[Any], object] | None = None,
+        batch_fn: ring_check.BatchFn | None = None,
         sink: EventSink | None = None,
         bootstrap: str | None = None,
         topic_prefix: str = "",
@@ -378,6 +400,8 @@ class Supervisor:
         clock: Callable[[], float] = time.perf_counter,
         skip_batches: Iterable[int] = (),
         checkpoint_every_steps: int | None = None,
+        local_rank: int = 0,
+        wrong_device: WrongDevice | None = None,
     ) -> None:
         self.config = config or SupervisorConfig()
         if checkpoint_every_steps is not None:
@@ -391,6 +415,16 @@ class Supervisor:
         self.params = self._param_list(model, optimizer, params)
         self.checkpoint = checkpoint
         self.replay_fn = replay_fn
+        #: ``batch_fn(rank, step)``: the batch any rank trains on at a step (ring checks).
+        self.batch_fn = batch_fn
+        self.local_rank = local_rank
+        #: The chaos knob's wrong device, when it names this rank's node and local rank.
+        self.wrong_device = (
+            wrong_device
+            if wrong_device is not None and wrong_device.strikes(node or socket.gethostname(), local_rank)
+            else None
+        )
+        self.ring_results: list[ring_check.RingResult] = []
         self.run_dir = Path(run_dir) if run_dir is not None else Path("trainguard-runs") / run_id
         self.phases_file = Path(phases_file) if phases_file is not None else None
         self.counters = SupervisorCounters()
@@ -444,6 +478,7 @@ class Supervisor:
             grace_s=self.config.exit_grace_s,
             flush_s=self.config.exit_flush_s,
             can_self_check=lambda: self.replay_fn is not None,
+            can_ring_check=self._ring_check_missing,
         )
         if bootstrap and self.shipper is not None:
             if secret is None:
@@ -497,6 +532,8 @@ class Supervisor:
             kwargs.setdefault("run_dir", env[ENV_RUN_DIR])
         if env.get(ENV_PHASES_FILE):
             kwargs.setdefault("phases_file", env[ENV_PHASES_FILE])
+        kwargs.setdefault("local_rank", int(env.get("LOCAL_RANK", "0")))
+        kwargs.setdefault("wrong_device", wrong_device_from_env(env))
         if env.get(ENV_SKIP_BATCHES):
             kwargs.setdefault("skip_batches", [int(s) for s in env[ENV_SKIP_BATCHES].split(",") if s])
         return cls(
@@ -608,6 +645,10 @@ class Supervisor:
     def _begin(self, scope: StepScope) -> None:
         self._scope = scope
         self.cadence.begin(scope.step, time.monotonic())
+        if self.wrong_device is not None and scope.step >= self.wrong_device.from_step:
+            log.warning("rank %d: injected wrong device from step %d", self.rank, scope.step)
+            install_wrong_device(self.wrong_device.bias)  # the chaos knob (device_fault.py)
+            self.wrong_device = None
         with self.control.lock:
             self.control.current_step = scope.step
             self.control.training_thread = threading.get_ident()
@@ -625,7 +666,7 @@ class Supervisor:
         scope.loss, scope.grad_norm = loss_f, norm
         verdict = self._local_verdict(scope.step, loss_f, norm)
         wants_checkpoint = self._wants_checkpoint(scope.step)
-        verdict, due = self._agree(verdict, wants_checkpoint)
+        verdict, due, scope.ring_check_due = self._agree(verdict, wants_checkpoint)
         scope.checkpoint_due, self._agreed = due, (scope.step, due)
         scope.verdict = verdict
         if verdict is Verdict.APPLY:
@@ -656,25 +697,35 @@ class Supervisor:
             return Verdict.GRAD_SPIKE
         return Verdict.APPLY
 
-    def _agree(self, verdict: Verdict, wants_checkpoint: bool) -> tuple[Verdict, bool]:
-        """Every rank skips if one does, and checkpoints if one wants to: one MAX all-reduce
-        over the default group of (verdict code, checkpoint wanted). A CheckpointNow or the
-        interval reaches each rank at its own step; a checkpoint is collective, so all
-        ranks must save the same step."""
+    def _agree(self, verdict: Verdict, wants_checkpoint: bool) -> tuple[Verdict, bool, int | None]:
+        """Every rank skips if one does, checkpoints if one wants to, and runs a ring check
+        once every rank holds it: one MAX all-reduce over the default group of (verdict
+        code, checkpoint wanted, the oldest pending ring check's codes). A CheckpointNow,
+        the interval or a RunRingCheck reaches each rank at its own step; a checkpoint is
+        collective and a ring check compares weights, so all ranks must act at the same
+        step. The third value: the ring check to run at this step's end (-1: none; None:
+        no agreement ran, each rank runs its own at its first step >= the command's)."""
         dist = torch.distributed
         if not (self.config.agree_on_skip and dist.is_available() and dist.is_initialized()):
-            return verdict, wants_checkpoint
+            return verdict, wants_checkpoint, None
         if dist.get_world_size() < 2:
-            return verdict, wants_checkpoint
+            return verdict, wants_checkpoint, None
         device = (
             self.params[0].device if self.params and dist.get_backend() == "nccl" else torch.device("cpu")
         )
-        codes = torch.tensor([_CODES[verdict], int(wants_checkpoint)], dtype=torch.int32, device=device)
+        pending = self.control.oldest_ring_check()
+        mine = [_CODES[verdict], int(wants_checkpoint), *ring_check.agreement_codes(pending)]
+        codes = torch.tensor(mine, dtype=torch.int32, device=device)
         dist.all_reduce(codes, op=dist.ReduceOp.MAX)
-        worst, checkpoint = (int(v) for v in codes.tolist())
+        worst, checkpoint, *ring_codes = (int(v) for v in codes.tolist())
+        ring = ring_check.agreed(ring_codes)
+        if ring.stale is not None and ring.stale == pending:
+            dropped = self.control.take_ring_check(ring.stale)
+            log.warning("rank %d: ring check %s dropped: not every rank holds it", self.rank, dropped)
+        due = -1 if ring.run is None else ring.run
         if verdict is not Verdict.APPLY or worst == 0:
-            return verdict, bool(checkpoint)
-        return Verdict.PEER, bool(checkpoint)
+            return verdict, bool(checkpoint), due
+        return Verdict.PEER, bool(checkpoint), due
 
     def _end(self, scope: StepScope, failed: bool) -> None:
         end = self._marks.mark()
@@ -691,6 +742,7 @@ class Supervisor:
             self.control.record_decision(scope.step, True)
         if self.control.take_self_check(scope.step):
             self._self_check(scope)
+        self._ring_check(scope)
         due = scope.checkpoint_due  # None: check() was not called, so nothing was agreed
         if due is None:
             due = self.checkpoint is not None and self._wants_checkpoint(scope.step)
@@ -751,6 +803,50 @@ class Supervisor:
             self.counters.self_check_mismatches += 1
             log.error("rank %d step %d: self-check MISMATCH %s", self.rank, scope.step, result)
         self.agent.self_check(scope.step, result.microbatch_id, result.digest_first, result.digest_second)
+
+    def _ring_check_missing(self) -> str | None:
+        if self.replay_fn is None:
+            return "no replay function registered (Supervisor.replay_fn)"
+        if self.batch_fn is None:
+            return "no batch function registered (Supervisor.batch_fn(rank, step))"
+        if self.world_size < 2:
+            return "a ring check needs 2+ ranks"
+        return None
+
+    def _ring_check(self, scope: StepScope) -> None:
+        """Run the ring check due at the end of this step, if any (see :mod:`.ring_check`)."""
+        if scope.ring_check_due is None:  # no agreement: the first step >= the command's
+            oldest = self.control.oldest_ring_check()
+            first = oldest if oldest is not None and oldest <= scope.step else None
+        else:
+            first = scope.ring_check_due if scope.ring_check_due >= 0 else None
+        taken = None if first is None else self.control.take_ring_check(first)
+        if taken is None or self.replay_fn is None or self.batch_fn is None:
+            return
+        check_id, offset = taken
+        module = self.model
+        if module is not None and _is_ddp(module):
+            inner = module.module
+            module = inner if isinstance(inner, torch.nn.Module) else None
+        try:
+            result = ring_check.ring_check(
+                self.replay_fn,
+                self.batch_fn,
+                self.params,
+                rank=self.rank,
+                world_size=self.world_size,
+                step=scope.step,
+                check_id=check_id,
+                offset=offset,
+                module=module,
+            )
+        except Exception:  # the user's hooks: never end training over a check
+            log.exception("rank %d step %d: ring check %s not run", self.rank, scope.step, check_id)
+            return
+        self.ring_results.append(result)
+        self.counters.ring_checks += 1
+        self.counters.ring_check_s += result.seconds
+        self.agent.ring_check(scope.step, check_id, result.own_value, result.peer_rank, result.peer_value)
 
     def _tick(self) -> None:
         while not self._ticker_stop.wait(min(1.0, self.config.heartbeat_interval_s)):

@@ -27,7 +27,10 @@ device turns faulty: every second gradient it computes has one mantissa bit flip
 training and self-check replays alike) or storage (every rank's checkpoint writes fail
 from its save at that step until its save `steps` steps later, default 15: measured in
 saves, not in the loop's steps, because the writes run in the background and may lag the
-loop; the rank field is ignored).
+loop; the rank field is ignored). A deterministically wrong device (every matrix product
+off by a fixed factor, so the self-check passes and only the ring cross-rank check
+catches it) is the supervisor's chaos knob TRAINGUARD_INJECT_WRONG_DEVICE
+(trainguard/producers/device_fault.py), not a fault of this script's.
 """
 
 from __future__ import annotations
@@ -113,6 +116,9 @@ def main() -> None:
     every = int(EVERY) if EVERY else None
     sup = Supervisor.from_env(model=model, optimizer=optimizer, checkpoint_every_steps=every)  # trainguard
     sup.replay_fn = lambda batch: loss_of(batch, net).backward()  # trainguard: the self-check replay
+    # trainguard: any rank's batch at a step, for the ring cross-rank check (rank r trains
+    # step s on the BATCH indices of its stream from s * BATCH: see `order` below)
+    sup.batch_fn = lambda r, step: torch.tensor(sampler.indices(r, step * BATCH, BATCH))
     ckpt = CheckpointManager(  # trainguard
         Path(os.environ["TRAINGUARD_CHECKPOINT_DIR"]),
         TrainState(model, optimizer, sampler),

@@ -13,6 +13,10 @@ process, as in production), with each fault injected in turn:
 - one rank's device flipping a gradient bit: the commanded self-check catches it, the
   node is quarantined and the run rolls back to the clean ancestor (the newest validated
   checkpoint at or before the verification watermark);
+- one rank's device deterministically wrong (the chaos knob TRAINGUARD_INJECT_WRONG_DEVICE:
+  the same wrong gradient every time, so its self-checks pass): the ring cross-rank check
+  catches it, its node is quarantined (its ranks move to a spare) and the run rolls back
+  to the newest checkpoint at or before the last passing cross-rank check;
 - storage unavailable for a while (two checkpoint intervals): the failed writes are
   reported, training goes on, the snapshots kept in host memory are flushed and validated
   once storage is back, and the weights are again bitwise those of the uninterrupted run.
@@ -50,6 +54,7 @@ from trainguard.schemas import (
     Quarantine,
     QuarantineNode,
     ReasonCode,
+    RingCheck,
     Rollback,
     RunNodeSelfTest,
     SdcMismatch,
@@ -104,7 +109,13 @@ def pipeline(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield processor
 
 
-def launch(pipeline: Processor, workdir: Path, fault: str | None = None, self_test: str = "off") -> Run:
+def launch(
+    pipeline: Processor,
+    workdir: Path,
+    fault: str | None = None,
+    self_test: str = "off",
+    env_extra: dict[str, str] | None = None,
+) -> Run:
     """`trainguard launch` of the example; spares join untested unless `self_test` says when
     to test them (the real node self-test costs worker start-ups on this machine)."""
     run_id = f"tiny-{uuid.uuid4().hex[:8]}"
@@ -116,8 +127,10 @@ def launch(pipeline: Processor, workdir: Path, fault: str | None = None, self_te
     env |= {"TRAINGUARD_FLUSH_INTERVAL_S": "0.25", "TRAINGUARD_HEARTBEAT_INTERVAL_S": "1"}
     env.pop("TRAINGUARD_SECRET_FILE", None)
     env.pop("TRAINGUARD_EXAMPLE_FAULT", None)
+    env.pop("TRAINGUARD_INJECT_WRONG_DEVICE", None)
     if fault:
         env["TRAINGUARD_EXAMPLE_FAULT"] = fault
+    env |= env_extra or {}
     command = [
         sys.executable, "-m", "trainguard", "launch", "--nproc", "4", "--ranks-per-node", "2",
         "--run-id", run_id, "--checkpoint-dir", str(ckpt),
@@ -297,6 +310,56 @@ def test_a_flipped_gradient_bit_is_caught_by_the_self_check_and_rolled_back(
     assert suspect.command_id == selftest.command_id and suspect.passed and spare.passed, results
     assert suspect.tests == ["gemm", "collective"] and suspect.devices == 2
     assert suspect.reason.text.startswith(f"node {mismatch.node} passed gemm, collective on 2 device(s)")
+
+
+def test_a_deterministically_wrong_device_is_caught_by_the_ring_check_and_rolled_back(
+    pipeline: Processor, clean: Run, tmp_path: Path
+) -> None:
+    onset = 100
+    wrong = f"node=node-0000,local_rank=1,from_step={onset},bias=1e-3"  # rank 1's device
+    run = launch(pipeline, tmp_path, self_test="ahead", env_extra={"TRAINGUARD_INJECT_WRONG_DEVICE": wrong})
+    assert run.done.returncode == 0, run.explain()
+    derived, commands = decisions(pipeline, run.run_id)
+    events = telemetry(pipeline, run.run_id)
+    first = [e for e in events if e.attempt == 0]
+    # Its self-checks pass (wrong the same way twice): only the ring can see it.
+    assert all(c.digest_first == c.digest_second for c in events if isinstance(c, SdcSelfCheck))
+    (mismatch,) = [d for d in derived if isinstance(d, SdcMismatch)]  # none after the rollback
+    assert (mismatch.method, mismatch.rank, mismatch.node, mismatch.attempt) == ("ring", 1, "node-0000", 0)
+    assert onset <= mismatch.step <= onset + 60  # the first ring checks after the onset
+    assert [c.node for c in commands if isinstance(c, QuarantineNode)] == ["node-0000"]
+    # The node self-test on it fails (its matrix products are wrong: the knob reaches the
+    # test's workers); the spare its ranks moved to passed before it joined.
+    (selftest,) = [c for c in commands if isinstance(c, RunNodeSelfTest)]
+    assert selftest.node == "node-0000"
+    results = {(e.node, e.purpose): e for e in events if isinstance(e, NodeSelfTestResult)}
+    suspect, spare = results[("node-0000", "quarantine")], results[("spare-0000", "spare")]
+    assert suspect.command_id == selftest.command_id and not suspect.passed and spare.passed, results
+    assert suspect.failed_tests == ["gemm"], suspect.reason.text
+    # The clean ancestor: a validated checkpoint at or before the last ring check that
+    # passed before the mismatch, as the processor knew it then (ring reports travel on
+    # several partitions, so the newest check before the onset may be judged only after
+    # the mismatch: the bound is then an earlier passing check, never a later one).
+    rings = {e.step for e in first if isinstance(e, RingCheck)}
+    assert not [step for step in rings if onset <= step < mismatch.step]  # caught at the first
+    (rollback,) = [c for c in commands if isinstance(c, Rollback)]
+    bound = re.search(r"covered rank 1 \(step (\d+)\)", rollback.reason.text)
+    assert bound is not None, rollback.reason.text
+    watermark = int(bound.group(1))
+    assert watermark in rings and watermark < onset
+    (restart,) = run.restarts()
+    assert (restart["cause"], restart["command_id"]) == ("rollback", rollback.command_id)
+    resumed = restart["resumed_from_step"]
+    assert resumed == rollback.checkpoint_step and isinstance(resumed, int)
+    validated = {e.checkpoint_step for e in first if isinstance(e, CheckpointValidated)}
+    assert resumed <= watermark and resumed in validated and run.validated(resumed)
+    # The quarantined node's ranks moved to a healthy spare: its ring checks pass there.
+    later = [e for e in events if e.attempt > 0 and e.rank in (0, 1)]
+    assert later and not [e for e in later if e.node == "node-0000"]
+    assert [e for e in later if isinstance(e, RingCheck)]
+    assert run.validated(STEPS - 1)
+    if resumed < onset:  # every corrupted step was discarded
+        assert_bitwise(run, clean)
 
 
 def test_storage_unavailable_for_a_while_loses_nothing(

@@ -36,6 +36,7 @@ from trainguard.schemas import (
     Heartbeat,
     Reason,
     ReasonCode,
+    RingCheck,
     SdcSelfCheck,
     StepStats,
     StepTiming,
@@ -229,8 +230,11 @@ def _ddp_rank(rank: int, port: int, out: Any) -> None:
     sup = Supervisor("run-ddp", rank=rank, world_size=2, sink=sink, model=model, gpu_reader=None,
                      checkpoint=Checkpoints())  # fmt: skip
     sup.replay_fn = lambda batch: net(batch).square().mean().backward()  # unwrapped: no collective
+    sup.batch_fn = lambda r, s: torch.randn(16, 32, generator=torch.Generator().manual_seed(100 * s + r))
     if rank == 0:  # as a RunSelfCheck for rank 0 would: one rank replays, the other does not
         sup.control.self_checks_due.append(3)
+        # ring checks that reached rank 0 first: ring-old never reaches rank 1 (dropped)
+        sup.control.ring_checks_due += [(0, "ring-old", 1), (1, "ring-x", 1)]
     else:  # a SkipUpdate(step 4) that reached rank 1 only, before its step 4
         sup.control.skip_steps.add(4)
     verdicts = []
@@ -241,6 +245,8 @@ def _ddp_rank(rank: int, port: int, out: Any) -> None:
             loss = model(s.batch).square().mean()
             if rank == 1 and step == 3:
                 loss = loss * float("nan")  # rank 1's NaN reaches rank 0 through the all-reduce
+            if rank == 1 and step == 3:  # ring-x reaches rank 1 at its step 3
+                sup.control.ring_checks_due.append((1, "ring-x", 1))
             if rank == 0 and step == 2:  # a CheckpointNow that reached rank 0 first
                 sup.control.checkpoint_requested = True
             loss.backward()  # returns after the all-reduce
@@ -259,6 +265,7 @@ def _ddp_rank(rank: int, port: int, out: Any) -> None:
             [e.digest_first == e.digest_second for e in sink.of(SdcSelfCheck)],
             params.numpy().tobytes(),
             saved,
+            [(e.step, e.check_id, e.own_value, e.peer_value) for e in sink.of(RingCheck)],
         )
     )
     sup.close()
@@ -285,10 +292,10 @@ def test_ddp_compute_time_is_measured_before_the_all_reduce(monkeypatch: pytest.
         assert time.monotonic() < deadline, "ranks did not report"
         assert all(p.exitcode in (None, 0) for p in procs), [p.exitcode for p in procs]
         try:
-            rank, timings, verdicts, checks, params, saved = out.get(timeout=0.5)
+            rank, timings, verdicts, checks, params, saved, rings = out.get(timeout=0.5)
         except queue.Empty:
             continue
-        results[rank] = (timings, verdicts, checks, params, saved)
+        results[rank] = (timings, verdicts, checks, params, saved, rings)
     for p in procs:
         p.join(30)
         assert p.exitcode == 0
@@ -307,6 +314,13 @@ def test_ddp_compute_time_is_measured_before_the_all_reduce(monkeypatch: pytest.
     assert results[0][3] == results[1][3]
     assert results[0][2] == [True] and results[1][2] == []  # rank 0 self-checked without a hang
     assert results[0][4] == results[1][4] == [2]  # the checkpoint only rank 0 was asked for, on both
+    # The ring check: run by both at step 4, the first step after both held it (step 3, where
+    # rank 0 dropped the one rank 1 never got); each one's recomputation of the other's
+    # microbatch is bitwise the other's own value.
+    ((step0, id0, own0, peer0),) = results[0][5]
+    ((step1, id1, own1, peer1),) = results[1][5]
+    assert (step0, id0) == (step1, id1) == (4, "ring-x")
+    assert (own0, own1) == (peer1, peer0) and own0 != own1
 
 
 # --------------------------------------------------------------------------- real broker

@@ -66,10 +66,12 @@ heartbeats come from the shipper's thread, so they continue while a step is stuc
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import math
 import os
+import signal
 import socket
 import threading
 import time
@@ -104,6 +106,8 @@ ENV_TOPIC_PREFIX = "TRAINGUARD_TOPIC_PREFIX"
 ENV_RUN_DIR = "TRAINGUARD_RUN_DIR"
 #: Where the launcher reads this rank's restart phases (producers/launcher.py).
 ENV_PHASES_FILE = "TRAINGUARD_PHASES_FILE"
+#: Where this rank's newest completed step is kept for the launcher (lost work, exactly).
+ENV_PROGRESS_FILE = "TRAINGUARD_PROGRESS_FILE"
 #: Steps whose batch this attempt must not train on, comma-separated: a SkipUpdate the
 #: launcher took for a step that failed on every node (producers/launcher.py).
 ENV_SKIP_BATCHES = "TRAINGUARD_SKIP_BATCHES"
@@ -353,6 +357,7 @@ class Supervisor:
         secret: bytes | None = None,
         run_dir: Path | str | None = None,
         phases_file: Path | str | None = None,
+        progress_file: Path | str | None = None,
         config: SupervisorConfig | None = None,
         gpu_reader: HealthReader | None | Literal["auto"] = "auto",
         terminate: Callable[[int], None] = os._exit,
@@ -371,6 +376,9 @@ class Supervisor:
         self.replay_fn = replay_fn
         self.run_dir = Path(run_dir) if run_dir is not None else Path("trainguard-runs") / run_id
         self.phases_file = Path(phases_file) if phases_file is not None else None
+        self.progress_file = Path(progress_file) if progress_file is not None else None
+        if self.progress_file is not None:
+            self.progress_file.parent.mkdir(parents=True, exist_ok=True)
         self.counters = SupervisorCounters()
         self.control = RankControl(checkpoint_interval_s=self.config.checkpoint_interval_s)
         self.self_check_results: list[grad_checks.SelfCheckResult] = []
@@ -444,6 +452,18 @@ class Supervisor:
         if self.config.instrument_ddp and model is not None and _is_ddp(model):
             self.instrument_ddp(model)
 
+        self._sigterm_installed = False
+        # A survivor of a peer's crash ends by an exception (gloo's "connection reset") or by
+        # the launcher's SIGTERM: either way its last StepTimings leave the shipper first.
+        atexit.register(self._flush_at_exit)
+        if (
+            self.shipper is not None
+            and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        ):
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
+            self._sigterm_installed = True
+
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **kwargs: Any) -> Supervisor:
@@ -468,6 +488,8 @@ class Supervisor:
             kwargs.setdefault("run_dir", env[ENV_RUN_DIR])
         if env.get(ENV_PHASES_FILE):
             kwargs.setdefault("phases_file", env[ENV_PHASES_FILE])
+        if env.get(ENV_PROGRESS_FILE):
+            kwargs.setdefault("progress_file", env[ENV_PROGRESS_FILE])
         if env.get(ENV_SKIP_BATCHES):
             kwargs.setdefault("skip_batches", [int(s) for s in env[ENV_SKIP_BATCHES].split(",") if s])
         return cls(
@@ -642,6 +664,7 @@ class Supervisor:
         self._drain(block=False)
         if failed:
             return
+        self._write_progress(scope.step)
         if scope.verdict is None:  # the loop did not call check(): assume it applied
             self.control.record_decision(scope.step, True)
         if self.control.take_self_check(scope.step):
@@ -675,6 +698,30 @@ class Supervisor:
             os.replace(tmp, self.phases_file)
         except OSError as exc:
             log.warning("trainguard: restart phases not written to %s: %s", self.phases_file, exc)
+
+    def _write_progress(self, step: int) -> None:
+        """This rank's newest completed step, for the launcher (a few bytes, write then
+        rename: the launcher never reads a torn file; ~tens of µs, no fsync: a host crash
+        loses the ranks with it). Best effort."""
+        if self.progress_file is None:
+            return
+        tmp = self.progress_file.with_suffix(".tmp")
+        try:
+            tmp.write_text(str(step))
+            os.replace(tmp, self.progress_file)
+        except OSError as exc:
+            log.warning("trainguard: progress not written to %s: %s", self.progress_file, exc)
+            self.progress_file = None
+
+    def _flush_at_exit(self) -> None:
+        """atexit: the process ends without close() (an exception, SIGTERM): ship what is
+        queued within exit_flush_s. No RankExit: the launcher reports how it ended."""
+        if self._closed:
+            return
+        try:
+            self._close_telemetry(self.config.exit_flush_s)
+        except Exception:
+            log.exception("trainguard: flushing telemetry at exit failed")
 
     def _drain(self, block: bool) -> None:
         marks = self._marks
@@ -723,6 +770,9 @@ class Supervisor:
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self._flush_at_exit)
+        if self._sigterm_installed and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
         self._drain(block=True)
         if not self.agent.exited:
             self.agent.exit(exit_code=exit_code)
@@ -738,6 +788,13 @@ class Supervisor:
 
     def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
         self.close(exit_code=0 if exc_type is None else 1)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM (the launcher's teardown): unwind as an exit, so that atexit flushes the
+    telemetry. A rank blocked in a collective runs this only once the call returns; the
+    launcher's SIGKILL after its term timeout bounds that."""
+    raise SystemExit(128 + signum)
 
 
 def _is_ddp(model: Any) -> bool:

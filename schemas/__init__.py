@@ -34,6 +34,7 @@ from .commands import (
 )
 from .events import (
     CheckpointFailed,
+    CheckpointRejected,
     CheckpointValidated,
     CheckpointWritten,
     CrossRankCheck,
@@ -60,6 +61,7 @@ from .events import (
     RankExit,
     RanksMissing,
     RestartPhases,
+    ResumeRejected,
     RingCheck,
     RunStarted,
     SdcMismatch,
@@ -89,4 +91,5 @@ __all__ = [
     "StragglerCleared", "StragglerDiagnosed", "EvictionDecision", "EvictionVerdict",
     "RingCheck",
     "GroupComputeTimes", "GroupSlowdownCleared", "GroupSlowdownFlagged",
+    "CheckpointRejected", "ResumeRejected",
 ]  # fmt: skip

@@ -103,6 +103,8 @@ class ReasonCode(StrEnum):
     # rack / placement-group slowdown (issue 14 item 1)
     GROUP_SLOWDOWN = "group_slowdown"
     GROUP_SLOWDOWN_CLEARED = "group_slowdown_cleared"
+    # a checkpoint refused at resume: a data fault, not a node fault (issue 15 item 1)
+    CHECKPOINT_REJECTED = "checkpoint_rejected"
 
 
 class Reason(Record):

@@ -105,6 +105,8 @@ UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
     ("heartbeat", 1): lambda body: {**body, "phase": ""},
     # run_started/1 predates placement groups: the run declares none.
     ("run_started", 1): lambda body: {**body, "placement_groups": {}},
+    # rank_exit/1 predates the job's progress at the exit: unknown.
+    ("rank_exit", 1): lambda body: {**body, "job_step": -1},
 }
 
 

@@ -537,6 +537,10 @@ def launch(
     offline: Annotated[
         bool, typer.Option(help="No Kafka: no telemetry, no commands (restarts on crashes only).")
     ] = False,
+    restart_from_scratch: Annotated[
+        bool,
+        typer.Option(help="When every checkpoint was rejected, start again from step 0 (default: stop)."),
+    ] = False,
     bootstrap: Bootstrap = None,
     topic_prefix: Prefix = "",
 ) -> None:
@@ -564,6 +568,7 @@ def launch(
         max_restarts=max_restarts,
         grace_s=grace_s,
         decision_wait_s=decision_wait_s,
+        restart_from_scratch=restart_from_scratch,
         bootstrap="" if offline else resolve_bootstrap(bootstrap),
         topic_prefix=topic_prefix,
         secret_file=os.environ.get("TRAINGUARD_SECRET_FILE", ""),

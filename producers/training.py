@@ -453,6 +453,7 @@ class Supervisor:
             self.instrument_ddp(model)
 
         self._sigterm_installed = False
+        self._exit_flush_started = False
         # A survivor of a peer's crash ends by an exception (gloo's "connection reset") or by
         # the launcher's SIGTERM: either way its last StepTimings leave the shipper first.
         atexit.register(self._flush_at_exit)
@@ -461,7 +462,7 @@ class Supervisor:
             and threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
         ):
-            signal.signal(signal.SIGTERM, _exit_on_sigterm)
+            signal.signal(signal.SIGTERM, self._exit_on_sigterm)
             self._sigterm_installed = True
 
     # ------------------------------------------------------------------ construction
@@ -660,10 +661,11 @@ class Supervisor:
         self.counters.steps += 1
         if self.counters.steps == 1:
             self._write_phases(scope.step)
+        if failed:  # it raised (a peer died mid-collective...): not a completed step, no StepTiming
+            self._drain(block=False)
+            return
         self._pending.append(_Pending(scope.step, scope._start, compute, end, scope.loss, scope.grad_norm))
         self._drain(block=False)
-        if failed:
-            return
         self._write_progress(scope.step)
         if scope.verdict is None:  # the loop did not call check(): assume it applied
             self.control.record_decision(scope.step, True)
@@ -713,11 +715,28 @@ class Supervisor:
             log.warning("trainguard: progress not written to %s: %s", self.progress_file, exc)
             self.progress_file = None
 
+    def _exit_on_sigterm(self, signum: int, frame: object) -> None:
+        """SIGTERM (the launcher's teardown): ship what is queued, bounded by exit_flush_s,
+        then end at once as the default action would (no thread joins: a checkpoint thread
+        stuck in a collective with dead peers would keep the rank, and its heartbeats,
+        alive). The flush runs on its own thread: the interrupted main thread may hold the
+        shipper's lock. A rank blocked in a collective runs this once the call returns; the
+        launcher's SIGKILL after its term timeout bounds that."""
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if self._exit_flush_started:  # atexit is flushing already (an exception exit): let it
+            return
+        self.agent.exited = True  # no more heartbeats: the rank is going, not hung
+        flush = threading.Thread(target=self._flush_at_exit, name="trainguard-exit-flush", daemon=True)
+        flush.start()
+        flush.join(self.config.exit_flush_s + 1.0)
+        os._exit(128 + signum)
+
     def _flush_at_exit(self) -> None:
         """atexit: the process ends without close() (an exception, SIGTERM): ship what is
         queued within exit_flush_s. No RankExit: the launcher reports how it ended."""
-        if self._closed:
+        if self._closed or self._exit_flush_started:
             return
+        self._exit_flush_started = True
         try:
             self._close_telemetry(self.config.exit_flush_s)
         except Exception:
@@ -788,13 +807,6 @@ class Supervisor:
 
     def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
         self.close(exit_code=0 if exc_type is None else 1)
-
-
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    """SIGTERM (the launcher's teardown): unwind as an exit, so that atexit flushes the
-    telemetry. A rank blocked in a collective runs this only once the call returns; the
-    launcher's SIGKILL after its term timeout bounds that."""
-    raise SystemExit(128 + signum)
 
 
 def _is_ddp(model: Any) -> bool:

@@ -495,9 +495,10 @@ class CheckpointManager:
         re-verification is marked ``REJECTED`` (never chosen again, by this manager nor by
         the launcher) and reported; the next older validated one is tried. Returns (the
         step, "") or (None, every reason)."""
-        named = step is not None and not (self.step_dir(step) / REJECTED).exists()
-        if named and (reason := self.rejection_reason(step)):  # absent or never validated
-            return None, reason
+        if step is not None and not (self.step_dir(step) / REJECTED).exists():
+            reason = self.rejection_reason(step)  # absent or never validated
+            if reason is not None:
+                return None, reason
         bound = step if step is not None else below
         older = [s for s in reversed(self.validated_steps()) if bound is None or s < bound]
         candidates = ([] if step is None else [step]) + older

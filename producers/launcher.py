@@ -337,12 +337,19 @@ def progress_path(run_dir: Path, attempt: int, rank: int) -> Path:
 
 
 def read_progress(path: Path) -> int | None:
-    """The step in a progress file (None: absent, or no step completed yet)."""
+    """The step in a progress file (None: absent, or no step completed yet). The rank
+    rewrites it in place, so a read may race a write: read until two reads agree."""
     try:
-        text = path.read_text().strip()
+        data = path.read_bytes()
+        for _ in range(5):
+            again = path.read_bytes()
+            if again == data:
+                break
+            data = again
     except OSError:
         return None
-    return int(text) if text.lstrip("-").isdigit() and int(text) >= 0 else None
+    text = data.strip()
+    return int(text) if text.isdigit() else None
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -377,8 +377,13 @@ class Supervisor:
         self.run_dir = Path(run_dir) if run_dir is not None else Path("trainguard-runs") / run_id
         self.phases_file = Path(phases_file) if phases_file is not None else None
         self.progress_file = Path(progress_file) if progress_file is not None else None
+        self._progress_fd: int | None = None
         if self.progress_file is not None:
-            self.progress_file.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.progress_file.parent.mkdir(parents=True, exist_ok=True)
+                self._progress_fd = os.open(self.progress_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            except OSError as exc:
+                log.warning("trainguard: no progress file %s: %s", self.progress_file, exc)
         self.counters = SupervisorCounters()
         self.control = RankControl(checkpoint_interval_s=self.config.checkpoint_interval_s)
         self.self_check_results: list[grad_checks.SelfCheckResult] = []
@@ -702,18 +707,18 @@ class Supervisor:
             log.warning("trainguard: restart phases not written to %s: %s", self.phases_file, exc)
 
     def _write_progress(self, step: int) -> None:
-        """This rank's newest completed step, for the launcher (a few bytes, write then
-        rename: the launcher never reads a torn file; ~tens of µs, no fsync: a host crash
-        loses the ranks with it). Best effort."""
-        if self.progress_file is None:
+        """This rank's newest completed step, for the launcher: one fixed-width record
+        rewritten in place with pwrite (~6 µs; a write-then-rename took 1-2 ms a step on a
+        loaded 2-core machine). No fsync: a host crash loses the ranks with it. The reader
+        (launcher.read_progress) reads until two reads agree. Best effort."""
+        if self._progress_fd is None:
             return
-        tmp = self.progress_file.with_suffix(".tmp")
         try:
-            tmp.write_text(str(step))
-            os.replace(tmp, self.progress_file)
+            os.pwrite(self._progress_fd, b"%20d\n" % step, 0)
         except OSError as exc:
             log.warning("trainguard: progress not written to %s: %s", self.progress_file, exc)
-            self.progress_file = None
+            os.close(self._progress_fd)
+            self._progress_fd = None
 
     def _exit_on_sigterm(self, signum: int, frame: object) -> None:
         """SIGTERM (the launcher's teardown): ship what is queued, bounded by exit_flush_s,
@@ -790,6 +795,9 @@ class Supervisor:
             return
         self._closed = True
         atexit.unregister(self._flush_at_exit)
+        if self._progress_fd is not None:
+            os.close(self._progress_fd)
+            self._progress_fd = None
         if self._sigterm_installed and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         self._drain(block=True)

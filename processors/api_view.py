@@ -21,6 +21,7 @@ from ..schemas import (
     QuarantineReleased,
     Reason,
     ReleaseNode,
+    ResumeRejected,
     SdcMismatch,
     StragglerDiagnosed,
 )
@@ -78,7 +79,15 @@ class RunView:
 
 
 #: Derived kinds that are decisions (the archive's `decision` view); every command is one.
-_DECISION_KINDS = (Quarantine, Page, EvictionDecision, IntervalUpdate, StragglerDiagnosed, QuarantineReleased)
+_DECISION_KINDS = (
+    Quarantine,
+    Page,
+    EvictionDecision,
+    IntervalUpdate,
+    StragglerDiagnosed,
+    QuarantineReleased,
+    ResumeRejected,
+)
 
 
 @dataclass

@@ -39,6 +39,7 @@ from pydantic import ValidationError
 from ..schemas import (
     NO_STEP,
     CheckpointFailed,
+    CheckpointRejected,
     CheckpointValidated,
     CheckpointWritten,
     Envelope,
@@ -223,6 +224,18 @@ class RankAgent:
         """Writing or validating the checkpoint failed (error truncated to the schema's bound)."""
         self._emit(
             CheckpointFailed, checkpoint_step, checkpoint_step=checkpoint_step, uri=uri, error=error[:4000]
+        )
+
+    def checkpoint_rejected(self, checkpoint_step: int, uri: str, error: str, resumed_from_step: int) -> None:
+        """A checkpoint failed verification before resume; this attempt resumes from
+        `resumed_from_step` instead (-1: none left). Not a node fault."""
+        self._emit(
+            CheckpointRejected,
+            checkpoint_step,
+            checkpoint_step=checkpoint_step,
+            uri=uri,
+            error=error[:4000],
+            resumed_from_step=max(-1, resumed_from_step),
         )
 
     def exit(

@@ -16,7 +16,8 @@ the creation time, the caller's ``last_verified_step`` (R6 watermark) and per-te
 parameter norms. Rank 0 then validates the checkpoint in another background thread
 (:mod:`.checkpoint_validate`) and reports ``checkpoint_validated`` or
 ``checkpoint_failed``; :meth:`CheckpointManager.load` only ever restores a ``VALIDATED``
-one, re-checking its digests first and falling back to the previous one when they fail.
+one, re-checking its digests first and falling back to the previous one when they fail
+(marking the failed one ``REJECTED``: it is never chosen again).
 
 Storage unavailable. A failed write (any exception from DCP, an ``OSError`` in
 particular, or a ``storage_hook`` that raises) keeps the snapshot in host memory,
@@ -219,6 +220,8 @@ class CheckpointManager:
         elif self._own_replica:
             self.replica = PeerReplica(rank, world_size, run_id=run_id)
         self.last_restore: tuple[int, str] | None = None  # (step, "own" | "peer" | "storage")
+        #: Checkpoints the last load() rejected (rank 0), step -> reason.
+        self.rejected: dict[int, str] = {}
         self.last_load_s: float | None = None
         if rank == 0:
             self._seed_band()
@@ -484,8 +487,21 @@ class CheckpointManager:
             return f"checkpoint step {step} is not validated (yet)"
         return None
 
-    def _choose(self, step: int | None, verify: bool) -> tuple[int | None, str]:
-        candidates = [step] if step is not None else list(reversed(self.validated_steps()))
+    def _choose(self, step: int | None, verify: bool, below: int | None = None) -> tuple[int | None, str]:
+        """Rank 0: the newest resumable checkpoint at or before `step` (all when None).
+
+        A named `step` that does not exist or was never validated is the caller's error (no
+        fallback); `below` limits an unnamed choice to older steps. A checkpoint that fails
+        re-verification is marked ``REJECTED`` (never chosen again, by this manager nor by
+        the launcher) and reported; the next older validated one is tried. Returns (the
+        step, "") or (None, every reason)."""
+        if step is not None and not (self.step_dir(step) / REJECTED).exists():
+            reason = self.rejection_reason(step)  # absent or never validated
+            if reason is not None:
+                return None, reason
+        bound = step if step is not None else below
+        older = [s for s in reversed(self.validated_steps()) if bound is None or s < bound]
+        candidates = ([] if step is None else [step]) + older
         reasons = []
         for s in candidates:
             if reason := self.rejection_reason(s):
@@ -495,23 +511,32 @@ class CheckpointManager:
             if verify:
                 manifest = read_manifest(d) or {}
                 if reason := verify_files(d, manifest):
-                    reason = f"re-verification before resume failed: {reason}"
-                    write_marker(d, False, {"step": s, "reason": reason, "at": time.time()})
-                    self._report_failed(s, reason)
+                    self._reject(s, f"re-verification before resume failed: {reason}")
                     reasons.append(f"checkpoint step {s}: {reason}")
                     continue
             return s, ""
         if not candidates:
             return None, f"no validated checkpoint under {self.root}"
-        return None, "; ".join(reasons)
+        return None, f"no valid checkpoint left under {self.root}: " + "; ".join(reasons)
+
+    def _reject(self, step: int, reason: str) -> None:
+        """Rank 0: mark a checkpoint REJECTED (atomically: the launcher reads the marker to
+        choose the next attempt's resume step) and report the failure."""
+        write_marker(self.step_dir(step), False, {"step": step, "reason": reason, "at": time.time()})
+        self._report_failed(step, reason)
+        self.rejected[step] = reason
 
     def load(self, step: int | None = None, *, verify: bool = True, peer: bool = True) -> int:
         """Restore the newest validated checkpoint (or ``step``) into the state; returns its step.
 
         Waits for queued saves first. ``verify`` re-checks the digests (a checkpoint whose
         files changed since validation is marked ``REJECTED``, and the previous one is
-        tried; a peer copy's sha256). With a replica, ``peer`` and no ``step``, host
-        memory is preferred when it is at least as new (module docstring). Raises
+        tried; a peer copy's sha256). A named ``step`` that is rejected (now, or before)
+        or whose load fails falls back the same way, to the newest validated checkpoint
+        older than it: the caller resumes from the step returned, and rank 0 reports each
+        rejection (``checkpoint_rejected``) with that step. Every rank returns the same
+        step. With a replica, ``peer`` and no ``step``, host memory is preferred when it
+        is at least as new (module docstring). Raises
         :class:`CheckpointError` when there is nothing resumable. Its duration is kept in
         ``last_load_s`` (a restart phase: the launcher reads it through the Supervisor).
         """
@@ -523,6 +548,7 @@ class CheckpointManager:
 
     def _load(self, step: int | None, *, verify: bool, peer: bool) -> int:
         self.wait()
+        self.rejected = {}
         use_peer = peer and step is None and self.replica is not None
         copies: list[Any] = []
         if use_peer:
@@ -546,18 +572,49 @@ class CheckpointManager:
         chosen, why, agreed, source = choice
         if source == "memory" and self._load_memory(int(agreed), copies, verify):
             return int(agreed)
-        if chosen is None:
-            raise CheckpointError(why)
-        reader = dcp.FileSystemReader(str(self.step_dir(chosen)))
-        try:
-            if self._dist:
-                dcp.load({"app": self.state}, storage_reader=reader, process_group=self._group)
-            else:
-                dcp.load({"app": self.state}, storage_reader=reader, no_dist=True)
-        except CheckpointException as exc:  # a BaseException: callers catching Exception would miss it
-            raise CheckpointError(f"loading checkpoint step {chosen} failed: {_describe(exc)}") from None
+        while True:  # every rank runs this loop alike: the choice and DCP's errors are collective
+            if chosen is None:
+                self._report_rejections(step, -1)
+                raise CheckpointError(why)
+            reader = dcp.FileSystemReader(str(self.step_dir(chosen)))
+            try:
+                if self._dist:
+                    dcp.load({"app": self.state}, storage_reader=reader, process_group=self._group)
+                else:
+                    dcp.load({"app": self.state}, storage_reader=reader, no_dist=True)
+                break
+            except CheckpointException as exc:  # a BaseException: callers catching Exception would miss it
+                # It failed on some rank (DCP gathers every rank's error, so all see it):
+                # the ranks that loaded fine load the older one with it, so all agree.
+                failed = f"loading checkpoint step {chosen} failed: {_describe(exc)}"
+                choice = [None, failed]
+                if self.rank == 0:
+                    self._reject(int(chosen), failed)
+                    older, why = self._choose(None, verify, below=int(chosen))
+                    choice = [older, f"{failed}; {why}" if why else failed]
+                if self._dist:
+                    dist.broadcast_object_list(choice, src=0, group=self._group)
+                chosen, why = choice
+        self._report_rejections(step, int(chosen))
         self.last_restore = (int(chosen), "storage")
         return int(chosen)
+
+    def _report_rejections(self, asked: int | None, resumed: int) -> None:
+        """Rank 0: each checkpoint rejected by this load, as CheckpointRejected (the
+        reporter's optional ``checkpoint_rejected``), with the step resumed from instead."""
+        report = getattr(self.reporter, "checkpoint_rejected", None)
+        if self.rank != 0 or report is None:
+            return
+        for step, reason in sorted(self.rejected.items(), reverse=True):
+            try:
+                report(step, str(self.step_dir(step)), reason, resumed)
+            except Exception:
+                log.exception("checkpoint reporter checkpoint_rejected failed")
+        if self.rejected:
+            log.warning(
+                "checkpoint steps %s rejected before resume (asked for %s); resuming from step %d",
+                sorted(self.rejected), asked, resumed,
+            )  # fmt: skip
 
     def _load_memory(self, step: int, copies: list[Any], verify: bool) -> bool:
         """Every rank restores ``step`` from its own copy or its holder's; False (on all

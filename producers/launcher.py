@@ -35,6 +35,18 @@ validated checkpoint, without waiting for an Abort. So the run keeps going when 
 processor is down, and the processor's quarantine still shapes the next placement when
 it is up. ``max_restarts`` bounds the restarts of a run (any cause, torchrun's meaning).
 
+Resume selection never loops (issue 15). The resume step is the newest checkpoint with a
+VALIDATED marker and no REJECTED one. The ranks verify the named checkpoint before they
+load it (producers/checkpoint.py); one that fails is marked REJECTED and the attempt
+resumes from the newest validated one older than it, so the next attempt's choice, read
+from the same markers, never names it again. When every checkpoint was rejected the run
+stops with status "failed" and a message that says so, unless ``restart_from_scratch``.
+
+Lost work is exact: every rank's Supervisor rewrites ``attempt-N/rank-R.progress`` (its
+newest completed step, path in TRAINGUARD_PROGRESS_FILE) after each step, and each
+RankExit carries the rank's own step and ``job_step``, the newest step any rank of the
+attempt had completed when the exit was seen.
+
 Commands (executed on the actuator thread; they only set requests the loop reads):
 
 - Abort: the ranks dump their stacks and exit themselves (their own actuators); the
@@ -161,6 +173,9 @@ log = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 VALIDATED_MARKER = "VALIDATED"
+#: Written next to a checkpoint that failed verification (producers/checkpoint_validate.py):
+#: it outranks VALIDATED, so a checkpoint the ranks rejected at load is never chosen again.
+REJECTED_MARKER = "REJECTED"
 
 
 class RestartCause(StrEnum):
@@ -190,21 +205,35 @@ FAULT_POINTS = (
 # --------------------------------------------------------------------------- checkpoints
 
 
-def validated_steps(checkpoint_dir: Path) -> dict[int, float]:
-    """Steps with a ``step-NNN/VALIDATED`` marker, and each marker's mtime."""
-    out: dict[int, float] = {}
+def _step_dirs(checkpoint_dir: Path) -> list[tuple[int, Path]]:
     try:
         entries = list(os.scandir(checkpoint_dir))
     except OSError:
-        return out
-    for entry in entries:
-        m = _STEP_DIR.match(entry.name)
-        if m is None or not entry.is_dir():
+        return []
+    found = [(m, entry) for entry in entries if (m := _STEP_DIR.match(entry.name)) is not None]
+    return sorted((int(m.group(1)), Path(entry.path)) for m, entry in found if entry.is_dir())
+
+
+def validated_steps(checkpoint_dir: Path) -> dict[int, float]:
+    """Steps with a ``step-NNN/VALIDATED`` marker and no ``REJECTED`` one (a checkpoint the
+    ranks rejected at load keeps its old VALIDATED marker), and each marker's mtime."""
+    out: dict[int, float] = {}
+    for step, path in _step_dirs(checkpoint_dir):
+        if (path / REJECTED_MARKER).exists():
             continue
         try:
-            out[int(m.group(1))] = (Path(entry.path) / VALIDATED_MARKER).stat().st_mtime
+            out[step] = (path / VALIDATED_MARKER).stat().st_mtime
         except OSError:
             continue
+    return out
+
+
+def rejected_steps(checkpoint_dir: Path) -> dict[int, str]:
+    """Steps with a ``REJECTED`` marker, and each one's reason."""
+    out: dict[int, str] = {}
+    for step, path in _step_dirs(checkpoint_dir):
+        if (path / REJECTED_MARKER).exists():
+            out[step] = str(_read_json(path / REJECTED_MARKER).get("reason", "unknown reason"))
     return out
 
 
@@ -310,6 +339,9 @@ class LauncherConfig:
     self_test_spares: Literal["on-demand", "ahead", "off"] = "on-demand"
     #: Longest a node self-test may take (its worker processes are killed after it).
     self_test_timeout_s: float = 120.0
+    #: When every checkpoint was rejected (none valid left): False stops the run with a
+    #: message that says so; True starts the next attempt from step 0 (scratch).
+    restart_from_scratch: bool = False
 
     @property
     def resolved_run_dir(self) -> Path:
@@ -324,6 +356,27 @@ def free_port(addr: str = "127.0.0.1") -> int:
 
 def phases_path(run_dir: Path, attempt: int, rank: int) -> Path:
     return run_dir / f"attempt-{attempt}" / f"rank-{rank}.phases.json"
+
+
+def progress_path(run_dir: Path, attempt: int, rank: int) -> Path:
+    """The rank's newest completed step, rewritten by its Supervisor after every step."""
+    return run_dir / f"attempt-{attempt}" / f"rank-{rank}.progress"
+
+
+def read_progress(path: Path) -> int | None:
+    """The step in a progress file (None: absent, or no step completed yet). The rank
+    rewrites it in place, so a read may race a write: read until two reads agree."""
+    try:
+        data = path.read_bytes()
+        for _ in range(5):
+            again = path.read_bytes()
+            if again == data:
+                break
+            data = again
+    except OSError:
+        return None
+    text = data.strip()
+    return int(text) if text.isdigit() else None
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -719,6 +772,13 @@ class Launcher:
                 else:
                     resume = self._newest()
                 self._forced_resume = None
+                left = self._none_left(resume)
+            if left:
+                if pending is not None:
+                    self._finish(pending, result)
+                result.status, result.reason = "failed", left
+                log.error("%s", left)
+                break
             reuse = None
             self.journal.append(
                 "attempt",
@@ -1113,6 +1173,7 @@ class Launcher:
             "TRAINGUARD_CHECKPOINT_DIR": str(cfg.checkpoint_dir),
             "TRAINGUARD_RESUME_STEP": str(resume),
             "TRAINGUARD_PHASES_FILE": str(phases_path(self.run_dir, self.attempt, rank)),
+            "TRAINGUARD_PROGRESS_FILE": str(progress_path(self.run_dir, self.attempt, rank)),
             "TRAINGUARD_RUN_DIR": str(self.run_dir),  # the Supervisor's stack dumps and journals
             "TRAINGUARD_SKIP_BATCHES": ",".join(map(str, skips)),
         }
@@ -1224,6 +1285,21 @@ class Launcher:
     def _newest(self) -> int:
         return max(self._eligible(), default=-1)
 
+    def _none_left(self, resume: int) -> str:
+        """Why the run stops before an attempt from scratch: every checkpoint it had was
+        rejected at load ('' when there is nothing to stop for, or the config allows a
+        start from step 0)."""
+        if resume >= 0 or self.config.restart_from_scratch:
+            return ""
+        rejected = rejected_steps(self.config.checkpoint_dir)
+        if not rejected:
+            return ""  # no checkpoint was ever made: step 0 is the run's own start
+        why = "; ".join(f"step {step}: {reason}" for step, reason in sorted(rejected.items(), reverse=True))
+        return (
+            f"no valid checkpoint left in {self.config.checkpoint_dir}: every one was rejected "
+            f"({why[:1500]}); not restarting from step 0 (--restart-from-scratch allows it)"
+        )
+
     def _interruption(
         self,
         cause: RestartCause,
@@ -1327,14 +1403,22 @@ class Launcher:
         )
 
     def _exit(self, result: LaunchResult, end: RankEnd) -> None:
+        """The RankExit of one rank: its own newest completed step and the newest any rank
+        of the attempt completed, both from the ranks' progress files (exact when the
+        survivors' last StepTimings are still in their shippers)."""
         result.exits.append(end)
         info = _read_json(phases_path(self.run_dir, end.attempt, end.rank))
-        last_step = info.get("last_step")
+        own = read_progress(progress_path(self.run_dir, end.attempt, end.rank))
+        if own is None:  # a rank program without the progress file: its first step at most
+            first = info.get("last_step")
+            own = first if isinstance(first, int) and first >= NO_STEP else NO_STEP
+        steps = [read_progress(progress_path(self.run_dir, end.attempt, r)) for r in range(self.config.nproc)]
+        job_step = max([own, *(s for s in steps if s is not None)])
         self._emit(
             RankExit,
             end.rank,
             end.node,
-            last_step if isinstance(last_step, int) and last_step >= NO_STEP else NO_STEP,
+            own,
             key=f"exit-{end.attempt}-{end.rank}",
             attempt=end.attempt,
             exit_code=end.returncode,
@@ -1342,6 +1426,7 @@ class Launcher:
             requested=end.requested,
             stack_dump_ref=str(info.get("stack_dump_ref", ""))[:2000],
             stack_signature=str(info.get("stack_signature", ""))[:2000],
+            job_step=max(-1, job_step),
         )
 
     def _emit(

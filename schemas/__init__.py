@@ -34,6 +34,7 @@ from .commands import (
 )
 from .events import (
     CheckpointFailed,
+    CheckpointRejected,
     CheckpointValidated,
     CheckpointWritten,
     CrossRankCheck,
@@ -61,6 +62,7 @@ from .events import (
     RankExit,
     RanksMissing,
     RestartPhases,
+    ResumeRejected,
     RingCheck,
     RunStarted,
     SdcMismatch,
@@ -91,4 +93,5 @@ __all__ = [
     "RingCheck",
     "GroupComputeTimes", "GroupSlowdownCleared", "GroupSlowdownFlagged",
     "NodeSelfTestResult",
+    "CheckpointRejected", "ResumeRejected",
 ]  # fmt: skip

@@ -106,6 +106,8 @@ class ReasonCode(StrEnum):
     # node self-test results (issue 15 item 6)
     NODE_SELF_TEST_PASSED = "node_self_test_passed"
     NODE_SELF_TEST_FAILED = "node_self_test_failed"
+    # a checkpoint refused at resume: a data fault, not a node fault (issue 15 item 1)
+    CHECKPOINT_REJECTED = "checkpoint_rejected"
 
 
 class Reason(Record):

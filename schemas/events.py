@@ -188,16 +188,21 @@ class CheckpointFailed(Envelope):
 
 
 class RankExit(Envelope):
-    """A rank process ended. stack_signature summarises its stack at exit (for hang culprits)."""
+    """A rank process ended. stack_signature summarises its stack at exit (for hang culprits).
+    step: the newest step this rank completed; job_step: the newest step ANY rank of the
+    attempt completed when this exit was reported (the launcher reads every rank's progress
+    file), so that an interruption declared on this exit counts its lost steps exactly even
+    while the survivors' last reports are still in their shippers."""
 
     KIND: ClassVar[str] = "rank_exit"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
 
     exit_code: int | None = None
     signal: int | None = Field(default=None, ge=1, le=128)
     requested: bool = Field(default=False, description="True when the exit executed an abort command.")
     stack_dump_ref: str = Field(default="", max_length=2000)
     stack_signature: str = Field(default="", max_length=2000)
+    job_step: int = Field(default=-1, ge=-1, description="Newest step any rank completed (-1: unknown).")
 
 
 class RestartPhases(Envelope):
@@ -263,6 +268,21 @@ class NodeSelfTestResult(Envelope):
     reason: Reason
 
 
+class CheckpointRejected(Envelope):
+    """A checkpoint failed verification when the ranks were about to resume from it (rank
+    0's report; a REJECTED marker is written next to it, so it is never chosen again). The
+    attempt resumes from `resumed_from_step`, the newest validated checkpoint older than it
+    (-1: none is left). A checkpoint fault, not a node fault."""
+
+    KIND: ClassVar[str] = "checkpoint_rejected"
+    VERSION: ClassVar[int] = 1
+
+    checkpoint_step: int = Field(ge=0)
+    uri: str = Field(max_length=2000)
+    error: str = Field(max_length=4000)
+    resumed_from_step: int = Field(ge=-1, description="The step this attempt resumes from instead.")
+
+
 TELEMETRY_KINDS: tuple[type[Envelope], ...] = (
     RunStarted,
     Heartbeat,
@@ -280,6 +300,7 @@ TELEMETRY_KINDS: tuple[type[Envelope], ...] = (
     RingCheck,
     GroupComputeTimes,
     NodeSelfTestResult,
+    CheckpointRejected,
 )
 
 # --------------------------------------------------------------------------- derived
@@ -572,6 +593,19 @@ class GroupSlowdownCleared(Derived):
     flagged_steps: int = Field(ge=0)
 
 
+class ResumeRejected(Derived):
+    """The core's record of a checkpoint refused before resume (from CheckpointRejected):
+    its reason, the step the attempt resumes from instead, and the interruption whose
+    restart it belongs to (its timeline entry). A checkpoint fault quarantines no node."""
+
+    KIND: ClassVar[str] = "resume_rejected"
+    VERSION: ClassVar[int] = 1
+
+    checkpoint_step: int = Field(ge=0)
+    resumed_from_step: int = Field(ge=-1)
+    interruption_id: str = Field(default="", max_length=200, description="'' when no interruption is open.")
+
+
 DERIVED_KINDS: tuple[type[Derived], ...] = (
     StragglerFlagged,
     StragglerCleared,
@@ -591,4 +625,5 @@ DERIVED_KINDS: tuple[type[Derived], ...] = (
     QuarantineReleased,
     GroupSlowdownFlagged,
     GroupSlowdownCleared,
+    ResumeRejected,
 )

@@ -259,7 +259,8 @@ DDL: tuple[str, ...] = (
            payload->'reason'->>'code' AS reason_code, payload->'reason'->>'text' AS reason_text,
            CAST(payload->'caused_by' AS VARCHAR[]) AS caused_by
     FROM raw_event
-    WHERE kind IN ('quarantine', 'page', 'eviction_decision', 'interval_update', 'straggler_diagnosed')
+    WHERE kind IN ('quarantine', 'page', 'eviction_decision', 'interval_update', 'straggler_diagnosed',
+                   'resume_rejected')
     UNION ALL
     SELECT run_id, command_id, kind, issued_ts, reason_code, reason_text,
            CAST(payload->'caused_by' AS VARCHAR[])

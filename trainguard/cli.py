@@ -551,6 +551,10 @@ def launch(
             "on-demand (once a quarantine picks it), ahead (from the start), off."
         ),
     ] = "on-demand",
+    restart_from_scratch: Annotated[
+        bool,
+        typer.Option(help="When every checkpoint was rejected, start again from step 0 (default: stop)."),
+    ] = False,
     bootstrap: Bootstrap = None,
     topic_prefix: Prefix = "",
 ) -> None:
@@ -582,6 +586,7 @@ def launch(
         grace_s=grace_s,
         decision_wait_s=decision_wait_s,
         self_test_spares=self_test,  # type: ignore[arg-type]  # checked above
+        restart_from_scratch=restart_from_scratch,
         bootstrap="" if offline else resolve_bootstrap(bootstrap),
         topic_prefix=topic_prefix,
         secret_file=os.environ.get("TRAINGUARD_SECRET_FILE", ""),

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from ...schemas import (
+    CheckpointRejected,
     CheckpointValidated,
     CheckpointWritten,
     Command,
@@ -63,6 +64,7 @@ from . import (
     paging,
     quarantine,
     repeat_step,
+    resume,
     rollback,
     sdc,
     straggler,
@@ -165,6 +167,8 @@ def step(
         outputs += _on_exit(run, rank, event)
     elif isinstance(event, NodeSelfTestResult):
         outputs += node_tests.on_result(run.paging, event, policy.release_on_self_test_pass)
+    elif isinstance(event, CheckpointRejected):
+        outputs += resume.on_rejected(run, event)
     if run.pending_hang is not None:
         open_window(run.pending_hang, event, run.last_ts)
         outputs += _maybe_conclude_hang(run, event.ts, policy)
@@ -368,6 +372,8 @@ def _begin_attempt(run: RunState, event: Envelope, resumed_from_step: int) -> li
     run.pending_hang = None
     run.resumed_from_step = resumed_from_step
     run.job_step = resumed_from_step
+    run.exit_step = -1
+    run.restart_of = run.open_interruption.interruption_id if run.open_interruption is not None else ""
     run.move_to(RunPhase.STARTING)
     return outputs
 
@@ -503,6 +509,7 @@ def _on_heartbeat(run: RunState, rank: RankState, event: Heartbeat, policy: Core
 
 
 def _on_exit(run: RunState, rank: RankState, event: RankExit) -> list[Output]:
+    run.exit_step = max(run.exit_step, event.step, event.job_step)
     rank.exited = True
     rank.requested_exit = rank.requested_exit or event.requested
     if event.stack_signature:  # the launcher's report of the same exit may come without it
@@ -520,6 +527,22 @@ def _on_exit(run: RunState, rank: RankState, event: RankExit) -> list[Output]:
             run.move_to(RunPhase.FINISHED)
         return []
     how = f"signal {event.signal}" if event.signal is not None else f"exit code {event.exit_code}"
+    if run.no_checkpoint_attempt == run.attempt:  # the ranks had nothing valid to resume from
+        return [
+            _interruption(
+                run,
+                cause=InterruptionCause.CRASH,
+                detected_by="rank_exit",
+                cause_id=event.event_id,
+                at=event.ts,
+                culprit=-1,
+                reason=Reason(
+                    code=ReasonCode.CHECKPOINT_REJECTED,
+                    text=f"rank {event.rank} on {event.node} ended ({how}): no valid checkpoint was "
+                    "left to resume from; a checkpoint fault, no node is quarantined",
+                ),
+            )
+        ]
     interruption = _interruption(
         run,
         cause=InterruptionCause.CRASH,
@@ -529,8 +552,7 @@ def _on_exit(run: RunState, rank: RankState, event: RankExit) -> list[Output]:
         culprit=event.rank,
         reason=Reason(
             code=ReasonCode.RANK_EXITED,
-            text=f"rank {event.rank} on {event.node} died ({how}) after step "
-            f"{max(rank.last_step, run.job_step)}",
+            text=f"rank {event.rank} on {event.node} died ({how}) after step {completed_step(run)}",
         ),
     )
     return [interruption, abort_for(run, interruption, stack_dump=False)]
@@ -554,7 +576,7 @@ def _roll_back(run: RunState, found: SdcMismatch, found_now: list[SdcMismatch]) 
         culprit=found.rank,
         reason=target.reason,
     )
-    lost = max(0, run.job_step - target.checkpoint_step)
+    lost = max(0, completed_step(run) - target.checkpoint_step)
     if run.open_interruption is not None:
         run.open_interruption.lost_steps = lost
     update = {"lost_steps": lost, "last_checkpoint_step": target.checkpoint_step, "node": found.node}
@@ -632,9 +654,11 @@ def _interruption(
     reason: Reason,
     detect_s: float = 0.0,
 ) -> Interruption:
-    """Declare an interruption (id derived from the event that revealed it)."""
+    """Declare an interruption (id derived from the event that revealed it). Its step is
+    the newest any rank completed; its lost steps, those after the checkpoint it resumes from."""
     checkpoint = max(run.last_validated_step, run.resumed_from_step)
-    lost = max(0, run.job_step - checkpoint if checkpoint >= 0 else run.job_step + 1)
+    completed = completed_step(run)
+    lost = max(0, completed - checkpoint if checkpoint >= 0 else completed + 1)
     event_id = derived_id("interruption", cause_id)
     run.move_to(RunPhase.INTERRUPTED)
     run.interruptions += 1
@@ -645,7 +669,7 @@ def _interruption(
         attempt=run.attempt,
         rank=culprit,
         node=node_of(run, culprit),
-        step=run.job_step,
+        step=completed,
         ts=at,
         reason=reason,
         caused_by=[cause_id],
@@ -655,6 +679,12 @@ def _interruption(
         lost_steps=lost,
         last_checkpoint_step=checkpoint,
     )
+
+
+def completed_step(run: RunState) -> int:
+    """The newest step any rank completed in this attempt: the StepTimings seen, or what
+    the exits report (the launcher reads the ranks' progress files) when newer."""
+    return max(run.job_step, run.exit_step)
 
 
 # --------------------------------------------------------------------------- views

@@ -110,6 +110,15 @@ class RunState:
     high_water_step: int = -1
     resumed_from_step: int = -1
     last_validated_step: int = -1
+    #: Newest step any rank completed in this attempt as its exits report it (RankExit's
+    #: step and job_step, from the ranks' progress files): exact even while the survivors'
+    #: last StepTimings are still on their way.
+    exit_step: int = -1
+    #: The interruption this attempt restarts after ('' none): a resume's rejections belong to it.
+    restart_of: str = ""
+    #: An attempt whose ranks found no valid checkpoint to resume from (resume.py): its
+    #: crashes are a checkpoint fault, not a node's.
+    no_checkpoint_attempt: int = -1
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
     pending_hang: PendingHang | None = None
     open_interruption: OpenInterruption | None = None

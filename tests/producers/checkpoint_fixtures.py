@@ -82,6 +82,9 @@ class Recorder:
     def checkpoint_failed(self, *args: Any) -> None:
         self.calls.append(("failed", args))
 
+    def checkpoint_rejected(self, *args: Any) -> None:
+        self.calls.append(("rejected", args))
+
     def steps(self, kind: str) -> list[int]:
         return [args[0] for k, args in self.calls if k == kind]
 

@@ -144,6 +144,80 @@ def test_checkpoint_without_manifest_is_invisible(tmp_path: Path) -> None:
     assert not validate(tmp_path / "step-000000002").ok
 
 
+def three_checkpoints(root: Path) -> dict[int, dict[str, torch.Tensor]]:
+    """Validated checkpoints at steps 2, 4 and 6 of one loop; the parameters at each."""
+    a = make_state(0)
+    loop, at = Loop(a), {}
+    with manager(root, a) as mgr:
+        for step in (2, 4, 6):
+            loop.steps(2)
+            mgr.save(step)
+            at[step] = params(a)
+        mgr.wait_validated()
+        assert mgr.validated_steps() == [2, 4, 6]
+    return at
+
+
+def flip_mid_shard(directory: Path) -> str:
+    shard = sorted(directory.glob("*.distcp"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    return shard.name
+
+
+@pytest.mark.parametrize("fault", ["flipped byte", "missing shard"])
+def test_a_corrupted_checkpoint_named_for_resume_falls_back_and_is_never_chosen_again(
+    tmp_path: Path, fault: str
+) -> None:
+    at = three_checkpoints(tmp_path)
+    newest = tmp_path / "step-000000006"
+    if fault == "flipped byte":
+        name, why = flip_mid_shard(newest), "digest mismatch in shard"
+    else:
+        name = sorted(newest.glob("*.distcp"))[0].name
+        (newest / name).unlink()
+        why = "missing shard"
+    rec, b = Recorder(), make_state(1)
+    with manager(tmp_path, b, reporter=rec) as mgr:
+        assert mgr.load(6) == 4  # the launcher named 6: the newest validated one older than it
+        assert (newest / "REJECTED").exists() and mgr.validated_steps() == [2, 4]
+        assert list(mgr.rejected) == [6] and why in mgr.rejected[6] and name in mgr.rejected[6]
+        assert rec.calls[-1][0] == "rejected" and rec.calls[-1][1][0] == 6 and rec.calls[-1][1][3] == 4
+        assert any(why in reason for reason in rec.reasons(6))  # and reported as a failure
+        assert mgr.load(6) == 4 and mgr.rejected == {}  # marked once: not re-verified, not re-reported
+        assert mgr.load() == 4
+    for name_, tensor in params(b).items():
+        assert torch.equal(tensor, at[4][name_]), name_
+
+
+def test_with_every_checkpoint_rejected_load_says_none_is_left(tmp_path: Path) -> None:
+    three_checkpoints(tmp_path)
+    for step in (2, 4, 6):
+        flip_mid_shard(tmp_path / f"step-{step:09d}")
+    rec = Recorder()
+    with manager(tmp_path, make_state(1), reporter=rec) as mgr:
+        with pytest.raises(CheckpointError, match="no valid checkpoint left") as err:
+            mgr.load(6)
+        assert all(f"checkpoint step {s}" in str(err.value) for s in (2, 4, 6))
+        assert [args[0] for k, args in rec.calls if k == "rejected"] == [6, 4, 2]
+        assert {args[3] for k, args in rec.calls if k == "rejected"} == {-1}
+        assert mgr.validated_steps() == []
+
+
+def test_a_load_that_fails_after_verification_falls_back_too(tmp_path: Path) -> None:
+    three_checkpoints(tmp_path)
+    metadata = tmp_path / "step-000000006" / ".metadata"
+    manifest = read_manifest(tmp_path / "step-000000006")
+    assert manifest is not None
+    metadata.write_bytes(b"not a pickle")  # the digest check is skipped (verify=False) below
+    rec = Recorder()
+    with manager(tmp_path, make_state(1), reporter=rec) as mgr:
+        assert mgr.load(6, verify=False) == 4
+        assert "loading checkpoint step 6 failed" in mgr.rejected[6]
+        assert (tmp_path / "step-000000006" / "REJECTED").exists()
+
+
 def storage_outage() -> tuple[threading.Event, Callable[[], None]]:
     """A storage probe that fails while the event is set (set at first): clear it to end the outage."""
     down = threading.Event()

@@ -26,6 +26,8 @@ from trainguard.producers.launcher import (
     RestartCause,
     make_actuator,
     python_command,
+    rejected_steps,
+    validated_steps,
 )
 from trainguard.producers.selftest import CheckResult, NodeSelfTestReport
 from trainguard.producers.shipper import ShipperConfig, TelemetryShipper
@@ -56,7 +58,10 @@ from ..readers import TopicReader
 #: A fake rank: steps with progress files; rank 0 writes a VALIDATED checkpoint every
 #: CKPT_EVERY steps; FAKE_KILL="rank:step:attempt" SIGKILLs that rank at that step (once
 #: checkpoint FAKE_KILL_AFTER_CKPT is validated); FAKE_HANG=attempt makes every rank
-#: hang at its second step of that attempt. It writes the phases file the Supervisor would write.
+#: hang at its second step of that attempt; FAKE_REJECT_ALL=attempt makes rank 0 mark every
+#: checkpoint REJECTED at its third step of that attempt and exit 1 (what ranks that find
+#: nothing valid left to resume from do). It writes the phases and progress files the
+#: Supervisor would write.
 FAKE_RANK = textwrap.dedent(
     """
     import json, os, signal, sys, time
@@ -94,10 +99,17 @@ FAKE_RANK = textwrap.dedent(
             d = ckpt / ("step-%09d" % step)
             d.mkdir(parents=True, exist_ok=True)
             (d / "VALIDATED").write_text("ok")
+        if rank == 0 and env.get("FAKE_REJECT_ALL") == str(attempt) and step == resume + 3:
+            for d in ckpt.glob("step-*"):
+                (d / "REJECTED").write_text(json.dumps({"reason": "digest mismatch in shard __0_0.distcp"}))
+            sys.exit(1)
         phases["last_step"] = step
         if "first_step_ts" not in phases:
             phases["first_step_ts"] = time.time()
         write_phases()
+        progress = Path(env["TRAINGUARD_PROGRESS_FILE"])
+        progress.with_suffix(".tmp").write_text(str(step))
+        os.replace(progress.with_suffix(".tmp"), progress)
     """
 )
 
@@ -149,6 +161,15 @@ def test_sigkill_ends_the_attempt_and_the_group_restarts_from_the_newest_validat
     culprit = exits[(0, 1)]
     assert (culprit.signal, culprit.exit_code, culprit.requested, culprit.node) == (9, -9, False, "node-0000")
     assert all(exits[(0, r)].requested for r in (0, 2, 3))
+    # Each exit: the rank's own newest completed step, and the newest any rank had completed
+    # when it was seen (these fake ranks do not wait for each other), from the progress files.
+    assert culprit.step == 11 and culprit.job_step >= 11
+    progress = [
+        int((tmp_path / "ckpt" / ".trainguard" / "attempt-0" / f"rank-{r}.progress").read_text())
+        for r in range(4)
+    ]
+    assert [exits[(0, r)].step for r in range(4)] == progress
+    assert all(exits[(0, r)].job_step == max(progress) for r in (0, 2, 3))
     assert all(exits[(1, r)].exit_code == 0 and not exits[(1, r)].requested for r in range(4))
     env = seen_env(tmp_path, 1, 3)
     assert env["TRAINGUARD_RESUME_STEP"] == "10" and env["TRAINGUARD_ATTEMPT"] == "1"
@@ -478,3 +499,42 @@ def test_cli_sigterm_tears_the_group_down_cleanly(tmp_path: Path) -> None:
         pid = json.loads((tmp_path / "out" / f"env-0-{r}.json").read_text())["PID"]
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_checkpoint_the_ranks_rejected_is_never_chosen_again(tmp_path: Path) -> None:
+    sink = MemorySink()
+    ckpt = tmp_path / "ckpt"
+    for step in (5, 10):
+        (ckpt / f"step-{step:09d}").mkdir(parents=True)
+        (ckpt / f"step-{step:09d}" / "VALIDATED").write_text("ok")
+    (ckpt / "step-000000010" / "REJECTED").write_text(json.dumps({"reason": "missing shard __1_0.distcp"}))
+    assert validated_steps(ckpt).keys() == {5}
+    assert rejected_steps(ckpt) == {10: "missing shard __1_0.distcp"}
+    result = make_launcher(tmp_path, sink, {"FAKE_STEPS": "8"}).run()
+    assert result.status == "ok", result.reason
+    assert [s.resumed_from_step for s in sink.of(RunStarted)] == [5]
+
+
+def test_with_every_checkpoint_rejected_the_run_stops_and_says_so(tmp_path: Path) -> None:
+    sink = MemorySink()
+    env = {"FAKE_REJECT_ALL": "0", "FAKE_STEPS": "14"}
+    (tmp_path / "ckpt" / "step-000000005").mkdir(parents=True)
+    (tmp_path / "ckpt" / "step-000000005" / "VALIDATED").write_text("ok")
+    result = make_launcher(tmp_path, sink, env).run()
+    assert result.status == "failed" and result.attempts == 1
+    assert (
+        result.reason.startswith("no valid checkpoint left in ")
+        and "step 5: digest mismatch" in result.reason
+    )
+    assert "--restart-from-scratch" in result.reason
+    assert [(r.cause, r.to_attempt) for r in result.restarts] == [(RestartCause.CRASH, None)]
+
+
+def test_with_every_checkpoint_rejected_the_policy_may_start_from_step_0(tmp_path: Path) -> None:
+    sink = MemorySink()
+    env = {"FAKE_REJECT_ALL": "0", "FAKE_STEPS": "14"}
+    (tmp_path / "ckpt" / "step-000000005").mkdir(parents=True)
+    (tmp_path / "ckpt" / "step-000000005" / "VALIDATED").write_text("ok")
+    result = make_launcher(tmp_path, sink, env, restart_from_scratch=True).run()
+    assert result.status == "ok", result.reason
+    assert [s.resumed_from_step for s in sink.of(RunStarted)] == [5, -1]

@@ -19,7 +19,13 @@ process, as in production), with each fault injected in turn:
   to the newest checkpoint at or before the last passing cross-rank check;
 - storage unavailable for a while (two checkpoint intervals): the failed writes are
   reported, training goes on, the snapshots kept in host memory are flushed and validated
-  once storage is back, and the weights are again bitwise those of the uninterrupted run.
+  once storage is back, and the weights are again bitwise those of the uninterrupted run;
+- the newest checkpoint corrupted between attempts (a flipped byte mid-shard) and the one
+  before it missing a shard: the relaunch rejects both and resumes from the newest valid
+  one, no node is quarantined, each rejection is on record with its reason, and the
+  weights end bitwise.
+
+In the crash and hang runs the interruption's lost steps are exact (issue 15 item 4).
 """
 
 from __future__ import annotations
@@ -27,10 +33,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +49,7 @@ from trainguard.replay.log import read_topic
 from trainguard.schemas import (
     Abort,
     CheckpointFailed,
+    CheckpointRejected,
     CheckpointValidated,
     Command,
     Derived,
@@ -54,11 +63,14 @@ from trainguard.schemas import (
     Quarantine,
     QuarantineNode,
     ReasonCode,
+    ResumeRejected,
     RingCheck,
     Rollback,
     RunNodeSelfTest,
+    RunStarted,
     SdcMismatch,
     SdcSelfCheck,
+    StepTiming,
     StragglerDiagnosed,
     StragglerFlagged,
     decode,
@@ -115,10 +127,14 @@ def launch(
     fault: str | None = None,
     self_test: str = "off",
     env_extra: dict[str, str] | None = None,
+    run_id: str | None = None,
+    stop_when: Callable[[Path], bool] | None = None,
 ) -> Run:
-    """`trainguard launch` of the example; spares join untested unless `self_test` says when
-    to test them (the real node self-test costs worker start-ups on this machine)."""
-    run_id = f"tiny-{uuid.uuid4().hex[:8]}"
+    """One `trainguard launch` of the example; spares join untested unless `self_test` says
+    when to test them (the real node self-test costs worker start-ups on this machine); with
+    `stop_when`, the launcher is stopped (SIGTERM, as an operator would) once it holds for
+    the checkpoint dir."""
+    run_id = run_id or f"tiny-{uuid.uuid4().hex[:8]}"
     workdir.mkdir(parents=True, exist_ok=True)
     ckpt = workdir / "ckpt"
     env = {**os.environ, "TRAINGUARD_SECRET": SECRET, "OMP_NUM_THREADS": "1"}
@@ -139,8 +155,18 @@ def launch(
         "--self-test", self_test,
         "--", sys.executable, str(EXAMPLE),
     ]  # fmt: skip
-    done = subprocess.run(command, env=env, cwd=workdir, capture_output=True, text=True, timeout=400)
-    return Run(run_id, done, ckpt)
+    if stop_when is None:
+        done = subprocess.run(command, env=env, cwd=workdir, capture_output=True, text=True, timeout=400)
+        return Run(run_id, done, ckpt)
+    with subprocess.Popen(
+        command, env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and not stop_when(ckpt) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    return Run(run_id, subprocess.CompletedProcess(command, proc.returncode, out, err), ckpt)
 
 
 def decisions(pipeline: Processor, run_id: str) -> tuple[list[Derived], list[Command]]:
@@ -176,6 +202,23 @@ def assert_bitwise(run: Run, clean: Run) -> None:
     assert all(torch.equal(expected[name], got[name]) for name in expected), "weights diverged"
 
 
+def assert_lost_work_exact(
+    pipeline: Processor, run: Run, interruption: Interruption, killed_before: int
+) -> None:
+    """The interruption's last completed step is the newest any rank completed (the max
+    step in the ranks' telemetry of that attempt: the survivors flushed theirs before they
+    exited), and its lost steps are exactly those after the checkpoint it resumes from."""
+    steps = [
+        e.step
+        for e in telemetry(pipeline, run.run_id)
+        if isinstance(e, StepTiming) and e.attempt == interruption.attempt
+    ]
+    assert interruption.step == max(steps) == killed_before - 1
+    assert interruption.lost_steps == interruption.step - interruption.last_checkpoint_step
+    (restart,) = run.restarts()
+    assert interruption.last_checkpoint_step == restart["resumed_from_step"]
+
+
 def test_the_uninterrupted_run_is_never_interrupted(pipeline: Processor, clean: Run) -> None:
     assert clean.restarts() == []
     assert clean.validated(STEPS - 1)
@@ -197,6 +240,7 @@ def test_sigkill_of_one_rank_restarts_and_ends_bitwise(
     (crash,) = [d for d in derived if isinstance(d, Interruption)]
     assert (crash.cause, crash.rank) == (InterruptionCause.CRASH, 3)
     assert [c.node for c in commands if isinstance(c, QuarantineNode)] == [crash.node]
+    assert_lost_work_exact(pipeline, run, crash, killed_before=57)
     assert_bitwise(run, clean)
 
 
@@ -216,6 +260,7 @@ def test_a_rank_hung_in_the_step_is_detected_aborted_and_the_run_ends_bitwise(
     (detected,) = [d for d in derived if isinstance(d, HangDetected)]
     (hang,) = [d for d in derived if isinstance(d, Interruption)]
     assert (hang.cause, hang.rank, hang.node) == (InterruptionCause.HANG, 2, "node-0001")  # its odd stack
+    assert_lost_work_exact(pipeline, run, hang, killed_before=64)
     assert hang.reason.code == ReasonCode.ODD_STACK and named_as_cause(hang.reason.text) == {2}
     (abort,) = [c for c in commands if isinstance(c, Abort)]
     assert abort.command_id == restart["command_id"]
@@ -372,3 +417,81 @@ def test_storage_unavailable_for_a_while_loses_nothing(
     assert failed == {49, 59}  # the two writes while it was down were reported...
     assert all(run.validated(step) for step in failed)  # ...kept in host memory, flushed later
     assert_bitwise(run, clean)
+
+
+#: What the ranks' verification before resume says of a flipped byte and of a missing shard.
+WHY = ("digest mismatch in shard __2_0.distcp", "missing shard __1_0.distcp")
+
+
+def newest_validated(ckpt: Path) -> int:
+    return max(
+        int(d.name[5:])
+        for d in ckpt.glob("step-*")
+        if (d / "VALIDATED").exists() and not (d / "REJECTED").exists()
+    )
+
+
+def test_corrupted_checkpoints_are_rejected_and_the_run_resumes_from_the_newest_valid_one(
+    pipeline: Processor, clean: Run, tmp_path: Path
+) -> None:
+    """Issue 15's first acceptance point, in one stop and one relaunch (suite time): stopped,
+    the newest validated checkpoint N gets 4 bytes flipped mid-shard and the one before it,
+    N-10, loses a shard; relaunched on N, the ranks reject N, then N-10, each for its own
+    reason, and resume from N-20; the run ends with the clean run's weights, no node
+    quarantined, and each rejection on record with why, in the restart's timeline entry."""
+    run_id = f"tiny-{uuid.uuid4().hex[:8]}"
+    first = launch(
+        pipeline,
+        tmp_path,
+        run_id=run_id,
+        stop_when=lambda ckpt: (ckpt / "step-000000099" / "VALIDATED").exists(),
+    )
+    assert first.done.returncode == 130, first.explain()  # stopped, as an operator would
+    flipped = newest_validated(first.ckpt)
+    missing = flipped - CHECKPOINT_EVERY
+    shard = first.ckpt / f"step-{flipped:09d}" / "__2_0.distcp"
+    data = bytearray(shard.read_bytes())
+    mid = len(data) // 2
+    data[mid : mid + 4] = bytes(b ^ 0xFF for b in data[mid : mid + 4])
+    shard.write_bytes(bytes(data))
+    (first.ckpt / f"step-{missing:09d}" / "__1_0.distcp").unlink()
+
+    again = launch(pipeline, tmp_path, run_id=run_id)
+    assert again.done.returncode == 0, again.explain()
+    assert_bitwise(again, clean)
+
+    # The launcher named N; rank 0 rejected N and N-10 (REJECTED markers: never chosen
+    # again) and every rank resumed from N-20; re-doing those steps later wrote fresh,
+    # valid checkpoints there.
+    resumed = flipped - 2 * CHECKPOINT_EVERY
+    events = telemetry(pipeline, run_id)
+    started = sorted((e.attempt, e.resumed_from_step) for e in events if isinstance(e, RunStarted))
+    assert started == [(0, -1), (1, flipped)]
+    rejected = sorted(
+        (e for e in events if isinstance(e, CheckpointRejected)), key=lambda e: -e.checkpoint_step
+    )
+    assert [(e.attempt, e.checkpoint_step, e.resumed_from_step) for e in rejected] == [
+        (1, flipped, resumed),
+        (1, missing, resumed),
+    ]
+    assert WHY[0] in rejected[0].error and WHY[1] in rejected[1].error
+    assert min(e.step for e in events if isinstance(e, StepTiming) and e.attempt == 1) == resumed + 1
+    assert again.validated(flipped) and again.validated(missing)
+
+    derived, commands = decisions(pipeline, run_id)
+    assert not [c for c in commands if isinstance(c, QuarantineNode | Rollback)]
+    assert not [d for d in derived if isinstance(d, Quarantine | Page)]
+    (restart,) = [d for d in derived if isinstance(d, Interruption)]  # the stop, seen at the relaunch
+    assert (restart.cause, restart.attempt) == (InterruptionCause.OPERATOR, 0)
+    rejections = sorted(
+        (d for d in derived if isinstance(d, ResumeRejected)), key=lambda d: -d.checkpoint_step
+    )
+    assert [(d.attempt, d.checkpoint_step, d.resumed_from_step) for d in rejections] == [
+        (1, flipped, resumed),
+        (1, missing, resumed),
+    ]
+    for rejection, why in zip(rejections, WHY, strict=True):
+        assert rejection.reason.code == ReasonCode.CHECKPOINT_REJECTED
+        assert why in rejection.reason.text and "no node is quarantined" in rejection.reason.text
+        # in the timeline: a decision of the restart it belongs to (the archive joins on caused_by)
+        assert rejection.interruption_id == restart.interruption_id in rejection.caused_by

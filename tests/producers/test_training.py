@@ -75,6 +75,27 @@ def test_step_timing_and_stats(tmp_path: Path) -> None:
     sup.close()
 
 
+def test_the_progress_file_holds_the_newest_completed_step_and_a_step_that_raised_is_not_one(
+    tmp_path: Path,
+) -> None:
+    from trainguard.producers.launcher import read_progress
+
+    progress = tmp_path / "attempt-0" / "rank-0.progress"
+    sup, sink, model = make(tmp_path, progress_file=progress)
+    assert read_progress(progress) is None  # no step completed yet
+    for step in range(3):
+        with sup.step(step) as s:
+            loss = model(torch.ones(4, 8)).square().mean()
+            loss.backward()
+            s.check(loss)
+        assert read_progress(progress) == step
+    with pytest.raises(RuntimeError), sup.step(3):  # a peer died in the collective
+        raise RuntimeError("Connection reset by peer")
+    assert read_progress(progress) == 2
+    assert [t.step for t in sink.of(StepTiming)] == [0, 1, 2]  # no StepTiming for step 3
+    sup.close()
+
+
 def test_heartbeats_carry_the_phase_the_loop_is_in(tmp_path: Path) -> None:
     sup, sink, model = make(tmp_path)
     seen: list[str] = []

@@ -10,6 +10,7 @@ import pytest
 
 from trainguard.schemas import (
     GpuHealth,
+    RankExit,
     Record,
     RejectReason,
     RunStarted,
@@ -68,7 +69,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
     ),
     "checkpoint_validated": dict(checkpoint_step=100, uri="file:///c/100", last_verified_step=100),
     "checkpoint_failed": dict(checkpoint_step=100, uri="file:///c/100", error="ENOSPC"),
-    "rank_exit": dict(signal=9, stack_signature="collective:allreduce"),
+    "rank_exit": dict(signal=9, stack_signature="collective:allreduce", job_step=136),
     "restart_phases": dict(
         interrupted_attempt=2,
         cause="crash",
@@ -168,6 +169,13 @@ SAMPLES: dict[str, dict[str, Any]] = {
         evidence={"median_temp_c": 91.2},
     ),
     "group_slowdown_cleared": dict(reason=REASON, group="rack-09", flagged_steps=120),
+    "checkpoint_rejected": dict(
+        checkpoint_step=119,
+        uri="file:///c/119",
+        error="digest mismatch in shard __2_0.distcp",
+        resumed_from_step=99,
+    ),
+    "resume_rejected": dict(reason=REASON, checkpoint_step=119, resumed_from_step=99, interruption_id="i-1"),
 }
 COMMAND_SAMPLES: dict[str, dict[str, Any]] = {
     "checkpoint_now": {},
@@ -377,3 +385,9 @@ def test_a_gpu_health_of_version_1_is_upcast_with_the_v2_readings_unknown() -> N
         and event.memory_temperature_c is None
         and event.nvlink_crc_errors is None
     )
+
+
+def test_a_rank_exit_of_version_1_is_upcast_with_the_job_step_unknown() -> None:
+    body = {"schema": "rank_exit/1", **ENVELOPE, "signal": 9}
+    event = decode(orjson.dumps(body))
+    assert isinstance(event, RankExit) and event.job_step == -1 and event.signal == 9

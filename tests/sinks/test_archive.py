@@ -210,6 +210,36 @@ def test_timeline_lists_each_interruptions_decisions_and_cost(tmp_path: Path) ->
     assert row["gpu_hours"] == pytest.approx(cost)
 
 
+def test_timeline_shows_a_checkpoint_rejected_at_resume_and_why(tmp_path: Path) -> None:
+    """Issue 15: stopped, relaunched on checkpoint 30 whose shard rank 0 finds flipped; it
+    resumes from 20. The restart's timeline entry lists the rejection with its reason."""
+    from trainguard.processors.core import CorePolicy, run_all
+    from trainguard.schemas import CheckpointRejected
+
+    from ..processors.streams import Job
+
+    job = Job(world_size=4).start().steps(35)
+    for r in range(4):
+        job.exit(r, signal=15, requested=True)
+    job.restart(resumed_from_step=30)
+    job.events.append(
+        CheckpointRejected(
+            **job._env(0), checkpoint_step=30, uri="file:///c/30", resumed_from_step=20,
+            error="re-verification before resume failed: digest mismatch in shard __2_0.distcp",
+        )
+    )  # fmt: skip
+    job.step = 20
+    job.steps(5)
+    _, outputs = run_all(job.events, CorePolicy())
+    with Archive(tmp_path / "a.duckdb") as archive:
+        archive.write([*job.events, *outputs])
+        (row,) = timeline(archive)
+    assert row["cause"] == "operator" and row["decisions"] == ["resume_rejected"]
+    (text,) = row["decision_reasons"]
+    assert text.startswith("resume_rejected: checkpoint step 30 failed verification before resume")
+    assert "digest mismatch in shard __2_0.distcp" in text and "resumes from step 20" in text
+
+
 def test_dead_letters_keep_reason_and_original_bytes(tmp_path: Path) -> None:
     bad_event = step_timing(99, 1).model_dump(mode="json")  # rank 99 in a world of 8
     batch = encode_batch(

@@ -57,11 +57,12 @@ from ..readers import TopicReader
 
 #: A fake rank: steps with progress files; rank 0 writes a VALIDATED checkpoint every
 #: CKPT_EVERY steps; FAKE_KILL="rank:step:attempt" SIGKILLs that rank at that step (once
-#: checkpoint FAKE_KILL_AFTER_CKPT is validated); FAKE_HANG=attempt makes every rank
-#: hang at its second step of that attempt; FAKE_REJECT_ALL=attempt makes rank 0 mark every
-#: checkpoint REJECTED at its third step of that attempt and exit 1 (what ranks that find
-#: nothing valid left to resume from do). It writes the phases and progress files the
-#: Supervisor would write.
+#: checkpoint FAKE_KILL_AFTER_CKPT is validated); FAKE_HANG=attempt makes every rank hang
+#: at its second step of that attempt; FAKE_LOCKSTEP=1 keeps every rank within a step of
+#: the slowest (a collective's lockstep: none runs past a dead rank);
+#: FAKE_REJECT_ALL=attempt makes rank 0 mark every checkpoint REJECTED at its third step
+#: of that attempt and exit 1 (what ranks that find nothing valid left to resume from
+#: do). It writes the phases and progress files the Supervisor would write.
 FAKE_RANK = textwrap.dedent(
     """
     import json, os, signal, sys, time
@@ -86,8 +87,16 @@ FAKE_RANK = textwrap.dedent(
     write_phases()
     kill = env.get("FAKE_KILL", "")
     steps, every = int(env.get("FAKE_STEPS", "20")), int(env.get("CKPT_EVERY", "5"))
+    progress = Path(env["TRAINGUARD_PROGRESS_FILE"])
+    def done(r):
+        try:
+            return int((progress.parent / ("rank-%d.progress" % r)).read_text())
+        except (OSError, ValueError):
+            return resume
     for step in range(resume + 1, steps):
         time.sleep(0.02)
+        while env.get("FAKE_LOCKSTEP") and min(map(done, range(int(env["WORLD_SIZE"])))) < step - 1:
+            time.sleep(0.005)  # as in a collective: no rank runs ahead of a dead one
         if env.get("FAKE_HANG") == str(attempt) and step == resume + 2:
             time.sleep(3600)
         if kill and kill.split(":") == [str(rank), str(step), str(attempt)]:
@@ -107,7 +116,6 @@ FAKE_RANK = textwrap.dedent(
         if "first_step_ts" not in phases:
             phases["first_step_ts"] = time.time()
         write_phases()
-        progress = Path(env["TRAINGUARD_PROGRESS_FILE"])
         progress.with_suffix(".tmp").write_text(str(step))
         os.replace(progress.with_suffix(".tmp"), progress)
     """
@@ -149,7 +157,9 @@ def seen_env(tmp_path: Path, attempt: int, rank: int) -> dict[str, str]:
 
 def test_sigkill_ends_the_attempt_and_the_group_restarts_from_the_newest_validated(tmp_path: Path) -> None:
     sink = MemorySink()
-    launcher = make_launcher(tmp_path, sink, {"FAKE_KILL": "1:12:0", "FAKE_KILL_AFTER_CKPT": "10"})
+    # In lockstep, as ranks in a collective: none passes step 12 (no checkpoint 15 to race).
+    kill = {"FAKE_KILL": "1:12:0", "FAKE_KILL_AFTER_CKPT": "10", "FAKE_LOCKSTEP": "1"}
+    launcher = make_launcher(tmp_path, sink, kill)
     result = launcher.run()
     assert result.status == "ok", result.reason
     assert result.attempts == 2

@@ -369,9 +369,14 @@ def test_a_deterministically_wrong_device_is_caught_by_the_ring_check_and_rolled
     first = [e for e in events if e.attempt == 0]
     # Its self-checks pass (wrong the same way twice): only the ring can see it.
     assert all(c.digest_first == c.digest_second for c in events if isinstance(c, SdcSelfCheck))
-    (mismatch,) = [d for d in derived if isinstance(d, SdcMismatch)]  # none after the rollback
-    assert (mismatch.method, mismatch.rank, mismatch.node, mismatch.attempt) == ("ring", 1, "node-0000", 0)
-    assert onset <= mismatch.step <= onset + 60  # the first ring checks after the onset
+    mismatches = [d for d in derived if isinstance(d, SdcMismatch)]
+    # Every mismatch names the wrong device, none after the rollback. A ring check runs at
+    # the first step every rank holds its command: with ~40 ms steps a command's round trip
+    # spans tens of steps, so checks planned before the onset may run (and fail) after it,
+    # before the rollback lands; the first names it at the first ring run after the onset.
+    assert {(m.method, m.rank, m.node, m.attempt) for m in mismatches} == {("ring", 1, "node-0000", 0)}
+    mismatch = min(mismatches, key=lambda m: m.step)
+    assert onset <= mismatch.step
     assert [c.node for c in commands if isinstance(c, QuarantineNode)] == ["node-0000"]
     # The node self-test on it fails (its matrix products are wrong: the knob reaches the
     # test's workers); the spare its ranks moved to passed before it joined.

@@ -195,6 +195,7 @@ def _events(sim: _Sim) -> Iterator[Envelope]:
         )
         failure = max(failure, launch_ts)
         restarting = sim.attempt > 0  # the first launch is not a restart
+        sim.step = sim.ckpt_step  # an attempt starts from its checkpoint (a failed launch too)
         if failure < first_step_ts and failure < run.end_ts:  # the launch itself failed
             truth.restart_s += (failure - launch_ts) if restarting else 0.0
             t = failure
@@ -205,7 +206,6 @@ def _events(sim: _Sim) -> Iterator[Envelope]:
         else:
             truth.restart_s += (first_step_ts - launch_ts) if restarting else 0.0
             t = first_step_ts - run.step_s
-            sim.step = sim.ckpt_step
             sim.ckpt_done_ts = t
             since_ckpt = 0.0
             # ---- train until the next failure or the end of the run.

@@ -24,7 +24,6 @@ from ...schemas import (
     Command,
     Derived,
     NodeSelfTestResult,
-    Quarantine,
     QuarantineNode,
     QuarantineReleased,
     Reason,
@@ -33,6 +32,7 @@ from ...schemas import (
 )
 from .ids import derived_id
 from .paging import PagingState
+from .quarantine import take_out
 
 
 def note_leaving(state: PagingState, command: QuarantineNode) -> None:
@@ -67,27 +67,8 @@ def _quarantine(state: PagingState, event: NodeSelfTestResult) -> list[Derived |
         text=f"node {event.node} failed its {event.purpose} self-test ({event.reason.text}); "
         "out of the pool for the rest of the run",
     )
-    quarantine = Quarantine(
-        event_id=derived_id("quarantine", event.event_id),
-        run_id=event.run_id,
-        attempt=event.attempt,
-        rank=-1,
-        node=event.node,
-        step=event.step,
-        ts=event.ts,
-        reason=reason,
-        caused_by=[event.event_id],
-        run_ids_affected=[event.run_id],
-    )
-    command = QuarantineNode(
-        command_id=derived_id("quarantine_node", event.run_id, event.attempt, event.node),
-        run_id=event.run_id,
-        attempt=event.attempt,
-        ranks=None,
-        issued_ts=event.ts,
-        reason=reason,
-        caused_by=[quarantine.event_id],
-        node=event.node,
+    quarantine, command = take_out(
+        event.run_id, event.attempt, -1, event.node, event.step, event.ts, reason, cause_id=event.event_id
     )
     return [quarantine, command]
 

@@ -41,29 +41,46 @@ def on_interruption(
         f"{interruption.run_id} ({interruption.cause.value}: {interruption.reason.text}); "
         "out of the pool before the restart",
     )
+    quarantine, command = take_out(
+        interruption.run_id,
+        interruption.attempt,
+        interruption.rank,
+        node,
+        interruption.step,
+        interruption.ts,
+        reason,
+        cause_id=interruption.interruption_id,
+    )
+    paging.quarantined[interruption.interruption_id] = (node, quarantine.event_id)
+    return [quarantine, command]
+
+
+def take_out(
+    run_id: str, attempt: int, rank: int, node: str, step: int, ts: float, reason: Reason, cause_id: str
+) -> tuple[Quarantine, QuarantineNode]:
+    """The Quarantine event (named after the record that caused it) and its QuarantineNode
+    command. The command's id is one per node and attempt, whoever asks for it (the SDC
+    detector and a failed self-test derive theirs the same way)."""
     quarantine = Quarantine(
-        event_id=derived_id("quarantine", interruption.interruption_id),
-        run_id=interruption.run_id,
-        attempt=interruption.attempt,
-        rank=interruption.rank,
+        event_id=derived_id("quarantine", cause_id),
+        run_id=run_id,
+        attempt=attempt,
+        rank=rank,
         node=node,
-        step=interruption.step,
-        ts=interruption.ts,
+        step=step,
+        ts=ts,
         reason=reason,
-        caused_by=[interruption.interruption_id],
-        run_ids_affected=[interruption.run_id],
+        caused_by=[cause_id],
+        run_ids_affected=[run_id],
     )
     command = QuarantineNode(
-        # The SDC detector derives its QuarantineNode the same way: one command per node
-        # and attempt, whoever asks for it.
-        command_id=derived_id("quarantine_node", interruption.run_id, interruption.attempt, node),
-        run_id=interruption.run_id,
-        attempt=interruption.attempt,
+        command_id=derived_id("quarantine_node", run_id, attempt, node),
+        run_id=run_id,
+        attempt=attempt,
         ranks=None,
-        issued_ts=interruption.ts,
+        issued_ts=ts,
         reason=reason,
         caused_by=[quarantine.event_id],
         node=node,
     )
-    paging.quarantined[interruption.interruption_id] = (node, quarantine.event_id)
-    return [quarantine, command]
+    return quarantine, command

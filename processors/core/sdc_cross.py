@@ -18,7 +18,7 @@ from ...schemas import Command, CrossRankCheck, Derived, Reason, ReasonCode, Run
 from .ids import derived_id
 from .outputs import node_of
 from .sdc_checks import bisect_three, mismatch, quarantine, third_rank, watermark_text, world_of
-from .sdc_state import SdcPolicy, SdcState, remember
+from .sdc_state import PendingBisection, SdcPolicy, SdcState, remember
 from .state import RunState
 
 
@@ -28,7 +28,9 @@ def on_cross_check(
     """Two values: within tolerance -> a good-hardware sample and the watermark advances;
     beyond -> RunCrossRankCheck with a third rank. Three values: the odd one out gets an
     SdcMismatch and its node a QuarantineNode and a RunNodeSelfTest; if nobody can be named, SdcMismatch with
-    rank -1 says why. Before the tolerance is calibrated, the spread is recorded only."""
+    rank -1 says why, unless all three agree and the disagreement bisected was within
+    ``unreproduced_margin`` tolerances (refuted: the watermark moves on). Before the
+    tolerance is calibrated, the spread is recorded only."""
     current = state.for_attempt(run.attempt, run.resumed_from_step)
     ranks, values = list(event.ranks), list(event.values)
     if len(ranks) != len(values) or len(set(ranks)) != len(ranks):
@@ -50,12 +52,13 @@ def on_cross_check(
             _sample(state, gap, policy)
             state.vouch(ranks, event.step)
             return []
-        state.suspect(event.step)
         third = third_rank(world_of(run), run.ranks_per_node, ranks)
         if third is None:
+            state.suspect(event.step)
             text = f"{where}: differ by {gap:.3g} > tolerance {tolerance:.3g}; no third rank to bisect"
             return [_mismatch(state, run, event, -1, "", text, tolerance, gap)]
-        current.bisecting[event.microbatch_id] = event.event_id
+        current.bisecting[event.microbatch_id] = PendingBisection(event.event_id, event.step, gap / tolerance)
+        state.hold(event.step)
         reason = Reason(
             code=ReasonCode.CROSS_RANK_MISMATCH,
             text=f"{where}: differ by {gap:.3g} > tolerance {tolerance:.3g}, one of them is lying; "
@@ -74,15 +77,27 @@ def on_cross_check(
         )
         return [bisect]
 
-    first = current.bisecting.pop(event.microbatch_id, None)
+    pending: PendingBisection | str | None = current.bisecting.pop(event.microbatch_id, None)
+    if isinstance(pending, str):  # a snapshot from before PendingBisection: judged as before
+        pending = PendingBisection(pending, event.step, math.inf)
+    if pending is not None:
+        tolerance = pending.tolerance(state, policy, values) or tolerance
     verdict = bisect_three(values, tolerance)
     if verdict.liar is not None or verdict.all_agree:
         for i, j in verdict.agreeing:
             _sample(state, abs(values[i] - values[j]), policy)
-    if verdict.all_agree and first is None:
+    refuted = pending is not None and pending.excess <= policy.unreproduced_margin
+    if verdict.all_agree and (pending is None or refuted):
+        # Nothing disagrees now; a disagreement within reach of the noise tail that the
+        # third rank does not reproduce is refuted (a transient fault is the self-check's).
         state.vouch(ranks, event.step)
+        if pending is not None:
+            state.release(pending.step, confirmed=False)
         return []
-    state.suspect(event.step)
+    if pending is not None:
+        state.release(pending.step, confirmed=True)
+    state.suspect(event.step if pending is None else min(pending.step, event.step))
+    first = pending.event_id if pending is not None else None
     if verdict.liar is not None:
         liar = ranks[verdict.liar]
         state.vouch([r for r in ranks if r != liar], event.step)
@@ -94,7 +109,11 @@ def on_cross_check(
         found = _mismatch(state, run, event, liar, node, text, tolerance, verdict.deviation, first)
         return [found, *quarantine(current, run, found)]
     if verdict.all_agree:
-        what = "all three agree now: the first disagreement did not reproduce (transient fault)"
+        what = (
+            "all three agree now: the first disagreement did not reproduce, and it was "
+            f"{pending.excess if pending else math.nan:.3g} tolerances off, past the noise "
+            f"(unreproduced_margin {policy.unreproduced_margin:g}): a transient fault"
+        )
     elif verdict.agreeing:
         what = "a chain (one value agrees with two that disagree): nobody can be named"
     else:

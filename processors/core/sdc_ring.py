@@ -7,7 +7,9 @@ value. A device that is wrong the same way every time makes its own value wrong 
 its recomputation of its neighbour wrong, so it fails BOTH edges it takes part in and is
 named without a third rank; its neighbours each keep one passing edge. A lone failing
 edge (a transient fault in one of the two computations, or two adjacent devices wrong
-the same way) is bisected by the pair check's three-rank path (:mod:`.sdc_cross`).
+the same way) is bisected by the pair check's three-rank path (:mod:`.sdc_cross`) at this
+ring's relative tolerance; a disagreement the third rank does not reproduce and that was
+within reach of the noise tail of W comparisons is refuted there, not a rollback.
 
 Each rank pays one extra microbatch per check, as in a pair check, but the whole job is
 covered each time: a wrong device is found at the first check after its onset, one
@@ -41,7 +43,15 @@ from ...schemas import Command, Derived, Reason, ReasonCode, RingCheck, RunCross
 from .ids import derived_id
 from .outputs import node_of
 from .sdc_checks import mismatch, quarantine, third_rank, world_of
-from .sdc_state import MEDIAN_ABS_TO_SIGMA, PendingRing, RingReport, SdcPolicy, SdcState, remember
+from .sdc_state import (
+    MEDIAN_ABS_TO_SIGMA,
+    PendingBisection,
+    PendingRing,
+    RingReport,
+    SdcPolicy,
+    SdcState,
+    remember,
+)
 from .state import RunState
 
 Output = Derived | Command
@@ -166,7 +176,6 @@ def _judge(state: SdcState, run: RunState, check_id: str, policy: SdcPolicy) -> 
     for rank in culprits:
         outputs += _culprit(state, run, check_id, ring, rank, source_of[rank], gaps, tolerance, ts)
     if lone:
-        state.suspect(ring.step)
         outputs += _bisect(state, run, check_id, ring, lone, gaps, tolerance, ts)
     return outputs
 
@@ -238,6 +247,7 @@ def _bisect(
     current = state.for_attempt(run.attempt, run.resumed_from_step)
     world = world_of(run)
     if len(lone) > MAX_BISECTIONS:
+        state.suspect(ring.step)
         text = (
             f"ring check {check_id} at step {ring.step}: {len(lone)} comparisons failed without a "
             f"device failing both of its own (tolerance {tolerance:.3g}): not a few wrong devices, "
@@ -257,13 +267,16 @@ def _bisect(
         )
         event_id = ring.reports[source].event_id
         if third is None:
+            state.suspect(ring.step)
             text = f"{where}; no third rank to bisect"
             outputs.append(
                 _nobody(state, run, f"{check_id}/r{target}", ring, text, tolerance, ts, [event_id])
             )
             continue
         microbatch = f"{check_id}/r{target}"
-        current.bisecting[microbatch] = event_id
+        excess = gaps[source] / tolerance
+        current.bisecting[microbatch] = PendingBisection(event_id, ring.step, excess, tolerance)
+        state.hold(ring.step)
         reason = Reason(
             code=ReasonCode.CROSS_RANK_MISMATCH,
             text=f"{where}: one of them is lying; bisecting with rank {third} on "

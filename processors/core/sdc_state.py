@@ -107,6 +107,14 @@ class SdcPolicy(BaseModel):
     cross_check_window: int = Field(
         1000, ge=10, description="How many recent passing cross-rank differences the spread is taken over."
     )
+    unreproduced_margin: float = Field(
+        2.0,
+        ge=1,
+        description="A cross-rank disagreement that a third rank's recomputation does not "
+        "reproduce is evidence of a transient fault (roll back) only if its gap exceeded "
+        "this many tolerances; within it, it is the noise tail of many comparisons (at 2, "
+        "10 sigma for the pair check's 5), refuted by the bisection: no mismatch, no rollback.",
+    )
     cross_check_min_tolerance: float = Field(
         0.0,
         ge=0,
@@ -199,10 +207,33 @@ class AttemptSdc(_NewFieldsDefault):
     #: Job step at which the latest self-check / cross-rank check was scheduled.
     last_self_check_step: int = 0
     last_cross_check_step: int = 0
-    #: microbatch_id -> event_id of the two-rank check whose mismatch is being bisected.
-    bisecting: dict[str, str] = field(default_factory=dict)
+    #: microbatch_id -> the disagreement being bisected with a third rank.
+    bisecting: dict[str, PendingBisection] = field(default_factory=dict)
     #: check_id -> the ring check being collected (judged ones are in seen_checks).
     rings: dict[str, PendingRing] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PendingBisection:
+    """A cross-rank disagreement (a pair check's, or a ring's lone failing edge) awaiting
+    the third rank's recomputation."""
+
+    #: The report that disagreed.
+    event_id: str
+    #: The step it was computed at: the watermark is held below it until the verdict.
+    step: int
+    #: Its gap over its tolerance (> 1): how far past the noise it was.
+    excess: float
+    #: A ring edge's relative tolerance (its microbatches differ in magnitude); None: the
+    #: pair check's absolute spread.
+    relative_tolerance: float | None = None
+
+    def tolerance(self, state: SdcState, policy: SdcPolicy, values: list[float]) -> float | None:
+        """The tolerance the three values are judged at."""
+        if self.relative_tolerance is None:
+            return state.tolerance(policy)
+        scale = sorted(abs(v) for v in values if math.isfinite(v))
+        return self.relative_tolerance * (scale[len(scale) // 2] if scale else 1.0)
 
 
 @dataclass
@@ -239,6 +270,9 @@ class SdcState(_NewFieldsDefault):
     #: |a - b| / |b| of recent passing ring edges (the ring's good-hardware spread: each
     #: edge is a different microbatch, so gaps are relative to its value).
     ring_spread: RunningQuantile = field(default_factory=RunningQuantile)
+    #: Steps of disagreements awaiting bisection: the watermark is held below the oldest,
+    #: and moves on if the bisection refutes it (see :meth:`hold`).
+    held_steps: list[int] = field(default_factory=list)
 
     def for_attempt(self, attempt: int, resumed_from_step: int) -> AttemptSdc:
         """The per-attempt memory, renewed when the run moves to a new attempt. An attempt
@@ -250,6 +284,9 @@ class SdcState(_NewFieldsDefault):
             for rank, step in self.cross_verified.items():  # work past the resume point is gone
                 if step > resumed_from_step:
                     self.cross_verified[rank] = resumed_from_step
+            for step in self.held_steps:  # never resolved: as suspect as a mismatch
+                self.suspect(step)
+            self.held_steps = []
             if self.suspect_since_step is not None and resumed_from_step <= self.last_passing_check_step:
                 self.suspect_since_step = None
             if resumed_from_step < self.last_passing_check_step:
@@ -267,6 +304,8 @@ class SdcState(_NewFieldsDefault):
         insort(self.passing_steps, step)
         if len(self.passing_steps) > REMEMBERED:
             del self.passing_steps[0]
+        if self.held_steps and step >= self.held_steps[0]:
+            return  # kept in passing_steps: counted if the bisection refutes the disagreement
         self.last_passing_check_step = max(self.last_passing_check_step, step)
 
     def vouch(self, ranks: Iterable[int], step: int) -> None:
@@ -296,6 +335,31 @@ class SdcState(_NewFieldsDefault):
         pulls it back below passes already counted)."""
         if self.suspect_since_step is None or step < self.suspect_since_step:
             self.suspect_since_step = step
+        self._pull_back(step)
+
+    def hold(self, step: int) -> None:
+        """A disagreement at `step` is being bisected: hold the watermark below it (as
+        :meth:`suspect` does) until :meth:`release` says what the bisection found."""
+        insort(self.held_steps, step)
+        self._pull_back(step)
+
+    def release(self, step: int, confirmed: bool) -> None:
+        """The bisection of the disagreement at `step` is over: a confirmed fault is a
+        mismatch (:meth:`suspect`); a refuted one lets the passes since count again."""
+        if step in self.held_steps:
+            self.held_steps.remove(step)
+        if confirmed:
+            self.suspect(step)
+            return
+        bounds = self.held_steps[:1]
+        if self.suspect_since_step is not None:
+            bounds.append(self.suspect_since_step)
+        passes = self.passing_steps
+        below = passes[: bisect_left(passes, min(bounds))] if bounds else passes
+        if below:
+            self.last_passing_check_step = max(self.last_passing_check_step, below[-1])
+
+    def _pull_back(self, step: int) -> None:
         if self.last_passing_check_step >= step:
             earlier = bisect_left(self.passing_steps, step)
             self.last_passing_check_step = self.passing_steps[earlier - 1] if earlier else -1

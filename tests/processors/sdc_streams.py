@@ -58,6 +58,9 @@ class SdcJob(Job):
     #: rank -> step: at the first ring check at or after it, the rank's recomputation of
     #: its neighbour's microbatch flips a bit (once: a transient fault).
     ring_flips: dict[int, int] = field(default_factory=dict)
+    #: How far a ring flip moves the recomputed value, relative to it (a high mantissa
+    #: bit by default; a few tolerances makes one at the edge of the noise).
+    ring_flip: float = 4e-4
     #: Ranks that send no ring check report (dead, or their reports lost).
     silent: set[int] = field(default_factory=set)
     grad_norms: list[float] = field(default_factory=list)
@@ -143,11 +146,11 @@ class SdcJob(Job):
             if r in self.silent:
                 continue
             peer = (r + command.offset) % n
-            flip = 1e-3 if self.ring_flips.get(r, math.inf) <= self.step else 0.0
+            flip = self.ring_flip if self.ring_flips.get(r, math.inf) <= self.step else 0.0
             if flip:
                 del self.ring_flips[r]
             own = self._value(command.check_id, r, r)
-            theirs = self._value(command.check_id, peer, r) + flip
+            theirs = self._value(command.check_id, peer, r) * (1.0 + flip)
             env = self._env(r)
             self.events.append(
                 RingCheck(**env, check_id=command.check_id, own_value=own, peer_rank=peer, peer_value=theirs)

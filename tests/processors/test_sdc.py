@@ -315,6 +315,22 @@ def test_cross_rank_outcomes_that_name_nobody_still_say_so() -> None:
     assert pipe.state().suspect_since_step == 500
 
 
+def test_a_pair_disagreement_at_the_noise_tail_that_does_not_reproduce_is_refuted() -> None:
+    job = SdcJob(world_size=12, ranks_per_node=4).start()
+    pipe = Pipeline(policy=CROSS)
+    closed_loop(job, pipe, 1)
+    _calibrated(pipe, job, CROSS.cross_check_min_samples)
+    tolerance = pipe.state().tolerance(CROSS)
+    assert tolerance is not None
+    job.step = 500
+    pair = CrossRankCheck(**job._env(0), microbatch_id="y", ranks=[0, 4], values=[2.5, 2.5 + 1.5 * tolerance])
+    (bisect,) = pipe.feed([pair])
+    assert isinstance(bisect, RunCrossRankCheck) and bisect.ranks == [0, 4, 8]
+    again = CrossRankCheck(**job._env(0), microbatch_id="y", ranks=[0, 4, 8], values=[2.5, 2.5, 2.5])
+    assert pipe.feed([again]) == []  # 1.5 tolerances, not reproduced: the noise tail, refuted
+    assert pipe.state().suspect_since_step is None and pipe.state().held_steps == []
+
+
 def test_check_rank_choice_and_bisection_verdicts() -> None:
     world, per_node = 64, 8
     pairs = [cross_pair(world, per_node, k) for k in range(64)]

@@ -19,7 +19,7 @@ from trainguard.processors.core.policy import load_policy
 from trainguard.processors.core.retention import RetentionPolicy, retained
 from trainguard.processors.core.rollback import Bound, RollbackState, on_mismatch, on_validated
 from trainguard.processors.core.sdc_checks import cross_pair
-from trainguard.processors.core.sdc_ring import ring_offset
+from trainguard.processors.core.sdc_ring import ring_offset, ring_tolerance
 from trainguard.processors.core.sdc_state import AttemptSdc, SdcPolicy, SdcState
 from trainguard.schemas import (
     CheckpointValidated,
@@ -226,6 +226,45 @@ def test_a_transient_flip_in_one_recomputation_is_bisected_and_quarantines_nothi
     out = closed_loop(job, pipe, 1)
     (found,) = of(out, SdcMismatch)
     assert found.rank == -1 and "did not reproduce" in found.reason.text and of(out, QuarantineNode) == []
+
+
+def test_a_lone_edge_at_the_noise_tail_that_does_not_reproduce_is_refuted_not_rolled_back() -> None:
+    """Seen live at 2,048 ranks: one of W edges a little past the tolerance, and the third
+    rank agrees with both. That is the noise tail of W comparisons (the self-check is what
+    catches transient faults), so no mismatch, no rollback, and the watermark moves on."""
+    job, pipe = started(64, ring_flips={30: 200})
+    ring(job, pipe, 100, 0)
+    tolerance = ring_tolerance(pipe.state(), RING, 64, [])
+    assert tolerance is not None
+    job.ring_flip = 1.3 * tolerance  # ~1.3 tolerances with the noise: inside unreproduced_margin (2)
+    out = ring(job, pipe, 200, 1)
+    (bisect,) = of(out, RunCrossRankCheck)
+    assert bisect.ranks is not None and bisect.ranks[:2] == [30, 46]
+    state = pipe.state()
+    assert state.held_steps == [200]  # held below the disagreement while bisecting
+    assert state.current is not None
+    assert 1 < state.current.bisecting["ring-a0-s200/r46"].excess <= RING.unreproduced_margin
+    job.execute(out)
+    out = closed_loop(job, pipe, 1)
+    assert of(out, SdcMismatch) == [] and of(out, Rollback) == [] and of(out, QuarantineNode) == []
+    state = pipe.state()
+    assert state.held_steps == [] and state.suspect_since_step is None
+    assert state.cross_watermark(30) > 200 and state.cross_watermark(46) > 200  # the bisection vouched
+
+
+def test_a_held_watermark_moves_on_when_refuted_and_freezes_when_confirmed() -> None:
+    state = SdcState()
+    state.passed(100)
+    state.hold(150)
+    state.passed(200)
+    assert state.last_passing_check_step == 100  # held below the disagreement at 150
+    state.release(150, confirmed=False)
+    assert state.last_passing_check_step == 200  # refuted: the pass at 200 counts
+    state.hold(250)
+    state.passed(300)
+    state.release(250, confirmed=True)
+    state.passed(400)
+    assert (state.last_passing_check_step, state.suspect_since_step) == (200, 250)
 
 
 def test_the_scheduler_issues_ring_checks_on_the_budgets_cadence() -> None:

@@ -199,7 +199,7 @@ def on_step_completed(
     world = world_of(run)
     if run.phase in _ENDED or world == 0:
         return []
-    outputs: list[Output] = judge_due_rings(state, run, step, policy)
+    outputs: list[Output] = judge_due_rings(state, run, step, ts, policy)
     boundary = _due(step, current.last_self_check_step, policy.self_check_every)
     if boundary is not None:
         current.last_self_check_step = step

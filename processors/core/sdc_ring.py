@@ -30,7 +30,8 @@ still, the check is recorded and judges nothing (calibration).
 
 Missing reports (a rank that died) never blame a neighbour: an edge needs both its
 ends' reports, a rank is named only when both its edges were judged, and a ring that
-is still incomplete ``ring_wait_steps`` job steps after its step is judged on what it has.
+is still incomplete ``ring_wait_steps`` job steps after its step and ``ring_wait_s`` after
+its first report is judged on what it has.
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ def on_ring_check(state: SdcState, run: RunState, event: RingCheck, policy: SdcP
         return []  # a rank the run does not have, or not a ring edge: nothing to judge
     if ("ring", event.check_id, ()) in current.seen_checks:
         return []  # already judged: a late or redelivered report
-    ring = current.rings.setdefault(event.check_id, PendingRing(event.step))
+    ring = current.rings.setdefault(event.check_id, PendingRing(event.step, first_ts=event.ts))
+    ring.first_ts = min(ring.first_ts, event.ts)
     ring.step = min(ring.step, event.step)
     ring.reports.setdefault(
         event.rank, RingReport(event.own_value, event.peer_rank, event.peer_value, event.event_id, event.ts)
@@ -108,11 +110,16 @@ def on_ring_check(state: SdcState, run: RunState, event: RingCheck, policy: SdcP
     return _judge(state, run, event.check_id, policy)
 
 
-def judge_due_rings(state: SdcState, run: RunState, step: int, policy: SdcPolicy) -> list[Output]:
-    """The job completed `step`: rings still incomplete ``ring_wait_steps`` after their
-    step are judged on the reports they have (by step, not by clock: pure)."""
+def judge_due_rings(state: SdcState, run: RunState, step: int, ts: float, policy: SdcPolicy) -> list[Output]:
+    """The job completed `step` at `ts`: rings still incomplete ``ring_wait_steps`` after
+    their step and ``ring_wait_s`` after their first report are judged on the reports they
+    have (by the events' steps and timestamps, not by the clock: pure)."""
     current = state.for_attempt(run.attempt, run.resumed_from_step)
-    due = [cid for cid, ring in current.rings.items() if step >= ring.step + policy.ring_wait_steps]
+    due = [
+        cid
+        for cid, ring in current.rings.items()
+        if step >= ring.step + policy.ring_wait_steps and ts >= ring.first_ts + policy.ring_wait_s
+    ]
     outputs: list[Output] = []
     for check_id in due:
         outputs += _judge(state, run, check_id, policy)

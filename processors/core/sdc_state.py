@@ -80,6 +80,13 @@ class SdcPolicy(BaseModel):
         description="Job steps after a ring check's step before it is judged on the reports it "
         "has (a rank that died sends none; its edges are left out, nobody is blamed for them).",
     )
+    ring_wait_s: float = Field(
+        10.0,
+        ge=0,
+        description="And seconds (event time) after its first report: ranks ship telemetry in "
+        "batches, so on fast steps (tens of ms) ring_wait_steps alone judges a ring before the "
+        "other ranks' reports can arrive, and a wrong device's edges go unjudged.",
+    )
     ring_false_edge_rate: float = Field(
         1e-3,
         gt=0,
@@ -185,10 +192,13 @@ class RingReport:
 @dataclass
 class PendingRing:
     """A ring check whose reports are arriving: judged once every rank reported, or
-    ``ring_wait_steps`` job steps after its step on the reports it has."""
+    ``ring_wait_steps`` job steps and ``ring_wait_s`` seconds after its first report on the
+    reports it has."""
 
     step: int
     reports: dict[int, RingReport] = field(default_factory=dict)
+    #: ts of its first report (-inf: a snapshot from before this field: steps alone decide).
+    first_ts: float = -math.inf
 
 
 @dataclass

@@ -24,8 +24,9 @@ in its MAX all-reduce, no extra collective per step):
 * all three slots equal -K: every rank K names holds K as its head. Every rank then knows
   K is run after this step's update, those it names included.
 
-The globally smallest pending key is every named rank's head once delivered, so it runs
-as soon as the last of its ranks holds it; nothing waits on anything else for long.
+The globally smallest pending key is the head of every rank it names, so it runs as soon
+as the last of them holds it; a larger key may wait behind it (when they share a slot),
+never the other way round.
 
 The run. After the update of the agreed step, each named rank recomputes the microbatch
 with :func:`.ring_check.recompute` (the same replay and value as the ring, so a device

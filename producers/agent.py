@@ -42,6 +42,7 @@ from ..schemas import (
     CheckpointRejected,
     CheckpointValidated,
     CheckpointWritten,
+    CrossRankCheck,
     Envelope,
     GpuHealth,
     Heartbeat,
@@ -186,6 +187,11 @@ class RankAgent:
         recomputation of ring neighbour `peer_rank`'s, with the weights of `step`."""
         fields = {"own_value": own_value, "peer_rank": peer_rank, "peer_value": peer_value}
         self._emit(RingCheck, step, check_id=check_id, **fields)
+
+    def cross_rank_check(self, step: int, microbatch_id: str, ranks: list[int], values: list[float]) -> None:
+        """A cross-rank check's values, one per rank in the order of `ranks`: the same
+        microbatch recomputed by each with the weights of `step` (sent by ``ranks[0]``)."""
+        self._emit(CrossRankCheck, step, microbatch_id=microbatch_id, ranks=ranks, values=values)
 
     def checkpoint_written(
         self,

@@ -21,6 +21,11 @@ SkipUpdate(step)       ``check()`` of that step returns False (FAILED if it is a
 RunSelfCheck(step)     the bitwise replay runs at the first step >= step
 RunRingCheck(step)     own and neighbour's microbatch recomputed at the first step >=
                        step that every rank agrees on (:mod:`.ring_check`)
+RunCrossRankCheck      the named ranks recompute ``batch_fn(batch_rank, step)`` after the
+                       update of the first step at which all of them hold it (agreed by
+                       every rank); one all-reduce gathers the values and ``ranks[0]``
+                       reports CrossRankCheck (:mod:`.cross_check`). FAILED without
+                       ``batch_rank``, the hooks, or ranks inside the world
 Abort(stack_dump)      all threads' stacks to a file (faulthandler), the main thread's
                        stack signature and the file reported in RankExit(requested),
                        telemetry flushed (bounded), then ``os._exit``, which ends even
@@ -36,6 +41,7 @@ the process ends with :data:`REQUESTED_EXIT_CODE`.
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import logging
 import os
@@ -55,12 +61,15 @@ from ..schemas import (
     CheckpointNow,
     ResumeFrom,
     Rollback,
+    RunCrossRankCheck,
     RunRingCheck,
     RunSelfCheck,
     SetCheckpointInterval,
     SkipUpdate,
 )
+from . import cross_check
 from .agent import RankAgent
+from .cross_check import CrossCheck
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +112,8 @@ class RankControl:
     self_checks_due: list[int] = field(default_factory=list)
     #: Ring checks due, oldest first: (first step >= which, check_id, offset) (RunRingCheck).
     ring_checks_due: list[tuple[int, str, int]] = field(default_factory=list)
+    #: Cross checks naming this rank, as received (RunCrossRankCheck; :mod:`.cross_check`).
+    cross_checks_due: list[CrossCheck] = field(default_factory=list)
     #: Newest step this rank has begun (-1 before the first); set by the training thread.
     current_step: int = -1
     #: Steps decided locally (bounded): step -> True if applied, False if skipped.
@@ -148,6 +159,29 @@ class RankControl:
                     del self.ring_checks_due[i]
                     return check_id, offset
             return None
+
+    def cross_check_head(self, step: int) -> tuple[CrossCheck | None, list[CrossCheck]]:
+        """The cross check this rank offers to the agreement at `step`, and the ones it
+        drops there, held too long (:data:`.cross_check.PATIENCE_STEPS`). One that came
+        before the first step is held from this one."""
+        with self.lock:
+            due = [c if c.since >= 0 else dataclasses.replace(c, since=step) for c in self.cross_checks_due]
+            gone = [c for c in due if cross_check.expired(c, step)]
+            self.cross_checks_due = [c for c in due if c not in gone]
+            return cross_check.head(self.cross_checks_due), gone
+
+    def take_cross_check(self, key: int) -> CrossCheck | None:
+        """Remove the pending cross check the ranks agreed on (None: it does not name us)."""
+        with self.lock:
+            for i, check in enumerate(self.cross_checks_due):
+                if check.key == key:
+                    return self.cross_checks_due.pop(i)
+            return None
+
+    def drop_cross_checks(self) -> list[CrossCheck]:
+        with self.lock:
+            gone, self.cross_checks_due = self.cross_checks_due, []
+            return gone
 
     def take_checkpoint_request(self) -> bool:
         with self.lock:
@@ -207,6 +241,7 @@ class RankHandlers:
         flush_s: float = 3.0,
         can_self_check: Callable[[], bool] = lambda: True,
         can_ring_check: Callable[[], str | None] = lambda: None,
+        can_cross_check: Callable[[RunCrossRankCheck], str | None] = lambda _command: None,
     ) -> None:
         self.agent = agent
         self.control = control
@@ -218,6 +253,8 @@ class RankHandlers:
         self.can_self_check = can_self_check
         #: Why this rank cannot run a ring check (None: it can).
         self.can_ring_check = can_ring_check
+        #: Why this rank cannot run a cross check (None: it can).
+        self.can_cross_check = can_cross_check
         self.exit_thread: threading.Thread | None = None
 
     def register(self, actuator: Registrar) -> None:
@@ -226,6 +263,7 @@ class RankHandlers:
         actuator.register(SkipUpdate, self.skip_update)
         actuator.register(RunSelfCheck, self.run_self_check)
         actuator.register(RunRingCheck, self.run_ring_check)
+        actuator.register(RunCrossRankCheck, self.run_cross_rank_check)
         actuator.register(Abort, self.abort)
         actuator.register(Rollback, self.restart_from)
         actuator.register(ResumeFrom, self.restart_from)
@@ -271,6 +309,19 @@ class RankHandlers:
         return (
             f"ring check {command.check_id}: recompute own and rank (r + {command.offset})'s microbatch "
             f"at the first step >= {command.step} that every rank holds it"
+        )
+
+    def run_cross_rank_check(self, command: RunCrossRankCheck, rank: int) -> str:
+        if (why := self.can_cross_check(command)) is not None:
+            raise RuntimeError(why)
+        with self.control.lock:
+            check = cross_check.from_command(command, since=self.control.current_step)
+            if any(c.microbatch_id == check.microbatch_id for c in self.control.cross_checks_due):
+                return f"cross check {check.microbatch_id} already due"
+            self.control.cross_checks_due.append(check)
+        return (
+            f"cross check {check.microbatch_id}: ranks {list(check.ranks)} recompute rank "
+            f"{check.batch_rank}'s microbatch of step {check.step} at the first step all of them hold it"
         )
 
     # ------------------------------------------------------------------ exits

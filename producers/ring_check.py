@@ -6,7 +6,9 @@ At a ring check every rank r recomputes, with the weights of that step, its own
 microbatch and the microbatch of rank (r + offset) mod W, and reports one value for
 each (RingCheck). The processor compares r's recomputation of its neighbour's
 microbatch with the neighbour's own value at a tolerance measured on good hardware; a
-device wrong the same way every time fails both comparisons it takes part in.
+device wrong the same way every time fails both comparisons it takes part in. An edge that
+fails alone is bisected with a third rank (RunCrossRankCheck, :mod:`.cross_check`), which
+recomputes the same microbatch through the same :func:`recompute`.
 
 The user's two hooks (on the :class:`~.training.Supervisor`)::
 

@@ -70,6 +70,14 @@ rank's indices)::
 
 The ranks agree on the step inside the all-reduce of ``check()`` (no extra collective).
 
+Three-rank cross check (R3, :mod:`.cross_check`): a RunCrossRankCheck (the bisection of a
+ring edge that failed alone) names three ranks, which recompute ``batch_fn(batch_rank,
+step)`` after the update of the step at which all three hold it, agreed in the same
+all-reduce; every rank then joins one all-reduce of three floats that gathers the values,
+and the first named rank reports them (CrossRankCheck). It needs the same two hooks, and
+the agreement: without it (a single process, no ``check()``, ``agree_on_skip=False``) the
+check is logged and dropped.
+
 Chaos knob: with TRAINGUARD_INJECT_WRONG_DEVICE naming this rank's node and local rank
 (:mod:`.device_fault`), the supervisor makes this process's matrix products wrong from
 the named step on, installed at that step's start.
@@ -115,8 +123,8 @@ import torch
 
 from ..broker.topics import topic_names
 from ..processors.core.sdc_state import RunningQuantile
-from ..schemas import auth
-from . import grad_checks, ring_check
+from ..schemas import RunCrossRankCheck, auth
+from . import cross_check, grad_checks, ring_check
 from .actuator import Actuator
 from .agent import EventSink, MemorySink, NodeAgents, RankAgent
 from .checkpoint_cadence import CheckpointCadence
@@ -263,6 +271,10 @@ class SupervisorCounters:
     ring_checks: int = 0
     #: Seconds spent in ring checks (both recomputations), for their cost per check.
     ring_check_s: float = 0.0
+    #: Cross checks this rank recomputed (it was named in them).
+    cross_checks: int = 0
+    #: Seconds in cross checks: the recomputation, and the all-reduce every rank joins.
+    cross_check_s: float = 0.0
     checkpoints: int = 0
     skipped_batches: int = 0
 
@@ -334,6 +346,9 @@ class StepScope:
         #: The ranks agreed in check() (None: no agreement ran): run the pending ring check
         #: due from this step (-1: none) at the end of this step.
         self.ring_check_due: int | None = None
+        #: The key of the cross check agreed to run at this step's end (0: none; None: no
+        #: agreement ran, so a pending one is dropped).
+        self.cross_check_due: int | None = None
         self._start: Any = None
         self._compute: Any = None
 
@@ -430,6 +445,7 @@ class Supervisor:
             else None
         )
         self.ring_results: list[ring_check.RingResult] = []
+        self.cross_results: list[cross_check.CrossResult] = []
         self.run_dir = Path(run_dir) if run_dir is not None else Path("trainguard-runs") / run_id
         self.phases_file = Path(phases_file) if phases_file is not None else None
         self.progress_file = Path(progress_file) if progress_file is not None else None
@@ -492,6 +508,7 @@ class Supervisor:
             flush_s=self.config.exit_flush_s,
             can_self_check=lambda: self.replay_fn is not None,
             can_ring_check=self._ring_check_missing,
+            can_cross_check=self._cross_check_refusal,
         )
         if bootstrap and self.shipper is not None:
             if secret is None:
@@ -694,7 +711,7 @@ class Supervisor:
         scope.loss, scope.grad_norm = loss_f, norm
         verdict = self._local_verdict(scope.step, loss_f, norm)
         wants_checkpoint = self._wants_checkpoint(scope.step)
-        verdict, due, scope.ring_check_due = self._agree(verdict, wants_checkpoint)
+        verdict, due, scope.ring_check_due, scope.cross_check_due = self._agree(verdict, wants_checkpoint)
         scope.checkpoint_due, self._agreed = due, (scope.step, due)
         scope.verdict = verdict
         if verdict is Verdict.APPLY:
@@ -725,35 +742,51 @@ class Supervisor:
             return Verdict.GRAD_SPIKE
         return Verdict.APPLY
 
-    def _agree(self, verdict: Verdict, wants_checkpoint: bool) -> tuple[Verdict, bool, int | None]:
-        """Every rank skips if one does, checkpoints if one wants to, and runs a ring check
-        once every rank holds it: one MAX all-reduce over the default group of (verdict
-        code, checkpoint wanted, the oldest pending ring check's codes). A CheckpointNow,
+    def _agree(
+        self, verdict: Verdict, wants_checkpoint: bool
+    ) -> tuple[Verdict, bool, int | None, int | None]:
+        """Every rank skips if one does, checkpoints if one wants to, runs a ring check
+        once every rank holds it, and joins a cross check once every rank it names holds
+        it: one MAX all-reduce over the default group of (verdict code, checkpoint wanted,
+        the oldest pending ring check's codes, the cross check's slots). A CheckpointNow,
         the interval or a RunRingCheck reaches each rank at its own step; a checkpoint is
         collective and a ring check compares weights, so all ranks must act at the same
         step. The third value: the ring check to run at this step's end (-1: none; None:
-        no agreement ran, each rank runs its own at its first step >= the command's)."""
+        no agreement ran, each rank runs its own at its first step >= the command's); the
+        fourth: the key of the cross check to run (0: none; None: no agreement ran)."""
         dist = torch.distributed
         if not (self.config.agree_on_skip and dist.is_available() and dist.is_initialized()):
-            return verdict, wants_checkpoint, None
+            return verdict, wants_checkpoint, None, None
         if dist.get_world_size() < 2:
-            return verdict, wants_checkpoint, None
-        device = (
-            self.params[0].device if self.params and dist.get_backend() == "nccl" else torch.device("cpu")
-        )
+            return verdict, wants_checkpoint, None, None
         pending = self.control.oldest_ring_check()
-        mine = [_CODES[verdict], int(wants_checkpoint), *ring_check.agreement_codes(pending)]
-        codes = torch.tensor(mine, dtype=torch.int32, device=device)
+        head, expired = self.control.cross_check_head(self.control.current_step)
+        for check in expired:
+            log.warning("rank %d: cross check %s dropped: a rank it names never held it", self.rank, check)
+        mine = [
+            _CODES[verdict],
+            int(wants_checkpoint),
+            *ring_check.agreement_codes(pending),
+            *cross_check.agreement_codes(head, self.rank),
+        ]
+        codes = torch.tensor(mine, dtype=torch.int64, device=self._collective_device())
         dist.all_reduce(codes, op=dist.ReduceOp.MAX)
-        worst, checkpoint, *ring_codes = (int(v) for v in codes.tolist())
-        ring = ring_check.agreed(ring_codes)
+        worst, checkpoint, *rest = (int(v) for v in codes.tolist())
+        ring = ring_check.agreed(rest[:3])
         if ring.stale is not None and ring.stale == pending:
             dropped = self.control.take_ring_check(ring.stale)
             log.warning("rank %d: ring check %s dropped: not every rank holds it", self.rank, dropped)
         due = -1 if ring.run is None else ring.run
+        cross = cross_check.agreed(rest[3:]) or 0
         if verdict is not Verdict.APPLY or worst == 0:
-            return verdict, bool(checkpoint), due
-        return Verdict.PEER, bool(checkpoint), due
+            return verdict, bool(checkpoint), due, cross
+        return Verdict.PEER, bool(checkpoint), due, cross
+
+    def _collective_device(self) -> torch.device:
+        """Where the supervisor's own collectives' tensors live: NCCL needs CUDA ones."""
+        dist = torch.distributed
+        nccl = bool(self.params) and dist.get_backend() == "nccl"
+        return self.params[0].device if nccl else torch.device("cpu")
 
     def _end(self, scope: StepScope, failed: bool) -> None:
         end = self._marks.mark()
@@ -773,6 +806,7 @@ class Supervisor:
         if self.control.take_self_check(scope.step):
             self._self_check(scope)
         self._ring_check(scope)
+        self._cross_check(scope)
         due = scope.checkpoint_due  # None: check() was not called, so nothing was agreed
         if due is None:
             due = self.checkpoint is not None and self._wants_checkpoint(scope.step)
@@ -875,14 +909,30 @@ class Supervisor:
             log.error("rank %d step %d: self-check MISMATCH %s", self.rank, scope.step, result)
         self.agent.self_check(scope.step, result.microbatch_id, result.digest_first, result.digest_second)
 
-    def _ring_check_missing(self) -> str | None:
+    def _hooks_missing(self) -> str | None:
         if self.replay_fn is None:
             return "no replay function registered (Supervisor.replay_fn)"
         if self.batch_fn is None:
             return "no batch function registered (Supervisor.batch_fn(rank, step))"
+        return None
+
+    def _ring_check_missing(self) -> str | None:
+        if (missing := self._hooks_missing()) is not None:
+            return missing
         if self.world_size < 2:
             return "a ring check needs 2+ ranks"
         return None
+
+    def _cross_check_refusal(self, command: RunCrossRankCheck) -> str | None:
+        return self._hooks_missing() or cross_check.refusal(command, self.world_size)
+
+    def _replay_module(self) -> torch.nn.Module | None:
+        """The model the replays run on: DDP's inner module (a replay runs no collective)."""
+        module = self.model
+        if module is not None and _is_ddp(module):
+            inner = module.module
+            module = inner if isinstance(inner, torch.nn.Module) else None
+        return module
 
     def _ring_check(self, scope: StepScope) -> None:
         """Run the ring check due at the end of this step, if any (see :mod:`.ring_check`)."""
@@ -895,10 +945,7 @@ class Supervisor:
         if taken is None or self.replay_fn is None or self.batch_fn is None:
             return
         check_id, offset = taken
-        module = self.model
-        if module is not None and _is_ddp(module):
-            inner = module.module
-            module = inner if isinstance(inner, torch.nn.Module) else None
+        module = self._replay_module()
         try:
             result = ring_check.ring_check(
                 self.replay_fn,
@@ -918,6 +965,39 @@ class Supervisor:
         self.counters.ring_checks += 1
         self.counters.ring_check_s += result.seconds
         self.agent.ring_check(scope.step, check_id, result.own_value, result.peer_rank, result.peer_value)
+
+    def _cross_check(self, scope: StepScope) -> None:
+        """Join the cross check agreed at this step, if any (see :mod:`.cross_check`)."""
+        if scope.cross_check_due is None:  # no agreement: nowhere to gather the values
+            for dropped in self.control.drop_cross_checks():
+                log.warning("rank %d: cross check %s dropped: no agreement to run it", self.rank, dropped)
+            return
+        if scope.cross_check_due == 0:
+            return
+        check = self.control.take_cross_check(scope.cross_check_due)
+        result = cross_check.gather(check, self.rank, scope.step, self._recompute_of, self._sum_over_ranks)
+        self.counters.cross_check_s += result.seconds
+        if check is None:  # it names other ranks: this one only joined the all-reduce
+            return
+        self.cross_results.append(result)
+        self.counters.cross_checks += 1
+        if result.values is not None and check.ranks[0] == self.rank:
+            self.agent.cross_rank_check(scope.step, check.microbatch_id, list(check.ranks), result.values)
+
+    def _recompute_of(self, rank: int, step: int) -> float:
+        """The value of `rank`'s microbatch at `step`, recomputed with the current weights."""
+        if self.replay_fn is None or self.batch_fn is None:
+            raise RuntimeError(self._hooks_missing())
+        value = ring_check.recompute(
+            self.replay_fn, self.batch_fn(rank, step), self.params, self._replay_module()
+        )
+        return ring_check.reportable(value)
+
+    def _sum_over_ranks(self, values: list[float]) -> list[float]:
+        dist = torch.distributed
+        tensor = torch.tensor(values, dtype=torch.float64, device=self._collective_device())
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return [float(v) for v in tensor.tolist()]
 
     def _tick(self) -> None:
         while not self._ticker_stop.wait(min(1.0, self.config.heartbeat_interval_s)):

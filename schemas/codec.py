@@ -110,6 +110,9 @@ UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
     ("gpu_health", 1): lambda body: dict(body),
     # rank_exit/1 predates the job's progress at the exit: unknown.
     ("rank_exit", 1): lambda body: {**body, "job_step": -1},
+    # run_cross_rank_check/1 predates batch_rank: whose batch is unknown. A rank refuses
+    # it either way: its signature covers the v1 body, and it could not run it without.
+    ("run_cross_rank_check", 1): lambda body: {**body, "batch_rank": None},
 }
 
 

@@ -66,13 +66,20 @@ class RunSelfCheck(Command):
 
 
 class RunCrossRankCheck(Command):
-    """`ranks` (two, or three to bisect) compute the same microbatch and report CrossRankCheck."""
+    """`ranks` (two, or three to bisect) compute the same microbatch and report CrossRankCheck.
+    v2: `batch_rank`, which a real rank needs to know which microbatch that is."""
 
     KIND: ClassVar[str] = "run_cross_rank_check"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
 
     step: int = Field(ge=0)
     microbatch_id: str = Field(max_length=200)
+    batch_rank: int | None = Field(
+        default=None,
+        ge=0,
+        description="Whose batch at `step` the named ranks recompute (a ring edge's target); "
+        "None: not known (a pair check's microbatch), which real ranks cannot run.",
+    )
 
 
 class RunRingCheck(Command):

@@ -300,6 +300,7 @@ def _bisect(
                 caused_by=[event_id, ring.reports[target].event_id],
                 step=max(0, ring.step),
                 microbatch_id=microbatch,
+                batch_rank=target,  # the edge's microbatch: the target's batch at the ring's step
             )
         )
     return outputs

@@ -22,7 +22,8 @@ SDC checks are commanded (seed R3): ``RunSelfCheck`` makes a rank recompute its 
 microbatch at the first step >= the commanded one and report two digests (equal, unless
 a bit flip or an SDC fault strikes it; a deterministically wrong GPU passes), and
 ``RunCrossRankCheck`` makes two or three ranks compute the same microbatch and report
-their values (good ranks agree to ``cross_rank_noise``; a wrong GPU's is biased).
+their values (good ranks agree to ``cross_rank_noise``; a wrong GPU's is biased; its
+``batch_rank`` changes nothing here, a simulated value derives from the microbatch id).
 ``RunRingCheck`` makes every live rank compute its own microbatch and recompute that of
 rank (r + offset) mod W, and report both (RingCheck): a wrong GPU biases both of its
 values, so it fails both comparisons it takes part in. A transient bit flip strikes the

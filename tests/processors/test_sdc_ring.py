@@ -235,6 +235,7 @@ def test_a_transient_flip_in_one_recomputation_is_bisected_and_quarantines_nothi
     out = ring(job, pipe, 200, 1)
     (bisect,) = of(out, RunCrossRankCheck)
     assert bisect.ranks is not None and bisect.ranks[:2] == [30, 46]
+    assert (bisect.step, bisect.batch_rank) == (200, 46)  # the edge's microbatch: 46's at the ring's step
     job.execute(out)
     out = closed_loop(job, pipe, 1)
     (found,) = of(out, SdcMismatch)

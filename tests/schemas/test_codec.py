@@ -22,7 +22,7 @@ from trainguard.schemas import (
 )
 from trainguard.schemas.base import Reason, ReasonCode
 from trainguard.schemas.codec import ALL, COMMANDS, TELEMETRY, UPCASTERS, Rejected, decode_obj
-from trainguard.schemas.commands import Abort, Ack, AckStatus, Rollback
+from trainguard.schemas.commands import Abort, Ack, AckStatus, Rollback, RunCrossRankCheck
 
 ENVELOPE: dict[str, Any] = dict(
     event_id="e-1", run_id="run-a", attempt=2, rank=5, node="node-001", step=120, ts=1.8e9
@@ -183,7 +183,9 @@ COMMAND_SAMPLES: dict[str, dict[str, Any]] = {
     "abort": dict(stack_dump=True),
     "skip_update": dict(step=121),
     "run_self_check": dict(step=130, ranks=[3]),
-    "run_cross_rank_check": dict(step=10_000, ranks=[3, 4100], microbatch_id="mb-10000"),
+    "run_cross_rank_check": dict(
+        step=10_000, ranks=[3, 4100, 17], microbatch_id="ring-a0-s10000/r4100", batch_rank=4100
+    ),
     "evict_rank": dict(rank=5),
     "quarantine_node": dict(node="node-001"),
     "run_node_self_test": dict(node="node-001", ranks=[8, 9], tests=["gemm"]),
@@ -391,3 +393,10 @@ def test_a_rank_exit_of_version_1_is_upcast_with_the_job_step_unknown() -> None:
     body = {"schema": "rank_exit/1", **ENVELOPE, "signal": 9}
     event = decode(orjson.dumps(body))
     assert isinstance(event, RankExit) and event.job_step == -1 and event.signal == 9
+
+
+def test_a_cross_rank_check_command_of_version_1_is_upcast_with_no_batch_rank() -> None:
+    body = {"schema": "run_cross_rank_check/1", **COMMAND, "reason": REASON.model_dump(mode="json")}
+    command = decode(orjson.dumps({**body, "step": 100, "ranks": [3, 4, 5], "microbatch_id": "mb-100"}))
+    assert isinstance(command, RunCrossRankCheck) and command.batch_rank is None
+    assert (command.step, command.ranks, command.microbatch_id) == (100, [3, 4, 5], "mb-100")

@@ -2,7 +2,9 @@
 example's (docs/examples/train_tiny.py: 16 -> 32 -> 1 MLP, batch 16, SGD) and, with
 ``--hidden``, wider ones. The bitwise self-check (producers/grad_checks.py: the step's
 microbatch replayed twice, transient faults), the ring cross-rank check
-(producers/ring_check.py: a deterministically wrong device), and the node self-test
+(producers/ring_check.py: a deterministically wrong device), the three-rank bisection of a
+ring edge that fails alone (producers/cross_check.py: each named rank recomputes one
+microbatch; its all-reduce of three floats is not in this single-process figure), and the node self-test
 (producers/selftest.py: known-answer products and an all-reduce on a quarantined node or
 a spare, one worker process per device: its wall time is mostly the workers' start-up).
 
@@ -31,7 +33,7 @@ from torch import nn
 
 from trainguard.producers.device_fault import ENV_WRONG_DEVICE
 from trainguard.producers.grad_checks import self_check
-from trainguard.producers.ring_check import ring_check
+from trainguard.producers.ring_check import recompute, ring_check
 from trainguard.producers.selftest import run_node_self_test
 
 
@@ -46,7 +48,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, 1 thread")
     print(
         f"{'hidden':>7} {'step ms':>8} {'self-check ms':>14} {'ring ms':>8} {'ring steps':>11} "
-        f"{'ring 1/10':>10} {'ring 1/10k':>11}"
+        f"{'ring 1/10':>10} {'ring 1/10k':>11} {'bisect ms':>10}"
     )
     inputs = torch.randn(2048, 16, generator=torch.Generator().manual_seed(1))
     targets = inputs @ torch.randn(16, 1, generator=torch.Generator().manual_seed(2))
@@ -62,7 +64,7 @@ def main() -> None:
         def replay(batch: torch.Tensor, net: nn.Module = net) -> None:
             nn.functional.mse_loss(net(inputs[batch]), targets[batch]).backward()
 
-        step_s, self_s, check_s = [], [], []
+        step_s, self_s, check_s, bisect_s = [], [], [], []
         for _ in range(args.rounds):
             t0 = time.perf_counter()
             for step in range(args.steps):
@@ -79,11 +81,16 @@ def main() -> None:
             for k in range(args.checks):
                 ring_check(replay, batch_of, params, rank=0, world_size=4, step=k, check_id="b", offset=1)
             check_s.append((time.perf_counter() - t0) / args.checks)
+            t0 = time.perf_counter()
+            for k in range(args.checks):
+                recompute(replay, batch_of(1, k), params, net)
+            bisect_s.append((time.perf_counter() - t0) / args.checks)
         step, check = statistics.median(step_s), statistics.median(check_s)
         ratio = check / step
         print(
             f"{hidden:>7} {step * 1e3:>8.3f} {statistics.median(self_s) * 1e3:>14.3f} {check * 1e3:>8.3f} "
-            f"{ratio:>11.2f} {ratio / (10 + ratio):>10.1%} {ratio / (10_000 + ratio):>11.4%}"
+            f"{ratio:>11.2f} {ratio / (10 + ratio):>10.1%} {ratio / (10_000 + ratio):>11.4%} "
+            f"{statistics.median(bisect_s) * 1e3:>10.3f}"
         )
     for label, env in (("healthy", {}), ("wrong device", {ENV_WRONG_DEVICE: "node=bench,local_rank=1"})):
         report = run_node_self_test("bench", 2, env=env)

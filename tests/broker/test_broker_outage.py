@@ -46,6 +46,7 @@ from trainguard.sinks.archive import archive_group, archived_topics
 from trainguard.stack import builtin_policy, scrape, start_processor
 
 from ..pipeline import free_port
+from ..variants import with_slow
 
 pytestmark = pytest.mark.broker
 
@@ -203,7 +204,8 @@ class Times:
     caught_up_s: float = -1.0
 
 
-@pytest.mark.parametrize("how", ["sigkill", "sigterm"])
+# SIGTERM (a controlled shutdown) is the gentler case: a slow variant (tests/variants.py).
+@pytest.mark.parametrize("how", with_slow(["sigkill"], ["sigterm"]))
 def test_broker_down_for_30_s_under_load_loses_nothing_acknowledged(how: str, tmp_path: Path) -> None:
     ensure_jars()
     times = Times()

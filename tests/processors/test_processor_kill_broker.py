@@ -39,6 +39,7 @@ from trainguard.schemas.codec import DERIVED
 from trainguard.stack import builtin_policy, scrape
 
 from ..readers import TopicReader
+from ..variants import with_slow
 from .feed import Feed
 from .straggler_streams import Slow, SyncJob
 from .workers import Workers, workers_on
@@ -67,7 +68,12 @@ CASES = {
 }
 
 
-@pytest.fixture(params=list(CASES.values()), ids=list(CASES))
+#: The suite recovers from a snapshot ahead of the commit (C must skip up to it) and from
+#: the log alone; a snapshot behind the commit is the slow variant (tests/variants.py).
+SUITE = with_slow(["snapshot-ahead-of-commit", "no-snapshots"], ["snapshot-behind-commit"])
+
+
+@pytest.fixture(params=[CASES[name] for name in SUITE], ids=SUITE)
 def case(request: pytest.FixtureRequest) -> Case:
     return request.param  # type: ignore[no-any-return]
 

@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 from trainguard.producers.checkpoint import CheckpointManager
 from trainguard.producers.peer_replica import PeerReplica, agree_restore, holder_of, pack, source_of, unpack
 
+from ..variants import with_slow
 from .checkpoint_fixtures import Loop, make_state, next_randoms, params
 from .test_checkpoint import _free_port
 
@@ -247,7 +248,8 @@ def spawn(fn, *args: object, nprocs: int) -> None:  # type: ignore[no-untyped-de
         sys.path.remove(repo)
 
 
-@pytest.mark.parametrize(("world", "restarted"), [(2, [1]), (4, [0, 1])])
+# A whole node of 4 ranks replaced is the slow variant (tests/variants.py).
+@pytest.mark.parametrize(("world", "restarted"), with_slow([(2, [1])], [(4, [0, 1])]))
 def test_replaced_ranks_restore_from_their_peers_bitwise(
     tmp_path: Path, world: int, restarted: list[int]
 ) -> None:

@@ -97,11 +97,17 @@ def ring_command(step: int, offset: int = 1) -> RunRingCheck:
     return signed(RunRingCheck, f"ring-{step}", step=step, check_id=f"ring-a0-s{step}", offset=offset)  # type: ignore[no-any-return]
 
 
-def test_a_ring_check_reports_both_values_and_leaves_training_bitwise(tmp_path: Path) -> None:
-    plain_model = net()
-    plain, _ = supervisor(tmp_path, plain_model)
-    expected = train(plain, plain_model, 6)
+def unsupervised_run(tmp_path: Path, steps: int) -> list[torch.Tensor]:
+    """The weights of `steps` plain steps (no check commanded): what a check must not change."""
+    model = net()
+    plain, _ = supervisor(tmp_path, model)
+    weights = train(plain, model, steps)
     plain.close()
+    return weights
+
+
+def test_a_ring_check_reports_both_values_and_leaves_training_bitwise(tmp_path: Path) -> None:
+    expected = unsupervised_run(tmp_path, 6)
 
     model = net()
     sup, sink = supervisor(tmp_path, model)
@@ -264,10 +270,7 @@ def test_the_cross_check_handler_refuses_what_it_cannot_run_and_queues_the_rest_
 
 
 def test_without_the_agreement_a_cross_check_is_dropped_and_training_goes_on(tmp_path: Path) -> None:
-    plain_model = net()
-    plain, _ = supervisor(tmp_path, plain_model)
-    expected = train(plain, plain_model, 3)
-    plain.close()
+    expected = unsupervised_run(tmp_path, 3)
     model = net()
     sup, sink = supervisor(tmp_path, model)  # no process group: nowhere to gather the values
     got = train(sup, model, 3, arrive={1: cross_command([0, 1, 2], 1, step=0)})

@@ -1,0 +1,35 @@
+"""The end-to-end tests' slow variants, which the suite leaves out to stay well under 30
+minutes on 2 cores (tests/variants.py): the broker stopped with SIGTERM for 30 s under
+load, a processor worker recovering from a snapshot behind its commit, and a whole node
+of 4 ranks restoring from its peers.
+
+    .venv/bin/python bench/bench_slow_variants.py            # every test, slow cases included
+    .venv/bin/python bench/bench_slow_variants.py -k sigterm  # extra arguments go to pytest
+
+Runs pytest on the modules that have slow variants with TRAINGUARD_SLOW_VARIANTS=1, on the
+broker named by TRAINGUARD_BOOTSTRAP or one the session starts; exit status is pytest's.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODULES = [
+    "tests/broker/test_broker_outage.py",
+    "tests/processors/test_processor_kill_broker.py",
+    "tests/producers/test_peer_replica.py",
+]
+
+
+def main(argv: list[str]) -> int:
+    env = {**os.environ, "TRAINGUARD_SLOW_VARIANTS": "1"}
+    command = [sys.executable, "-m", "pytest", "-q", "--durations=0", *MODULES, *argv]
+    return subprocess.run(command, cwd=ROOT, env=env, check=False).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

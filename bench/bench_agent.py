@@ -88,7 +88,7 @@ def main() -> None:
     if args.bootstrap:
         topic = args.topic
         if topic is None:
-            from trainguard.broker.topics import ensure_topics, topic_names
+            from trainguard.kafka.topics import ensure_topics, topic_names
 
             ensure_topics(args.bootstrap, prefix="bench.")
             topic = topic_names("bench.").telemetry

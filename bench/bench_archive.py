@@ -27,7 +27,7 @@ from pathlib import Path
 import orjson
 from confluent_kafka import Producer
 
-from trainguard.broker.topics import delete_topics, ensure_topics, topic_names
+from trainguard.kafka.topics import delete_topics, ensure_topics, topic_names
 from trainguard.schemas import decode_batch, encode_batch
 from trainguard.sinks.archive import Archive, ArchiveWriter, summary
 
@@ -158,7 +158,7 @@ def broker(bootstrap: str | None, workdir: Path) -> Iterator[str]:
     if bootstrap:
         yield bootstrap
         return
-    from trainguard.broker.local import LocalBroker, ensure_jars
+    from trainguard.devtools.local_broker import LocalBroker, ensure_jars
 
     ensure_jars()
     local = LocalBroker(workdir / "kafka")

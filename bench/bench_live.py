@@ -7,7 +7,7 @@
 
 Answers two questions about ONE processor (``python -m trainguard process``, a faust
 worker in its own process, started with a fresh local Kafka broker by
-trainguard.stack.local_stack):
+trainguard.devtools.stack.local_stack):
   1. how many telemetry events/s it sustains, as a multiple of the run's real-time event
      rate (issue 3's target: 5x a 16,384-rank run at 2 s/step; live-16k's real-time rate
      is ~16,900 events/s, so ~85,000 events/s), and
@@ -77,15 +77,22 @@ from pathlib import Path
 import psutil
 from confluent_kafka import KafkaError, Message, Producer
 
-from trainguard.broker.lag import group_lag
-from trainguard.broker.local import free_ports
-from trainguard.broker.topics import partition_count
+from trainguard.devtools.local_broker import free_ports
+from trainguard.devtools.stack import (
+    PROCESSOR_GROUP,
+    Stack,
+    builtin_policy,
+    local_stack,
+    scrape,
+    start_processor,
+)
+from trainguard.kafka.lag import group_lag
+from trainguard.kafka.topics import partition_count
 from trainguard.producers.shipper import PRODUCER_DEFAULTS, pack
 from trainguard.producers.simulator import Scenario, SimulatedCluster
 from trainguard.schemas import Envelope
 from trainguard.schemas.auth import SECRET_ENV
 from trainguard.schemas.sharding import DEFAULT_SHARD_RANKS, shard_count, shard_size, telemetry_partition
-from trainguard.stack import PROCESSOR_GROUP, Stack, builtin_policy, local_stack, scrape, start_processor
 
 SCENARIO = Path(__file__).resolve().parent / "scenarios" / "live-16k.yaml"
 PROCESSED = "trainguard_events_processed_total"

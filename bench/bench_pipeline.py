@@ -42,14 +42,14 @@ from pathlib import Path
 
 import psutil
 
-from trainguard.broker.lag import group_lag
-from trainguard.broker.local import free_ports
-from trainguard.broker.topics import TopicNames
+from trainguard.devtools.local_broker import free_ports
+from trainguard.devtools.stack import local_stack
+from trainguard.kafka.lag import group_lag
+from trainguard.kafka.topics import TopicNames
 from trainguard.producers.simulator import Scenario
 from trainguard.producers.simulator.driver import Progress, run_simulation
 from trainguard.schemas.auth import SECRET_ENV
 from trainguard.sinks.archive import ArchiveWriter, timeline
-from trainguard.stack import local_stack
 
 GROUP = "trainguard-processor"
 POLICY = Path(__file__).resolve().parents[1] / "processors" / "policies" / "demo.yaml"
@@ -95,7 +95,7 @@ class Pipeline:
 
 @contextlib.contextmanager
 def pipeline(workdir: Path, policy: Path) -> Iterator[Pipeline]:
-    """Broker, processor (trainguard.stack) and archive writer, started fresh; all stopped on
+    """Broker, processor (trainguard.devtools.stack) and archive writer, started fresh; all stopped on
     exit, errors included."""
     secret = secrets.token_hex(24)
     stop = threading.Event()

@@ -17,13 +17,13 @@ import time
 import uuid
 from pathlib import Path
 
+from trainguard.devtools.stack import builtin_policy, local_stack
 from trainguard.processors.core.policy import load_policy, parse_policy
 from trainguard.producers.simulator.driver import run_simulation
 from trainguard.producers.simulator.scenario import Scenario
 from trainguard.replay.backtest import backtest
 from trainguard.replay.log import read_recording
 from trainguard.replay.replay import compare, decisions_of, replay, replayed_decisions
-from trainguard.stack import builtin_policy, local_stack
 
 SECRET = uuid.uuid4().hex.encode() * 2
 

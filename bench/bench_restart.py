@@ -23,7 +23,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from trainguard.stack import local_stack
+from trainguard.devtools.stack import local_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "train_tiny.py"

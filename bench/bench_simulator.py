@@ -91,7 +91,7 @@ def bench_no_broker(scenario: Scenario, sim_seconds: float, flush_s: float = 1.0
 def bench_broker(
     scenario: Scenario, bootstrap: str, seconds: float, speed: float, broker_pid: int | None, keep: bool
 ) -> str:
-    from trainguard.broker.topics import delete_topics, ensure_topics, topic_names
+    from trainguard.kafka.topics import delete_topics, ensure_topics, topic_names
     from trainguard.producers.simulator.driver import Progress, run_simulation
 
     prefix = f"bench{uuid.uuid4().hex[:6]}."
@@ -146,7 +146,7 @@ def main() -> int:
         print(bench_no_broker(scenario, args.seconds), flush=True)
         return 0
     if args.start_broker:
-        from trainguard.broker.local import LocalBroker, ensure_jars
+        from trainguard.devtools.local_broker import LocalBroker, ensure_jars
 
         ensure_jars()
         with tempfile.TemporaryDirectory(prefix="bench-kafka-") as tmp, LocalBroker(Path(tmp)) as broker:

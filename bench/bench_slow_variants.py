@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = [
-    "tests/broker/test_broker_outage.py",
+    "tests/kafka/test_broker_outage.py",
     "tests/processors/test_processor_kill_broker.py",
     "tests/producers/test_peer_replica.py",
 ]

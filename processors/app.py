@@ -1,6 +1,6 @@
 """The live driver: a faust-streaming worker that folds telemetry into the core.
 
-Delivery is at-least-once and processing idempotent (ARCHITECTURE.md): the core drops
+Delivery is at-least-once and processing idempotent (docs/architecture.md): the core drops
 redelivered events by event_id, and every output has an id derived from its cause,
 so a re-made decision dedupes downstream. An offset is only acknowledged to faust
 after the outputs it caused are delivered (we await each send's delivery future);
@@ -26,8 +26,9 @@ from typing import Any, cast
 import faust
 from faust.types import TP, RecordMetadata
 
-from ..broker.security import KafkaCredentials, resolve
-from ..broker.topics import TopicNames, ensure_run_commands_topic, partition_count, topic_names
+from ..kafka.acl import PROCESSOR_APP
+from ..kafka.security import KafkaCredentials, resolve
+from ..kafka.topics import TopicNames, ensure_run_commands_topic, partition_count, topic_names
 from ..schemas import Command, Envelope, Tick, encode
 from ..schemas.sharding import telemetry_key, telemetry_partition
 from ..sinks.metrics import ProcessorMetrics
@@ -47,7 +48,7 @@ class ProcessorSettings:
     bootstrap: str
     master_secret: bytes
     topic_prefix: str = ""
-    app_id: str = "trainguard-processor"
+    app_id: str = PROCESSOR_APP
     policy: CorePolicy = CorePolicy()
     metrics_port: int | None = 9464
     metrics_addr: str = "127.0.0.1"
@@ -70,7 +71,7 @@ class ProcessorSettings:
     api_port: int | None = None
     api_host: str = "127.0.0.1"
     api_token: str | None = field(default=None, repr=False)
-    #: SASL principal on a secured broker (trainguard/broker/acl.py); None: from the environment.
+    #: SASL principal on a secured broker (trainguard/kafka/acl.py); None: from the environment.
     credentials: KafkaCredentials | None = None
 
     @property
@@ -144,7 +145,7 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
         )
 
     # Secured broker: each command also goes to its run's own topic, the only commands topic
-    # its ranks may read (trainguard/broker/acl.py); the shared topic stays the audit log.
+    # its ranks may read (trainguard/kafka/acl.py); the shared topic stays the audit log.
     run_topics: dict[str, faust.TopicT] = {}
 
     async def run_topic(run_id: str) -> faust.TopicT:

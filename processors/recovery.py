@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from ..broker.security import client_config
-from ..broker.topics import TopicNames
+from ..kafka.security import client_config
+from ..kafka.topics import TopicNames
 from ..schemas import Command, Derived, decode
 from ..schemas.codec import Rejected
 from .core import CoreState, RunState

@@ -47,8 +47,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from ..broker.security import KafkaCredentials, client_config, resolve
-from ..broker.topics import actuator_group_prefix, run_commands_topic
+from ..kafka.security import KafkaCredentials, client_config, resolve
+from ..kafka.topics import actuator_group_prefix, run_commands_topic
 from ..schemas import RUN_LEVEL_RANK, Ack, AckStatus, Command, Rejected, auth, decode, encode
 from ..schemas.codec import COMMANDS
 
@@ -326,7 +326,7 @@ class Actuator:
     On a secured broker (`credentials`, else TRAINGUARD_KAFKA_* in the environment) the
     rank principal may read only its run's topic, so the actuator reads
     `run_commands_topic(commands_topic, run_id)` instead of the shared topic, in the group
-    `trainguard-actuator.<run token>.<instance>` that its ACL names (trainguard/broker/acl.py).
+    `trainguard-actuator.<run token>.<instance>` that its ACL names (trainguard/kafka/acl.py).
     The gate is the same: ACLs keep other principals out, the HMAC keeps forgeries out.
     """
 

@@ -27,7 +27,7 @@ the broker is slow or down the queue fills, rather than librdkafka's own queue: 
 the bound is reached, the oldest queued events are dropped (the newest heartbeat
 matters more than an old one) and counted. librdkafka keeps what it holds for
 `message.timeout.ms` (5 min), so an outage shorter than that loses nothing unless the
-bound is exceeded (tests/broker/test_broker_outage.py: 30 s down under load, nothing
+bound is exceeded (tests/kafka/test_broker_outage.py: 30 s down under load, nothing
 lost). Every submitted event ends in exactly one of the counters `delivered`,
 `dropped` (bound reached), or `failed` (librdkafka gave up: timeout or error), so the
 accounting is exact once the shipper is closed.
@@ -46,7 +46,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from ..broker.security import KafkaCredentials, client_config
+from ..kafka.security import KafkaCredentials, client_config
 from ..schemas import Envelope, encode, encode_batch
 from ..schemas.sharding import (
     DEFAULT_SHARD_RANKS,

@@ -121,7 +121,7 @@ from typing import Any, Literal
 import psutil
 import torch
 
-from ..broker.topics import topic_names
+from ..kafka.topics import topic_names
 from ..processors.core.sdc_state import RunningQuantile
 from ..schemas import RunCrossRankCheck, auth
 from . import cross_check, grad_checks, ring_check

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from ..broker.security import KafkaCredentials, client_config
-from ..broker.topics import TopicNames
+from ..kafka.security import KafkaCredentials, client_config
+from ..kafka.topics import TopicNames
 from ..schemas import Command, Derived, decode
 from ..schemas.codec import COMMANDS, DERIVED
 

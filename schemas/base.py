@@ -38,7 +38,7 @@ class Record(BaseModel):
 
 
 class Envelope(Record):
-    """The envelope every event carries (ARCHITECTURE.md, Events)."""
+    """The envelope every event carries (docs/architecture.md, schemas/)."""
 
     event_id: str = Field(min_length=1, max_length=200, description="Unique; consumers dedupe on it.")
     run_id: str = Field(min_length=1, max_length=128)

@@ -22,8 +22,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from trainguard.broker.security import KafkaCredentials, client_config
-from trainguard.broker.topics import TopicNames
+from trainguard.kafka.security import KafkaCredentials, client_config
+from trainguard.kafka.topics import TopicNames
 
 from ..schemas import Rejected, decode, decode_batch
 from ..schemas.codec import ACKS, COMMANDS, DERIVED

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.broker.topics import TopicNames, delete_topics, ensure_topics, topic_names
+from trainguard.kafka.topics import TopicNames, delete_topics, ensure_topics, topic_names
 
 
 @pytest.fixture(scope="session")
@@ -19,7 +19,7 @@ def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if address := os.environ.get("TRAINGUARD_BOOTSTRAP"):
         yield address
         return
-    from trainguard.broker.local import LocalBroker, ensure_jars
+    from trainguard.devtools.local_broker import LocalBroker, ensure_jars
 
     ensure_jars()
     broker = LocalBroker(Path(tmp_path_factory.mktemp("kafka")))

@@ -10,8 +10,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainguard.broker.topics import TopicNames, delete_topics, ensure_topics, topic_names
-from trainguard.stack import start_processor
+from trainguard.devtools.stack import start_processor
+from trainguard.kafka.topics import TopicNames, delete_topics, ensure_topics, topic_names
 
 
 def free_port() -> int:

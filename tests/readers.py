@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
-from trainguard.broker.security import KafkaCredentials, client_config
+from trainguard.kafka.security import KafkaCredentials, client_config
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Quarantine (seed §8, ARCHITECTURE.md "Quarantine"): before the restart, the node that
+"""Quarantine (seed §8, R5): before the restart, the node that
 caused an interruption leaves the pool, with the reason, and the quarantine names the run
 it affected, so that "which node killed the most jobs" is one query over the archive.
 

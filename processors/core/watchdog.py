@@ -1,7 +1,7 @@
 """The progress watchdog (hang detector).
 
 A hang is "no completed step for step_timeout" while the process is alive
-(heartbeats still arrive), never "the process is gone" (seed §7, ARCHITECTURE.md).
+(heartbeats still arrive), never "the process is gone" (seed §7).
 Stall is measured per rank on the rank's own clock: the ts of its latest heartbeat
 minus the ts of its latest completed step, both stamped by the same emitter, so
 clock skew between hosts cannot fake or hide a hang.

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from ...broker.topics import TopicNames
+from ...kafka.topics import TopicNames
 from ...schemas import Command, Envelope, auth
 from ...schemas.commands import COMMAND_KINDS
 from ...schemas.sharding import DEFAULT_SHARD_RANKS

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from trainguard.broker.topics import TopicNames, delete_topics, ensure_topics, topic_names
+from trainguard.devtools.stack import start_processor
+from trainguard.kafka.topics import TopicNames, delete_topics, ensure_topics, topic_names
 from trainguard.schemas import CheckpointNow, Command, ResumeFrom, auth, decode, encode, encode_batch
 from trainguard.schemas.codec import COMMANDS
-from trainguard.stack import start_processor
 
 from ..pipeline import free_port
 from ..readers import TopicReader

@@ -25,13 +25,13 @@ import orjson
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
 
-from trainguard.broker.lag import wait_caught_up
+from trainguard.devtools.stack import builtin_policy, scrape
+from trainguard.kafka.lag import wait_caught_up
 from trainguard.processors.core.policy import load_policy
 from trainguard.replay.log import read_recording
 from trainguard.replay.oracle import check
 from trainguard.schemas import Interruption, StepTiming, encode, encode_batch
 from trainguard.sinks.archive import archive_group, archived_topics
-from trainguard.stack import builtin_policy, scrape
 
 from ..pipeline import Processor, running_processor
 from ..readers import TopicReader

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trainguard.devtools.stack import builtin_policy
 from trainguard.processors.core.policy import (
     POLICY_VERSION,
     CorePolicy,
@@ -16,7 +17,6 @@ from trainguard.processors.core.policy import (
     load_policy,
     parse_policy,
 )
-from trainguard.stack import builtin_policy
 
 
 @pytest.mark.parametrize("name", ["demo", "evaluate"])

@@ -29,14 +29,14 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.broker.topics import TopicNames
+from trainguard.devtools.stack import builtin_policy, scrape
+from trainguard.kafka.topics import TopicNames
 from trainguard.processors.core.policy import load_policy
 from trainguard.replay.log import read_recording
 from trainguard.replay.oracle import check
 from trainguard.replay.replay import decision_id
 from trainguard.schemas import Derived, Interruption, StragglerFlagged, decode
 from trainguard.schemas.codec import DERIVED
-from trainguard.stack import builtin_policy, scrape
 
 from ..readers import TopicReader
 from ..variants import with_slow

@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.broker.lag import wait_caught_up
-from trainguard.broker.topics import TopicNames, partition_count
+from trainguard.devtools.stack import builtin_policy
+from trainguard.kafka.lag import wait_caught_up
+from trainguard.kafka.topics import TopicNames, partition_count
 from trainguard.processors.core.policy import load_policy
 from trainguard.replay.log import read_recording
 from trainguard.replay.oracle import check
@@ -32,7 +33,6 @@ from trainguard.replay.replay import decision_id
 from trainguard.schemas import Interruption, Page, decode
 from trainguard.schemas.codec import DERIVED
 from trainguard.schemas.sharding import telemetry_partition
-from trainguard.stack import builtin_policy
 
 from ..readers import TopicReader
 from .feed import Feed, node_batches

@@ -15,6 +15,7 @@ import pickle
 
 import pytest
 
+from trainguard.devtools.stack import builtin_policy
 from trainguard.processors.core.policy import load_policy
 from trainguard.processors.core.retention import RetentionPolicy, retained
 from trainguard.processors.core.rollback import Bound, RollbackState, on_mismatch, on_validated
@@ -34,7 +35,6 @@ from trainguard.schemas import (
     RunRingCheck,
     SdcMismatch,
 )
-from trainguard.stack import builtin_policy
 
 from .sdc_streams import Pipeline, SdcJob, closed_loop
 

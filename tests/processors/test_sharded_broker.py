@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.broker.local import free_ports
-from trainguard.broker.topics import TopicNames, delete_topics, ensure_topics, topic_names
+from trainguard.devtools.local_broker import free_ports
+from trainguard.devtools.stack import scrape, start_processor
+from trainguard.kafka.topics import TopicNames, delete_topics, ensure_topics, topic_names
 from trainguard.producers.simulator.driver import run_simulation
 from trainguard.producers.simulator.scenario import Scenario
 from trainguard.schemas import Interruption, ReasonCode, StragglerFlagged, decode
 from trainguard.schemas.codec import DERIVED
-from trainguard.stack import scrape, start_processor
 
 from ..readers import TopicReader
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from trainguard.broker.local import free_ports
-from trainguard.broker.topics import TELEMETRY, TopicNames
-from trainguard.stack import scrape, start_processor
+from trainguard.devtools.local_broker import free_ports
+from trainguard.devtools.stack import scrape, start_processor
+from trainguard.kafka.topics import TELEMETRY, TopicNames
 
 APP_ID = "trainguard-processor"
 

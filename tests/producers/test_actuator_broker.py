@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
-from trainguard.broker.topics import TopicNames
+from trainguard.kafka.topics import TopicNames
 from trainguard.producers.actuator import Actuator, RefuseReason
 from trainguard.schemas import (
     RUN_LEVEL_RANK,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from trainguard.broker.topics import TopicNames
+from trainguard.kafka.topics import TopicNames
 from trainguard.producers.agent import MemorySink
 from trainguard.producers.launcher import (
     Launcher,

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from trainguard.broker.topics import TopicNames
+from trainguard.kafka.topics import TopicNames
 from trainguard.producers.launcher_journal import JOURNAL_NAME, ActionJournal, alive, rank_processes, replay
 from trainguard.replay.oracle import executed_once
 from trainguard.schemas import (

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.broker.local import LocalBroker, ensure_jars
-from trainguard.broker.topics import ensure_topics, topic_names
+from trainguard.devtools.local_broker import LocalBroker, ensure_jars
+from trainguard.kafka.topics import ensure_topics, topic_names
 from trainguard.producers.agent import RankAgent
 from trainguard.producers.shipper import ShipperConfig, TelemetryShipper
 

@@ -44,7 +44,8 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.broker.lag import wait_caught_up
+from trainguard.devtools.stack import PROCESSOR_GROUP
+from trainguard.kafka.lag import wait_caught_up
 from trainguard.replay.log import read_topic
 from trainguard.schemas import (
     Abort,
@@ -77,7 +78,6 @@ from trainguard.schemas import (
 )
 from trainguard.schemas.codec import COMMANDS, DERIVED, decode_batch
 from trainguard.sinks.archive_store import Archive, timeline
-from trainguard.stack import PROCESSOR_GROUP
 
 from ..pipeline import Processor, running_processor
 

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trainguard.broker.topics import TopicNames
+from trainguard.kafka.topics import TopicNames
 from trainguard.producers.agent import MemorySink
 from trainguard.producers.training import (
     NonFiniteLoss,

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from trainguard.broker.topics import TopicNames
+from trainguard.devtools.stack import builtin_policy
+from trainguard.kafka.topics import TopicNames
 from trainguard.producers.simulator.driver import run_simulation
 from trainguard.producers.simulator.scenario import Scenario
 from trainguard.replay.log import Recording, read_recording
 from trainguard.replay.replay import decisions_of
-from trainguard.stack import builtin_policy
 
 from ..pipeline import running_processor
 

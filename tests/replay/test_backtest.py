@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from trainguard.devtools.stack import builtin_policy
 from trainguard.processors.core.policy import load_policy
 from trainguard.replay import cost_model
 from trainguard.replay.backtest import backtest
 from trainguard.replay.cost_model import RunFacts
 from trainguard.replay.report import CHARTS, write_report
 from trainguard.schemas import EvictionDecision, EvictRank, IntervalUpdate, Reason, ReasonCode
-from trainguard.stack import builtin_policy
 
 from .conftest import Recorded
 

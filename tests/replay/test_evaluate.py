@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from trainguard.devtools.stack import builtin_policy
 from trainguard.processors.core.policy import load_policy
 from trainguard.producers.simulator import Scenario
 from trainguard.replay.evaluate import EXPECTED, expected_detector, run_core, score
-from trainguard.stack import builtin_policy
 
 POLICY = load_policy(str(builtin_policy("evaluate")))
 LIBRARY = Scenario.library()

@@ -8,6 +8,7 @@ from typing import ClassVar
 
 import pytest
 
+from trainguard.devtools.stack import builtin_policy
 from trainguard.processors.core.policy import load_policy
 from trainguard.producers.simulator import Scenario, ScenarioError
 from trainguard.producers.simulator.scenario import Expect
@@ -23,7 +24,6 @@ from trainguard.schemas import (
     ReasonCode,
     StragglerFlagged,
 )
-from trainguard.stack import builtin_policy
 
 POLICY = load_policy(str(builtin_policy("evaluate")))
 LIBRARY = Scenario.library()

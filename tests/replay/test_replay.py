@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
+from trainguard.devtools.stack import builtin_policy
 from trainguard.processors.core.policy import CorePolicy, load_policy, parse_policy
 from trainguard.replay.log import Recording
 from trainguard.replay.replay import compare, decisions_of, replay, replayed_decisions
 from trainguard.schemas import Abort, Interruption, Reason, ReasonCode, RunRingCheck, StragglerFlagged
-from trainguard.stack import builtin_policy
 
 from .conftest import Recorded
 

@@ -14,7 +14,7 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
-from trainguard.broker.topics import TopicNames
+from trainguard.kafka.topics import TopicNames
 from trainguard.schemas import (
     Ack,
     AckStatus,

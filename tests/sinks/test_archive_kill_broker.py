@@ -16,8 +16,8 @@ import duckdb
 import pytest
 from confluent_kafka import Producer
 
-from trainguard.broker.lag import group_lag, wait_caught_up
-from trainguard.broker.topics import TopicNames
+from trainguard.kafka.lag import group_lag, wait_caught_up
+from trainguard.kafka.topics import TopicNames
 from trainguard.schemas import encode, encode_batch
 from trainguard.sinks.archive import archive_group, archived_topics
 

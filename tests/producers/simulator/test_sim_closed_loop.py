@@ -4,6 +4,7 @@ close the loop (crash -> abort -> restart; hang -> stack-dump abort -> odd stack
 
 from __future__ import annotations
 
+from trainguard.devtools.stack import builtin_policy
 from trainguard.processors.core import engine
 from trainguard.processors.core.paging import PagingPolicy
 from trainguard.processors.core.policy import CorePolicy, load_policy
@@ -24,7 +25,6 @@ from trainguard.schemas import (
     SdcMismatch,
     SkipUpdate,
 )
-from trainguard.stack import builtin_policy
 
 
 def close_loop(

@@ -11,7 +11,7 @@ from concurrent.futures import Future
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from trainguard.broker.topics import TopicNames
+from trainguard.kafka.topics import TopicNames
 from trainguard.producers.simulator import CommandRefused, Scenario
 from trainguard.producers.simulator.driver import CommandInbox, Progress, run_simulation
 from trainguard.schemas import (

@@ -35,7 +35,7 @@ check a key), which costs that run detections, not commands.
 
 No password is in the repository: the local broker generates them and keeps one file per
 principal, mode 0600, in `<data dir>/credentials/` (mode 0700); clients read theirs from
-TRAINGUARD_KAFKA_PASSWORD_FILE (trainguard/broker/security.py).
+TRAINGUARD_KAFKA_PASSWORD_FILE (trainguard/kafka/security.py).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
-from .local import BrokerError
+from .errors import BrokerError
 from .security import KafkaCredentials, client_config
 from .topics import (
     TopicNames,
@@ -76,7 +76,7 @@ BROKER_USER = "broker"
 ADMIN_USER = "admin"
 PROCESSOR_USER = "processor"
 ARCHIVE_USER = "archive"
-#: The processor's faust app id (its consumer group) without prefix: trainguard.stack.PROCESSOR_GROUP.
+#: The processor's faust app id (its consumer group), without prefix.
 PROCESSOR_APP = "trainguard-processor"
 SCRAM_ITERATIONS = 8192
 _CLUSTER = "kafka-cluster"

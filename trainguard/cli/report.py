@@ -1,13 +1,16 @@
-"""Terminal reports read from the DuckDB archive."""
+"""Terminal reports read from the DuckDB archive, and the progress bar of long commands."""
 
 from __future__ import annotations
 
 import datetime as dt
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 
@@ -73,7 +76,7 @@ def _decisions(row: dict[str, Any]) -> str:
 
 def print_timeline(db: Path, run_id: str | None, console: Console, last: int | None = None) -> None:
     """Every interruption (or the `last` ones) with its cost and the decisions it caused."""
-    from .sinks.archive_store import timeline
+    from ..sinks.archive_store import timeline
 
     rows = timeline(db, run_id)
     if not rows:
@@ -89,7 +92,7 @@ def print_timeline(db: Path, run_id: str | None, console: Console, last: int | N
 
 def print_goodput(db: Path, run_id: str | None, console: Console) -> None:
     """Each run's latest goodput breakdown per window (from GoodputReport events)."""
-    from .sinks.archive_store import goodput_breakdown
+    from ..sinks.archive_store import goodput_breakdown
 
     rows = goodput_breakdown(db, run_id)
     if not rows:
@@ -237,3 +240,23 @@ def longrun_table(result: Any) -> Table:
     rules = ", ".join(sorted({p.rule for p in result.pages})) or "none"
     table.add_row("pages", "-", f"{len(result.pages)} ({rules})", "R5: patterns only")
     return table
+
+
+@contextmanager
+def progress_bar() -> Iterator[Callable[[str, int, int], None]]:
+    """A rich progress bar per task name; the callback is (task, done, total)."""
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        transient=True,
+    ) as bar:
+        tasks: dict[str, int] = {}
+
+        def update(name: str, done: int, total: int) -> None:
+            if name not in tasks:
+                tasks[name] = int(bar.add_task(name, total=max(total, 1)))
+            bar.update(tasks[name], completed=done, total=max(total, 1))  # type: ignore[arg-type]
+
+        yield update

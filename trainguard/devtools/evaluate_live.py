@@ -9,14 +9,14 @@ from __future__ import annotations
 import time
 import uuid
 
-from ..broker.lag import wait_caught_up
+from ..kafka.lag import wait_caught_up
 from ..producers.simulator import Scenario
 from ..producers.simulator.driver import run_simulation
+from ..replay.evaluate import ScenarioScore, score, step_start_times
+from ..replay.log import read_topic
 from ..schemas import Command, Derived, Envelope, Rejected, decode, decode_batch
 from ..schemas.codec import COMMANDS, DERIVED, TELEMETRY
-from ..stack import PROCESSOR_GROUP, Stack
-from .evaluate import ScenarioScore, score, step_start_times
-from .log import read_topic
+from .stack import PROCESSOR_GROUP, Stack
 
 
 def run_live(scenario: Scenario, stack: Stack, secret: bytes, speed: float | None = None) -> ScenarioScore:

@@ -36,7 +36,7 @@ Replication factor is 1 by default (one local broker). `prefix` isolates sets of
 e.g. per test: prefix "t123." gives "t123.trainguard.telemetry". Other modules take names
 from `topic_names(prefix)`, never from string literals.
 
-On a secured broker (trainguard/broker/acl.py) the processors also deliver each command
+On a secured broker (trainguard/kafka/acl.py) the processors also deliver each command
 on its run's own topic, `{prefix}trainguard.commands.run.<run token>` (1 partition,
 delete, 7 d), which only that run's rank principal may read: an ACL cannot restrict a
 reader to one key of the shared commands topic. The shared topic stays the audit log
@@ -62,8 +62,8 @@ from confluent_kafka.admin import (
     TopicMetadata,
 )
 
-from trainguard.broker.local import BrokerError
-from trainguard.broker.security import KafkaCredentials, client_config
+from .errors import BrokerError
+from .security import KafkaCredentials, client_config
 
 TELEMETRY = "trainguard.telemetry"
 EVENTS = "trainguard.events"

@@ -22,17 +22,17 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from trainguard.broker.acl import PROCESSOR_USER, provision_run, revoke_run, wait_login
-from trainguard.broker.local import BrokerError, LocalBroker, ensure_jars, start_local_broker
-from trainguard.broker.security import KafkaCredentials
-from trainguard.broker.topics import TopicNames, actuator_group_prefix, topic_names
+from trainguard.devtools.local_broker import BrokerError, LocalBroker, ensure_jars, start_local_broker
+from trainguard.devtools.stack import builtin_policy, start_processor
+from trainguard.kafka.acl import PROCESSOR_USER, provision_run, revoke_run, wait_login
+from trainguard.kafka.security import KafkaCredentials
+from trainguard.kafka.topics import TopicNames, actuator_group_prefix, topic_names
 from trainguard.processors.core.policy import load_policy
 from trainguard.producers.actuator import Actuator, RefuseReason
 from trainguard.replay.log import read_recording
 from trainguard.replay.oracle import check
 from trainguard.schemas import Abort, Ack, AckStatus, Command, auth, decode, encode, encode_batch
 from trainguard.schemas.codec import ACKS, COMMANDS
-from trainguard.stack import builtin_policy, start_processor
 
 from ..pipeline import free_port
 from ..processors.streams import Job

@@ -33,9 +33,10 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, Message
 
-from trainguard.broker.lag import wait_caught_up
-from trainguard.broker.local import LocalBroker, ensure_jars, port_open
-from trainguard.broker.topics import ensure_topics, topic_names
+from trainguard.devtools.local_broker import LocalBroker, ensure_jars, port_open
+from trainguard.devtools.stack import builtin_policy, scrape, start_processor
+from trainguard.kafka.lag import wait_caught_up
+from trainguard.kafka.topics import ensure_topics, topic_names
 from trainguard.processors.core.policy import load_policy
 from trainguard.producers.agent import NodeAgents, RankAgent
 from trainguard.producers.shipper import ShipperConfig, ShipperStats, TelemetryShipper
@@ -43,7 +44,6 @@ from trainguard.replay.log import read_recording
 from trainguard.replay.oracle import check
 from trainguard.schemas import RUN_LEVEL_RANK, Interruption, RankExit, RunStarted, decode_batch
 from trainguard.sinks.archive import archive_group, archived_topics
-from trainguard.stack import builtin_policy, scrape, start_processor
 
 from ..pipeline import free_port
 from ..variants import with_slow

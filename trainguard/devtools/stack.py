@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from .broker.local import LocalBroker, ensure_jars
-from .broker.topics import TopicNames, ensure_topics, topic_names
+from ..kafka.acl import PROCESSOR_APP
+from ..kafka.topics import TopicNames, ensure_topics, topic_names
+from .local_broker import LocalBroker, ensure_jars
 
 #: The faust app id of the processor (its consumer group).
-PROCESSOR_GROUP = "trainguard-processor"
+PROCESSOR_GROUP = PROCESSOR_APP
 
 
 def builtin_policy(name: str) -> Path:

@@ -20,7 +20,7 @@ import random
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .producers.simulator.scenario import CrashFault, HangFault, Scenario, SlowFault
+from ..producers.simulator.scenario import CrashFault, HangFault, Scenario, SlowFault
 
 
 class Victim(StrEnum):

@@ -18,7 +18,7 @@ Layout of a data directory::
 Secured mode (`LocalBroker(data_dir, secure=True)`, `trainguard broker start --secure`):
 clients connect with SASL/SCRAM-SHA-256 over SASL_PLAINTEXT and Kafka's StandardAuthorizer
 allows only what an ACL grants (`allow.everyone.if.no.acl.found=false`; the principals and
-ACLs are in trainguard/broker/acl.py). The controller listener uses SASL/PLAIN with the
+ACLs are in trainguard/kafka/acl.py). The controller listener uses SASL/PLAIN with the
 broker principal alone (in its JAAS config): KRaft cannot use SCRAM there, since SCRAM
 credentials live in the metadata log the controller serves. The `broker` (super user) and
 `admin` SCRAM users are written into the log when the storage is formatted (`--add-scram`,
@@ -51,7 +51,9 @@ from types import TracebackType
 
 import psutil
 
-from .security import KafkaCredentials
+from ..home import broker_data_dir
+from ..kafka.errors import BrokerError
+from ..kafka.security import KafkaCredentials
 
 KAFKA_VERSION = "4.1.1"
 MIN_JAVA_MAJOR = 17
@@ -63,10 +65,6 @@ LOG4J_CONFIG = _HERE / "log4j2.xml"
 STATE_FILE = "broker.json"
 _STAMP = "jars.ok"
 _MAIN_CLASS = "kafka.Kafka"
-
-
-class BrokerError(RuntimeError):
-    """The local broker cannot be set up, started or reached."""
 
 
 class MissingToolError(BrokerError):
@@ -265,7 +263,7 @@ def server_properties(
         "inter.broker.listener.name": "PLAINTEXT",
         "log.dirs": str(data_dir / "kafka-data"),
         "num.partitions": "1",
-        # Topics are created explicitly (trainguard.broker.topics); a typo must fail.
+        # Topics are created explicitly (trainguard.kafka.topics); a typo must fail.
         "auto.create.topics.enable": "false",
         # One node: internal topics cannot have more than one replica.
         "offsets.topic.replication.factor": "1",
@@ -515,7 +513,7 @@ class LocalBroker:
 
     def _passwords(self, formatted: bool) -> dict[str, str]:
         """Secured mode: the broker's and admin's passwords, generated on first use."""
-        from .acl import ADMIN_USER, BROKER_USER, ensure_password
+        from ..kafka.acl import ADMIN_USER, BROKER_USER, ensure_password
 
         broker_file = self.credentials_dir / BROKER_USER
         if not self.secure:
@@ -548,7 +546,7 @@ class LocalBroker:
 
     def _grant_admin(self, bootstrap: str) -> None:
         """The admin principal's ACLs, created by the super user (idempotent, every start)."""
-        from .acl import BROKER_USER, admin_grants, create_grants
+        from ..kafka.acl import BROKER_USER, admin_grants, create_grants
 
         create_grants(bootstrap, self.credentials(BROKER_USER), admin_grants())
 
@@ -640,14 +638,13 @@ class LocalBroker:
 
 def default_data_dir() -> Path:
     """`$TRAINGUARD_HOME/broker`, else `<cwd>/.trainguard/broker`."""
-    home = os.environ.get("TRAINGUARD_HOME")
-    return (Path(home) if home else Path.cwd() / ".trainguard") / "broker"
+    return broker_data_dir()
 
 
 def start_local_broker(data_dir: Path | None = None, secure: bool | None = None) -> LocalBroker:
     """Fetch jars if needed, start the broker (or reattach to a running one), ensure topics;
-    secured, also the processor's and archive writer's users and ACLs (trainguard/broker/acl.py)."""
-    from trainguard.broker.topics import ensure_topics
+    secured, also the processor's and archive writer's users and ACLs (trainguard/kafka/acl.py)."""
+    from ..kafka.topics import ensure_topics
 
     broker = LocalBroker(data_dir or default_data_dir(), secure=secure)
     status = broker.status()
@@ -655,7 +652,7 @@ def start_local_broker(data_dir: Path | None = None, secure: bool | None = None)
     admin = broker.admin_credentials()
     ensure_topics(bootstrap, credentials=admin)
     if admin is not None:
-        from trainguard.broker.acl import provision_services
+        from ..kafka.acl import provision_services
 
         provision_services(bootstrap, admin, broker.credentials_dir)
     return broker

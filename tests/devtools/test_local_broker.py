@@ -19,8 +19,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
-from trainguard.broker import local
-from trainguard.broker.local import (
+from trainguard.devtools import local_broker as local
+from trainguard.devtools.local_broker import (
     BrokerError,
     LocalBroker,
     MissingToolError,
@@ -28,7 +28,7 @@ from trainguard.broker.local import (
     parse_java_major,
     port_open,
 )
-from trainguard.broker.topics import (
+from trainguard.kafka.topics import (
     TOPICS,
     TopicMismatchError,
     delete_topics,

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.soak import run_soak
-from trainguard.soak_plan import SoakConfig, Victim
-from trainguard.soak_report import markdown
+from trainguard.devtools.soak import run_soak
+from trainguard.devtools.soak_plan import SoakConfig, Victim
+from trainguard.devtools.soak_report import markdown
 
 pytestmark = pytest.mark.broker
 

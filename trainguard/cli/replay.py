@@ -1,48 +1,26 @@
 """`trainguard replay` and `trainguard backtest`: a recorded run read back from the Kafka
-topics and driven through the policy core (registered on the CLI by trainguard/cli.py)."""
+topics and driven through the policy core (registered in trainguard/cli/__init__.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from .cli import Bootstrap, Prefix, app, resolve_bootstrap
+from .app import Bootstrap, Prefix, app, resolve_bootstrap
+from .report import progress_bar
 
 if TYPE_CHECKING:
-    from .replay.log import Recording
+    from ..replay.log import Recording
 
 RunId = Annotated[str, typer.Option("--run-id", help="The recorded run.")]
 
 
-@contextmanager
-def progress_bar() -> Iterator[Callable[[str, int, int], None]]:
-    """A rich progress bar per task name; the callback is (task, done, total)."""
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        transient=True,
-    ) as bar:
-        tasks: dict[str, int] = {}
-
-        def update(name: str, done: int, total: int) -> None:
-            if name not in tasks:
-                tasks[name] = int(bar.add_task(name, total=max(total, 1)))
-            bar.update(tasks[name], completed=done, total=max(total, 1))  # type: ignore[arg-type]
-
-        yield update
-
-
 def _recording(bootstrap: str | None, topic_prefix: str, run_id: str) -> Recording:
-    from .broker.topics import topic_names
-    from .replay.log import read_recording
+    from ..kafka.topics import topic_names
+    from ..replay.log import read_recording
 
     with progress_bar() as update:
         recording = read_recording(
@@ -72,8 +50,8 @@ def replay(
     """Drive the policy core with a recorded run's telemetry (read back from Kafka, in the
     order the processor consumed it) and compare its decisions with the live processor's,
     event for event. Exit 0 when they are identical, 1 when some differ."""
-    from .processors.core.policy import load_policy
-    from .replay.replay import compare, decisions_of, replay, replayed_decisions
+    from ..processors.core.policy import load_policy
+    from ..replay.replay import compare, decisions_of, replay, replayed_decisions
     from .report import make_console
 
     out = make_console()
@@ -115,9 +93,9 @@ def backtest(
     """Replay a recorded run under several policies: the decisions that differ from the
     baseline's, when each acts, its modelled cost or saving (replay/cost_model.py), and
     each policy's counterfactual goodput; a terminal table and a report file with charts."""
-    from .processors.core.policy import load_policy
-    from .replay.backtest import backtest
-    from .replay.report import DIFF_HEADER, SUMMARY_HEADER, difference_cells, summary_cells, write_report
+    from ..processors.core.policy import load_policy
+    from ..replay.backtest import backtest
+    from ..replay.report import DIFF_HEADER, SUMMARY_HEADER, difference_cells, summary_cells, write_report
     from .report import make_console
 
     out = make_console()

@@ -16,11 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .broker.local import free_ports
+from .local_broker import free_ports
 from .soak_plan import Victim
 from .stack import scrape, start_processor
 
-log = logging.getLogger("trainguard.soak")
+log = logging.getLogger("trainguard.devtools.soak")
 
 #: Starts an incarnation logging to the path; returns it and its metrics URL (if any).
 Launch = Callable[[Path], tuple[subprocess.Popen[bytes], str | None]]

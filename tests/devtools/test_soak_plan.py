@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
+from trainguard.devtools.soak_plan import SoakConfig, Victim, kill_rate, plan_kills, run_scenario, step_at
 from trainguard.producers.simulator.scenario import CrashFault, HangFault, SlowFault
-from trainguard.soak_plan import SoakConfig, Victim, kill_rate, plan_kills, run_scenario, step_at
 
 
 def test_kills_arrive_at_the_rate_and_every_round_hits_every_kind() -> None:

@@ -1,6 +1,6 @@
 """Kafka client credentials: from the environment into every client trainguard builds.
 
-A secured broker (`trainguard broker start --secure`, see trainguard/broker/acl.py)
+A secured broker (`trainguard broker start --secure`, see trainguard/kafka/acl.py)
 authenticates each client with SASL and authorizes it with ACLs. A process says who it
 is with:
 

@@ -19,21 +19,21 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .broker.lag import wait_caught_up
-from .broker.topics import EVENTS
-from .replay.evaluate import EXPECTED, score
-from .report import timeline_table
-from .schemas import Derived, decode
-from .schemas.auth import SECRET_FILE_ENV, load_master_secret, write_secret_file
-from .schemas.codec import DERIVED
-from .sinks.archive_store import Archive, timeline
+from ..cli.report import timeline_table
+from ..kafka.lag import wait_caught_up
+from ..kafka.topics import EVENTS
+from ..replay.evaluate import EXPECTED, score
+from ..schemas import Derived, decode
+from ..schemas.auth import SECRET_FILE_ENV, load_master_secret, write_secret_file
+from ..schemas.codec import DERIVED
+from ..sinks.archive_store import Archive, timeline
 from .stack import PROCESSOR_GROUP, builtin_policy, local_stack
 
 
 def run_demo(scenario_path: Path | None, workdir: Path, metrics_port: int, console: Console) -> int:
-    from .producers.simulator.driver import run_simulation
-    from .producers.simulator.scenario import Scenario
-    from .sinks.archive import ArchiveWriter
+    from ..producers.simulator.driver import run_simulation
+    from ..producers.simulator.scenario import Scenario
+    from ..sinks.archive import ArchiveWriter
 
     scenario = Scenario.load(scenario_path) if scenario_path else Scenario.builtin("demo")
     workdir = workdir.resolve()

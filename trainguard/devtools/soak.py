@@ -4,7 +4,7 @@ parts are SIGKILLed at random, then the nothing-lost oracle over every run.
 W processor workers and the archive writer run as processes of their own on a fresh
 topic set; R simulated runs (threads of this process, each with its shipper and its
 actuator, which executes and acks the commands) stream telemetry with hangs,
-stragglers and crashes. At the planned moments (trainguard/soak_plan.py) a worker or
+stragglers and crashes. At the planned moments (trainguard/devtools/soak_plan.py) a worker or
 the archive writer is SIGKILLed and restarted after a short delay, and ranks crash.
 At the end the load stops, the workers catch up and leave, the archive writer catches
 up and leaves, and replay/oracle.py checks each run against the log, its acks and the
@@ -24,15 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .broker.lag import wait_caught_up
-from .broker.topics import TopicNames, delete_topics, ensure_topics, partition_count, topic_names
-from .processors.core.policy import load_policy
-from .producers.simulator.driver import SimulationResult, run_simulation
-from .producers.simulator.scenario import Scenario, SlowFault
-from .replay.log import read_recording, read_topic
-from .replay.oracle import OracleReport, Verdict, check
-from .replay.replay import decision_id, decisions_of
-from .schemas import (
+from ..kafka.lag import wait_caught_up
+from ..kafka.topics import TopicNames, delete_topics, ensure_topics, partition_count, topic_names
+from ..processors.core.policy import load_policy
+from ..producers.simulator.driver import SimulationResult, run_simulation
+from ..producers.simulator.scenario import Scenario, SlowFault
+from ..replay.log import read_recording, read_topic
+from ..replay.oracle import OracleReport, Verdict, check
+from ..replay.replay import decision_id, decisions_of
+from ..schemas import (
     Abort,
     Ack,
     AckStatus,
@@ -46,9 +46,9 @@ from .schemas import (
     decode,
     decode_batch,
 )
-from .schemas.codec import ACKS
-from .schemas.sharding import telemetry_partition
-from .sinks.archive import archive_group
+from ..schemas.codec import ACKS
+from ..schemas.sharding import telemetry_partition
+from ..sinks.archive import archive_group
 from .soak_plan import Kill, SoakConfig, Victim, plan_kills, run_scenario
 from .soak_procs import Slot, archive_launcher, worker_launcher
 from .stack import PROCESSOR_GROUP, builtin_policy

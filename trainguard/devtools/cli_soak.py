@@ -1,5 +1,5 @@
 """`trainguard soak`: the chaos soak (issue 7 scenario 6), registered on the CLI by
-trainguard/cli.py. Without --bootstrap it starts a local broker of its own."""
+trainguard/devtools/cli.py. Without --bootstrap it starts a local broker of its own."""
 
 from __future__ import annotations
 
@@ -9,10 +9,7 @@ from typing import Annotated
 
 import typer
 
-from .cli import app
 
-
-@app.command()
 def soak(
     minutes: Annotated[float, typer.Option(help="Minutes of load and chaos.")] = 5.0,
     kill_rate_text: Annotated[
@@ -42,7 +39,7 @@ def soak(
     """Chaos soak: R simulated runs through W workers and the archive writer while workers,
     the writer and ranks are SIGKILLed at random (restarted after a short delay); then the
     nothing-lost oracle per run. Exit 1 if any check fails."""
-    from .report import make_console
+    from ..cli.report import make_console
     from .soak import run_soak
     from .soak_plan import SoakConfig, kill_rate
     from .soak_report import print_report, write_markdown
@@ -73,7 +70,7 @@ def soak(
     else:
         import shutil
 
-        from .broker.local import LocalBroker, ensure_jars
+        from .local_broker import LocalBroker, ensure_jars
 
         ensure_jars()
         data = workdir.parent / f"{workdir.name}-broker"

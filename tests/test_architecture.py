@@ -1,0 +1,164 @@
+"""The package's shape (docs/architecture.md): no import cycles, and the product apart
+from its development tooling.
+
+The graph is read from the source with `ast`, every import counted: at module level,
+inside functions (a lazy import is still a dependency) and under `TYPE_CHECKING`. grimp
+(import-linter's graph) cannot be used here: it walks the root package's directory, and
+our folders are mapped into `trainguard` with setuptools' package-dir.
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Development tooling: the local broker launcher, the soak harness, the stack helpers and
+# the demo. Product modules (everything else) must never import these.
+TOOLING = "trainguard.devtools"
+
+
+@dataclass(frozen=True)
+class ImportGraph:
+    modules: dict[str, Path]
+    edges: dict[str, set[str]]
+
+
+def package_dirs() -> dict[str, Path]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    return {name: ROOT / folder for name, folder in config["package-dir"].items()}
+
+
+def discover_modules() -> dict[str, Path]:
+    modules: dict[str, Path] = {}
+    for package, folder in package_dirs().items():
+        for path in folder.rglob("*.py"):
+            relative = path.relative_to(folder).with_suffix("")
+            parts = [p for p in relative.parts if p != "__init__"]
+            name = ".".join([package, *parts])
+            # A folder mapped on its own (trainguard.producers) wins over the same name
+            # reached through a parent's folder.
+            if name not in modules or path.is_relative_to(folder):
+                modules.setdefault(name, path)
+    return modules
+
+
+def _resolve(module: str, path: Path, node: ast.ImportFrom) -> str:
+    """The absolute module a `from ... import` reads from."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    drop = node.level - 1 if path.name == "__init__.py" else node.level
+    base = base[: len(base) - drop] if drop else base
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imported_modules(module: str, path: Path, modules: dict[str, Path]) -> Iterator[str]:
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            parent = _resolve(module, path, node)
+            for alias in node.names:
+                # `from a import b` reads the module a.b when there is one, else a name of a.
+                yield f"{parent}.{alias.name}" if f"{parent}.{alias.name}" in modules else parent
+
+
+def build_graph() -> ImportGraph:
+    modules = discover_modules()
+    edges = {
+        name: {m for m in _imported_modules(name, path, modules) if m in modules and m != name}
+        for name, path in modules.items()
+    }
+    return ImportGraph(modules, edges)
+
+
+def strongly_connected(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative: every component of more than one module is a cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    counter = 0
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(sorted(component))
+    return components
+
+
+@pytest.fixture(scope="module")
+def graph() -> ImportGraph:
+    return build_graph()
+
+
+def test_the_scanner_sees_every_kind_of_import(graph: ImportGraph) -> None:
+    # Guards the guard: relative imports two levels up, lazy imports inside functions and
+    # imports under TYPE_CHECKING are all edges.
+    assert len(graph.modules) > 100
+    assert "trainguard.schemas" in graph.edges["trainguard.processors.core.engine"]
+    assert "trainguard.cli.app" in graph.edges["trainguard.devtools.cli"]  # from ..cli.app
+    assert "trainguard.devtools.local_broker" in graph.edges["trainguard.devtools.cli"]  # lazy
+    assert "trainguard.kafka.security" in graph.edges["trainguard.cli.admin"]  # TYPE_CHECKING
+
+
+def test_tarjan_finds_a_cycle_and_no_false_one() -> None:
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert strongly_connected(edges) == [["a", "b", "c"]]
+    assert strongly_connected({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles_among_the_projects_modules(graph: ImportGraph) -> None:
+    cycles = strongly_connected(graph.edges)
+    assert cycles == [], "import cycles (type-only and lazy imports count):\n" + "\n".join(
+        " <-> ".join(c) for c in cycles
+    )
+
+
+def test_the_product_never_imports_the_development_tooling(graph: ImportGraph) -> None:
+    offenders = sorted(
+        f"{module} imports {target}"
+        for module, targets in graph.edges.items()
+        if not module.startswith(TOOLING)
+        for target in targets
+        if target.startswith(TOOLING)
+    )
+    assert offenders == []
+    assert any(m.startswith(TOOLING) for m in graph.modules), "the tooling package moved"

@@ -1,0 +1,259 @@
+"""Commands that run a part of the pipeline: the processor, the archive writer, the
+launcher that supervises a job's ranks, the node self-test and the cluster simulator."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .app import Bootstrap, Prefix, app, console, master_secret, resolve_bootstrap, stop_on_signals
+
+
+@app.command()
+def process(
+    bootstrap: Bootstrap = None,
+    topic_prefix: Prefix = "",
+    policy: Annotated[str | None, typer.Option(help="Policy YAML (defaults: the seed's numbers).")] = None,
+    metrics_port: Annotated[int, typer.Option(help="Prometheus /metrics port (0: off).")] = 9464,
+    metrics_addr: Annotated[str, typer.Option(help="Address the metrics server binds.")] = "127.0.0.1",
+    loglevel: Annotated[str, typer.Option(help="faust log level")] = "warning",
+    api_port: Annotated[
+        int, typer.Option(help="Run API port (0: off); needs TRAINGUARD_API_TOKEN(_FILE).")
+    ] = 0,
+    api_host: Annotated[str, typer.Option(help="Address the run API binds.")] = "127.0.0.1",
+    snapshot_interval: Annotated[
+        float, typer.Option(help="Seconds between state snapshots of a partition (0: none).")
+    ] = 30.0,
+    commit_interval: Annotated[float, typer.Option(help="Seconds between offset commits.")] = 1.0,
+    instance_id: Annotated[
+        str | None,
+        typer.Option(
+            envvar="TRAINGUARD_INSTANCE_ID",
+            help="Static group member id, stable across this worker's restarts (e.g. its pod "
+            "name): a restart within the session timeout takes its partitions straight back.",
+        ),
+    ] = None,
+) -> None:
+    """Run the stream processor: telemetry -> detections, interruptions and signed commands."""
+    from ..processors.api_web import ApiTokenError, load_api_token
+    from ..processors.app import ProcessorSettings, run_worker
+    from ..processors.core.policy import load_policy
+
+    try:
+        api_token = load_api_token() if api_port else None
+    except ApiTokenError as exc:
+        console.print(f"[red]{exc}")
+        raise typer.Exit(2) from exc
+    settings = ProcessorSettings(
+        bootstrap=resolve_bootstrap(bootstrap),
+        master_secret=master_secret(),
+        topic_prefix=topic_prefix,
+        policy=load_policy(policy),
+        metrics_port=metrics_port or None,
+        metrics_addr=metrics_addr,
+        api_port=api_port or None,
+        api_host=api_host,
+        api_token=api_token,
+        snapshot_interval_s=snapshot_interval,
+        commit_interval_s=commit_interval,
+        instance_id=instance_id or None,
+    )
+    run_worker(settings, loglevel=loglevel)
+
+
+@app.command()
+def archive(
+    db: Annotated[Path, typer.Option(help="DuckDB file to write.")] = Path(".trainguard/trainguard.duckdb"),
+    bootstrap: Bootstrap = None,
+    topic_prefix: Prefix = "",
+) -> None:
+    """Archive every topic into DuckDB; offsets are committed only after rows are durable."""
+    from ..kafka.topics import topic_names
+    from ..sinks.archive import ArchiveWriter
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    writer = ArchiveWriter(resolve_bootstrap(bootstrap), topic_names(topic_prefix), db)
+    writer.run(stop_on_signals())
+
+
+@app.command()
+def simulate(
+    scenario: Annotated[
+        str,
+        typer.Argument(
+            help="Scenario YAML, or a built-in name (demo, healthy-16k, healthy-1k, scenarios/library/*)."
+        ),
+    ],
+    bootstrap: Bootstrap = None,
+    topic_prefix: Prefix = "",
+    speed: Annotated[float, typer.Option(help="Time compression: 2 runs twice as fast.")] = 1.0,
+    max_seconds: Annotated[float | None, typer.Option(help="Stop after this much wall time.")] = None,
+) -> None:
+    """Emit a simulated cluster's telemetry (with the scenario's faults) and obey commands."""
+    from ..kafka.topics import topic_names
+    from ..producers.simulator.driver import Progress, run_simulation
+    from ..producers.simulator.scenario import Scenario
+    from .report import progress_bar
+
+    chosen = Scenario.load(scenario) if Path(scenario).exists() else Scenario.builtin(scenario)
+    with progress_bar() as update:
+
+        def report(p: Progress) -> None:  # the step reached, of the scenario's (or of the time allowed)
+            total, done = (chosen.steps, p.step) if max_seconds is None else (int(max_seconds), int(p.wall_s))
+            update(
+                f"simulating ({p.phase}, attempt {p.attempt}, {p.events:,} events)", min(done, total), total
+            )
+
+        result = run_simulation(
+            chosen,
+            resolve_bootstrap(bootstrap),
+            topic_names(topic_prefix),
+            master_secret(),
+            speed=speed,
+            max_seconds=max_seconds,
+            progress=report,
+        )
+    console.print(result)
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def launch(
+    command: Annotated[list[str], typer.Argument(help="The rank program, after --: python train.py args.")],
+    nproc: Annotated[int, typer.Option(help="World size: rank processes per attempt.")],
+    run_id: Annotated[str, typer.Option(help="The run's id (commands are signed for it).")],
+    checkpoint_dir: Annotated[Path, typer.Option(help="Validated checkpoints: DIR/step-N/VALIDATED.")],
+    ranks_per_node: Annotated[int, typer.Option(help="Ranks of one modelled node.")] = 1,
+    spares: Annotated[int, typer.Option(help="Spare nodes quarantine can swap in.")] = 2,
+    nodes_per_rack: Annotated[int, typer.Option(help="Nodes per modelled rack.")] = 4,
+    max_restarts: Annotated[int, typer.Option(help="Restarts before giving up (any cause).")] = 3,
+    grace_s: Annotated[float, typer.Option(help="After an Abort: seconds the ranks get to exit.")] = 15.0,
+    decision_wait_s: Annotated[
+        float, typer.Option(help="After a crash: seconds to wait for the processor's decisions.")
+    ] = 3.0,
+    offline: Annotated[
+        bool, typer.Option(help="No Kafka: no telemetry, no commands (restarts on crashes only).")
+    ] = False,
+    self_test: Annotated[
+        str,
+        typer.Option(
+            help="When a spare is self-tested (known answers: GEMM, all-reduce) before it joins: "
+            "on-demand (once a quarantine picks it), ahead (from the start), off."
+        ),
+    ] = "on-demand",
+    restart_from_scratch: Annotated[
+        bool,
+        typer.Option(help="When every checkpoint was rejected, start again from step 0 (default: stop)."),
+    ] = False,
+    bootstrap: Bootstrap = None,
+    topic_prefix: Prefix = "",
+) -> None:
+    """Start and supervise NPROC rank processes of COMMAND: restarts from the newest validated
+    checkpoint, executes Abort/QuarantineNode/EvictRank/Rollback/ResumeFrom, records the restart
+    phases in DIR/.trainguard/restarts.jsonl. Exit 0 ok, 1 failed, 130 stopped, 75 paused (a
+    PauseRun: the run fails at one step on every node; fix the data or code, then relaunch)."""
+    if self_test not in ("on-demand", "ahead", "off"):
+        console.print(f"[red]--self-test must be on-demand, ahead or off (got {self_test!r})")
+        raise typer.Exit(2)
+    from ..producers.agent import MemorySink
+    from ..producers.launcher import (
+        FAULT_ENV,
+        Launcher,
+        LauncherConfig,
+        install_signal_handlers,
+        make_actuator,
+    )
+
+    config = LauncherConfig(
+        command=tuple(command),
+        nproc=nproc,
+        ranks_per_node=ranks_per_node,
+        run_id=run_id,
+        checkpoint_dir=checkpoint_dir.resolve(),
+        spares=spares,
+        nodes_per_rack=nodes_per_rack,
+        max_restarts=max_restarts,
+        grace_s=grace_s,
+        decision_wait_s=decision_wait_s,
+        self_test_spares=self_test,  # type: ignore[arg-type]  # checked above
+        restart_from_scratch=restart_from_scratch,
+        bootstrap="" if offline else resolve_bootstrap(bootstrap),
+        topic_prefix=topic_prefix,
+        secret_file=os.environ.get("TRAINGUARD_SECRET_FILE", ""),
+        # Test hook (kill points of producers/launcher.py); not passed on to the ranks.
+        fault=os.environ.pop(FAULT_ENV, ""),
+    )
+    if offline:
+        launcher = Launcher(config, MemorySink())
+        install_signal_handlers(launcher)
+        result = launcher.run()
+    else:
+        from ..kafka.topics import topic_names
+        from ..producers.shipper import ShipperConfig, TelemetryShipper
+
+        names = topic_names(topic_prefix)
+        secret = master_secret()
+        shipper = TelemetryShipper(
+            ShipperConfig(config.bootstrap, names.telemetry), run_id, nproc, name="launcher"
+        )
+        launcher = Launcher(config, shipper)
+        install_signal_handlers(launcher)
+        actuator = make_actuator(launcher, config.bootstrap, names.commands, names.acks, secret)
+        try:
+            with actuator:
+                if not actuator.wait_ready(30):
+                    console.print("[yellow]commands topic not assigned yet; continuing")
+                result = launcher.run()
+        finally:
+            shipper.close()
+    for rec in result.restarts:
+        console.print(
+            f"interruption {rec.interruption}: {rec.cause} ({rec.detail}) attempt {rec.from_attempt}"
+            f"->{rec.to_attempt}, restart {rec.restart_s if rec.restart_s is not None else '?'} s",
+            markup=False,
+        )
+    console.print(f"{result.status}: {result.reason} ({result.attempts} attempts)", markup=False)
+    raise typer.Exit({"ok": 0, "failed": 1, "stopped": 130, "paused": 75}[result.status])
+
+
+@app.command()
+def selftest(
+    node: Annotated[
+        str | None, typer.Option(help="The node's name in the report (default: TRAINGUARD_NODE or the host).")
+    ] = None,
+    nproc_per_node: Annotated[
+        int, typer.Option(help="Devices to test, one process each (0: LOCAL_WORLD_SIZE, the GPUs, else 2).")
+    ] = 0,
+    tests: Annotated[str, typer.Option(help="Comma-separated: gemm, collective.")] = "gemm,collective",
+    timeout_s: Annotated[float, typer.Option(help="Give up (and fail) after this many seconds.")] = 120.0,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the full report as JSON.")] = False,
+) -> None:
+    """Run the node self-test with known answers: a matrix multiply of small integers on every
+    device (exact whatever the kernel's summation order) and an all-reduce of known values
+    across them (NCCL on GPUs, gloo on CPU). Exit 0 when every test passed, 1 otherwise."""
+    import json
+    import socket
+
+    from ..producers.selftest import default_nproc, run_node_self_test
+
+    chosen = [t.strip() for t in tests.split(",") if t.strip()]
+    name = node or os.environ.get("TRAINGUARD_NODE") or socket.gethostname()
+    try:
+        report = run_node_self_test(name, nproc_per_node or default_nproc(), chosen, timeout_s)
+    except ValueError as exc:
+        console.print(f"[red]{exc}")
+        raise typer.Exit(2) from None
+    if json_out:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        for r in report.results:
+            mark = "ok  " if r.passed else "FAIL"
+            console.print(
+                f"{mark} {r.test:<10} local rank {r.local_rank} ({r.device}): {r.detail}", markup=False
+            )
+        for error in report.errors:
+            console.print(f"FAIL {error}", markup=False)
+        console.print(report.summary(), markup=False)
+    raise typer.Exit(0 if report.passed else 1)

@@ -1,0 +1,179 @@
+"""The development tooling's commands, added to `trainguard` through the `trainguard.cli`
+entry point (pyproject.toml): the local broker (`broker start|stop|status`), the demo,
+the labelled-scenario evaluation (`evaluate`, `--live` on a local stack) and the chaos
+soak. They import the product; the product never imports them (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..cli.app import DataDir, bootstrap_fallbacks, broker_app, console, master_secret, principal_env
+from .cli_soak import soak
+
+
+def local_bootstrap() -> str | None:
+    """The running local broker's address, when --bootstrap and TRAINGUARD_BOOTSTRAP are unset."""
+    from .local_broker import local_broker_status
+
+    status = local_broker_status()
+    return status.bootstrap if status.running else None
+
+
+def register(app: typer.Typer) -> None:
+    """The entry point: add the tooling's commands to the CLI, and the local broker as the
+    place to find a broker when none is named."""
+    broker_app.command("start")(broker_start)
+    broker_app.command("stop")(broker_stop)
+    broker_app.command("status")(broker_status)
+    app.command()(demo)
+    app.command()(evaluate)
+    app.command()(soak)
+    bootstrap_fallbacks.append(local_bootstrap)
+
+
+def broker_start(
+    data_dir: DataDir = None,
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure",
+            help="SASL/SCRAM authentication and ACLs (a new data dir only; it stays secured). "
+            "Passwords are generated into <data dir>/credentials/ (mode 0600).",
+        ),
+    ] = False,
+) -> None:
+    """Fetch the jars (cached), format storage, start the broker, create the topics."""
+    from .local_broker import BrokerError, start_local_broker
+
+    try:
+        broker = start_local_broker(data_dir, secure=True if secure else None)
+    except BrokerError as exc:
+        console.print(f"[red]{exc}")
+        raise typer.Exit(1) from exc
+    print(broker.bootstrap)
+    if broker.secure:
+        console.print("secured: each process names its principal, e.g. the processor:", markup=False)
+        for user in ("admin", "processor", "archive"):
+            console.print(f"  {principal_env(user, broker.credentials_dir / user)}", markup=False)
+        console.print("and each run's ranks: `trainguard broker grant-run RUN_ID`", markup=False)
+
+
+def broker_stop(data_dir: DataDir = None) -> None:
+    """Stop the local broker (controlled shutdown, then SIGKILL after a timeout)."""
+    from .local_broker import stop_local_broker
+
+    console.print("stopped" if stop_local_broker(data_dir) else "no broker was running")
+
+
+def broker_status(data_dir: DataDir = None) -> None:
+    """Say whether the local broker runs, and its address."""
+    from .local_broker import local_broker_status
+
+    status = local_broker_status(data_dir)
+    print(f"running {status.bootstrap}" if status.running else "stopped")
+    raise typer.Exit(0 if status.running else 1)
+
+
+def demo(
+    scenario: Annotated[Path | None, typer.Option(help="Scenario YAML; default: the 64-rank demo.")] = None,
+    workdir: Annotated[Path, typer.Option(help="Where the demo's broker data and DuckDB file go.")] = Path(
+        ".trainguard/demo"
+    ),
+    metrics_port: Annotated[int, typer.Option(help="Prometheus /metrics port during the demo.")] = 9464,
+) -> None:
+    """The live demo: a local broker, a 64-rank simulated run with a crash and a hang, the
+    processor detecting both, commands executed and acknowledged, then the timeline."""
+    from ..cli.report import make_console
+    from .demo import run_demo
+
+    raise typer.Exit(run_demo(scenario, workdir, metrics_port, make_console()))
+
+
+def evaluate(
+    scenario: Annotated[
+        list[str] | None, typer.Option(help="Library scenario name(s); default: the whole library.")
+    ] = None,
+    live: Annotated[
+        bool,
+        typer.Option(
+            help="Also run each scenario through the live pipeline (scenarios over 1,024 ranks only "
+            "when named with --scenario)."
+        ),
+    ] = False,
+    speed: Annotated[
+        float | None,
+        typer.Option(
+            help="Live: time compression for every scenario (1: real time); default: each "
+            "scenario's own live_speed."
+        ),
+    ] = None,
+    policy: Annotated[str | None, typer.Option(help="Policy YAML; default: policies/evaluate.yaml.")] = None,
+    workdir: Annotated[Path, typer.Option(help="Broker data for --live.")] = Path(".trainguard/evaluate"),
+    metrics_port: Annotated[int, typer.Option(help="Processor metrics port for --live.")] = 9465,
+    shard_ranks: Annotated[
+        int,
+        typer.Option(
+            help="Pure core: cut each run into shards of this many ranks (0: whole runs), as the "
+            "shippers cut runs larger than one worker."
+        ),
+    ] = 0,
+    workers: Annotated[int, typer.Option(help="Pure core: workers (separate states) the shards go to.")] = 1,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Also write every score (detectors and harms) here.")
+    ] = None,
+) -> None:
+    """Score every detector on the labelled fault scenarios: TP, FP, FN and detection
+    latency; and what a user suffers: false pages, false quarantines, wrong rollback
+    targets, restarts into a failing step, phantom records accepted, goodput lost per
+    fault. Through the pure core (always) and the live pipeline on a real broker (--live)."""
+    from ..cli.report import evaluation_table, harms_table, make_console, scenario_lines
+    from ..processors.core.policy import load_policy
+    from ..producers.simulator import Scenario
+    from ..replay.evaluate import ScenarioScore, run_core, scores_json
+    from .stack import builtin_policy
+
+    out = make_console()
+    policy_path = Path(policy) if policy else builtin_policy("evaluate")
+    chosen = Scenario.library()
+    if scenario:
+        chosen = {name: chosen[name] for name in scenario}
+    core = []
+    for name, sc in chosen.items():
+        with console.status(f"pure core: {name}"):
+            core.append(run_core(sc, load_policy(str(policy_path)), shard_ranks=shard_ranks, workers=workers))
+    sharded = f", shards of {shard_ranks} ranks over {workers} worker(s)" if shard_ranks else ""
+    out.print(evaluation_table(f"Pure core ({len(core)} scenarios{sharded})", core))
+    out.print(harms_table("Pure core: what a user suffers", core))
+    for line in scenario_lines(core):
+        out.print(line, markup=False)
+    failed = any(s.failed for s in core)
+    scores: list[ScenarioScore] = []
+    if live:
+        from ..schemas.auth import write_secret_file
+        from .evaluate_live import run_live
+        from .stack import local_stack
+
+        workdir.mkdir(parents=True, exist_ok=True)
+        os.environ.setdefault("TRAINGUARD_SECRET_FILE", str(write_secret_file(workdir / "secret")))
+        secret = master_secret()
+        scores = []
+        named = set(scenario or ())
+        with local_stack(workdir.resolve(), policy_path, metrics_port) as stack:
+            for name, sc in chosen.items():
+                if sc.world_size > 1024 and name not in named:
+                    continue
+                with console.status(f"live pipeline: {name} (x{speed or sc.live_speed})"):
+                    scores.append(run_live(sc, stack, secret, speed=speed))
+        out.print(evaluation_table(f"Live pipeline ({len(scores)} scenarios)", scores))
+        out.print(harms_table("Live pipeline: what a user suffers", scores))
+        for line in scenario_lines(scores):
+            out.print(line, markup=False)
+        failed |= any(s.failed for s in scores)
+    if json_out is not None:
+        json_out.write_text(json.dumps({"core": scores_json(core), "live": scores_json(scores)}, indent=1))
+    raise typer.Exit(1 if failed else 0)

@@ -20,8 +20,8 @@ import platform
 import statistics
 import time
 
-from trainguard.producers.agent import EventSink, RankAgent
-from trainguard.producers.shipper import ShipperConfig, TelemetryShipper
+from trainguard.producers.rank.agent import EventSink, RankAgent
+from trainguard.producers.rank.shipper import ShipperConfig, TelemetryShipper
 from trainguard.schemas import Envelope
 
 UNREACHABLE = "127.0.0.1:9"  # the discard port: connection refused

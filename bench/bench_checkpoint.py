@@ -40,9 +40,9 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 from torch import nn
 
-from trainguard.producers.checkpoint import CheckpointManager
-from trainguard.producers.host_stager import state_nbytes
-from trainguard.producers.train_state import ResumableSampler, TrainState
+from trainguard.producers.checkpoint.host_stager import state_nbytes
+from trainguard.producers.checkpoint.manager import CheckpointManager
+from trainguard.producers.checkpoint.train_state import ResumableSampler, TrainState
 
 warnings.filterwarnings("ignore")
 

@@ -88,7 +88,7 @@ from trainguard.devtools.stack import (
 )
 from trainguard.kafka.lag import group_lag
 from trainguard.kafka.topics import partition_count
-from trainguard.producers.shipper import PRODUCER_DEFAULTS, pack
+from trainguard.producers.rank.shipper import PRODUCER_DEFAULTS, pack
 from trainguard.producers.simulator import Scenario, SimulatedCluster
 from trainguard.schemas import Envelope
 from trainguard.schemas.auth import SECRET_ENV

@@ -1,11 +1,11 @@
 """What each SDC mechanism costs on real ranks, against a step of the same model: the tiny
 example's (docs/examples/train_tiny.py: 16 -> 32 -> 1 MLP, batch 16, SGD) and, with
-``--hidden``, wider ones. The bitwise self-check (producers/grad_checks.py: the step's
+``--hidden``, wider ones. The bitwise self-check (producers/training/grad_checks.py: the step's
 microbatch replayed twice, transient faults), the ring cross-rank check
-(producers/ring_check.py: a deterministically wrong device), the three-rank bisection of a
-ring edge that fails alone (producers/cross_check.py: each named rank recomputes one
+(producers/training/ring_check.py: a deterministically wrong device), the three-rank bisection of a
+ring edge that fails alone (producers/training/cross_check.py: each named rank recomputes one
 microbatch; its all-reduce of three floats is not in this single-process figure), and the node self-test
-(producers/selftest.py: known-answer products and an all-reduce on a quarantined node or
+(producers/launcher/node_selftest.py: known-answer products and an all-reduce on a quarantined node or
 a spare, one worker process per device: its wall time is mostly the workers' start-up).
 
     .venv/bin/python bench/bench_sdc_checks.py [--checks 200] [--steps 2000] [--hidden 32 1024]
@@ -31,10 +31,10 @@ import time
 import torch
 from torch import nn
 
-from trainguard.producers.device_fault import ENV_WRONG_DEVICE
-from trainguard.producers.grad_checks import self_check
-from trainguard.producers.ring_check import recompute, ring_check
-from trainguard.producers.selftest import run_node_self_test
+from trainguard.producers.launcher.node_selftest import run_node_self_test
+from trainguard.producers.training.device_fault import ENV_WRONG_DEVICE
+from trainguard.producers.training.grad_checks import self_check
+from trainguard.producers.training.ring_check import recompute, ring_check
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MODULES = [
     "tests/kafka/test_broker_outage.py",
     "tests/processors/test_processor_kill_broker.py",
-    "tests/producers/test_peer_replica.py",
+    "tests/producers/checkpoint/test_peer_replica.py",
 ]
 
 

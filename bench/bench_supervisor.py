@@ -30,8 +30,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainguard.producers.agent import MemorySink
-from trainguard.producers.training import Supervisor, SupervisorConfig
+from trainguard.producers.rank.agent import MemorySink
+from trainguard.producers.training.supervisor import Supervisor, SupervisorConfig
 
 
 def free_port() -> int:

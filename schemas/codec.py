@@ -66,7 +66,7 @@ class Rejection:
 class Batch(Record):
     """The Kafka record value on the telemetry topic: one node's events over one flush
     interval. Batching per node is what lets one processor keep up with 16,384 ranks
-    (see producers/shipper.py for the arithmetic)."""
+    (see producers/rank/shipper.py for the arithmetic)."""
 
     KIND: ClassVar[str] = "batch"
     VERSION: ClassVar[int] = 2

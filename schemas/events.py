@@ -250,7 +250,7 @@ class GroupComputeTimes(Envelope):
 class NodeSelfTestResult(Envelope):
     """A node's self-test with known answers (seed §SDC (c)): a GEMM on each of its devices
     and an all-reduce across them, run by the launcher on a quarantined node before it may
-    return to the pool and on a spare before it joins (producers/selftest.py). rank -1;
+    return to the pool and on a spare before it joins (producers/launcher/node_selftest.py). rank -1;
     node: the node tested. The core keeps a node that failed out of the pool."""
 
     KIND: ClassVar[str] = "node_self_test_result"

@@ -46,10 +46,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from trainguard.producers.checkpoint import CheckpointManager  # trainguard
-from trainguard.producers.grad_checks import flip_bit
-from trainguard.producers.train_state import ResumableSampler, TrainState  # trainguard
-from trainguard.producers.training import Supervisor, init_process_group  # trainguard
+from trainguard.producers.checkpoint.manager import CheckpointManager  # trainguard
+from trainguard.producers.checkpoint.train_state import ResumableSampler, TrainState  # trainguard
+from trainguard.producers.training.grad_checks import flip_bit
+from trainguard.producers.training.supervisor import Supervisor, init_process_group  # trainguard
 
 STEPS = int(os.environ.get("TRAIN_STEPS", "60"))
 EVERY = os.environ.get("TRAIN_CHECKPOINT_EVERY")  # a fixed cadence instead of the interval

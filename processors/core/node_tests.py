@@ -1,6 +1,6 @@
 """What the core does with a node self-test's result (seed §SDC (c), issue 15 item 6).
 
-The launcher runs the self-test (producers/selftest.py: a known-answer GEMM on each
+The launcher runs the self-test (producers/launcher/node_selftest.py: a known-answer GEMM on each
 device, an all-reduce across them) on a quarantined node before it may return to the
 pool and on a spare before it joins, and reports NodeSelfTestResult. Here:
 

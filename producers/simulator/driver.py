@@ -28,7 +28,7 @@ from ...kafka.topics import TopicNames
 from ...schemas import Command, Envelope, auth
 from ...schemas.commands import COMMAND_KINDS
 from ...schemas.sharding import DEFAULT_SHARD_RANKS
-from ..shipper import ShipperConfig, ShipperStats, TelemetryShipper
+from ..rank.shipper import ShipperConfig, ShipperStats, TelemetryShipper
 from .cluster import CommandRefused, FiredFault, LauncherNote, Phase, SimulatedCluster
 from .scenario import FaultTruth, Scenario
 
@@ -186,7 +186,7 @@ def run_simulation(
     inbox = CommandInbox()
     actuator = None
     if secret is not None:
-        from ..actuator import Actuator
+        from ..rank.actuator import Actuator
 
         actuator = Actuator(
             bootstrap,

@@ -38,8 +38,8 @@ from trainguard.devtools.stack import builtin_policy, scrape, start_processor
 from trainguard.kafka.lag import wait_caught_up
 from trainguard.kafka.topics import ensure_topics, topic_names
 from trainguard.processors.core.policy import load_policy
-from trainguard.producers.agent import NodeAgents, RankAgent
-from trainguard.producers.shipper import ShipperConfig, ShipperStats, TelemetryShipper
+from trainguard.producers.rank.agent import NodeAgents, RankAgent
+from trainguard.producers.rank.shipper import ShipperConfig, ShipperStats, TelemetryShipper
 from trainguard.replay.log import read_recording
 from trainguard.replay.oracle import check
 from trainguard.schemas import RUN_LEVEL_RANK, Interruption, RankExit, RunStarted, decode_batch

@@ -20,7 +20,7 @@ import pytest
 from confluent_kafka import Producer
 
 from trainguard.kafka.topics import TopicNames, delete_topics, ensure_topics, topic_names
-from trainguard.producers.actuator import Actuator
+from trainguard.producers.rank.actuator import Actuator
 from trainguard.producers.simulator.driver import run_simulation
 from trainguard.producers.simulator.scenario import Scenario
 from trainguard.schemas import (

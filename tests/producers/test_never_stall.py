@@ -11,8 +11,8 @@ import pytest
 
 from trainguard.devtools.local_broker import LocalBroker, ensure_jars
 from trainguard.kafka.topics import ensure_topics, topic_names
-from trainguard.producers.agent import RankAgent
-from trainguard.producers.shipper import ShipperConfig, TelemetryShipper
+from trainguard.producers.rank.agent import RankAgent
+from trainguard.producers.rank.shipper import ShipperConfig, TelemetryShipper
 
 pytestmark = pytest.mark.broker
 

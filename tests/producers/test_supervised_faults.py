@@ -345,7 +345,7 @@ def test_a_flipped_gradient_bit_is_caught_by_the_self_check_and_rolled_back(
     assert run.validated(STEPS - 1)
     if clean_ancestor < 100:  # no other rank's check passed between the onset and the catch:
         assert_bitwise(run, clean)  # every corrupted step was discarded
-    # The node self-test ran for real (the launcher, producers/selftest.py): on the spare
+    # The node self-test ran for real (the launcher, producers/launcher/node_selftest.py): on the spare
     # before it joined, and on the quarantined node once its ranks had left it. A flipped
     # bit is transient: the node computes the known answers right again.
     (selftest,) = [c for c in commands if isinstance(c, RunNodeSelfTest)]

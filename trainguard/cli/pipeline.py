@@ -157,14 +157,14 @@ def launch(
     if self_test not in ("on-demand", "ahead", "off"):
         console.print(f"[red]--self-test must be on-demand, ahead or off (got {self_test!r})")
         raise typer.Exit(2)
-    from ..producers.agent import MemorySink
-    from ..producers.launcher import (
+    from ..producers.launcher.launcher import (
         FAULT_ENV,
         Launcher,
         LauncherConfig,
         install_signal_handlers,
         make_actuator,
     )
+    from ..producers.rank.agent import MemorySink
 
     config = LauncherConfig(
         command=tuple(command),
@@ -182,7 +182,7 @@ def launch(
         bootstrap="" if offline else resolve_bootstrap(bootstrap),
         topic_prefix=topic_prefix,
         secret_file=os.environ.get("TRAINGUARD_SECRET_FILE", ""),
-        # Test hook (kill points of producers/launcher.py); not passed on to the ranks.
+        # Test hook (kill points of producers/launcher/launcher.py); not passed on to the ranks.
         fault=os.environ.pop(FAULT_ENV, ""),
     )
     if offline:
@@ -191,7 +191,7 @@ def launch(
         result = launcher.run()
     else:
         from ..kafka.topics import topic_names
-        from ..producers.shipper import ShipperConfig, TelemetryShipper
+        from ..producers.rank.shipper import ShipperConfig, TelemetryShipper
 
         names = topic_names(topic_prefix)
         secret = master_secret()
@@ -236,7 +236,7 @@ def selftest(
     import json
     import socket
 
-    from ..producers.selftest import default_nproc, run_node_self_test
+    from ..producers.launcher.node_selftest import default_nproc, run_node_self_test
 
     chosen = [t.strip() for t in tests.split(",") if t.strip()]
     name = node or os.environ.get("TRAINGUARD_NODE") or socket.gethostname()

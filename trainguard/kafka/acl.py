@@ -29,7 +29,7 @@ credentials): on a PLAINTEXT broker nobody could be kept from the shared topic a
 ACLs stop a principal from reading or writing what is not its own; they do not stop a
 principal allowed to write commands (or its stolen password) from writing a forged one.
 That is the HMAC's job: the rank actuator verifies each command with the run key and
-refuses and counts what fails (producers/actuator.py). Telemetry and acks are not
+refuses and counts what fails (producers/rank/actuator.py). Telemetry and acks are not
 signed: a rank principal can write telemetry or acks naming another run (an ACL cannot
 check a key), which costs that run detections, not commands.
 

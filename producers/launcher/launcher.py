@@ -145,6 +145,7 @@ from ...schemas import (
     NO_STEP,
     RUN_LEVEL_RANK,
     Abort,
+    Command,
     Envelope,
     EvictRank,
     NodeSelfTestResult,
@@ -652,18 +653,26 @@ class Launcher:
             self.checkpoint_interval_s = command.interval_s
         return detail
 
+    def command_handlers(self) -> dict[type[Command], Callable[[Any, int], str]]:
+        """The launcher role's handlers (producers/command_roles.py: EXECUTED_BY), each
+        journaled so that a relaunched launcher neither repeats nor loses one."""
+        return {
+            Abort: self._journaled(self.handle_abort),
+            QuarantineNode: self._journaled(self.handle_quarantine),
+            EvictRank: self._journaled(self.handle_evict),
+            Rollback: self._journaled(self.handle_resume),
+            ResumeFrom: self._journaled(self.handle_resume),
+            PauseRun: self._journaled(self.handle_pause),
+            ReleaseNode: self._journaled(self.handle_release),
+            SkipUpdate: self._journaled(self.handle_skip),
+            RunNodeSelfTest: self._journaled(self.handle_self_test),
+            SetCheckpointInterval: self._journaled(self.handle_interval),
+        }
+
     def register(self, actuator: Any) -> None:
         """Register the handlers on an Actuator (local_ranks=[-1]) and keep its attempt in step."""
-        actuator.register(Abort, self._journaled(self.handle_abort))
-        actuator.register(QuarantineNode, self._journaled(self.handle_quarantine))
-        actuator.register(EvictRank, self._journaled(self.handle_evict))
-        actuator.register(Rollback, self._journaled(self.handle_resume))
-        actuator.register(ResumeFrom, self._journaled(self.handle_resume))
-        actuator.register(PauseRun, self._journaled(self.handle_pause))
-        actuator.register(ReleaseNode, self._journaled(self.handle_release))
-        actuator.register(SkipUpdate, self._journaled(self.handle_skip))
-        actuator.register(RunNodeSelfTest, self._journaled(self.handle_self_test))
-        actuator.register(SetCheckpointInterval, self._journaled(self.handle_interval))
+        for kind, handler in self.command_handlers().items():
+            actuator.register(kind, handler)
         self.on_attempt = actuator.set_attempt
 
     def unexecuted(self, claimed: Iterable[str]) -> list[str]:

@@ -59,6 +59,7 @@ from typing import Any, Protocol
 from ...schemas import (
     Abort,
     CheckpointNow,
+    Command,
     ResumeFrom,
     Rollback,
     RunCrossRankCheck,
@@ -257,16 +258,23 @@ class RankHandlers:
         self.can_cross_check = can_cross_check
         self.exit_thread: threading.Thread | None = None
 
+    def command_handlers(self) -> dict[type[Command], Callable[[Any, int], str]]:
+        """The rank role's handlers (producers/command_roles.py: EXECUTED_BY)."""
+        return {
+            CheckpointNow: self.checkpoint_now,
+            SetCheckpointInterval: self.set_interval,
+            SkipUpdate: self.skip_update,
+            RunSelfCheck: self.run_self_check,
+            RunRingCheck: self.run_ring_check,
+            RunCrossRankCheck: self.run_cross_rank_check,
+            Abort: self.abort,
+            Rollback: self.restart_from,
+            ResumeFrom: self.restart_from,
+        }
+
     def register(self, actuator: Registrar) -> None:
-        actuator.register(CheckpointNow, self.checkpoint_now)
-        actuator.register(SetCheckpointInterval, self.set_interval)
-        actuator.register(SkipUpdate, self.skip_update)
-        actuator.register(RunSelfCheck, self.run_self_check)
-        actuator.register(RunRingCheck, self.run_ring_check)
-        actuator.register(RunCrossRankCheck, self.run_cross_rank_check)
-        actuator.register(Abort, self.abort)
-        actuator.register(Rollback, self.restart_from)
-        actuator.register(ResumeFrom, self.restart_from)
+        for kind, handler in self.command_handlers().items():
+            actuator.register(kind, handler)
 
     # ------------------------------------------------------------------ flags
     def checkpoint_now(self, command: CheckpointNow, rank: int) -> str:

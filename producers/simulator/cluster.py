@@ -39,6 +39,7 @@ behaviour: a checkpoint claims its own step.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
 import itertools
@@ -309,6 +310,11 @@ class SimulatedCluster:
             self._fire_next(out)
         self.now = now
         return out
+
+    def command_handlers(self) -> dict[type[Command], Callable[[Command, list[Envelope]], str]]:
+        """The simulator role's handlers (producers/command_roles.py: EXECUTED_BY): each
+        returns its ack's detail and appends the events the command makes the job emit."""
+        return {kind: functools.partial(handler, self) for kind, handler in self._COMMANDS.items()}
 
     def apply(self, command: Command) -> CommandResult:
         """Execute a command at the current time (call :meth:`advance` first). Raises

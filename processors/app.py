@@ -31,11 +31,11 @@ from ..kafka.security import KafkaCredentials, resolve
 from ..kafka.topics import TopicNames, ensure_run_commands_topic, partition_count, topic_names
 from ..schemas import Command, Envelope, Tick, encode
 from ..schemas.sharding import telemetry_key, telemetry_partition
-from ..sinks.metrics import ProcessorMetrics
 from . import api_web
 from .api import ApiContext, RunsView
 from .core import CorePolicy
 from .driver import CoreDriver, DriverResult
+from .metrics import ProcessorMetrics
 from .partitions import Action, Held, PartitionBook
 from .recovery import recover_partition
 from .snapshot import Snapshot, encode_snapshot, snapshot_key

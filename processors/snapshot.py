@@ -68,7 +68,20 @@ def decode_snapshot(value: bytes, key: bytes) -> Snapshot:
     mac, body = value[len(_MAGIC) : len(_MAGIC) + _MAC_BYTES], value[len(_MAGIC) + _MAC_BYTES :]
     if not hmac.compare_digest(mac, hmac.new(key, body, hashlib.sha256).digest()):
         raise SnapshotError("bad signature (another master secret, or tampered)")
-    snapshot = pickle.loads(zlib.decompress(body))  # signed by a processor: safe to unpickle
+    try:
+        snapshot = pickle.loads(zlib.decompress(body))  # signed by a processor: safe to unpickle
+    except (
+        ImportError,
+        AttributeError,
+        pickle.UnpicklingError,
+        EOFError,
+        TypeError,
+        ValueError,
+        zlib.error,
+    ) as exc:
+        # Written by code whose classes lived elsewhere (a module moved or renamed): not
+        # loadable, and not fatal: the state is rebuilt from the log instead.
+        raise SnapshotError(f"written by other code ({type(exc).__name__}: {exc})") from exc
     if not isinstance(snapshot, Snapshot):
         raise SnapshotError(f"signed payload is a {type(snapshot).__name__}, not a Snapshot")
     if snapshot.code_version != code_version():

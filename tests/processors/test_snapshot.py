@@ -96,3 +96,19 @@ def test_a_signed_payload_that_is_not_a_snapshot_is_refused() -> None:
     value = b"TGS1" + hmac.new(KEY, body, hashlib.sha256).digest() + body
     with pytest.raises(SnapshotError, match="not a Snapshot"):
         decode_snapshot(value, KEY)
+
+
+def test_a_snapshot_whose_classes_moved_is_refused_not_fatal() -> None:
+    # A snapshot taken before a state class moved to another module (same version
+    # string, other code): unpickling cannot find the class. The processor must refuse
+    # it and rebuild from the log, not crash-loop on every restart.
+    driver = CoreDriver(CorePolicy(), SECRET)
+    for value in job_records()[:200]:
+        driver.handle(value)
+    body = pickle.dumps(Snapshot("telemetry", 0, 0, 1.0, driver.state.runs), protocol=pickle.HIGHEST_PROTOCOL)
+    moved = body.replace(b"trainguard.processors.core.state", b"trainguard.processors.core.stat3")
+    assert moved != body
+    compressed = zlib.compress(moved)
+    value = b"TGS1" + hmac.new(KEY, compressed, hashlib.sha256).digest() + compressed
+    with pytest.raises(SnapshotError, match="written by other code"):
+        decode_snapshot(value, KEY)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from trainguard.sinks.metrics import OTHER_RULE, PAGE_RULES
+from trainguard.processors.metrics import OTHER_RULE, PAGE_RULES
 
 RULES_DIR = Path(__file__).resolve().parents[2] / "sinks" / "prometheus"
 RULES = RULES_DIR / "trainguard.rules.yml"

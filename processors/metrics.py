@@ -14,11 +14,11 @@ from collections import OrderedDict
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from ..processors.core import CoreState, RunPhase, RunState, goodput, step_time_summary
-from ..processors.core.sdc_state import remember
-from ..processors.driver import DriverResult
 from ..schemas import Interruption, Page
 from ..schemas.events import PAGE_RULES
+from .core import CoreState, RunPhase, RunState, goodput, step_time_summary
+from .core.sdc_state import remember
+from .driver import DriverResult
 
 #: The pages counter's `rule` label takes PAGE_RULES (schemas/events.py), with OTHER_RULE for
 #: one not listed there, so a new rule still pages (sinks/prometheus/trainguard.rules.yml) and

@@ -9,17 +9,17 @@ from collections.abc import Iterable
 
 import pytest
 
+from trainguard.processors import metrics as metrics_module
 from trainguard.processors.core import CorePolicy
 from trainguard.processors.core.baseline import BaselinePolicy
 from trainguard.processors.core.paging import page
 from trainguard.processors.driver import CoreDriver, DriverResult
+from trainguard.processors.metrics import OTHER_RULE, PAGE_RULES, ProcessorMetrics
 from trainguard.schemas import Envelope, Interruption, Page, ReasonCode, encode, encode_batch
 from trainguard.schemas.sharding import route
-from trainguard.sinks import metrics as metrics_module
-from trainguard.sinks.metrics import OTHER_RULE, PAGE_RULES, ProcessorMetrics
 
-from ..processors.straggler_streams import HealthFault, Slow, SyncJob
-from ..processors.streams import Job
+from .straggler_streams import HealthFault, Slow, SyncJob
+from .streams import Job
 
 #: A 16-rank test job given the seed's 16,384-GPU failure rate, as in tests/processors/test_paging.py.
 POLICY = CorePolicy(baseline=BaselinePolicy(reference_world_size=16))

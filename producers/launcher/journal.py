@@ -45,6 +45,7 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -299,3 +300,13 @@ def terminate(pids: list[int], term_timeout_s: float, kill_timeout_s: float = 5.
         for pid in left:
             _signal_group(pid, sig)
     return [p for p in pids if alive(p)]
+
+
+def last_interval(commands: Iterable[dict[str, Any]]) -> float | None:
+    """The interval of the last SetCheckpointInterval among journaled command records."""
+    found = None
+    for record in commands:
+        value = record.get("interval_s")
+        if record.get("ok") and isinstance(value, int | float) and value > 0:
+            found = float(value)
+    return found

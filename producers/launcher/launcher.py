@@ -127,17 +127,12 @@ import json
 import logging
 import math
 import os
-import re
 import signal
-import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from enum import StrEnum
-from pathlib import Path
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -164,254 +159,35 @@ from ...schemas import (
 )
 from ...schemas import RestartPhases as RestartPhasesEvent
 from ..rank.agent import EventSink  # a TelemetryShipper satisfies EventSink
-from .journal import JOURNAL_NAME, ActionJournal, AttemptRecord, JournalState, rank_processes, replay
+from .checkpoints import rejected_steps, validated_steps
+from .config import LauncherConfig, free_port
+from .journal import (
+    JOURNAL_NAME,
+    ActionJournal,
+    AttemptRecord,
+    JournalState,
+    last_interval,
+    rank_processes,
+    replay,
+)
 from .journal import terminate as terminate_orphans
 from .node_selftest import SELF_TESTS, NodeSelfTestReport, run_node_self_test
 from .plan import NodePool, Placement, PoolExhausted, make_pool, plan
+from .records import (
+    LaunchResult,
+    RankEnd,
+    RestartCause,
+    RestartPhases,
+    num,
+    phases_path,
+    progress_path,
+    read_json,
+    read_progress,
+    restart_indices,
+)
 from .spare_selftest import NodeTester, Runner
 
 log = logging.getLogger(__name__)
-
-_STEP_DIR = re.compile(r"^step-(\d+)$")
-VALIDATED_MARKER = "VALIDATED"
-#: Written next to a checkpoint that failed verification (producers/checkpoint/validate.py):
-#: it outranks VALIDATED, so a checkpoint the ranks rejected at load is never chosen again.
-REJECTED_MARKER = "REJECTED"
-
-
-class RestartCause(StrEnum):
-    CRASH = "crash"  # a rank ended on its own with a non-zero status
-    ABORT = "abort"  # Abort command
-    PAUSE = "pause"  # PauseRun command: the attempt stops and nothing restarts
-    ROLLBACK = "rollback"  # Rollback command
-    RESUME = "resume"  # ResumeFrom command
-    EVICTION = "eviction"  # EvictRank, at the next validated checkpoint
-    LAUNCHER = "launcher"  # the launcher died with the attempt running; its successor ended it
-
-
-#: Test hook: ``point[:detail]`` makes the launcher SIGKILL itself there (see Launcher._fault).
-FAULT_ENV = "TRAINGUARD_LAUNCHER_FAULT"
-#: The named points, in the order a restart passes them (detail: the attempt, or a command's kind).
-FAULT_POINTS = (
-    "before-command",  # the actuator journaled the command id; its effect is not recorded yet
-    "after-command",  # the command's effect is journaled; not applied, not acked
-    "after-interruption",  # the attempt's end is journaled; its ranks are still running
-    "after-teardown",  # every rank of the attempt is gone and journaled so
-    "before-spawn",  # the next attempt's intent is journaled; nothing spawned
-    "mid-spawn",  # the ranks are spawned; their pids are not journaled
-    "after-spawn",  # their pids are journaled
-)
-
-
-# --------------------------------------------------------------------------- checkpoints
-
-
-def _step_dirs(checkpoint_dir: Path) -> list[tuple[int, Path]]:
-    try:
-        entries = list(os.scandir(checkpoint_dir))
-    except OSError:
-        return []
-    found = [(m, entry) for entry in entries if (m := _STEP_DIR.match(entry.name)) is not None]
-    return sorted((int(m.group(1)), Path(entry.path)) for m, entry in found if entry.is_dir())
-
-
-def validated_steps(checkpoint_dir: Path) -> dict[int, float]:
-    """Steps with a ``step-NNN/VALIDATED`` marker and no ``REJECTED`` one (a checkpoint the
-    ranks rejected at load keeps its old VALIDATED marker), and each marker's mtime."""
-    out: dict[int, float] = {}
-    for step, path in _step_dirs(checkpoint_dir):
-        if (path / REJECTED_MARKER).exists():
-            continue
-        try:
-            out[step] = (path / VALIDATED_MARKER).stat().st_mtime
-        except OSError:
-            continue
-    return out
-
-
-def rejected_steps(checkpoint_dir: Path) -> dict[int, str]:
-    """Steps with a ``REJECTED`` marker, and each one's reason."""
-    out: dict[int, str] = {}
-    for step, path in _step_dirs(checkpoint_dir):
-        if (path / REJECTED_MARKER).exists():
-            out[step] = str(_read_json(path / REJECTED_MARKER).get("reason", "unknown reason"))
-    return out
-
-
-# --------------------------------------------------------------------------- records
-
-
-@dataclass(frozen=True)
-class RankEnd:
-    attempt: int
-    rank: int
-    node: str
-    returncode: int | None  # None: could not be reaped (abandoned after SIGKILL)
-    ts: float
-    requested: bool
-
-    @property
-    def signal(self) -> int | None:
-        return -self.returncode if self.returncode is not None and self.returncode < 0 else None
-
-
-@dataclass
-class RestartPhases:
-    """One interruption and the restart that followed, phase by phase (seconds; None:
-    not measured: no phase file from the ranks, or no restart)."""
-
-    run_id: str
-    interruption: int  # 0, 1, ... within this launcher's run
-    cause: RestartCause
-    detail: str
-    from_attempt: int
-    to_attempt: int | None
-    rank: int  # culprit rank, -1 when the cause is run-level (a command)
-    node: str
-    exit_code: int | None
-    signal: int | None
-    command_id: str
-    fault_ts: float
-    detected_ts: float
-    spawn_ts: float | None = None
-    resumed_from_step: int = -1
-    detect_s: float = 0.0
-    reschedule_s: float | None = None
-    process_start_s: float | None = None
-    checkpoint_load_s: float | None = None
-    pg_init_s: float | None = None
-    first_step_s: float | None = None
-    restart_s: float | None = None
-    ranks_reported: int = 0
-    complete: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclass
-class LaunchResult:
-    status: Literal["ok", "failed", "stopped", "paused"]
-    reason: str
-    attempts: int
-    restarts: list[RestartPhases] = field(default_factory=list)
-    exits: list[RankEnd] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class LauncherConfig:
-    """Everything `trainguard launch` takes; every field documented."""
-
-    #: The rank program and its arguments, e.g. ["python", "train.py", "--lr", "3e-4"].
-    command: tuple[str, ...]
-    #: World size: rank processes per attempt.
-    nproc: int
-    #: Ranks of one modelled node (on one machine, a node is a group of ranks).
-    ranks_per_node: int
-    run_id: str
-    #: Where validated checkpoints live (root/step-000000123/VALIDATED).
-    checkpoint_dir: Path
-    #: Spare node names beyond the job's own nodes (what quarantine can swap in).
-    spares: int = 2
-    nodes_per_rack: int = 4
-    #: Restarts (of any cause) before the launcher gives up with status "failed".
-    max_restarts: int = 3
-    #: After an Abort: time the ranks get to dump their stacks and exit on their own.
-    grace_s: float = 15.0
-    #: After SIGTERM: time before SIGKILL (whole seconds; torch elastic's close()).
-    term_timeout_s: int = 10
-    #: After a crash: time the processor gets to decide (quarantine) before the respawn.
-    decision_wait_s: float = 3.0
-    poll_s: float = 0.05
-    #: Launcher files: attempt-N/rank-R.phases.json, restarts.jsonl (default: DIR/.trainguard).
-    run_dir: Path | None = None
-    master_addr: str = "127.0.0.1"
-    bootstrap: str = ""
-    topic_prefix: str = ""
-    secret_file: str = ""
-    #: Extra environment for every rank.
-    env: dict[str, str] = field(default_factory=dict)
-    #: Test hook, FAULT_ENV's value: SIGKILL the launcher at this point (FAULT_POINTS).
-    fault: str = ""
-    #: When a spare is self-tested (known-answer GEMM + all-reduce, producers/launcher/node_selftest.py)
-    #: before it joins: "on-demand" when a quarantine makes it the next placement's (the
-    #: restart may wait for the test), "ahead" one spare at a time from the start of the run
-    #: (where spares are idle machines of their own: restarts never wait), "off": untested.
-    self_test_spares: Literal["on-demand", "ahead", "off"] = "on-demand"
-    #: Longest a node self-test may take (its worker processes are killed after it).
-    self_test_timeout_s: float = 120.0
-    #: When every checkpoint was rejected (none valid left): False stops the run with a
-    #: message that says so; True starts the next attempt from step 0 (scratch).
-    restart_from_scratch: bool = False
-
-    @property
-    def resolved_run_dir(self) -> Path:
-        return self.run_dir if self.run_dir is not None else self.checkpoint_dir / ".trainguard"
-
-
-def free_port(addr: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((addr, 0))
-        return int(s.getsockname()[1])
-
-
-def phases_path(run_dir: Path, attempt: int, rank: int) -> Path:
-    return run_dir / f"attempt-{attempt}" / f"rank-{rank}.phases.json"
-
-
-def progress_path(run_dir: Path, attempt: int, rank: int) -> Path:
-    """The rank's newest completed step, rewritten by its Supervisor after every step."""
-    return run_dir / f"attempt-{attempt}" / f"rank-{rank}.progress"
-
-
-def read_progress(path: Path) -> int | None:
-    """The step in a progress file (None: absent, or no step completed yet). The rank
-    rewrites it in place, so a read may race a write: read until two reads agree."""
-    try:
-        data = path.read_bytes()
-        for _ in range(5):
-            again = path.read_bytes()
-            if again == data:
-                break
-            data = again
-    except OSError:
-        return None
-    text = data.strip()
-    return int(text) if text.isdigit() else None
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}  # absent, or caught mid-write (writers should write-then-rename)
-    return data if isinstance(data, dict) else {}
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
-
-
-def _restart_indices(path: Path) -> set[int]:
-    """Interruption indices already in restarts.jsonl; a torn last line is cut off."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return set()
-    end = data.rfind(b"\n") + 1
-    if end < len(data):
-        with path.open("r+b") as fh:
-            fh.truncate(end)
-    out = set()
-    for line in data[:end].splitlines():
-        try:
-            index = json.loads(line).get("interruption")
-        except (ValueError, AttributeError):
-            continue
-        if isinstance(index, int):
-            out.add(index)
-    return out
-
 
 # --------------------------------------------------------------------------- launcher
 
@@ -494,7 +270,7 @@ class Launcher:
         # successor's re-report of the same exit or restart is a duplicate consumers drop.
         self._id_prefix = hashlib.sha256(self.journal.nonce.encode()).hexdigest()[:16]
         self._restarts_file = self.run_dir / "restarts.jsonl"
-        self._recorded = _restart_indices(self._restarts_file)  # interruptions in restarts.jsonl
+        self._recorded = restart_indices(self._restarts_file)  # interruptions in restarts.jsonl
         self._published: set[int] = set()
         self._interruptions = max(
             max(state.interruptions, default=-1) + 1, max(self._recorded, default=-1) + 1
@@ -1353,20 +1129,20 @@ class Launcher:
     def _collect_phases(self, rec: RestartPhases) -> None:
         if rec.to_attempt is None or rec.spawn_ts is None:
             return
-        files = [_read_json(phases_path(self.run_dir, rec.to_attempt, r)) for r in range(self.config.nproc)]
-        starts = [v for f in files if (v := _num(f.get("start_ts"))) is not None]
-        loads = [v for f in files if (v := _num(f.get("checkpoint_load_s"))) is not None]
-        inits = [v for f in files if (v := _num(f.get("pg_init_s"))) is not None]
-        firsts = [v for f in files if (v := _num(f.get("first_step_ts"))) is not None]
+        files = [read_json(phases_path(self.run_dir, rec.to_attempt, r)) for r in range(self.config.nproc)]
+        starts = [v for f in files if (v := num(f.get("start_ts"))) is not None]
+        loads = [v for f in files if (v := num(f.get("checkpoint_load_s"))) is not None]
+        inits = [v for f in files if (v := num(f.get("pg_init_s"))) is not None]
+        firsts = [v for f in files if (v := num(f.get("first_step_ts"))) is not None]
         rec.ranks_reported = sum(1 for f in files if f)
         rec.process_start_s = max(starts) - rec.spawn_ts if starts else None
         rec.checkpoint_load_s = max(loads) if loads else None
         rec.pg_init_s = max(inits) if inits else None
         own = []
         for f in files:
-            first, start = _num(f.get("first_step_ts")), _num(f.get("start_ts"))
+            first, start = num(f.get("first_step_ts")), num(f.get("start_ts"))
             if first is not None and start is not None:
-                setup = (_num(f.get("checkpoint_load_s")) or 0.0) + (_num(f.get("pg_init_s")) or 0.0)
+                setup = (num(f.get("checkpoint_load_s")) or 0.0) + (num(f.get("pg_init_s")) or 0.0)
                 own.append(first - start - setup)
         rec.first_step_s = max(0.0, max(own)) if own else None
         rec.complete = len(firsts) == self.config.nproc
@@ -1416,7 +1192,7 @@ class Launcher:
         of the attempt completed, both from the ranks' progress files (exact when the
         survivors' last StepTimings are still in their shippers)."""
         result.exits.append(end)
-        info = _read_json(phases_path(self.run_dir, end.attempt, end.rank))
+        info = read_json(phases_path(self.run_dir, end.attempt, end.rank))
         own = read_progress(progress_path(self.run_dir, end.attempt, end.rank))
         if own is None:  # a rank program without the progress file: its first step at most
             first = info.get("last_step")
@@ -1466,80 +1242,3 @@ class Launcher:
 
 
 # --------------------------------------------------------------------------- wiring
-
-
-def make_actuator(
-    launcher: Launcher, bootstrap: str, commands_topic: str, acks_topic: str, master_secret: bytes
-) -> Any:
-    """An Actuator for the launcher (rank -1: it answers commands addressed to every rank,
-    which is how the processor sends Abort, QuarantineNode, EvictRank and Rollback), with
-    its journal under the run dir, and the launcher's handlers registered.
-
-    A relaunch after a SIGKILL: the actuator's journal claims a command id before the
-    handler runs (at most once), the launcher's records it when executed; an id claimed
-    but never recorded (the predecessor died in between) was not executed, so the gate
-    forgets it and the redelivered command runs once. The actuator joins no consumer
-    group (it assigns its partitions itself), so a relaunched launcher reads the unacked
-    commands at once, while the recovery still accepts the interrupted attempt's."""
-    from ...schemas import auth
-    from ..rank.actuator import Actuator
-
-    journal = launcher.run_dir / "launcher.journal"
-    actuator = Actuator(
-        bootstrap,
-        commands_topic,
-        acks_topic,
-        launcher.config.run_id,
-        attempt=launcher.attempt,
-        local_ranks=[RUN_LEVEL_RANK],
-        key=auth.run_key(master_secret, launcher.config.run_id),
-        node="launcher",
-        instance="launcher",
-        journal_path=journal,
-    )
-    for command_id in launcher.unexecuted(_claimed(journal, launcher.config.run_id)):
-        log.warning("recovery: command %s was claimed but never executed; it may run once", command_id)
-        actuator.gate.forget(RUN_LEVEL_RANK, command_id)
-    launcher.register(actuator)
-    return actuator
-
-
-def _claimed(path: Path, run_id: str) -> list[str]:
-    """Command ids the launcher's actuator journal holds for rank -1 (its format:
-    one JSON [run_id, rank, command_id] a line)."""
-    try:
-        lines = path.read_bytes().splitlines()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            rid, rank, command_id = json.loads(line)
-        except (ValueError, TypeError):
-            continue
-        if rid == run_id and rank == RUN_LEVEL_RANK and isinstance(command_id, str):
-            out.append(command_id)
-    return out
-
-
-def last_interval(commands: Iterable[dict[str, Any]]) -> float | None:
-    """The interval of the last SetCheckpointInterval among journaled command records."""
-    found = None
-    for record in commands:
-        value = record.get("interval_s")
-        if record.get("ok") and isinstance(value, int | float) and value > 0:
-            found = float(value)
-    return found
-
-
-def install_signal_handlers(
-    launcher: Launcher, signals: Iterable[int] = (signal.SIGINT, signal.SIGTERM)
-) -> None:
-    """SIGINT/SIGTERM stop the launcher: the group is torn down, exits reported requested."""
-    for sig in signals:
-        signal.signal(sig, lambda *_: launcher.stop())
-
-
-def python_command(script: str, *args: str) -> tuple[str, ...]:
-    """The current interpreter running `script` (tests, examples)."""
-    return (sys.executable, script, *args)

@@ -157,13 +157,9 @@ def launch(
     if self_test not in ("on-demand", "ahead", "off"):
         console.print(f"[red]--self-test must be on-demand, ahead or off (got {self_test!r})")
         raise typer.Exit(2)
-    from ..producers.launcher.launcher import (
-        FAULT_ENV,
-        Launcher,
-        LauncherConfig,
-        install_signal_handlers,
-        make_actuator,
-    )
+    from ..producers.launcher.config import FAULT_ENV, LauncherConfig
+    from ..producers.launcher.launcher import Launcher
+    from ..producers.launcher.wiring import install_signal_handlers, make_actuator
     from ..producers.rank.agent import MemorySink
 
     config = LauncherConfig(

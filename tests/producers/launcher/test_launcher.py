@@ -18,17 +18,12 @@ import pytest
 from confluent_kafka import Producer
 
 from trainguard.kafka.topics import TopicNames
-from trainguard.producers.launcher.launcher import (
-    Launcher,
-    LauncherConfig,
-    LaunchResult,
-    RestartCause,
-    make_actuator,
-    python_command,
-    rejected_steps,
-    validated_steps,
-)
+from trainguard.producers.launcher.checkpoints import rejected_steps, validated_steps
+from trainguard.producers.launcher.config import LauncherConfig, python_command
+from trainguard.producers.launcher.launcher import Launcher
 from trainguard.producers.launcher.node_selftest import CheckResult, NodeSelfTestReport
+from trainguard.producers.launcher.records import LaunchResult, RestartCause
+from trainguard.producers.launcher.wiring import make_actuator
 from trainguard.producers.rank.agent import MemorySink
 from trainguard.producers.rank.shipper import ShipperConfig, TelemetryShipper
 from trainguard.schemas import (

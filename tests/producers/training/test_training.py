@@ -78,7 +78,7 @@ def test_step_timing_and_stats(tmp_path: Path) -> None:
 def test_the_progress_file_holds_the_newest_completed_step_and_a_step_that_raised_is_not_one(
     tmp_path: Path,
 ) -> None:
-    from trainguard.producers.launcher.launcher import read_progress
+    from trainguard.producers.launcher.records import read_progress
 
     progress = tmp_path / "attempt-0" / "rank-0.progress"
     sup, sink, model = make(tmp_path, progress_file=progress)

@@ -1,0 +1,85 @@
+"""`trainguard launch`'s configuration (`LauncherConfig`, every field documented), its
+test hook (kill points), and small helpers to build a command and a port."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+#: Test hook: ``point[:detail]`` makes the launcher SIGKILL itself there (see Launcher._fault).
+FAULT_ENV = "TRAINGUARD_LAUNCHER_FAULT"
+#: The named points, in the order a restart passes them (detail: the attempt, or a command's kind).
+FAULT_POINTS = (
+    "before-command",  # the actuator journaled the command id; its effect is not recorded yet
+    "after-command",  # the command's effect is journaled; not applied, not acked
+    "after-interruption",  # the attempt's end is journaled; its ranks are still running
+    "after-teardown",  # every rank of the attempt is gone and journaled so
+    "before-spawn",  # the next attempt's intent is journaled; nothing spawned
+    "mid-spawn",  # the ranks are spawned; their pids are not journaled
+    "after-spawn",  # their pids are journaled
+)
+
+
+@dataclass(frozen=True)
+class LauncherConfig:
+    """Everything `trainguard launch` takes; every field documented."""
+
+    #: The rank program and its arguments, e.g. ["python", "train.py", "--lr", "3e-4"].
+    command: tuple[str, ...]
+    #: World size: rank processes per attempt.
+    nproc: int
+    #: Ranks of one modelled node (on one machine, a node is a group of ranks).
+    ranks_per_node: int
+    run_id: str
+    #: Where validated checkpoints live (root/step-000000123/VALIDATED).
+    checkpoint_dir: Path
+    #: Spare node names beyond the job's own nodes (what quarantine can swap in).
+    spares: int = 2
+    nodes_per_rack: int = 4
+    #: Restarts (of any cause) before the launcher gives up with status "failed".
+    max_restarts: int = 3
+    #: After an Abort: time the ranks get to dump their stacks and exit on their own.
+    grace_s: float = 15.0
+    #: After SIGTERM: time before SIGKILL (whole seconds; torch elastic's close()).
+    term_timeout_s: int = 10
+    #: After a crash: time the processor gets to decide (quarantine) before the respawn.
+    decision_wait_s: float = 3.0
+    poll_s: float = 0.05
+    #: Launcher files: attempt-N/rank-R.phases.json, restarts.jsonl (default: DIR/.trainguard).
+    run_dir: Path | None = None
+    master_addr: str = "127.0.0.1"
+    bootstrap: str = ""
+    topic_prefix: str = ""
+    secret_file: str = ""
+    #: Extra environment for every rank.
+    env: dict[str, str] = field(default_factory=dict)
+    #: Test hook, FAULT_ENV's value: SIGKILL the launcher at this point (FAULT_POINTS).
+    fault: str = ""
+    #: When a spare is self-tested (known-answer GEMM + all-reduce, producers/launcher/node_selftest.py)
+    #: before it joins: "on-demand" when a quarantine makes it the next placement's (the
+    #: restart may wait for the test), "ahead" one spare at a time from the start of the run
+    #: (where spares are idle machines of their own: restarts never wait), "off": untested.
+    self_test_spares: Literal["on-demand", "ahead", "off"] = "on-demand"
+    #: Longest a node self-test may take (its worker processes are killed after it).
+    self_test_timeout_s: float = 120.0
+    #: When every checkpoint was rejected (none valid left): False stops the run with a
+    #: message that says so; True starts the next attempt from step 0 (scratch).
+    restart_from_scratch: bool = False
+
+    @property
+    def resolved_run_dir(self) -> Path:
+        return self.run_dir if self.run_dir is not None else self.checkpoint_dir / ".trainguard"
+
+
+def free_port(addr: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((addr, 0))
+        return int(s.getsockname()[1])
+
+
+def python_command(script: str, *args: str) -> tuple[str, ...]:
+    """The current interpreter running `script` (tests, examples)."""
+    return (sys.executable, script, *args)

@@ -1,0 +1,139 @@
+"""What the launcher records of a run: why an attempt ended (`RestartCause`), each rank's
+end (`RankEnd`), each interruption and its restart phase by phase (`RestartPhases`), the
+run's result, and the per-rank files the rank-side Supervisor writes (phases, progress)
+that the launcher reads back (docs in producers/launcher/launcher.py, "Restart phases")."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+
+class RestartCause(StrEnum):
+    CRASH = "crash"  # a rank ended on its own with a non-zero status
+    ABORT = "abort"  # Abort command
+    PAUSE = "pause"  # PauseRun command: the attempt stops and nothing restarts
+    ROLLBACK = "rollback"  # Rollback command
+    RESUME = "resume"  # ResumeFrom command
+    EVICTION = "eviction"  # EvictRank, at the next validated checkpoint
+    LAUNCHER = "launcher"  # the launcher died with the attempt running; its successor ended it
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    attempt: int
+    rank: int
+    node: str
+    returncode: int | None  # None: could not be reaped (abandoned after SIGKILL)
+    ts: float
+    requested: bool
+
+    @property
+    def signal(self) -> int | None:
+        return -self.returncode if self.returncode is not None and self.returncode < 0 else None
+
+
+@dataclass
+class RestartPhases:
+    """One interruption and the restart that followed, phase by phase (seconds; None:
+    not measured: no phase file from the ranks, or no restart)."""
+
+    run_id: str
+    interruption: int  # 0, 1, ... within this launcher's run
+    cause: RestartCause
+    detail: str
+    from_attempt: int
+    to_attempt: int | None
+    rank: int  # culprit rank, -1 when the cause is run-level (a command)
+    node: str
+    exit_code: int | None
+    signal: int | None
+    command_id: str
+    fault_ts: float
+    detected_ts: float
+    spawn_ts: float | None = None
+    resumed_from_step: int = -1
+    detect_s: float = 0.0
+    reschedule_s: float | None = None
+    process_start_s: float | None = None
+    checkpoint_load_s: float | None = None
+    pg_init_s: float | None = None
+    first_step_s: float | None = None
+    restart_s: float | None = None
+    ranks_reported: int = 0
+    complete: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class LaunchResult:
+    status: Literal["ok", "failed", "stopped", "paused"]
+    reason: str
+    attempts: int
+    restarts: list[RestartPhases] = field(default_factory=list)
+    exits: list[RankEnd] = field(default_factory=list)
+
+
+def phases_path(run_dir: Path, attempt: int, rank: int) -> Path:
+    return run_dir / f"attempt-{attempt}" / f"rank-{rank}.phases.json"
+
+
+def progress_path(run_dir: Path, attempt: int, rank: int) -> Path:
+    """The rank's newest completed step, rewritten by its Supervisor after every step."""
+    return run_dir / f"attempt-{attempt}" / f"rank-{rank}.progress"
+
+
+def read_progress(path: Path) -> int | None:
+    """The step in a progress file (None: absent, or no step completed yet). The rank
+    rewrites it in place, so a read may race a write: read until two reads agree."""
+    try:
+        data = path.read_bytes()
+        for _ in range(5):
+            again = path.read_bytes()
+            if again == data:
+                break
+            data = again
+    except OSError:
+        return None
+    text = data.strip()
+    return int(text) if text.isdigit() else None
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # absent, or caught mid-write (writers should write-then-rename)
+    return data if isinstance(data, dict) else {}
+
+
+def num(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def restart_indices(path: Path) -> set[int]:
+    """Interruption indices already in restarts.jsonl; a torn last line is cut off."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return set()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        with path.open("r+b") as fh:
+            fh.truncate(end)
+    out = set()
+    for line in data[:end].splitlines():
+        try:
+            index = json.loads(line).get("interruption")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(index, int):
+            out.add(index)
+    return out

@@ -19,7 +19,8 @@ import statistics
 import time
 
 from trainguard.processors.core.state import RunState
-from trainguard.processors.core.straggler import StragglerPolicy, StragglerState, observe_step
+from trainguard.processors.core.straggler import observe_step
+from trainguard.processors.core.straggler_state import StragglerPolicy, StragglerState
 from trainguard.schemas import StepTiming
 
 HEADER = (

@@ -27,93 +27,20 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from ...schemas import Envelope, Interruption, MtbfUpdate, Reason, ReasonCode
+from .baseline_state import _HOUR, BaselinePolicy, BaselineState
 from .ids import derived_id
 
 if TYPE_CHECKING:  # state.py holds a BaselineState per run
     from .state import RunState
 
-_HOUR = 3600.0
-
-
-class BaselinePolicy(BaseModel):
-    """Settings of the failure-rate baseline; the defaults are the seed's numbers."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    reference_world_size: int = Field(
-        16_384,
-        ge=1,
-        description="World size of the reference point. Also the prior's world size when a run's "
-        "is unknown (the most fragile size the seed quotes: a conservative, short MTBF).",
-    )
-    reference_mtbf_s: float = Field(
-        3.1 * _HOUR,
-        gt=0,
-        description="MTBF at the reference world size (seed: 3.1 h at 16,384 GPUs). The prior "
-        "for world size W is reference_mtbf_s x reference_world_size / W.",
-    )
-    prior_weight_interruptions: float = Field(
-        2.0,
-        gt=0,
-        description="How many interruptions the prior is worth (the Gamma prior's shape). "
-        "Larger: a young run trusts the world-size prior longer.",
-    )
-    confidence: float = Field(
-        0.9, gt=0, lt=1, description="Probability mass of the equal-tailed MTBF interval."
-    )
-    window_s: float = Field(
-        _HOUR, gt=0, description="Trailing event-time window of the recent rate (R5: 'in 1 h')."
-    )
-    check_every_s: float = Field(
-        1.0,
-        ge=0,
-        description="Between interruptions the estimate is re-checked at most once per this many "
-        "seconds of event time (it moves only with exposure; checking on every event would "
-        "dominate the core's cost at 16,384 ranks).",
-    )
-    publish_change_fraction: float = Field(
-        0.1,
-        ge=0,
-        description="Besides on every interruption (always published), an MtbfUpdate is published "
-        "when the estimate has moved by more than this fraction from the last published one "
-        "(from the prior before the first). Between interruptions the estimate only grows with "
-        "exposure, so this bounds the updates of a quiet run to a handful.",
-    )
-
 
 def prior_mtbf_s(world_size: int, policy: BaselinePolicy) -> float:
     """The expected MTBF at a world size: halves every time the cluster doubles."""
     return policy.reference_mtbf_s * policy.reference_world_size / world_size
-
-
-@dataclass
-class BaselineState:
-    """One run's failure-rate evidence (the engine keeps one per run, across attempts)."""
-
-    start_ts: float | None = None
-    end_ts: float = 0.0
-    #: World size the prior is taken at (the reference's while the run's is unknown).
-    world_size: int | None = None
-    interruptions: int = 0
-    by_cause: dict[str, int] = field(default_factory=dict)
-    #: interruption_ids already counted: a re-delivered interruption counts once.
-    counted: set[str] = field(default_factory=set)
-    #: Sorted ts of interruptions still inside the trailing window.
-    recent: list[float] = field(default_factory=list)
-    published_mtbf_s: float | None = None
-    #: end_ts at the last check of the estimate by `on_time` (throttles the per-event cost).
-    checked_end_ts: float = float("-inf")
-
-    @property
-    def exposure_s(self) -> float:
-        return 0.0 if self.start_ts is None else self.end_ts - self.start_ts
 
 
 # --------------------------------------------------------------------------- estimate

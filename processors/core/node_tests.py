@@ -31,7 +31,7 @@ from ...schemas import (
     ReleaseNode,
 )
 from .ids import derived_id
-from .paging import PagingState
+from .paging_state import PagingState
 from .quarantine import take_out
 
 

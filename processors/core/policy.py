@@ -1,7 +1,7 @@
 """The policy settings the core reads. One frozen, typed object; every field documented.
 
-The numbers are the seed's (§3 `step_timeout: "90s"`, ARCHITECTURE.md "Hang: ... default
-3x p99 step time"). `trainguard policy show` prints them all; `trainguard policy check FILE`
+The numbers are the seed's (§3 `step_timeout: "90s"`; §7's watchdog: "3x p99 step
+time, ~90 s"). `trainguard policy show` prints them all; `trainguard policy check FILE`
 validates a policy file.
 """
 
@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .baseline import BaselinePolicy
-from .diagnosis import DiagnosisPolicy
-from .eviction import EvictionPolicy
+from .baseline_state import BaselinePolicy
+from .diagnosis_state import DiagnosisPolicy
+from .eviction_state import EvictionPolicy
 from .goodput import GoodputPolicy
-from .group_slowdown import GroupSlowdownPolicy
+from .group_state import GroupSlowdownPolicy
 from .interval import IntervalPolicy
-from .paging import PagingPolicy
+from .paging_state import PagingPolicy
 from .retention import RetentionPolicy
 from .sdc_state import SdcPolicy
-from .straggler import StragglerPolicy
+from .straggler_state import StragglerPolicy
 
 
 class HangPolicy(BaseModel):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from ...schemas import Interruption, InterruptionCause, Quarantine, QuarantineNode, Reason, ReasonCode
 from .ids import derived_id
-from .paging import PagingState
+from .paging_state import PagingState
 
 #: Causes whose culprit node is removed from the pool.
 QUARANTINED_CAUSES = frozenset({InterruptionCause.CRASH, InterruptionCause.HANG})

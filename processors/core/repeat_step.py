@@ -28,7 +28,7 @@ from ...schemas import (
     SkipUpdate,
 )
 from .ids import derived_id
-from .paging import PagingPolicy, PagingState
+from .paging_state import PagingPolicy, PagingState
 
 
 def on_pages(

@@ -19,53 +19,24 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...schemas import CheckpointValidated, Page, Reason, ReasonCode, Rollback, SdcMismatch
 from .ids import derived_id
 from .paging import page
 from .retention import RetentionPolicy, keep_count_for, retained, watermark_interval_steps
+from .rollback_state import KEEP_ALL, RollbackState, Validated
 
 if TYPE_CHECKING:
     from .policy import CorePolicy
     from .sdc_state import SdcState
     from .state import RunState
 
-#: keep_count meaning "prune nothing" (the cadence cannot be expressed in time yet).
-KEEP_ALL = 1 << 62
-
 
 def retention_count(sdc_check_interval_steps: int, checkpoint_interval_steps: int) -> int:
     """Validated checkpoints to keep so that a clean ancestor survives a late detection."""
     return 3 * math.ceil(sdc_check_interval_steps / max(1, checkpoint_interval_steps)) + 2
-
-
-@dataclass(frozen=True)
-class Validated:
-    step: int
-    uri: str
-    last_verified_step: int
-    #: When it was validated (the CheckpointValidated's ts): retention's clock.
-    ts: float = 0.0
-
-
-@dataclass
-class RollbackState:
-    #: The retained validated checkpoints by step.
-    validated: dict[int, Validated] = field(default_factory=dict)
-    #: Attempts already rolled back (one rollback per attempt, however many mismatches).
-    handled: set[int] = field(default_factory=set)
-    #: Validated checkpoints retention dropped, in the order it dropped them (for reports;
-    #: the checkpoint manager deletes them).
-    pruned: list[Validated] = field(default_factory=list)
-    #: ts of the run's first validated checkpoint: the milestone periods count from here.
-    origin_ts: float | None = None
-    #: Recent gaps between consecutive validations: the checkpoint interval as measured.
-    gaps_s: deque[float] = field(default_factory=lambda: deque(maxlen=16))
-    last_ts: float | None = None
-    _pruned_keys: set[tuple[int, float]] = field(default_factory=set, repr=False)
 
 
 def on_validated(

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Hashable, Iterable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from ...common.quantiles import RunningQuantile
 
 #: For a zero-centred normal, sigma = median(|x|) / Phi^-1(0.75).
 MEDIAN_ABS_TO_SIGMA = 1.4826
@@ -135,33 +137,6 @@ class SdcPolicy(BaseModel):
         if self.cross_check_every is not None:
             return self.cross_check_every
         return math.ceil(1.0 / (self.microbatches_per_step * self.cross_check_budget) - 1e-9)
-
-
-class RunningQuantile:
-    """The last `window` values, kept sorted as well, for O(log n) nearest-rank quantiles."""
-
-    def __init__(self) -> None:
-        self._order: deque[float] = deque()
-        self._sorted: list[float] = []
-
-    def __len__(self) -> int:
-        return len(self._order)
-
-    def add(self, value: float, window: int) -> None:
-        self._order.append(value)
-        insort(self._sorted, value)
-        while len(self._order) > window:
-            del self._sorted[bisect_left(self._sorted, self._order.popleft())]
-
-    def quantile(self, q: float) -> float:
-        """Nearest-rank quantile (the same definition as the watchdog's p99)."""
-        n = len(self._sorted)
-        if n == 0:
-            return math.nan
-        return self._sorted[min(n - 1, max(0, math.ceil(q * n) - 1))]
-
-    def values(self) -> list[float]:
-        return list(self._order)
 
 
 class _NewFieldsDefault:

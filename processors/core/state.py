@@ -8,20 +8,20 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from ...schemas.sharding import owned_ranks
-from .baseline import BaselineState
-from .diagnosis import HealthState
-from .eviction import EvictionState
+from .baseline_state import BaselineState
+from .diagnosis_state import HealthState
+from .eviction_state import EvictionState
 from .goodput import GoodputState
-from .group_slowdown import GroupState
+from .group_state import GroupState
 from .interval import IntervalState
-from .paging import PagingState
-from .rollback import RollbackState
+from .paging_state import PagingState
+from .rollback_state import RollbackState
 from .sdc_state import SdcState
-from .straggler import StragglerState
+from .straggler_state import StragglerState
 
 
 class RunPhase(StrEnum):
-    """A run attempt's lifecycle (ARCHITECTURE.md: explicit state machines)."""
+    """A run attempt's lifecycle (an explicit state machine: docs/architecture.md)."""
 
     STARTING = "starting"  # registered, no step completed yet in this attempt
     TRAINING = "training"

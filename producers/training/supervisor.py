@@ -121,8 +121,8 @@ from typing import Any, Literal
 import psutil
 import torch
 
+from ...common.quantiles import RunningQuantile
 from ...kafka.topics import topic_names
-from ...processors.core.sdc_state import RunningQuantile
 from ...schemas import RunCrossRankCheck, auth
 from ..checkpoint.cadence import CheckpointCadence
 from ..rank.actuator import Actuator

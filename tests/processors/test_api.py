@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from trainguard import cli
 from trainguard.processors import api, api_view, api_web
 from trainguard.processors.core import CorePolicy, HangPolicy, goodput, step_time_summary
-from trainguard.processors.core.straggler import StragglerPolicy
+from trainguard.processors.core.straggler_state import StragglerPolicy
 from trainguard.processors.driver import CoreDriver
 from trainguard.schemas import (
     CheckpointNow,

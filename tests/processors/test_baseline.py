@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 import pytest
 
 from trainguard.processors.core.baseline import (
-    BaselinePolicy,
-    BaselineState,
     baseline_rate_per_h,
     burst_p_value,
     gamma_quantile,
@@ -28,6 +26,7 @@ from trainguard.processors.core.baseline import (
     rate_ratio,
     regularized_gamma_p,
 )
+from trainguard.processors.core.baseline_state import BaselinePolicy, BaselineState
 from trainguard.processors.core.state import RunState
 from trainguard.schemas import (
     Interruption,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainguard.processors.core.diagnosis import DiagnosisPolicy, HealthState, diagnose, observe_health
+from trainguard.processors.core.diagnosis import diagnose, observe_health
+from trainguard.processors.core.diagnosis_state import DiagnosisPolicy, HealthState
 from trainguard.schemas import (
     Diagnosis,
     GpuHealth,

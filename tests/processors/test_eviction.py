@@ -9,9 +9,6 @@ from dataclasses import dataclass, field
 import pytest
 
 from trainguard.processors.core.eviction import (
-    NEVER_S,
-    EvictionPolicy,
-    EvictionState,
     on_cleared,
     on_diagnosed,
     on_flagged,
@@ -22,6 +19,7 @@ from trainguard.processors.core.eviction import (
     payback_s,
     straggler_cost,
 )
+from trainguard.processors.core.eviction_state import NEVER_S, EvictionPolicy, EvictionState
 from trainguard.schemas import (
     Diagnosis,
     EvictionDecision,

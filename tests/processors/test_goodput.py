@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from trainguard.processors.core import CorePolicy, run_all
-from trainguard.processors.core.baseline import BaselinePolicy
+from trainguard.processors.core.baseline_state import BaselinePolicy
 from trainguard.processors.core.goodput import GoodputPolicy, GoodputState, advance, breakdown
 from trainguard.schemas import CheckpointWritten, GoodputReport, Interruption, InterruptionRecovered, Page
 

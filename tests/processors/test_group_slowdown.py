@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from trainguard.processors.core import CorePolicy, CoreState, step
-from trainguard.processors.core.group_slowdown import GroupSlowdownPolicy, _suspects, summarise
+from trainguard.processors.core.group_slowdown import _suspects, summarise
+from trainguard.processors.core.group_state import GroupSlowdownPolicy
 from trainguard.schemas import (
     Diagnosis,
     EvictRank,

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from trainguard.processors.core import CorePolicy, run_all
-from trainguard.processors.core.baseline import BaselinePolicy
+from trainguard.processors.core.baseline_state import BaselinePolicy
 from trainguard.processors.core.interval import IntervalPolicy, daly_s, optimal_s, overhead, young_s
 from trainguard.schemas import IntervalUpdate, ReasonCode, SetCheckpointInterval
 

@@ -11,7 +11,7 @@ import pytest
 
 from trainguard.processors import metrics as metrics_module
 from trainguard.processors.core import CorePolicy
-from trainguard.processors.core.baseline import BaselinePolicy
+from trainguard.processors.core.baseline_state import BaselinePolicy
 from trainguard.processors.core.paging import page
 from trainguard.processors.driver import CoreDriver, DriverResult
 from trainguard.processors.metrics import OTHER_RULE, PAGE_RULES, ProcessorMetrics

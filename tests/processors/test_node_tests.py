@@ -6,7 +6,7 @@ where the policy allows it."""
 from __future__ import annotations
 
 from trainguard.processors.core import CorePolicy, run_all
-from trainguard.processors.core.baseline import BaselinePolicy
+from trainguard.processors.core.baseline_state import BaselinePolicy
 from trainguard.schemas import (
     NodeSelfTestResult,
     PauseRun,

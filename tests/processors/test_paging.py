@@ -5,8 +5,8 @@ its rule and the interruptions that make it."""
 from __future__ import annotations
 
 from trainguard.processors.core import CorePolicy, run_all
-from trainguard.processors.core.baseline import BaselinePolicy
-from trainguard.processors.core.paging import PagingPolicy
+from trainguard.processors.core.baseline_state import BaselinePolicy
+from trainguard.processors.core.paging_state import PagingPolicy
 from trainguard.schemas import (
     Interruption,
     Page,

@@ -16,16 +16,8 @@ from trainguard.processors.core.retention import (
     retained,
     watermark_interval_steps,
 )
-from trainguard.processors.core.rollback import (
-    KEEP_ALL,
-    Bound,
-    RollbackState,
-    Validated,
-    keep_count,
-    on_mismatch,
-    on_validated,
-    retention_count,
-)
+from trainguard.processors.core.rollback import Bound, keep_count, on_mismatch, on_validated, retention_count
+from trainguard.processors.core.rollback_state import KEEP_ALL, RollbackState, Validated
 from trainguard.processors.core.sdc_state import SdcPolicy
 from trainguard.processors.core.state import RunState
 from trainguard.schemas import (

@@ -112,13 +112,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
-import psutil
 import torch
 
 from ...common.quantiles import RunningQuantile
@@ -130,202 +127,42 @@ from ..rank.agent import EventSink, MemorySink, NodeAgents, RankAgent
 from ..rank.handlers import CheckpointManager, RankControl, RankHandlers
 from ..rank.shipper import ShipperConfig, TelemetryShipper
 from . import cross_check, grad_checks, ring_check
+from .config import (
+    _CODES,
+    ENV_ATTEMPT,
+    ENV_BOOTSTRAP,
+    ENV_NODE,
+    ENV_PHASES_FILE,
+    ENV_PROGRESS_FILE,
+    ENV_RUN_DIR,
+    ENV_RUN_ID,
+    ENV_SKIP_BATCHES,
+    ENV_TOPIC_PREFIX,
+    NonFiniteLoss,
+    SupervisorConfig,
+    SupervisorCounters,
+    Verdict,
+    init_process_group,
+    pg_init_seconds,
+    process_start_ts,
+)
 from .device_fault import WrongDevice, install_wrong_device, wrong_device_from_env
 from .gpu_health import GpuHealthSampler, HealthReader, open_reader
+from .timing import _CudaMarks, _HostMarks, _Pending
 
 log = logging.getLogger(__name__)
 
-ENV_RUN_ID = "TRAINGUARD_RUN_ID"
-ENV_ATTEMPT = "TRAINGUARD_ATTEMPT"
-ENV_NODE = "TRAINGUARD_NODE"
-ENV_BOOTSTRAP = "TRAINGUARD_BOOTSTRAP"
-ENV_TOPIC_PREFIX = "TRAINGUARD_TOPIC_PREFIX"
-ENV_RUN_DIR = "TRAINGUARD_RUN_DIR"
-#: Where the launcher reads this rank's restart phases (producers/launcher/launcher.py).
-ENV_PHASES_FILE = "TRAINGUARD_PHASES_FILE"
-#: Where this rank's newest completed step is kept for the launcher (lost work, exactly).
-ENV_PROGRESS_FILE = "TRAINGUARD_PROGRESS_FILE"
-#: Steps whose batch this attempt must not train on, comma-separated: a SkipUpdate the
-#: launcher took for a step that failed on every node (producers/launcher/launcher.py).
-ENV_SKIP_BATCHES = "TRAINGUARD_SKIP_BATCHES"
-#: SupervisorConfig fields an operator may set from the environment (seconds).
-ENV_CONFIG = {
-    "TRAINGUARD_FLUSH_INTERVAL_S": "flush_interval_s",
-    "TRAINGUARD_HEARTBEAT_INTERVAL_S": "heartbeat_interval_s",
-    "TRAINGUARD_GPU_HEALTH_INTERVAL_S": "gpu_health_interval_s",
-    # The interval in force when the attempt starts: the launcher's, the last the run was sent.
-    "TRAINGUARD_CHECKPOINT_INTERVAL_S": "checkpoint_interval_s",
-}
-
-
-class Verdict(StrEnum):
-    """What :meth:`StepScope.check` decided about a step's update."""
-
-    APPLY = "apply"
-    NON_FINITE = "non_finite"  # loss or grad norm NaN/Inf: never applied
-    GRAD_SPIKE = "grad_spike"  # grad norm > multiplier x running p99: skipped, counted
-    COMMANDED = "commanded"  # a SkipUpdate command named this step
-    PEER = "peer"  # another rank skipped this step (agreement all-reduce)
-
-
-_CODES = {Verdict.APPLY: 0, Verdict.GRAD_SPIKE: 1, Verdict.COMMANDED: 2, Verdict.NON_FINITE: 3}
-
-
-class NonFiniteLoss(FloatingPointError):
-    """Raised by check() with ``on_non_finite="raise"``."""
-
-
-@dataclass(frozen=True)
-class SupervisorConfig:
-    """The rank side's settings; every field is optional."""
-
-    #: Seconds between heartbeats (sent from the shipper's thread, not the loop).
-    heartbeat_interval_s: float = 5.0
-    #: Seconds between the shipper's batches (a rank process ships its own records).
-    flush_interval_s: float = 2.0
-    #: Seconds between GPU health samples (NVML), on their own thread.
-    gpu_health_interval_s: float = 30.0
-    #: A grad norm above this multiple of the running p99 is a spike (seed §7a).
-    grad_spike_multiplier: float = 10.0
-    #: Accepted steps the p99 is taken over.
-    grad_norm_window: int = 1000
-    #: Accepted steps with a grad norm before spikes are judged.
-    grad_norm_min_samples: int = 50
-    #: Measure the grad norm in check() when the loop does not pass one (one reduction).
-    measure_grad_norm: bool = True
-    #: "skip": a non-finite step is not applied, reported, and training goes on until the
-    #: processors' Abort; "raise": check() raises NonFiniteLoss (after reporting).
-    on_non_finite: Literal["skip", "raise"] = "skip"
-    #: Under torch.distributed, all-reduce the skip decision so that every rank agrees.
-    agree_on_skip: bool = True
-    #: Seconds between checkpoints until a SetCheckpointInterval command says otherwise
-    #: (counted in steps from the measured step time: producers/checkpoint/cadence.py).
-    checkpoint_interval_s: float | None = None
-    #: A fixed cadence instead: checkpoint after every step s with (s + 1) % N == 0.
-    checkpoint_every_steps: int | None = None
-    #: Exit after an abort/rollback command: wait this long for the ack, then flush for
-    #: at most exit_flush_s, then os._exit.
-    exit_grace_s: float = 1.0
-    exit_flush_s: float = 3.0
-    #: Register the compute-time comm hook on a DistributedDataParallel model.
-    instrument_ddp: bool = True
-    #: With that hook, all-reduce each parameter's gradient on its own, so that a resumed
-    #: run is bitwise identical to an uninterrupted one at any world size (DDP's first
-    #: iteration buckets gradients differently; see grad_checks.per_parameter_allreduce).
-    #: False: DDP's per-bucket all-reduce (fewer collectives, last-bit drift on resume).
-    deterministic_reduction: bool = True
-
-    @classmethod
-    def from_env(cls, env: dict[str, str]) -> SupervisorConfig:
-        """The defaults, with the fields of ENV_CONFIG that `env` sets (positive seconds)."""
-        values: dict[str, float] = {}
-        for name, attr in ENV_CONFIG.items():
-            if (raw := env.get(name)) is None:
-                continue
-            try:
-                value = float(raw)
-            except ValueError:
-                value = math.nan
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name}={raw!r}: expected a positive number of seconds")
-            values[attr] = value
-        return cls(**values)  # type: ignore[arg-type]
-
-
-#: Seconds this process spent in :func:`init_process_group` (the restart phase pg_init).
-_pg_init_s: float | None = None
-
-
-def init_process_group(*args: Any, **kwargs: Any) -> None:
-    """``torch.distributed.init_process_group``, timed: the Supervisor reports the seconds
-    as the ``pg_init`` restart phase (the rendezvous with every other rank)."""
-    global _pg_init_s
-    t0 = time.perf_counter()
-    torch.distributed.init_process_group(*args, **kwargs)
-    _pg_init_s = time.perf_counter() - t0
-
-
-def process_start_ts() -> float:
-    """When this process started, on the wall clock. /proc's start time (clock ticks since
-    boot) is placed on the boot-time clock; psutil's create_time adds /proc/stat's boot
-    time, which is in whole seconds, and can be up to a second off."""
-    try:
-        with open("/proc/self/stat") as fh:
-            after_name = fh.read().rpartition(")")[2].split()
-        started = int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
-        return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - started)
-    except (OSError, ValueError, IndexError, AttributeError):  # not Linux
-        return psutil.Process().create_time()
-
-
-@dataclass
-class SupervisorCounters:
-    steps: int = 0
-    applied: int = 0
-    non_finite: int = 0
-    grad_spikes: int = 0
-    commanded_skips: int = 0
-    peer_skips: int = 0
-    self_checks: int = 0
-    self_check_mismatches: int = 0
-    ring_checks: int = 0
-    #: Seconds spent in ring checks (both recomputations), for their cost per check.
-    ring_check_s: float = 0.0
-    #: Cross checks this rank recomputed (it was named in them).
-    cross_checks: int = 0
-    #: Seconds in cross checks: the recomputation, and the all-reduce every rank joins.
-    cross_check_s: float = 0.0
-    checkpoints: int = 0
-    skipped_batches: int = 0
-
-
-# --------------------------------------------------------------------------- timing
-
-
-class _HostMarks:
-    """Step marks on the host clock (CPU training: what the host sees is what ran)."""
-
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self.clock = clock
-
-    def mark(self) -> Any:
-        return self.clock()
-
-    @staticmethod
-    def ready(*marks: Any) -> bool:
-        return True
-
-    @staticmethod
-    def seconds(a: Any, b: Any) -> float:
-        return max(0.0, float(b - a))
-
-
-class _CudaMarks:
-    """Step marks as CUDA events on the current stream; resolved once they completed."""
-
-    def mark(self) -> Any:
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    @staticmethod
-    def ready(*marks: Any) -> bool:
-        return all(m.query() for m in marks)
-
-    @staticmethod
-    def seconds(a: Any, b: Any) -> float:
-        return max(0.0, a.elapsed_time(b) / 1000.0)
-
-
-@dataclass
-class _Pending:
-    step: int
-    start: Any
-    compute: Any
-    end: Any
-    loss: float | None
-    grad_norm: float | None
-
+# What a training script imports from here (docs/examples/train_tiny.py); the settings
+# and the verdicts live in config.py.
+__all__ = [
+    "NonFiniteLoss",
+    "StepScope",
+    "Supervisor",
+    "SupervisorConfig",
+    "Verdict",
+    "init_process_group",
+    "process_start_ts",
+]
 
 # --------------------------------------------------------------------------- step scope
 
@@ -825,7 +662,7 @@ class Supervisor:
         phases = {
             "start_ts": process_start_ts(),
             "checkpoint_load_s": load_s,
-            "pg_init_s": _pg_init_s,
+            "pg_init_s": pg_init_seconds(),
             "first_step_ts": time.time(),
             "last_step": step,
         }

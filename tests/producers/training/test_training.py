@@ -27,6 +27,7 @@ from trainguard.producers.training.supervisor import (
     Supervisor,
     SupervisorConfig,
     Verdict,
+    init_process_group,
 )
 from trainguard.schemas import (
     Ack,
@@ -217,6 +218,30 @@ def test_the_first_step_writes_the_restart_phases_the_launcher_reads(tmp_path: P
     assert first["checkpoint_load_s"] == 0.25 and first["last_step"] == 7
     assert first["start_ts"] <= before <= first["first_step_ts"]  # process start, then the first step
     assert json.loads(phases_file.read_text()) == first  # written once, after the first step only
+
+
+def test_the_process_group_init_time_reaches_the_phases_file(tmp_path: Path) -> None:
+    # init_process_group (trainguard's wrapper) times the group's formation; the phases
+    # file the launcher reads must carry that time, not the value at import.
+    phases_file = tmp_path / "rank-0.phases.json"
+    env = {
+        "TRAINGUARD_RUN_ID": "run-pg",
+        "TRAINGUARD_PHASES_FILE": str(phases_file),
+        "TRAINGUARD_RUN_DIR": str(tmp_path),
+    }
+    init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        net = torch.nn.Linear(4, 1)
+        sup = Supervisor.from_env(env, model=net, gpu_reader=None)
+        with sup.step(0) as s:
+            net(torch.ones(2, 4)).sum().backward()
+            s.compute_done()
+            s.check(torch.tensor(1.0))
+        sup.close()
+    finally:
+        dist.destroy_process_group()
+    pg_init_s = json.loads(phases_file.read_text())["pg_init_s"]
+    assert isinstance(pg_init_s, float) and 0 < pg_init_s < 60
 
 
 def test_the_process_start_time_is_accurate_to_the_clock_tick() -> None:

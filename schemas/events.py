@@ -3,6 +3,9 @@
 Each class is one schema kind at one version. Telemetry travels on the telemetry
 topic in per-node batches (:class:`~trainguard.schemas.codec.Batch`); derived events
 travel one per record on the events topic.
+
+One file of ~600 lines on purpose: it is the catalogue of every event a rank, a
+launcher or a processor writes, read side by side when a field or a version changes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The archive's DuckDB schema: every table and view in one place (seed §4 data model).
+"""The archive's DuckDB schema: every table and view in one place (seed §4 data model;
+one file on purpose: the views join tables defined next to them).
 
 The archive is append-only and keyed so that a redelivered Kafka record inserts nothing:
 each table has the natural key of what it stores (an event_id, a command_id, a Kafka

@@ -7,6 +7,9 @@ and *unsigned* commands; the driver signs commands and publishes both.
 
 `state` is owned by the caller and updated in place (a 16,384-rank run is too big
 to copy per event); it is also returned, so call sites read as a fold.
+
+One file on purpose: it is the router that decides, per event kind, which detectors and
+policies see it and in what order; the decisions themselves live in the modules it calls.
 """
 
 from __future__ import annotations

@@ -35,6 +35,13 @@ The verification watermark (R6): every validated checkpoint carries
 lineage; a failing check freezes it for the rest of the attempt. A run in which no
 self-check was ever run (no command yet, ``sdc_check_every`` 0) keeps the old
 behaviour: a checkpoint claims its own step.
+
+Why one file of ~1,000 lines: the job and its launcher are one state machine whose
+parts (the attempt, the live ranks, the step in flight, pending checkpoints, faults,
+spares) every handler reads and writes; cut along the command handlers or the SDC
+checks, each piece would be a mixin reaching into some forty of the same attributes.
+Its sections (public API, scheduling, attempts, steps, faults and health, timed items,
+exits, commands) are marked below.
 """
 
 from __future__ import annotations

@@ -60,7 +60,6 @@ from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ValidationError
-from pydantic.json_schema import models_json_schema
 
 from ..schemas import (
     CheckpointNow,
@@ -89,6 +88,7 @@ from .api_models import (
     TimelineEntry,
     _Body,
 )
+from .api_openapi import build_openapi
 from .api_view import (
     RunsView,
     RunView,
@@ -242,6 +242,11 @@ def _status(ctx: ApiContext, request: ApiRequest, params: dict[str, str], body: 
 
 def _openapi(ctx: ApiContext, request: ApiRequest, params: dict[str, str], body: Any) -> ApiResponse:
     return ApiResponse(200, openapi_document())
+
+
+def openapi_document() -> dict[str, Any]:
+    """OpenAPI 3.1, from :data:`ROUTES` and the pydantic models (so it cannot drift)."""
+    return build_openapi(ROUTES, API_VERSION, _IDEMPOTENCY_KEY.pattern)
 
 
 def _declare(ctx: ApiContext, request: ApiRequest, params: dict[str, str], body: RunSpec) -> ApiResponse:
@@ -605,79 +610,3 @@ def handle(ctx: ApiContext, request: ApiRequest) -> ApiResponse:
             return parsed
         body = parsed
     return route.handler(ctx, request, params, body)
-
-
-# --------------------------------------------------------------------------- OpenAPI
-
-_ERROR_TEXT = {
-    400: "Malformed JSON or header",
-    401: "Missing or wrong token",
-    404: "Unknown run",
-    405: "Method not allowed",
-    409: "Conflicts with the run's state",
-    422: "Invalid fields (each named, with the reason)",
-    503: "The command could not be published",
-}
-_REF = "#/components/schemas/{model}"
-
-
-def openapi_document() -> dict[str, Any]:
-    """OpenAPI 3.1, from :data:`ROUTES` and the pydantic models (so it cannot drift)."""
-    inputs = [r.request for r in ROUTES if r.request is not None]
-    outputs = [r.response for r in ROUTES if r.response is not None] + [ApiError]
-    pairs: list[tuple[type[BaseModel], Literal["validation", "serialization"]]] = [
-        *((m, "validation") for m in inputs),
-        *((m, "serialization") for m in outputs),
-    ]
-    refs, schemas = models_json_schema(pairs, ref_template=_REF)
-    paths: dict[str, dict[str, Any]] = {}
-    for route in ROUTES:
-        operation: dict[str, Any] = {"operationId": route.operation, "summary": route.summary}
-        operation["security"] = [{"bearerAuth": []}] if route.auth else []
-        parameters = [
-            {"name": name.strip("{}"), "in": "path", "required": True, "schema": {"type": "string"}}
-            for name in route.path.split("/")
-            if name.startswith("{")
-        ]
-        if route.idempotent_key:
-            parameters.append(
-                {
-                    "name": "Idempotency-Key",
-                    "in": "header",
-                    "required": False,
-                    "description": "A retried request with the same key acts once (same id).",
-                    "schema": {"type": "string", "pattern": _IDEMPOTENCY_KEY.pattern},
-                }
-            )
-        if parameters:
-            operation["parameters"] = parameters
-        if route.request is not None:
-            operation["requestBody"] = {
-                "required": route.body_required,
-                "content": {"application/json": {"schema": refs[(route.request, "validation")]}},
-            }
-        body = refs[(route.response, "serialization")] if route.response is not None else {"type": "object"}
-        responses: dict[str, Any] = {
-            str(route.status): {
-                "description": route.summary,
-                "content": {"application/json": {"schema": body}},
-            }
-        }
-        error_body = {"application/json": {"schema": refs[(ApiError, "serialization")]}}
-        for status in route.errors:
-            responses[str(status)] = {"description": _ERROR_TEXT[status], "content": error_body}
-        operation["responses"] = responses
-        paths.setdefault(route.path, {})[route.method.lower()] = operation
-    return {
-        "openapi": "3.1.0",
-        "info": {
-            "title": "trainguard run API",
-            "version": API_VERSION,
-            "description": "Served by the processor from its live state (seed §3).",
-        },
-        "paths": paths,
-        "components": {
-            "schemas": schemas.get("$defs", {}),
-            "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
-        },
-    }

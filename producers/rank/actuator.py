@@ -1,6 +1,6 @@
 """Executes signed commands on the rank side and acknowledges each one.
 
-Two layers. :class:`CommandGate` is pure (no broker, no threads): it turns the raw
+Two layers. :class:`~.gate.CommandGate` (gate.py) is pure (no broker, no threads): it turns the raw
 bytes of one record from the commands topic into a decision — ignore (another run),
 refuse (undecodable, bad signature, wrong attempt) or, per targeted local rank,
 EXECUTE or DUPLICATE — and remembers which command ids each rank has executed, in
@@ -26,17 +26,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-import orjson
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
@@ -49,232 +45,13 @@ from confluent_kafka import (
 
 from ...kafka.security import KafkaCredentials, client_config, resolve
 from ...kafka.topics import actuator_group_prefix, run_commands_topic
-from ...schemas import RUN_LEVEL_RANK, Ack, AckStatus, Command, Rejected, auth, decode, encode
-from ...schemas.codec import COMMANDS
+from ...schemas import RUN_LEVEL_RANK, Ack, AckStatus, Command, encode
+from .gate import _MAX_DETAIL, C, CommandGate, GateCounters, Outcome, Verdict
 
 log = logging.getLogger(__name__)
 
-C = TypeVar("C", bound=Command)
 #: handler(command, rank) -> detail for the ack (None: no detail). Raising -> FAILED ack.
 Handler = Callable[[Any, int], str | None]
-
-_MAX_DETAIL = 2000
-
-
-class Outcome(StrEnum):
-    ACCEPTED = "accepted"  # authentic and for this attempt: see the per-rank verdicts
-    REFUSED = "refused"
-    OTHER_RUN = "other_run"  # for another run: ignored silently (cannot even be verified)
-
-
-class RefuseReason(StrEnum):
-    UNDECODABLE = "undecodable"  # the codec rejected it; the codec's reason is in the detail
-    BAD_SIGNATURE = "bad_signature"  # forged, or tampered with after signing
-    STALE_ATTEMPT = "stale_attempt"  # meant for another attempt of this run
-
-
-class Verdict(StrEnum):
-    EXECUTE = "execute"
-    DUPLICATE = "duplicate"  # this rank already executed this command_id
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What to do with one record of the commands topic."""
-
-    outcome: Outcome
-    command: Command | None = None
-    reason: RefuseReason | None = None
-    detail: str = ""
-    #: Local ranks the command targets (empty when refused before decoding, or not for us).
-    ranks: tuple[int, ...] = ()
-    #: Best-effort id and kind of an undecodable command (for its REFUSED ack); "" if unknown.
-    command_id: str = ""
-    command_kind: str = ""
-
-
-@dataclass
-class GateCounters:
-    executed: int = 0
-    duplicate: int = 0
-    other_run: int = 0
-    #: Authentic commands that target none of the local ranks.
-    untargeted: int = 0
-    refused: dict[RefuseReason, int] = field(default_factory=dict)
-
-    @property
-    def refused_total(self) -> int:
-        return sum(self.refused.values())
-
-
-class CommandGate:
-    """Decides, without I/O beyond its journal, whether a command record may run on each
-    local rank. Not thread-safe: one actuator thread owns it (set_attempt aside)."""
-
-    def __init__(
-        self,
-        run_id: str,
-        attempt: int,
-        local_ranks: Iterable[int],
-        key: bytes,
-        journal_path: Path | str | None = None,
-        max_ids_per_rank: int = 100_000,
-    ) -> None:
-        self.run_id = run_id
-        self.attempt = attempt
-        self.local_ranks = frozenset(local_ranks)
-        self.max_ids_per_rank = max_ids_per_rank
-        self.counters = GateCounters()
-        self._key = key
-        self._executed: dict[int, OrderedDict[str, None]] = {r: OrderedDict() for r in self.local_ranks}
-        self._journal_path = Path(journal_path) if journal_path is not None else None
-        self._journal: Any = None
-        if self._journal_path is not None:
-            self._load_journal(self._journal_path)
-            self._journal = self._journal_path.open("ab")
-
-    def set_attempt(self, attempt: int) -> None:
-        """The job restarted: from now on only commands for `attempt` are accepted."""
-        self.attempt = attempt
-
-    # ------------------------------------------------------------------ decisions
-    def check(self, raw: bytes) -> Decision:
-        """Decode and authenticate one record; per-rank dedupe is :meth:`claim`'s."""
-        try:
-            command = decode(raw, COMMANDS)
-        except Rejected as rej:
-            run_id, command_id, kind = _peek(raw)
-            if run_id is not None and run_id != self.run_id:
-                self.counters.other_run += 1
-                return Decision(Outcome.OTHER_RUN, detail=f"run {run_id}")
-            return self._refuse(
-                RefuseReason.UNDECODABLE, f"{rej.reason}: {rej.detail}", None, command_id, kind
-            )
-        assert isinstance(command, Command)
-        if command.run_id != self.run_id:
-            self.counters.other_run += 1
-            return Decision(Outcome.OTHER_RUN, command, detail=f"run {command.run_id}")
-        if not auth.verify(command, self._key):
-            return self._refuse(
-                RefuseReason.BAD_SIGNATURE,
-                "signature does not match the run key (forged or tampered)",
-                command,
-            )
-        if command.attempt != self.attempt:
-            return self._refuse(
-                RefuseReason.STALE_ATTEMPT,
-                f"command is for attempt {command.attempt}, this is attempt {self.attempt}",
-                command,
-            )
-        ranks = tuple(sorted(r for r in self.local_ranks if command.targets(r)))
-        if not ranks:
-            self.counters.untargeted += 1
-        return Decision(Outcome.ACCEPTED, command, ranks=ranks)
-
-    def claim(self, command: Command, rank: int) -> Verdict:
-        """EXECUTE (and remember it, journal first) or DUPLICATE for `rank`."""
-        seen = self._executed.setdefault(rank, OrderedDict())
-        if command.command_id in seen:
-            seen.move_to_end(command.command_id)
-            self.counters.duplicate += 1
-            return Verdict.DUPLICATE
-        if self._journal is not None:
-            self._journal.write(orjson.dumps([self.run_id, rank, command.command_id]) + b"\n")
-            self._journal.flush()
-            os.fsync(self._journal.fileno())
-        self._remember(rank, command.command_id)
-        self.counters.executed += 1
-        return Verdict.EXECUTE
-
-    def admit(self, raw: bytes) -> tuple[Decision, dict[int, Verdict]]:
-        """:meth:`check` then :meth:`claim` for every targeted local rank."""
-        decision = self.check(raw)
-        if decision.outcome is not Outcome.ACCEPTED or decision.command is None:
-            return decision, {}
-        return decision, {rank: self.claim(decision.command, rank) for rank in decision.ranks}
-
-    def forget(self, rank: int, command_id: str) -> bool:
-        """Let `rank` execute `command_id` once more: for an owner whose own journal shows
-        that the claimed execution never happened (it died between claim and handler,
-        e.g. the launcher). True if the id was remembered."""
-        seen = self._executed.get(rank)
-        if seen is None or command_id not in seen:
-            return False
-        del seen[command_id]
-        return True
-
-    def close(self) -> None:
-        if self._journal is not None:
-            self._journal.close()
-            self._journal = None
-
-    # ------------------------------------------------------------------ internals
-    def _refuse(
-        self,
-        reason: RefuseReason,
-        detail: str,
-        command: Command | None,
-        command_id: str = "",
-        kind: str = "",
-    ) -> Decision:
-        self.counters.refused[reason] = self.counters.refused.get(reason, 0) + 1
-        ranks: tuple[int, ...] = ()
-        if command is not None:
-            ranks = tuple(sorted(r for r in self.local_ranks if command.targets(r)))
-            command_id, kind = command.command_id, command.KIND
-        return Decision(Outcome.REFUSED, command, reason, detail, ranks, command_id, kind)
-
-    def _remember(self, rank: int, command_id: str) -> None:
-        seen = self._executed.setdefault(rank, OrderedDict())
-        seen[command_id] = None
-        seen.move_to_end(command_id)
-        if len(seen) > self.max_ids_per_rank:
-            seen.popitem(last=False)
-
-    def _load_journal(self, path: Path) -> None:
-        """Reload executed ids; a torn last line (crash mid-write) is skipped. When the
-        journal holds far more lines than are kept in memory, it is rewritten compacted."""
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            return
-        lines = 0
-        with path.open("rb") as fh:
-            for line in fh:
-                lines += 1
-                try:
-                    run_id, rank, command_id = orjson.loads(line)
-                except (orjson.JSONDecodeError, ValueError, TypeError):
-                    continue
-                if run_id == self.run_id and isinstance(rank, int) and isinstance(command_id, str):
-                    self._remember(rank, command_id)
-        kept = sum(len(ids) for ids in self._executed.values())
-        if lines > 2 * kept + 1000:
-            tmp = path.with_suffix(path.suffix + ".tmp")
-            with tmp.open("wb") as fh:
-                for rank, ids in self._executed.items():
-                    for command_id in ids:
-                        fh.write(orjson.dumps([self.run_id, rank, command_id]) + b"\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-
-
-def _peek(raw: bytes) -> tuple[str | None, str, str]:
-    """run_id, command_id and kind of a record the codec rejected, where readable."""
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None, "", ""
-    if not isinstance(obj, dict):
-        return None, "", ""
-    run_id = obj.get("run_id")
-    command_id = obj.get("command_id")
-    schema = obj.get("schema")
-    return (
-        run_id if isinstance(run_id, str) else None,
-        command_id[:200] if isinstance(command_id, str) else "",
-        schema.partition("/")[0][:64] if isinstance(schema, str) else "",
-    )
 
 
 # --------------------------------------------------------------------------- Kafka driver

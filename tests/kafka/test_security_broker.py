@@ -28,7 +28,8 @@ from trainguard.kafka.acl import PROCESSOR_USER, provision_run, revoke_run, wait
 from trainguard.kafka.security import KafkaCredentials
 from trainguard.kafka.topics import TopicNames, actuator_group_prefix, topic_names
 from trainguard.processors.core.policy import load_policy
-from trainguard.producers.rank.actuator import Actuator, RefuseReason
+from trainguard.producers.rank.actuator import Actuator
+from trainguard.producers.rank.gate import RefuseReason
 from trainguard.replay.log import read_recording
 from trainguard.replay.oracle import check
 from trainguard.schemas import Abort, Ack, AckStatus, Command, auth, decode, encode, encode_batch

@@ -14,8 +14,8 @@ import pytest
 
 from trainguard.producers.launcher.launcher import Launcher
 from trainguard.producers.launcher.node_selftest import CheckResult, NodeSelfTestReport
-from trainguard.producers.rank.actuator import CommandGate, Outcome, Verdict
 from trainguard.producers.rank.agent import MemorySink
+from trainguard.producers.rank.gate import CommandGate, Outcome, Verdict
 from trainguard.schemas import (
     RUN_LEVEL_RANK,
     NodeSelfTestResult,

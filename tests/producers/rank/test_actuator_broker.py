@@ -12,7 +12,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from trainguard.kafka.topics import TopicNames
-from trainguard.producers.rank.actuator import Actuator, RefuseReason
+from trainguard.producers.rank.actuator import Actuator
+from trainguard.producers.rank.gate import RefuseReason
 from trainguard.schemas import (
     RUN_LEVEL_RANK,
     Ack,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainguard.producers.rank.actuator import CommandGate, Outcome, RefuseReason, Verdict
+from trainguard.producers.rank.gate import CommandGate, Outcome, RefuseReason, Verdict
 from trainguard.schemas import CheckpointNow, Command, EvictRank, Reason, ReasonCode, auth, encode
 
 SECRET = b"s" * 32

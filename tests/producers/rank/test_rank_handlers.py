@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from trainguard.producers.rank.actuator import CommandGate, Verdict
 from trainguard.producers.rank.agent import MemorySink
+from trainguard.producers.rank.gate import CommandGate, Verdict
 from trainguard.producers.rank.handlers import REQUESTED_EXIT_CODE, TooLate, stack_signature
 from trainguard.producers.training.supervisor import Supervisor, SupervisorConfig
 from trainguard.schemas import (

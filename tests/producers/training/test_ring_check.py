@@ -25,8 +25,8 @@ import torch.multiprocessing as mp
 from trainguard.processors.core.sdc_checks import bisect_three
 from trainguard.processors.core.sdc_ring import relative_gap
 from trainguard.producers.checkpoint.train_state import ResumableSampler
-from trainguard.producers.rank.actuator import CommandGate, Verdict
 from trainguard.producers.rank.agent import MemorySink
+from trainguard.producers.rank.gate import CommandGate, Verdict
 from trainguard.producers.rank.handlers import RankControl
 from trainguard.producers.training import cross_check, ring_check
 from trainguard.producers.training.cross_check import CrossCheck

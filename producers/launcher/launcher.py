@@ -173,12 +173,13 @@ from .journal import (
 from .journal import terminate as terminate_orphans
 from .node_selftest import SELF_TESTS, NodeSelfTestReport, run_node_self_test
 from .plan import NodePool, Placement, PoolExhausted, make_pool, plan
+from .rank_env import rank_env
 from .records import (
     LaunchResult,
     RankEnd,
     RestartCause,
     RestartPhases,
-    num,
+    collect_phases,
     phases_path,
     progress_path,
     read_json,
@@ -929,42 +930,12 @@ class Launcher:
 
     # ------------------------------------------------------------------ helpers
     def _env(self, rank: int, placement: Placement, resume: int, port: int) -> dict[str, str]:
-        cfg = self.config
-        rpn = cfg.ranks_per_node
         with self._lock:  # the actuator thread may be adding one
             skips = sorted(self.skip_batches)
             interval = self.checkpoint_interval_s
-        env = {
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-            **cfg.env,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank % rpn),
-            "WORLD_SIZE": str(cfg.nproc),
-            "LOCAL_WORLD_SIZE": str(len(placement.ranks_of(placement.node_of(rank)))),
-            "GROUP_RANK": str(rank // rpn),
-            "ROLE_RANK": str(rank),
-            "ROLE_WORLD_SIZE": str(cfg.nproc),
-            "MASTER_ADDR": cfg.master_addr,
-            "MASTER_PORT": str(port),
-            "TORCHELASTIC_RUN_ID": cfg.run_id,
-            "TORCHELASTIC_RESTART_COUNT": str(self.attempt),
-            "TRAINGUARD_RUN_ID": cfg.run_id,
-            "TRAINGUARD_ATTEMPT": str(self.attempt),
-            "TRAINGUARD_NODE": placement.node_of(rank),
-            # Always set (empty: none), so that the launcher's own environment cannot leak in.
-            "TRAINGUARD_BOOTSTRAP": cfg.bootstrap,
-            "TRAINGUARD_TOPIC_PREFIX": cfg.topic_prefix,
-            "TRAINGUARD_SECRET_FILE": cfg.secret_file,
-            "TRAINGUARD_CHECKPOINT_DIR": str(cfg.checkpoint_dir),
-            "TRAINGUARD_RESUME_STEP": str(resume),
-            "TRAINGUARD_PHASES_FILE": str(phases_path(self.run_dir, self.attempt, rank)),
-            "TRAINGUARD_PROGRESS_FILE": str(progress_path(self.run_dir, self.attempt, rank)),
-            "TRAINGUARD_RUN_DIR": str(self.run_dir),  # the Supervisor's stack dumps and journals
-            "TRAINGUARD_SKIP_BATCHES": ",".join(map(str, skips)),
-        }
-        if interval is not None:  # else the operator's, if any (cfg.env or the launcher's own)
-            env["TRAINGUARD_CHECKPOINT_INTERVAL_S"] = f"{interval:g}"
-        return env
+        return rank_env(
+            self.config, self.run_dir, self.attempt, rank, placement, resume, port, skips, interval
+        )
 
     # ------------------------------------------------------------------ node self-tests
     def _run_self_test(self, node: str, devices: int, tests: Any) -> NodeSelfTestReport:
@@ -1127,26 +1098,7 @@ class Launcher:
         return rec
 
     def _collect_phases(self, rec: RestartPhases) -> None:
-        if rec.to_attempt is None or rec.spawn_ts is None:
-            return
-        files = [read_json(phases_path(self.run_dir, rec.to_attempt, r)) for r in range(self.config.nproc)]
-        starts = [v for f in files if (v := num(f.get("start_ts"))) is not None]
-        loads = [v for f in files if (v := num(f.get("checkpoint_load_s"))) is not None]
-        inits = [v for f in files if (v := num(f.get("pg_init_s"))) is not None]
-        firsts = [v for f in files if (v := num(f.get("first_step_ts"))) is not None]
-        rec.ranks_reported = sum(1 for f in files if f)
-        rec.process_start_s = max(starts) - rec.spawn_ts if starts else None
-        rec.checkpoint_load_s = max(loads) if loads else None
-        rec.pg_init_s = max(inits) if inits else None
-        own = []
-        for f in files:
-            first, start = num(f.get("first_step_ts")), num(f.get("start_ts"))
-            if first is not None and start is not None:
-                setup = (num(f.get("checkpoint_load_s")) or 0.0) + (num(f.get("pg_init_s")) or 0.0)
-                own.append(first - start - setup)
-        rec.first_step_s = max(0.0, max(own)) if own else None
-        rec.complete = len(firsts) == self.config.nproc
-        rec.restart_s = max(firsts) - rec.fault_ts if rec.complete else None
+        collect_phases(rec, self.run_dir, self.config.nproc)
 
     def _finish(self, rec: RestartPhases, result: LaunchResult) -> None:
         self._collect_phases(rec)

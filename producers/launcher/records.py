@@ -137,3 +137,29 @@ def restart_indices(path: Path) -> set[int]:
         if isinstance(index, int):
             out.add(index)
     return out
+
+
+def collect_phases(rec: RestartPhases, run_dir: Path, nproc: int) -> None:
+    """Fill `rec`'s phases from the new attempt's per-rank phase files: the slowest rank's
+    process start, checkpoint load, group init and first step, and R (fault to the last
+    rank's first step) once every rank has reported."""
+    if rec.to_attempt is None or rec.spawn_ts is None:
+        return
+    files = [read_json(phases_path(run_dir, rec.to_attempt, r)) for r in range(nproc)]
+    starts = [v for f in files if (v := num(f.get("start_ts"))) is not None]
+    loads = [v for f in files if (v := num(f.get("checkpoint_load_s"))) is not None]
+    inits = [v for f in files if (v := num(f.get("pg_init_s"))) is not None]
+    firsts = [v for f in files if (v := num(f.get("first_step_ts"))) is not None]
+    rec.ranks_reported = sum(1 for f in files if f)
+    rec.process_start_s = max(starts) - rec.spawn_ts if starts else None
+    rec.checkpoint_load_s = max(loads) if loads else None
+    rec.pg_init_s = max(inits) if inits else None
+    own = []
+    for f in files:
+        first, start = num(f.get("first_step_ts")), num(f.get("start_ts"))
+        if first is not None and start is not None:
+            setup = (num(f.get("checkpoint_load_s")) or 0.0) + (num(f.get("pg_init_s")) or 0.0)
+            own.append(first - start - setup)
+    rec.first_step_s = max(0.0, max(own)) if own else None
+    rec.complete = len(firsts) == nproc
+    rec.restart_s = max(firsts) - rec.fault_ts if rec.complete else None

@@ -162,3 +162,11 @@ def test_the_product_never_imports_the_development_tooling(graph: ImportGraph) -
     )
     assert offenders == []
     assert any(m.startswith(TOOLING) for m in graph.modules), "the tooling package moved"
+
+
+def test_docs_architecture_names_every_package_folder(graph: ImportGraph) -> None:
+    # docs/architecture.md has a paragraph per folder; a new sub-package gets one too.
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    folders = {path.parent for name, path in graph.modules.items() if path.name == "__init__.py"}
+    missing = sorted(str(folder.relative_to(ROOT)) for folder in folders if f"`{folder.name}/`" not in text)
+    assert missing == []

@@ -46,8 +46,8 @@ pytestmark = pytest.mark.broker
 POLICY = Path(__file__).with_name("interval_policy.yaml")
 DERIVED_S = 1.5  # the policy's clamp: the only interval the core can derive
 LAUNCHER_S = 0.25  # the launcher's interval, in force until the core derives one
-STEPS = 420
-KILLS = "kill:3:140:0,kill:1:300:1"  # rank 3 at step 140 of attempt 0, rank 1 at step 300 of attempt 1
+STEPS = 700  # long enough that attempts 1 and 2 each span several 1.5 s intervals on a fast machine
+KILLS = "kill:3:140:0,kill:1:420:1"  # rank 3 at step 140 of attempt 0, rank 1 at step 420 of attempt 1
 
 
 @pytest.fixture(scope="module")

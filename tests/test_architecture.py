@@ -41,11 +41,7 @@ def discover_modules() -> dict[str, Path]:
         for path in folder.rglob("*.py"):
             relative = path.relative_to(folder).with_suffix("")
             parts = [p for p in relative.parts if p != "__init__"]
-            name = ".".join([package, *parts])
-            # A folder mapped on its own (trainguard.producers) wins over the same name
-            # reached through a parent's folder.
-            if name not in modules or path.is_relative_to(folder):
-                modules.setdefault(name, path)
+            modules[".".join([package, *parts])] = path
     return modules
 
 

@@ -14,7 +14,7 @@ A directory without ``MANIFEST.json`` is not a checkpoint (a crash mid-write lea
 nothing resumable). The manifest holds step, world size, every file's sha256 and size,
 the creation time, the caller's ``last_verified_step`` (R6 watermark) and per-tensor
 parameter norms. Rank 0 then validates the checkpoint in another background thread
-(:mod:`.checkpoint_validate`) and reports ``checkpoint_validated`` or
+(:mod:`.validate`) and reports ``checkpoint_validated`` or
 ``checkpoint_failed``; :meth:`CheckpointManager.load` only ever restores a ``VALIDATED``
 one, re-checking its digests first and falling back to the previous one when they fail
 (marking the failed one ``REJECTED``: it is never chosen again).

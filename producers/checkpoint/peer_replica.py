@@ -26,7 +26,7 @@ flat byte tensor (the tensors' bytes, 64-byte aligned, after a small pickled ske
 so sending is one message and restoring builds zero-copy views on it: no
 ``torch.save``/``torch.load`` of 300 MB (0.36 s + 0.43 s on this machine).
 
-Exchange. :meth:`PeerReplica.push` (called by :class:`~.checkpoint.CheckpointManager`
+Exchange. :meth:`PeerReplica.push` (called by :class:`~.manager.CheckpointManager`
 right after staging) packs and exchanges in a background thread, on a dedicated gloo
 group (never the default one: NOTES, collectives interleaving with DDP's hang); every
 rank pushes the same steps in the same order, so the sends and receives pair up. At

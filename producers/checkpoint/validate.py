@@ -1,7 +1,7 @@
 """Checkpoint validation (seed §7 failure 4): is this checkpoint safe to resume from?
 
 A checkpoint directory ``step-000000123/`` exists only once its ``MANIFEST.json`` is in
-place (written last, atomically, by :mod:`.checkpoint`). :func:`validate` checks, in order:
+place (written last, atomically, by :mod:`.manager`). :func:`validate` checks, in order:
 
 1. the manifest is present and readable;
 2. every shard it lists is present with the recorded size;

@@ -26,7 +26,7 @@ Records (``op``; every record also has ``ts``):
   ``step`` validated before ``ts`` (the suspect lineage);
 - ``interruption``: an attempt's end was decided (crash, command, or the launcher's own
   death), keyed by ``key`` (the command id, else ``<cause>:<attempt>``), with its
-  :class:`~.launcher.RestartPhases` as ``record``; written before the teardown;
+  :class:`~.records.RestartPhases` as ``record``; written before the teardown;
 - ``attempt`` (intent: ``attempt``, ``resume``, ``nodes``, ``interruption`` index or
   None), ``spawned`` (``pids``, ``spawn_ts``: the ranks exist), ``ended`` (``end``: ok,
   restart, stopped, lost: every rank of the attempt is gone);

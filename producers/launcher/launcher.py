@@ -64,8 +64,8 @@ Commands (executed on the actuator thread; they only set requests the loop reads
 - ReleaseNode: a quarantined node returns to the pool (its failure was the run's, not
   the node's); the next placement may use it again. Refused for a node that failed its
   self-test: it stays out for the run.
-- RunNodeSelfTest: the node's known-answer self-test (:mod:`.selftest`) runs once the
-  node's ranks have left it (:mod:`.launcher_selftest`), in the background; its result
+- RunNodeSelfTest: the node's known-answer self-test (:mod:`.node_selftest`) runs once the
+  node's ranks have left it (:mod:`.spare_selftest`), in the background; its result
   goes out as NodeSelfTestResult; a node that fails is quarantined and stays out.
   Spares are tested the same way before they join (``self_test_spares``): on demand,
   from the moment a quarantine makes a spare the next placement's (overlapping the rest
@@ -86,7 +86,7 @@ Every exit after an Abort, or during the launcher's own teardown, is reported
 Relaunch after a kill (issue 7, scenario 5)
 -------------------------------------------
 Every action is journaled, fsynced, before it takes effect, in
-``<run_dir>/launcher.actions.jsonl`` (:mod:`.launcher_journal`): each executed command
+``<run_dir>/launcher.actions.jsonl`` (:mod:`.journal`): each executed command
 under its command_id (before its ack), each interruption under its key (the command id,
 else ``<cause>:<attempt>``) before the teardown, each attempt's intent, its pids once
 spawned, its end. ``trainguard launch`` started again on the same run dir after a
@@ -205,7 +205,7 @@ class _Request:
 
 
 def _request_of(data: dict[str, Any]) -> _Request:
-    """A journaled request back (launcher_journal's ``command`` record)."""
+    """A journaled request back (journal.py's ``command`` record)."""
     known = {f.name for f in dataclasses.fields(_Request)}
     fields = {k: v for k, v in data.items() if k in known}
     return _Request(**{**fields, "cause": RestartCause(fields["cause"])})
@@ -234,7 +234,7 @@ class Launcher:
         self.run_dir = config.resolved_run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
         #: What this launcher did, and what a predecessor killed mid-action left (module docs
-        #: of launcher_journal): the quarantines and rollbacks of the run survive a relaunch.
+        #: of journal.py): the quarantines and rollbacks of the run survive a relaunch.
         self.journal = ActionJournal(self.run_dir / JOURNAL_NAME)
         self._state: JournalState = replay(self.journal.records)
         state = self._state

@@ -8,7 +8,7 @@ of its own, so that neither the restart loop nor the actuator waits for one unle
   and the decision wait), and waits for the verdict before it spawns ranks there.
 
 Each result goes out as a NodeSelfTestResult (the core's input) with its reason. The test
-itself is a callable (default :func:`~.selftest.run_node_self_test`), so launcher tests can
+itself is a callable (default :func:`~.node_selftest.run_node_self_test`), so launcher tests can
 use a double at that boundary.
 """
 

@@ -3,7 +3,7 @@
 Handlers run on the actuator's thread while the training thread is busy (or stuck in a
 collective), so they never touch the model. A command that acts on the training loop
 only sets a flag in :class:`RankControl`, which the training thread reads at its next
-step boundary (:mod:`.training`); a command that ends the rank (abort, roll back,
+step boundary (:mod:`..training.supervisor`); a command that ends the rank (abort, roll back,
 resume from) does its work here, because a stuck training thread would never read a
 flag. Each handler returns the detail of its ack, as the simulator's do; one that
 raises gives a FAILED ack with the error.
@@ -15,16 +15,16 @@ CheckpointNow          save at the next step boundary (the supervisor calls the
                        checkpoint manager's ``save(step)``, or ``should_checkpoint``
                        answers True)
 SetCheckpointInterval  ``should_checkpoint`` uses the new interval from now on, counted
-                       in steps of the measured step time (:mod:`.checkpoint_cadence`)
+                       in steps of the measured step time (:mod:`..checkpoint.cadence`)
 SkipUpdate(step)       ``check()`` of that step returns False (FAILED if it is already
                        applied: the core then knows the update went in)
 RunSelfCheck(step)     the bitwise replay runs at the first step >= step
 RunRingCheck(step)     own and neighbour's microbatch recomputed at the first step >=
-                       step that every rank agrees on (:mod:`.ring_check`)
+                       step that every rank agrees on (:mod:`..training.ring_check`)
 RunCrossRankCheck      the named ranks recompute ``batch_fn(batch_rank, step)`` after the
                        update of the first step at which all of them hold it (agreed by
                        every rank); one all-reduce gathers the values and ``ranks[0]``
-                       reports CrossRankCheck (:mod:`.cross_check`). FAILED without
+                       reports CrossRankCheck (:mod:`..training.cross_check`). FAILED without
                        ``batch_rank``, the hooks, or ranks inside the world
 Abort(stack_dump)      all threads' stacks to a file (faulthandler), the main thread's
                        stack signature and the file reported in RankExit(requested),
@@ -113,7 +113,7 @@ class RankControl:
     self_checks_due: list[int] = field(default_factory=list)
     #: Ring checks due, oldest first: (first step >= which, check_id, offset) (RunRingCheck).
     ring_checks_due: list[tuple[int, str, int]] = field(default_factory=list)
-    #: Cross checks naming this rank, as received (RunCrossRankCheck; :mod:`.cross_check`).
+    #: Cross checks naming this rank, as received (RunCrossRankCheck; :mod:`..training.cross_check`).
     cross_checks_due: list[CrossCheck] = field(default_factory=list)
     #: Newest step this rank has begun (-1 before the first); set by the training thread.
     current_step: int = -1

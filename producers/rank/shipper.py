@@ -93,7 +93,7 @@ class ShipperConfig:
     #: Seconds to wait for the topic's partition count (background thread only).
     metadata_timeout_s: float = 2.0
     producer: dict[str, Any] = field(default_factory=dict)
-    #: The SASL principal on a secured broker; None: from the environment (broker/security.py).
+    #: The SASL principal on a secured broker; None: from the environment (trainguard/kafka/security.py).
     credentials: KafkaCredentials | None = None
 
 

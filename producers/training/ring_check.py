@@ -10,7 +10,7 @@ device wrong the same way every time fails both comparisons it takes part in. An
 fails alone is bisected with a third rank (RunCrossRankCheck, :mod:`.cross_check`), which
 recomputes the same microbatch through the same :func:`recompute`.
 
-The user's two hooks (on the :class:`~.training.Supervisor`)::
+The user's two hooks (on the :class:`~.supervisor.Supervisor`)::
 
     sup.replay_fn = lambda batch: loss_fn(model.module(batch)).backward()   # no collective
     sup.batch_fn = lambda rank, step: batch_of(rank, step)                  # ANY rank's batch

@@ -2,8 +2,8 @@
 
 The model, optimizer and data loader stay the user's; the :class:`Supervisor` of a rank
 measures each step, checks the cheap invariants, reports through its
-:class:`~.agent.RankAgent` (never blocking: the agent only queues events), and executes
-the commands the processors send (:mod:`.rank_handlers`)::
+:class:`~..rank.agent.RankAgent` (never blocking: the agent only queues events), and executes
+the commands the processors send (:mod:`..rank.handlers`)::
 
     sup = Supervisor.from_env(model=model, optimizer=opt)     # env set by the launcher
     sup.replay_fn = lambda batch: loss_fn(model.module(batch)).backward()   # self-check
@@ -50,7 +50,7 @@ a collective: under DDP call the unwrapped ``model.module``.
 
 Checkpoints (seed §6): a checkpoint is due at a step boundary when a CheckpointNow came
 or the interval in force has passed, counted in steps from the measured step time
-(:mod:`.checkpoint_cadence`); the interval in force is the last SetCheckpointInterval, else
+(:mod:`..checkpoint.cadence`); the interval in force is the last SetCheckpointInterval, else
 the launcher's (TRAINGUARD_CHECKPOINT_INTERVAL_S: the last interval the run was sent),
 else none. ``checkpoint_every_steps`` replaces it with a fixed cadence. The ranks agree on
 the step in check()'s all-reduce; with a `checkpoint` manager the supervisor saves, else

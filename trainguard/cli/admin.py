@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from .. import __version__
-from ..home import broker_data_dir
+from ..home import broker_credentials_dir
 from .app import (
     Bootstrap,
     DataDir,
@@ -38,13 +38,14 @@ def _admin_access(data_dir: Path | None) -> tuple[KafkaCredentials, Path]:
     """The admin principal (TRAINGUARD_KAFKA_* if set, else the `admin` password file a
     secured broker wrote) and the directory where run passwords are written (the broker's
     credentials/, as `trainguard broker start --secure` lays it out)."""
+    from ..kafka.acl import ADMIN_USER
     from ..kafka.security import CredentialsError, KafkaCredentials
 
-    credentials_dir = (data_dir or broker_data_dir()) / "credentials"
+    credentials_dir = broker_credentials_dir(data_dir)
     try:
         admin = KafkaCredentials.from_env()
-        if admin is None and (credentials_dir / "admin").exists():
-            admin = KafkaCredentials.from_file("admin", credentials_dir / "admin")
+        if admin is None and (credentials_dir / ADMIN_USER).exists():
+            admin = KafkaCredentials.from_file(ADMIN_USER, credentials_dir / ADMIN_USER)
     except CredentialsError as exc:
         console.print(f"[red]{exc}")
         raise typer.Exit(2) from exc

@@ -51,7 +51,7 @@ from types import TracebackType
 
 import psutil
 
-from ..home import broker_data_dir
+from ..home import broker_credentials_dir, broker_data_dir
 from ..kafka.errors import BrokerError
 from ..kafka.security import KafkaCredentials
 
@@ -377,7 +377,7 @@ class LocalBroker:
     @property
     def credentials_dir(self) -> Path:
         """Secured mode: one password file per principal (mode 0600) in this directory."""
-        return self.data_dir / "credentials"
+        return broker_credentials_dir(self.data_dir)
 
     def credentials(self, user: str) -> KafkaCredentials:
         """The SCRAM credentials of `user` from its password file (secured mode)."""

@@ -2,7 +2,7 @@
 commands, and the table of which roles must execute each command kind.
 
 Three roles execute commands: every rank process (producers/rank/handlers.py), the
-launcher that supervises a job's ranks (producers/launcher/launcher.py), and the
+launcher that supervises a job's ranks (producers/launcher/commands.py), and the
 simulated cluster (producers/simulator/cluster.py), which stands in for both at scale.
 Each exposes its handlers as one table, `command_handlers()`, so a command kind is
 handled once per role, and tests/producers/test_command_roles.py fails when a role

@@ -26,7 +26,7 @@ nothing (the interval in force is already the optimum). So when an attempt's fir
 completes (its ranks are up and reading their commands, a spare node's too), the interval
 in force is sent again for that attempt (:func:`on_attempt_training`). The launcher also
 hands the last interval it received to the next attempt's ranks in their environment
-(producers/launcher/launcher.py), so they start with it even before this command arrives.
+(producers/launcher/commands.py, rank_env.py), so they start with it even before this command arrives.
 """
 
 from __future__ import annotations

@@ -3,13 +3,16 @@ test hook (kill points), and small helpers to build a command and a port."""
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-#: Test hook: ``point[:detail]`` makes the launcher SIGKILL itself there (see Launcher._fault).
+#: Test hook: ``point[:detail]`` makes the launcher SIGKILL itself there (:func:`kill_at`).
 FAULT_ENV = "TRAINGUARD_LAUNCHER_FAULT"
 #: The named points, in the order a restart passes them (detail: the attempt, or a command's kind).
 FAULT_POINTS = (
@@ -21,6 +24,17 @@ FAULT_POINTS = (
     "mid-spawn",  # the ranks are spawned; their pids are not journaled
     "after-spawn",  # their pids are journaled
 )
+
+
+def kill_at(fault: str, point: str, detail: object = "") -> None:
+    """Test hook: with `fault` (config.fault) = "point" or "point:detail" (FAULT_POINTS;
+    detail the attempt or the command's kind), SIGKILL this process there, as an OOM
+    kill would."""
+    name, _, want = fault.partition(":")
+    if name == point and (not want or want == str(detail)):
+        logging.getLogger(__name__).warning("fault injection: SIGKILL at %s (%s)", point, detail)
+        logging.shutdown()
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclass(frozen=True)

@@ -115,3 +115,15 @@ def plan(
         if before and before != node:
             moved[i] = (before, node)
     return Placement(tuple(chosen), pool.ranks_per_node, world_size, moved)
+
+
+def quarantine_effect(
+    pool: NodePool, quarantined: Iterable[str], node: str, world_size: int, previous: Placement | None
+) -> str:
+    """What taking `node` out of the pool will do at the next restart (an ack's detail)."""
+    try:
+        nxt = plan(pool, {*quarantined, node}, world_size, previous)
+    except PoolExhausted as exc:
+        return f"{node} left the pool; the next restart will fail: {exc}"
+    moved = ", ".join(f"{old}->{new}" for old, new in nxt.moved.values()) or "no rank moves"
+    return f"{node} leaves the pool at the next restart ({moved})"

@@ -1,7 +1,7 @@
 """What the launcher records of a run: why an attempt ended (`RestartCause`), each rank's
 end (`RankEnd`), each interruption and its restart phase by phase (`RestartPhases`), the
 run's result, and the per-rank files the rank-side Supervisor writes (phases, progress)
-that the launcher reads back (docs in producers/launcher/launcher.py, "Restart phases")."""
+that the launcher reads back (docs in producers/launcher/restarts.py)."""
 
 from __future__ import annotations
 

@@ -24,12 +24,12 @@ ENV_NODE = "TRAINGUARD_NODE"
 ENV_BOOTSTRAP = "TRAINGUARD_BOOTSTRAP"
 ENV_TOPIC_PREFIX = "TRAINGUARD_TOPIC_PREFIX"
 ENV_RUN_DIR = "TRAINGUARD_RUN_DIR"
-#: Where the launcher reads this rank's restart phases (producers/launcher/launcher.py).
+#: Where the launcher reads this rank's restart phases (producers/launcher/restarts.py).
 ENV_PHASES_FILE = "TRAINGUARD_PHASES_FILE"
 #: Where this rank's newest completed step is kept for the launcher (lost work, exactly).
 ENV_PROGRESS_FILE = "TRAINGUARD_PROGRESS_FILE"
 #: Steps whose batch this attempt must not train on, comma-separated: a SkipUpdate the
-#: launcher took for a step that failed on every node (producers/launcher/launcher.py).
+#: launcher took for a step that failed on every node (producers/launcher/commands.py).
 ENV_SKIP_BATCHES = "TRAINGUARD_SKIP_BATCHES"
 #: SupervisorConfig fields an operator may set from the environment (seconds).
 ENV_CONFIG = {

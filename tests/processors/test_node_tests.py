@@ -28,7 +28,7 @@ def of(outputs: list, kind: type) -> list:
 
 
 def self_test(job: Job, node: str, passed: bool, purpose: str = "quarantine") -> NodeSelfTestResult:
-    """The launcher's report, as producers/launcher/launcher.py sends it (rank -1, the node tested)."""
+    """The launcher's report, as producers/launcher/events.py sends it (rank -1, the node tested)."""
     env = job._env(-1)
     env["node"] = node
     text = (

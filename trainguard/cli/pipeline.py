@@ -178,7 +178,7 @@ def launch(
         bootstrap="" if offline else resolve_bootstrap(bootstrap),
         topic_prefix=topic_prefix,
         secret_file=os.environ.get("TRAINGUARD_SECRET_FILE", ""),
-        # Test hook (kill points of producers/launcher/launcher.py); not passed on to the ranks.
+        # Test hook (kill points of producers/launcher/config.py); not passed on to the ranks.
         fault=os.environ.pop(FAULT_ENV, ""),
     )
     if offline:

@@ -1,0 +1,256 @@
+"""One attempt: spawn the ranks, watch them until the attempt ends, tear them down.
+
+The rank processes are started, watched and torn down by torch elastic's process layer,
+:func:`torch.distributed.elastic.multiprocessing.start_processes` (the ``PContext`` that
+``LocalElasticAgent`` and therefore ``torchrun`` use): one process per rank in its own
+session, per-rank environments (:mod:`.rank_env`), ``close(SIGTERM)`` that escalates to
+SIGKILL for stragglers and gives up on an unkillable (D-state) process instead of
+wedging.
+
+What ends an attempt, checked every ``poll_s``:
+
+- every rank exited 0: the run is done ("ok");
+- a rank ended on its own with a non-zero status (SIGKILL, an exception): a synchronous
+  job cannot continue, so the group is torn down at once (a crash interruption, the
+  killed rank named as its cause when several died);
+- the launcher was stopped ("stopped": exits reported requested);
+- a PauseRun, a Rollback/ResumeFrom (teardown now), an Abort (the ranks get ``grace_s``
+  to dump their stacks and leave on their own, then the teardown), or an EvictRank once
+  a checkpoint newer than the one at the command is validated.
+
+Every exit after the decision to stop is reported ``requested=True``. The ranks' pids are
+journaled once spawned: the ranks outlive a killed launcher (own sessions), and its
+successor ends them by pid (:mod:`.recovery`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ...schemas import RUN_LEVEL_RANK, RunStarted
+from .config import LauncherConfig, free_port, kill_at
+from .events import LauncherEvents
+from .plan import NodePool, Placement
+from .rank_env import rank_env
+from .records import LaunchResult, RankEnd, RestartCause, RestartPhases
+from .restarts import RestartRecorder
+from .resume import ResumeChoice
+from .run_state import RunState
+
+log = logging.getLogger(__name__)
+
+#: How the attempt ended: "ok", "restart" (an interruption), "stopped".
+End = str
+
+
+class AttemptRunner:
+    def __init__(
+        self,
+        config: LauncherConfig,
+        run_dir: Path,
+        pool: NodePool,
+        state: RunState,
+        resume: ResumeChoice,
+        restarts: RestartRecorder,
+        events: LauncherEvents,
+        clock: Callable[[], float],
+    ) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.pool = pool
+        self.state = state
+        self.resume = resume
+        self.restarts = restarts
+        self.events = events
+        self.clock = clock
+
+    def run(
+        self, placement: Placement, resume: int, pending: RestartPhases | None, result: LaunchResult
+    ) -> tuple[End, RestartPhases | None]:
+        """Attempt `state.attempt` on `placement` from checkpoint `resume`; `pending` is the
+        interruption it restarts after (its phases are measured as the ranks start)."""
+        cfg, attempt, n = self.config, self.state.attempt, self.config.nproc
+        port = free_port(cfg.master_addr)
+        (self.run_dir / f"attempt-{attempt}").mkdir(parents=True, exist_ok=True)
+        envs = {r: self._env(r, placement, resume, port) for r in range(n)}
+        self.events.emit(
+            RunStarted,
+            RUN_LEVEL_RANK,
+            "",
+            resume,
+            key=f"run-started-{attempt}",
+            world_size=n,
+            ranks_per_node=cfg.ranks_per_node,
+            nodes=list(placement.nodes),
+            racks={node: self.pool.racks.get(node, "") for node in placement.nodes},
+            resumed_from_step=resume,
+        )
+        log.info("attempt %d: %d ranks on %s, resume step %d", attempt, n, placement.nodes, resume)
+        spawn_ts = self.clock()
+        ctx = self._spawn(attempt, envs)
+        procs = {r: h.proc for r, h in ctx.subprocess_handlers.items()}
+        kill_at(cfg.fault, "mid-spawn", attempt)
+        self.state.journal.append(
+            "spawned", attempt=attempt, pids={str(r): p.pid for r, p in procs.items()}, spawn_ts=spawn_ts
+        )
+        kill_at(cfg.fault, "after-spawn", attempt)
+        if pending is not None:
+            self.restarts.spawned(pending, attempt, spawn_ts, resume)
+        watch = _Watch(self, ctx, procs, placement, attempt, result)
+        try:
+            interruption = watch.until_end(spawn_ts, pending)
+        except BaseException:
+            watch.teardown()
+            raise
+        finally:
+            ctx.close(signal.SIGKILL, timeout=1)  # no-op when all are gone; frees the log files
+            self.state.busy = frozenset()  # a node left by this attempt may be self-tested now
+        stopped = self.state.stop.is_set()
+        if interruption is not None:
+            return ("stopped" if stopped else "restart"), interruption
+        return ("stopped" if stopped else "ok"), None
+
+    def _spawn(self, attempt: int, envs: dict[int, dict[str, str]]) -> Any:
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+        from torch.distributed.elastic.multiprocessing.api import SubprocessContext
+
+        cfg = self.config
+        # PContext.start() installs torch elastic's own SIGINT/SIGTERM handlers (raising
+        # SignalException); keep ours (stop(): a clean teardown and status "stopped").
+        main = threading.current_thread() is threading.main_thread()
+        saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
+        ctx = start_processes(
+            name=f"trainguard-{cfg.run_id}-{attempt}",
+            entrypoint=cfg.command[0],
+            args={r: tuple(cfg.command[1:]) for r in envs},
+            envs=envs,
+            logs_specs=DefaultLogsSpecs(log_dir=str(self.run_dir / f"attempt-{attempt}" / "logs")),
+        )
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        assert isinstance(ctx, SubprocessContext)  # a str entrypoint: one binary per rank
+        return ctx
+
+    def _env(self, rank: int, placement: Placement, resume: int, port: int) -> dict[str, str]:
+        with self.state.lock:  # the actuator thread may be adding one
+            skips = sorted(self.state.skip_batches)
+            interval = self.state.checkpoint_interval_s
+        return rank_env(
+            self.config, self.run_dir, self.state.attempt, rank, placement, resume, port, skips, interval
+        )
+
+
+class _Watch:
+    """The live ranks of one attempt, polled until the attempt ends."""
+
+    def __init__(
+        self,
+        runner: AttemptRunner,
+        ctx: Any,
+        procs: dict[int, Any],
+        placement: Placement,
+        attempt: int,
+        result: LaunchResult,
+    ) -> None:
+        self.runner = runner
+        self.ctx = ctx
+        self.procs = procs
+        self.placement = placement
+        self.attempt = attempt
+        self.result = result
+        self.live = set(procs)
+        self.stopping = False  # exits from now on are requested
+
+    def until_end(self, spawn_ts: float, pending: RestartPhases | None) -> RestartPhases | None:
+        """Poll until every rank is gone; the interruption that ended the attempt, if any."""
+        runner, state, cfg = self.runner, self.runner.state, self.runner.config
+        attempt, placement = self.attempt, self.placement
+        last_poll = spawn_ts
+        grace_until: float | None = None
+        interruption: RestartPhases | None = None
+        next_phases = 0.0
+        while self.live:
+            now = runner.clock()
+            crashed = [(r, rc) for r, rc in self.reap(now) if rc != 0]
+            if crashed and not self.stopping and interruption is None:
+                signaled = [c for c in crashed if c[1] < 0] or crashed  # the killed one is the cause
+                r, rc = signaled[0]
+                interruption = runner.restarts.interruption(
+                    RestartCause.CRASH, f"rank {r} exited {rc}", attempt, last_poll, now,
+                    rank=r, node=placement.node_of(r), returncode=rc,
+                )  # fmt: skip
+                self.teardown()
+                break
+            last_poll = now
+            if not self.live:
+                break
+            if state.stop.is_set():
+                self.teardown()
+                break
+            with state.lock:
+                request, evict, pause = state.request, state.evict, state.pause
+            if pause is not None and interruption is None:
+                interruption = runner.restarts.interruption(
+                    RestartCause.PAUSE, str((pause.get("pause") or {}).get("reason", ""))[:500], attempt,
+                    float(pause.get("ts", now)), now, command_id=str(pause.get("key", "")),
+                )  # fmt: skip
+                self.teardown()
+                break
+            if (
+                interruption is None
+                and evict is not None
+                and runner.resume.newest()
+                > (evict.evict_after_step if evict.evict_after_step is not None else -1)
+            ):
+                request = evict
+                with state.lock:
+                    state.request = evict
+            if interruption is None and request is not None:
+                interruption = runner.restarts.interruption(
+                    request.cause, request.detail, attempt, request.issued_ts, request.received_ts,
+                    command_id=request.command_id,
+                )  # fmt: skip
+                self.stopping = True
+                if request.resume_step is not None:
+                    with state.lock:
+                        runner.resume.take(request)
+                if request.cause is RestartCause.ABORT:
+                    grace_until = now + cfg.grace_s
+                else:
+                    self.teardown()
+                    break
+            if grace_until is not None and now >= grace_until:
+                self.teardown()
+                break
+            if pending is not None and not pending.complete and now >= next_phases:
+                next_phases = now + 0.5
+                runner.restarts.progress(pending)
+            time.sleep(cfg.poll_s)
+        return interruption
+
+    def reap(self, now: float) -> list[tuple[int, int]]:
+        ended = [(r, rc) for r in sorted(self.live) if (rc := self.procs[r].poll()) is not None]
+        for r, rc in ended:
+            self.live.discard(r)
+            self.exit(RankEnd(self.attempt, r, self.placement.node_of(r), rc, now, self.stopping))
+        return ended
+
+    def teardown(self) -> None:
+        self.stopping = True
+        self.ctx.close(signal.SIGTERM, timeout=max(1, int(math.ceil(self.runner.config.term_timeout_s))))
+        now = self.runner.clock()
+        self.reap(now)
+        for r in sorted(self.live):  # unkillable (D-state): abandoned by close()
+            self.exit(RankEnd(self.attempt, r, self.placement.node_of(r), None, now, True))
+        self.live.clear()
+
+    def exit(self, end: RankEnd) -> None:
+        self.result.exits.append(end)
+        self.runner.events.rank_exit(end)

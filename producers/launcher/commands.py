@@ -1,0 +1,263 @@
+"""The launcher role's command handlers (producers/command_roles.py: EXECUTED_BY).
+
+They run on the actuator thread and only set what the main loop reads (:mod:`.run_state`);
+each journals its command under the lock, keyed by command_id, BEFORE applying the effect
+and before the ack: a launcher killed after the record has executed it (its successor
+applies the record), one killed before has not (its successor runs it once). A refused
+command (a bad step, an unknown node) is journaled as refused, so it is also answered,
+never executed, once.
+
+- Abort: the ranks dump their stacks and exit themselves (their own actuators); the
+  launcher waits ``grace_s`` for the group to end, then SIGTERM, then SIGKILL; restart.
+- QuarantineNode: the node leaves the pool; takes effect at the next restart.
+- EvictRank: quarantines the rank's node and restarts at the next checkpoint boundary:
+  as soon as a checkpoint newer than the newest one at the command is VALIDATED.
+- Rollback / ResumeFrom: stop the group now and restart from the named checkpoint step
+  (it must carry a VALIDATED marker; :mod:`.resume`).
+- PauseRun: the run fails at one step on every node (data or code): stop the group if one
+  is running, restart nothing, and end with status "paused" and the command's reason
+  (`trainguard launch` exits 75, EX_TEMPFAIL: fix the data or code, then relaunch; a
+  relaunch on the same run dir after a clean paused end starts again).
+- ReleaseNode: a quarantined node returns to the pool (its failure was the run's, not
+  the node's); the next placement may use it again. Refused for a node that failed its
+  self-test: it stays out for the run.
+- RunNodeSelfTest: the node's known-answer self-test (:mod:`.node_selftest`) runs once the
+  node's ranks have left it (:mod:`.spare_selftest`), in the background; its result
+  goes out as NodeSelfTestResult; a node that fails is quarantined and stays out.
+- SkipUpdate (the policy's alternative to PauseRun, ``paging.on_repeat_step: skip``): the
+  step's batch is skipped by every later attempt (TRAINGUARD_SKIP_BATCHES, read by the
+  Supervisor's ``steps()``); the running ranks skip that step's update themselves.
+- SetCheckpointInterval: the running ranks follow it themselves; the launcher journals it
+  and every later attempt starts with it (TRAINGUARD_CHECKPOINT_INTERVAL_S, read by the
+  Supervisor), so a restart never falls back to an older interval: the command carries
+  the attempt it was sent to, and a later attempt's ranks refuse it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ...schemas import (
+    Abort,
+    Command,
+    EvictRank,
+    PauseRun,
+    QuarantineNode,
+    ReleaseNode,
+    ResumeFrom,
+    Rollback,
+    RunNodeSelfTest,
+    SetCheckpointInterval,
+    SkipUpdate,
+)
+from .config import LauncherConfig, kill_at
+from .node_selftest import SELF_TESTS
+from .plan import NodePool, quarantine_effect
+from .records import RestartCause
+from .resume import ResumeChoice
+from .run_state import RunState, StopRequest
+from .spares import SpareAdmission
+
+Handler = Callable[[Any, int], str]
+
+
+class LauncherCommands:
+    def __init__(
+        self,
+        config: LauncherConfig,
+        pool: NodePool,
+        state: RunState,
+        resume: ResumeChoice,
+        spares: SpareAdmission,
+        clock: Callable[[], float],
+    ) -> None:
+        self.config = config
+        self.pool = pool
+        self.state = state
+        self.resume = resume
+        self.spares = spares
+        self.clock = clock
+
+    def table(self) -> dict[type[Command], Handler]:
+        """Every handler, journaled so that a relaunched launcher neither repeats nor loses one."""
+        return {
+            Abort: self._journaled(self.abort),
+            QuarantineNode: self._journaled(self.quarantine_node),
+            EvictRank: self._journaled(self.evict),
+            Rollback: self._journaled(self.resume_from),
+            ResumeFrom: self._journaled(self.resume_from),
+            PauseRun: self._journaled(self.pause),
+            ReleaseNode: self._journaled(self.release),
+            SkipUpdate: self._journaled(self.skip),
+            RunNodeSelfTest: self._journaled(self.self_test),
+            SetCheckpointInterval: self._journaled(self.interval),
+        }
+
+    def unexecuted(self, claimed: Iterable[str]) -> list[str]:
+        """Of the command ids an actuator journaled as claimed (its journal is written
+        before the handler runs), those this launcher never recorded: it died in between,
+        so they were not executed and may be, once (see wiring.make_actuator)."""
+        return [cid for cid in claimed if cid not in self.state.commands]
+
+    def _journaled(self, handler: Handler) -> Handler:
+        state = self.state
+
+        def run(command: Any, rank: int) -> str:
+            kill_at(self.config.fault, "before-command", command.KIND)
+            done = state.commands.get(command.command_id)
+            if done is not None:  # recorded before a relaunch: answer it, do not repeat it
+                if not done.get("ok"):
+                    raise ValueError(str(done.get("detail", "")))
+                return str(done.get("detail", ""))
+            try:
+                return handler(command, rank)
+            except Exception as exc:  # refused (bad step, unknown node): also executed once
+                with state.lock:
+                    if command.command_id not in state.commands:
+                        state.record(command, f"{type(exc).__name__}: {exc}", ok=False)
+                raise
+
+        return run
+
+    # ------------------------------------------------------------------ handlers
+    def abort(self, command: Abort, rank: int) -> str:
+        state = self.state
+        with state.lock:
+            if state.request is not None:
+                detail = f"attempt {state.attempt} is already stopping ({state.request.cause})"
+                state.record(command, detail)
+                return detail
+            request = StopRequest(
+                RestartCause.ABORT, command.command_id, command.issued_ts, self.clock(), command.reason.text
+            )
+            grace = f"{self.config.grace_s:g}s"
+            detail = f"attempt {state.attempt}: ranks get {grace} to exit, then the group restarts"
+            state.record(command, detail, request=request)
+            state.request = request
+        return detail
+
+    def quarantine_node(self, command: QuarantineNode, rank: int) -> str:
+        return self.quarantine(command.node, command)
+
+    def quarantine(self, node: str, command: QuarantineNode | None = None) -> str:
+        """`node` leaves the pool from the next restart on (a command's, or an operator's)."""
+        if node not in self.pool.nodes:
+            raise ValueError(f"node {node} is not in the pool")
+        state = self.state
+        with state.lock:
+            detail = self._effect(node)
+            state.record(command, detail, quarantine=node)
+            state.quarantined.add(node)
+        self.spares.prestart()
+        return detail
+
+    def evict(self, command: EvictRank, rank: int) -> str:
+        state = self.state
+        placement = state.placement
+        if placement is None or not 0 <= command.rank < self.config.nproc:
+            raise ValueError(f"rank {command.rank} is not part of the job")
+        node = placement.node_of(command.rank)
+        newest = self.resume.newest()
+        with state.lock:
+            detail = (
+                f"rank {command.rank}: {self._effect(node)}; "
+                f"restart once a checkpoint after step {newest} is validated"
+            )
+            # One record for both effects: a relaunch restarts anyway, so only the
+            # quarantine needs to survive one.
+            state.record(command, detail, quarantine=node)
+            state.quarantined.add(node)
+            state.evict = StopRequest(
+                RestartCause.EVICTION,
+                command.command_id,
+                command.issued_ts,
+                self.clock(),
+                f"evict rank {command.rank} ({node})",
+                evict_after_step=newest,
+            )
+        self.spares.prestart()
+        return detail
+
+    def resume_from(self, command: Rollback | ResumeFrom, rank: int) -> str:
+        step = command.checkpoint_step
+        if step not in self.resume.eligible(ignore_rollbacks=True):
+            raise ValueError(f"no validated checkpoint at step {step} in {self.config.checkpoint_dir}")
+        cause = RestartCause.ROLLBACK if isinstance(command, Rollback) else RestartCause.RESUME
+        state = self.state
+        with state.lock:
+            request = StopRequest(
+                cause, command.command_id, command.issued_ts, self.clock(), command.reason.text, step
+            )
+            detail = f"stopping attempt {state.attempt}; restarting from checkpoint {step}"
+            state.record(command, detail, request=request)
+            state.request = request
+        return detail
+
+    def pause(self, command: PauseRun, rank: int) -> str:
+        state = self.state
+        with state.lock:
+            running = state.placement is not None and state.pause is None
+            detail = (
+                f"run paused at step {command.step}: "
+                + (f"attempt {state.attempt} stops and " if running else "")
+                + f"nothing restarts until a human relaunches ({command.reason.text[:300]})"
+            )
+            state.record(command, detail, pause={"step": command.step, "reason": command.reason.text})
+            state.pause = state.commands[command.command_id]
+        return detail
+
+    def skip(self, command: SkipUpdate, rank: int) -> str:
+        state = self.state
+        with state.lock:
+            detail = f"the batch of step {command.step} is skipped from the next attempt on"
+            state.record(command, detail, skip=command.step)
+            state.skip_batches.add(command.step)
+        return detail
+
+    def release(self, command: ReleaseNode, rank: int) -> str:
+        node = command.node
+        if node not in self.pool.nodes:
+            raise ValueError(f"node {node} is not in the pool")
+        failed = self.spares.tester.failed.get(node)
+        if failed is not None:
+            raise ValueError(f"{node} stays out of the pool: it failed its self-test ({failed[:500]})")
+        state = self.state
+        with state.lock:
+            if node not in state.quarantined:
+                detail = f"{node} is not quarantined: nothing to release"
+            else:
+                detail = f"{node} is back in the pool from the next restart on"
+            state.record(command, detail, release=node)
+            state.quarantined.discard(node)
+        return detail
+
+    def self_test(self, command: RunNodeSelfTest, rank: int) -> str:
+        node = command.node
+        if node not in self.pool.nodes:
+            raise ValueError(f"node {node} is not in the pool")
+        unknown = [t for t in command.tests if t not in SELF_TESTS]
+        if unknown:
+            raise ValueError(f"no {', '.join(unknown)} self-test here (known: {', '.join(SELF_TESTS)})")
+        free = self.spares.free
+        with self.state.lock:
+            when = "now" if free(node) else "once its ranks have left it"
+            detail = f"{node}: {', '.join(command.tests)} self-test {when}; its result: node_self_test_result"
+            self.state.record(command, detail)
+        self.spares.tester.start(
+            node, command.tests, "quarantine", command.command_id, ready=lambda: free(node)
+        )
+        return detail
+
+    def interval(self, command: SetCheckpointInterval, rank: int) -> str:
+        state = self.state
+        with state.lock:
+            detail = f"checkpoint every {command.interval_s:g}s from the next attempt on too"
+            state.record(command, detail, interval_s=command.interval_s)
+            state.checkpoint_interval_s = command.interval_s
+        return detail
+
+    def _effect(self, node: str) -> str:
+        """Under the lock: what quarantining `node` does at the next restart."""
+        state = self.state
+        return quarantine_effect(self.pool, state.quarantined, node, self.config.nproc, state.placement)

@@ -1,0 +1,103 @@
+"""Spares join only after a self-test: when the launcher tests a spare, and what a failed
+test does (the spare is quarantined and the placement made again).
+
+``self_test_spares`` (LauncherConfig) chooses when: "on-demand", from the moment a
+quarantine makes a spare the next placement's (overlapping the rest of the attempt, its
+teardown and the decision wait), so a restart that needs a spare not yet tested waits
+for its test; "ahead", one spare at a time from the start of the run; "off": untested.
+The tests themselves run on :class:`~.spare_selftest.NodeTester`'s threads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .config import LauncherConfig
+from .events import LauncherEvents
+from .node_selftest import SELF_TESTS, NodeSelfTestReport, run_node_self_test
+from .plan import NodePool, PoolExhausted, plan, quarantine_effect
+from .run_state import RunState
+from .spare_selftest import NodeTester, Runner
+
+
+class SpareAdmission:
+    def __init__(
+        self,
+        config: LauncherConfig,
+        pool: NodePool,
+        state: RunState,
+        events: LauncherEvents,
+        runner: Runner | None = None,
+    ) -> None:
+        self.config = config
+        self.pool = pool
+        self.state = state
+        self.tester = NodeTester(
+            runner or self._run_self_test, config.ranks_per_node, events.self_test_result, self.failed
+        )
+
+    def _run_self_test(self, node: str, devices: int, tests: Any) -> NodeSelfTestReport:
+        """The real test: one worker process per device of `node`, with the ranks' extra
+        environment (so a fire drill's TRAINGUARD_INJECT_WRONG_DEVICE reaches it)."""
+        return run_node_self_test(node, devices, tests, self.config.self_test_timeout_s, self.config.env)
+
+    def free(self, node: str) -> bool:
+        """No live rank is on `node`: between attempts, after the run, or not in the placement."""
+        return self.state.ended.is_set() or node not in self.state.busy
+
+    def joining(self) -> list[str]:
+        """Spares the next placement would bring in that have not passed a self-test."""
+        state = self.state
+        with state.lock:
+            try:
+                nxt = plan(self.pool, state.quarantined, self.config.nproc, state.placement)
+            except PoolExhausted:
+                return []  # the placement itself says so
+            before = set(state.placement.nodes) if state.placement is not None else set()
+        own = set(self.pool.nodes[: self.pool.slots(self.config.nproc)])
+        return [n for n in nxt.nodes if n not in own and n not in before and n not in self.tester.passed]
+
+    def pretest(self) -> None:
+        """Test the pool's spares one at a time (bounded extra load) while the run trains."""
+        state = self.state
+        own = set(self.pool.nodes[: self.pool.slots(self.config.nproc)])
+        for node in self.pool.nodes:
+            if state.ended.is_set() or state.stop.is_set():
+                return
+            with state.lock:
+                skip = node in own or node in state.quarantined
+            if not skip:
+                self.tester.start(node, SELF_TESTS, "spare")
+                self.tester.wait(node)
+
+    def prestart(self) -> None:
+        """A quarantine changed the next placement: start testing the spares it brings in."""
+        if self.config.self_test_spares != "off":
+            for node in self.joining():
+                self.tester.start(node, SELF_TESTS, "spare")
+
+    def admit(self) -> None:
+        """Before an attempt: every spare its placement brings in has passed the self-test;
+        one that fails is quarantined (by the tester) and the placement made again."""
+        if self.config.self_test_spares == "off":
+            return
+        while not self.state.stop.is_set():
+            joining = self.joining()
+            if not joining:
+                return
+            for node in joining:
+                self.tester.start(node, SELF_TESTS, "spare")
+            for node in joining:
+                report = self.tester.wait(node, self.config.self_test_timeout_s + 30)
+                if report is None:  # never finished: keep it out rather than trust it
+                    self.failed(node)
+
+    def failed(self, node: str) -> None:
+        """`node` failed its self-test: it leaves the pool for the run (journaled)."""
+        state = self.state
+        with state.lock:
+            if node in state.quarantined:
+                return
+            effect = quarantine_effect(self.pool, state.quarantined, node, self.config.nproc, state.placement)
+            state.record(None, f"{node} failed its self-test: {effect}", quarantine=node)
+            state.quarantined.add(node)

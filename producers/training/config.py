@@ -15,6 +15,9 @@ from typing import Any, Literal
 import psutil
 import torch
 
+from ...schemas import auth
+from .device_fault import wrong_device_from_env
+
 log = logging.getLogger(__name__)
 
 
@@ -165,3 +168,42 @@ class SupervisorCounters:
     cross_check_s: float = 0.0
     checkpoints: int = 0
     skipped_batches: int = 0
+
+
+def supervisor_arguments(env: dict[str, str], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Supervisor(...)'s arguments from the launcher's environment: TRAINGUARD_RUN_ID,
+    TRAINGUARD_ATTEMPT, TRAINGUARD_NODE, TRAINGUARD_BOOTSTRAP, TRAINGUARD_TOPIC_PREFIX,
+    TRAINGUARD_RUN_DIR, TRAINGUARD_SECRET or TRAINGUARD_SECRET_FILE, the phases, progress
+    and skip-batches settings, and torch's RANK, LOCAL_RANK and WORLD_SIZE; without a
+    `config`, the intervals of ENV_CONFIG override the defaults. `kwargs` (model,
+    optimizer, checkpoint, sink...) pass through and win over the environment."""
+    kwargs = dict(kwargs)
+    if "config" not in kwargs:
+        kwargs["config"] = SupervisorConfig.from_env(env)
+    run_id = env.get(ENV_RUN_ID)
+    if not run_id:
+        raise KeyError(f"{ENV_RUN_ID} is not set (the trainguard launcher sets it)")
+    bootstrap = env.get(ENV_BOOTSTRAP) or None
+    if bootstrap and "secret" not in kwargs and "sink" not in kwargs:
+        kwargs["secret"] = auth.load_master_secret(env)
+    if bootstrap and "sink" not in kwargs:
+        kwargs["bootstrap"] = bootstrap
+    kwargs.setdefault("topic_prefix", env.get(ENV_TOPIC_PREFIX, ""))
+    if env.get(ENV_RUN_DIR):
+        kwargs.setdefault("run_dir", env[ENV_RUN_DIR])
+    if env.get(ENV_PHASES_FILE):
+        kwargs.setdefault("phases_file", env[ENV_PHASES_FILE])
+    kwargs.setdefault("local_rank", int(env.get("LOCAL_RANK", "0")))
+    kwargs.setdefault("wrong_device", wrong_device_from_env(env))
+    if env.get(ENV_PROGRESS_FILE):
+        kwargs.setdefault("progress_file", env[ENV_PROGRESS_FILE])
+    if env.get(ENV_SKIP_BATCHES):
+        kwargs.setdefault("skip_batches", [int(s) for s in env[ENV_SKIP_BATCHES].split(",") if s])
+    return dict(
+        run_id=run_id,
+        rank=int(env.get("RANK", "0")),
+        world_size=int(env.get("WORLD_SIZE", "1")),
+        attempt=int(env.get(ENV_ATTEMPT, "0")),
+        node=env.get(ENV_NODE, ""),
+        **kwargs,
+    )

@@ -13,7 +13,7 @@ three values in the order of `ranks`; the core names the odd one out
 Who holds the command. The actuator delivers a command to the ranks it names only, so
 the other ranks never hear of it; yet the weights must be the same on the three and the
 values must meet in one place. The check therefore rides the all-reduce that already
-agrees on skips, checkpoints and ring checks (``Supervisor._agree``; three more integers
+agrees on skips, checkpoints and ring checks (``agreement.agree``; three more integers
 in its MAX all-reduce, no extra collective per step):
 
 * each rank's *head* is its pending check with the smallest :attr:`CrossCheck.key` (a hash

@@ -35,7 +35,7 @@ When. The core issues RunRingCheck for a step the job has already passed, and th
 reaches each rank at its own step; the recomputations must use the same weights on every
 rank. Under torch.distributed the ranks therefore agree on the step: the oldest pending
 ring check joins the all-reduce that already agrees on skips and checkpoints
-(``Supervisor._agree``; two more integers, no extra collective), and every rank runs it
+(``agreement.agree``; two more integers, no extra collective), and every rank runs it
 after the update of the first step at which all ranks hold it. Without that agreement (a
 single process, a loop that does not call ``check()``, or ``agree_on_skip=False``) a rank
 runs it at its first step at or after the command's step; with several ranks their

@@ -18,21 +18,11 @@ the commands the processors send (:mod:`..rank.handlers`)::
             opt.zero_grad()
     sup.close()
 
-Compute time before the collective (seed §7 failure 2). After the all-reduce every rank
-has waited for the slowest, so only the time before it tells ranks apart. Under DDP the
-all-reduce overlaps backward and ``loss.backward()`` returns only after it, so timing
-``backward()`` measures the collective too. The supervisor therefore registers a DDP
-communication hook (:meth:`Supervisor.instrument_ddp`, automatic when `model` is a
-``DistributedDataParallel``) that stamps the moment the LAST gradient bucket is handed to
-the all-reduce: every gradient of this rank is computed then, and nothing waited for
-another rank yet (earlier buckets' all-reduces are asynchronous). compute_s is step
-start to that stamp (or to :meth:`StepScope.compute_done`, whichever comes first); total_s
-is the whole scope. It keeps DDP's overlap of communication with backward (unlike
-``no_sync()`` plus an explicit all-reduce). A user with a comm hook of their own passes it
-as `inner`. On CUDA the stamps are CUDA events (host time only says when kernels were
-queued); they are resolved a step or two later without waiting, so the StepTiming of a
-step may be sent after the next one starts. FSDP: not instrumented yet; call
-``compute_done()`` before the step's first collective.
+Compute time before the collective (seed §7 failure 2): after the all-reduce every rank
+has waited for the slowest, so only the time before it tells ranks apart. compute_s is
+step start to the moment this rank's last gradient bucket goes to the all-reduce (a DDP
+comm hook, :meth:`Supervisor.instrument_ddp`; how and why in :mod:`.timing`) or to
+:meth:`StepScope.compute_done`, whichever comes first; total_s is the whole scope.
 
 Invariants (seed §7 failure 3 (a)), in :meth:`StepScope.check`: a non-finite loss or grad
 norm is never applied (StepStats finite=False goes out; the processors decide the abort,
@@ -42,11 +32,6 @@ and counted; a step named by a SkipUpdate command is skipped. Under torch.distri
 the ranks agree on skipping with one all-reduce of a scalar (MAX), so that a skip seen by
 one rank (its own NaN loss, a command that reached it first) skips everywhere and the
 replicas never diverge.
-
-Self-check (R3): when a RunSelfCheck command names this rank, at the first step at or
-after its step the scope's batch is replayed twice by ``replay_fn`` after the update,
-and the two gradient digests are reported (:mod:`.grad_checks`). The replay must not run
-a collective: under DDP call the unwrapped ``model.module``.
 
 Checkpoints (seed §6): a checkpoint is due at a step boundary when a CheckpointNow came
 or the interval in force has passed, counted in steps from the measured step time
@@ -60,23 +45,9 @@ the loop asks ``should_checkpoint(step)`` after the step and saves itself::
             ckpt.save(step)
             sup.checkpoint_saved(step)
 
-Ring cross-rank check (R3, :mod:`.ring_check`): when a RunRingCheck arrives, every rank
-recomputes its own microbatch and its ring neighbour's with the weights of the same step,
-after that step's update, and reports both values (RingCheck). It needs ``replay_fn`` and
-``batch_fn(rank, step)``, the batch ANY rank trains on at a step (the sampler knows every
-rank's indices)::
-
-    sup.batch_fn = lambda rank, step: batch_of(rank, step)
-
-The ranks agree on the step inside the all-reduce of ``check()`` (no extra collective).
-
-Three-rank cross check (R3, :mod:`.cross_check`): a RunCrossRankCheck (the bisection of a
-ring edge that failed alone) names three ranks, which recompute ``batch_fn(batch_rank,
-step)`` after the update of the step at which all three hold it, agreed in the same
-all-reduce; every rank then joins one all-reduce of three floats that gathers the values,
-and the first named rank reports them (CrossRankCheck). It needs the same two hooks, and
-the agreement: without it (a single process, no ``check()``, ``agree_on_skip=False``) the
-check is logged and dropped.
+SDC checks (R3): a RunSelfCheck, RunRingCheck or RunCrossRankCheck is run at the end of
+the step the ranks agree on (:mod:`.agreement`), by :mod:`.replay_checks`, which says
+what each needs (``replay_fn``, ``batch_fn``).
 
 Chaos knob: with TRAINGUARD_INJECT_WRONG_DEVICE naming this rank's node and local rank
 (:mod:`.device_fault`), the supervisor makes this process's matrix products wrong from
@@ -102,7 +73,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -113,42 +83,36 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal
 
 import torch
 
 from ...common.quantiles import RunningQuantile
 from ...kafka.topics import topic_names
-from ...schemas import RunCrossRankCheck, auth
+from ...schemas import auth
 from ..checkpoint.cadence import CheckpointCadence
 from ..rank.actuator import Actuator
 from ..rank.agent import EventSink, MemorySink, NodeAgents, RankAgent
 from ..rank.handlers import CheckpointManager, RankControl, RankHandlers
 from ..rank.shipper import ShipperConfig, TelemetryShipper
 from . import cross_check, grad_checks, ring_check
+from .agreement import agree
 from .config import (
-    _CODES,
-    ENV_ATTEMPT,
     ENV_BOOTSTRAP,
-    ENV_NODE,
-    ENV_PHASES_FILE,
-    ENV_PROGRESS_FILE,
-    ENV_RUN_DIR,
-    ENV_RUN_ID,
-    ENV_SKIP_BATCHES,
-    ENV_TOPIC_PREFIX,
     NonFiniteLoss,
     SupervisorConfig,
     SupervisorCounters,
     Verdict,
     init_process_group,
-    pg_init_seconds,
     process_start_ts,
+    supervisor_arguments,
 )
-from .device_fault import WrongDevice, install_wrong_device, wrong_device_from_env
+from .device_fault import WrongDevice, install_wrong_device
 from .gpu_health import GpuHealthSampler, HealthReader, open_reader
-from .timing import _CudaMarks, _HostMarks, _Pending
+from .rank_files import ProgressFile, write_phases
+from .replay_checks import ReplayChecks, is_ddp
+from .step_scope import StepScope
+from .timing import _CudaMarks, _HostMarks, _Pending, compute_marking_hook
 
 log = logging.getLogger(__name__)
 
@@ -163,62 +127,6 @@ __all__ = [
     "init_process_group",
     "process_start_ts",
 ]
-
-# --------------------------------------------------------------------------- step scope
-
-
-class StepScope:
-    """One step; use through ``with sup.step(step, batch) as s``."""
-
-    def __init__(self, sup: Supervisor, step: int, batch: Any, microbatch_id: str) -> None:
-        self.sup = sup
-        self.step = step
-        self.batch = batch
-        self.microbatch_id = microbatch_id
-        self.loss: float | None = None
-        self.grad_norm: float | None = None
-        self.verdict: Verdict | None = None
-        #: Save a checkpoint at the end of this step: decided in check(), agreed over ranks.
-        self.checkpoint_due: bool | None = None
-        #: The ranks agreed in check() (None: no agreement ran): run the pending ring check
-        #: due from this step (-1: none) at the end of this step.
-        self.ring_check_due: int | None = None
-        #: The key of the cross check agreed to run at this step's end (0: none; None: no
-        #: agreement ran, so a pending one is dropped).
-        self.cross_check_due: int | None = None
-        self._start: Any = None
-        self._compute: Any = None
-
-    def __enter__(self) -> StepScope:
-        self.sup._begin(self)
-        self._start = self.sup._marks.mark()
-        self.sup.agent.phase = "forward"
-        return self
-
-    def compute_done(self) -> None:
-        """Mark the end of this rank's compute, before any gradient collective. Under an
-        instrumented DDP model the comm hook has marked it already; this is then a no-op."""
-        if self._compute is None:
-            self._compute = self.sup._marks.mark()
-            self.sup.agent.phase = "allreduce"
-
-    def check(self, loss: torch.Tensor | float, grad_norm: torch.Tensor | float | None = None) -> bool:
-        """The invariants; True: apply the update. Reads the loss (and grad norm) as host
-        floats, which waits for the device to compute them."""
-        self.sup.agent.phase = "allreduce"  # the ranks agree on the verdict with one all-reduce
-        applied = self.sup._check(self, loss, grad_norm)
-        self.sup.agent.phase = "optimizer"
-        return applied
-
-    @property
-    def applied(self) -> bool:
-        return self.verdict is Verdict.APPLY
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.sup._end(self, failed=exc_type is not None and not isinstance(exc, NonFiniteLoss))
-
 
 # --------------------------------------------------------------------------- supervisor
 
@@ -286,13 +194,7 @@ class Supervisor:
         self.run_dir = Path(run_dir) if run_dir is not None else Path("trainguard-runs") / run_id
         self.phases_file = Path(phases_file) if phases_file is not None else None
         self.progress_file = Path(progress_file) if progress_file is not None else None
-        self._progress_fd: int | None = None
-        if self.progress_file is not None:
-            try:
-                self.progress_file.parent.mkdir(parents=True, exist_ok=True)
-                self._progress_fd = os.open(self.progress_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            except OSError as exc:
-                log.warning("trainguard: no progress file %s: %s", self.progress_file, exc)
+        self.progress = ProgressFile(self.progress_file)
         self.counters = SupervisorCounters()
         self.control = RankControl(checkpoint_interval_s=self.config.checkpoint_interval_s)
         self.self_check_results: list[grad_checks.SelfCheckResult] = []
@@ -335,6 +237,7 @@ class Supervisor:
             self._ticker = threading.Thread(target=self._tick, name="trainguard-heartbeat", daemon=True)
             self._ticker.start()
 
+        self.checks = ReplayChecks(self)
         self.handlers = RankHandlers(
             self.agent,
             self.control,
@@ -344,8 +247,8 @@ class Supervisor:
             grace_s=self.config.exit_grace_s,
             flush_s=self.config.exit_flush_s,
             can_self_check=lambda: self.replay_fn is not None,
-            can_ring_check=self._ring_check_missing,
-            can_cross_check=self._cross_check_refusal,
+            can_ring_check=self.checks.ring_check_missing,
+            can_cross_check=self.checks.cross_check_refusal,
         )
         if bootstrap and self.shipper is not None:
             if secret is None:
@@ -372,7 +275,7 @@ class Supervisor:
         reader = open_reader() if gpu_reader == "auto" else gpu_reader
         self.gpu = GpuHealthSampler(self.agent.gpu_health, reader, self.config.gpu_health_interval_s).start()
 
-        if self.config.instrument_ddp and model is not None and _is_ddp(model):
+        if self.config.instrument_ddp and model is not None and is_ddp(model):
             self.instrument_ddp(model)
 
         self._sigterm_installed = False
@@ -391,41 +294,9 @@ class Supervisor:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **kwargs: Any) -> Supervisor:
-        """Build from the launcher's environment: TRAINGUARD_RUN_ID, TRAINGUARD_ATTEMPT,
-        TRAINGUARD_NODE, TRAINGUARD_BOOTSTRAP, TRAINGUARD_TOPIC_PREFIX, TRAINGUARD_RUN_DIR,
-        TRAINGUARD_SECRET or TRAINGUARD_SECRET_FILE, and torch's RANK and WORLD_SIZE; without a
-        `config`, the intervals of ENV_CONFIG (e.g. TRAINGUARD_FLUSH_INTERVAL_S) override the
-        defaults. Keyword arguments (model, optimizer, checkpoint, sink...) pass through."""
-        env = dict(os.environ) if env is None else env
-        if "config" not in kwargs:
-            kwargs["config"] = SupervisorConfig.from_env(env)
-        run_id = env.get(ENV_RUN_ID)
-        if not run_id:
-            raise KeyError(f"{ENV_RUN_ID} is not set (the trainguard launcher sets it)")
-        bootstrap = env.get(ENV_BOOTSTRAP) or None
-        if bootstrap and "secret" not in kwargs and "sink" not in kwargs:
-            kwargs["secret"] = auth.load_master_secret(env)
-        if bootstrap and "sink" not in kwargs:
-            kwargs["bootstrap"] = bootstrap
-        kwargs.setdefault("topic_prefix", env.get(ENV_TOPIC_PREFIX, ""))
-        if env.get(ENV_RUN_DIR):
-            kwargs.setdefault("run_dir", env[ENV_RUN_DIR])
-        if env.get(ENV_PHASES_FILE):
-            kwargs.setdefault("phases_file", env[ENV_PHASES_FILE])
-        kwargs.setdefault("local_rank", int(env.get("LOCAL_RANK", "0")))
-        kwargs.setdefault("wrong_device", wrong_device_from_env(env))
-        if env.get(ENV_PROGRESS_FILE):
-            kwargs.setdefault("progress_file", env[ENV_PROGRESS_FILE])
-        if env.get(ENV_SKIP_BATCHES):
-            kwargs.setdefault("skip_batches", [int(s) for s in env[ENV_SKIP_BATCHES].split(",") if s])
-        return cls(
-            run_id,
-            rank=int(env.get("RANK", "0")),
-            world_size=int(env.get("WORLD_SIZE", "1")),
-            attempt=int(env.get(ENV_ATTEMPT, "0")),
-            node=env.get(ENV_NODE, ""),
-            **kwargs,
-        )
+        """Build from the launcher's environment (config.supervisor_arguments says which
+        variables); keyword arguments (model, optimizer, checkpoint, sink...) pass through."""
+        return cls(**supervisor_arguments(dict(os.environ) if env is None else env, kwargs))
 
     @staticmethod
     def _param_list(
@@ -453,20 +324,12 @@ class Supervisor:
         default = (
             grad_checks.per_parameter_allreduce if self.config.deterministic_reduction else allreduce_hook
         )
-        run = inner or default
 
-        def hook(hook_state: Any, bucket: Any) -> Any:
-            if bucket.is_last() and self._scope is not None:
+        def compute_done() -> None:
+            if self._scope is not None:
                 self._scope.compute_done()
-            return run(hook_state, bucket)
 
-        # DDP checks the hook's annotations as objects (this module's are strings).
-        hook.__annotations__ = {
-            "hook_state": object,
-            "bucket": torch.distributed.GradBucket,
-            "return": torch.futures.Future[torch.Tensor],
-        }
-        ddp.register_comm_hook(state, hook)  # type: ignore[operator]
+        ddp.register_comm_hook(state, compute_marking_hook(inner or default, compute_done))  # type: ignore[operator]
 
     def wait_ready(self, timeout_s: float = 30.0) -> bool:
         """With a broker: True once the actuator reads the commands topic (tests, drills)."""
@@ -548,7 +411,14 @@ class Supervisor:
         scope.loss, scope.grad_norm = loss_f, norm
         verdict = self._local_verdict(scope.step, loss_f, norm)
         wants_checkpoint = self._wants_checkpoint(scope.step)
-        verdict, due, scope.ring_check_due, scope.cross_check_due = self._agree(verdict, wants_checkpoint)
+        verdict, due, scope.ring_check_due, scope.cross_check_due = agree(
+            self.control,
+            verdict,
+            wants_checkpoint,
+            self.rank,
+            self.collective_device,
+            self.config.agree_on_skip,
+        )
         scope.checkpoint_due, self._agreed = due, (scope.step, due)
         scope.verdict = verdict
         if verdict is Verdict.APPLY:
@@ -579,47 +449,7 @@ class Supervisor:
             return Verdict.GRAD_SPIKE
         return Verdict.APPLY
 
-    def _agree(
-        self, verdict: Verdict, wants_checkpoint: bool
-    ) -> tuple[Verdict, bool, int | None, int | None]:
-        """Every rank skips if one does, checkpoints if one wants to, runs a ring check
-        once every rank holds it, and joins a cross check once every rank it names holds
-        it: one MAX all-reduce over the default group of (verdict code, checkpoint wanted,
-        the oldest pending ring check's codes, the cross check's slots). A CheckpointNow,
-        the interval or a RunRingCheck reaches each rank at its own step; a checkpoint is
-        collective and a ring check compares weights, so all ranks must act at the same
-        step. The third value: the ring check to run at this step's end (-1: none; None:
-        no agreement ran, each rank runs its own at its first step >= the command's); the
-        fourth: the key of the cross check to run (0: none; None: no agreement ran)."""
-        dist = torch.distributed
-        if not (self.config.agree_on_skip and dist.is_available() and dist.is_initialized()):
-            return verdict, wants_checkpoint, None, None
-        if dist.get_world_size() < 2:
-            return verdict, wants_checkpoint, None, None
-        pending = self.control.oldest_ring_check()
-        head, expired = self.control.cross_check_head(self.control.current_step)
-        for check in expired:
-            log.warning("rank %d: cross check %s dropped: a rank it names never held it", self.rank, check)
-        mine = [
-            _CODES[verdict],
-            int(wants_checkpoint),
-            *ring_check.agreement_codes(pending),
-            *cross_check.agreement_codes(head, self.rank),
-        ]
-        codes = torch.tensor(mine, dtype=torch.int64, device=self._collective_device())
-        dist.all_reduce(codes, op=dist.ReduceOp.MAX)
-        worst, checkpoint, *rest = (int(v) for v in codes.tolist())
-        ring = ring_check.agreed(rest[:3])
-        if ring.stale is not None and ring.stale == pending:
-            dropped = self.control.take_ring_check(ring.stale)
-            log.warning("rank %d: ring check %s dropped: not every rank holds it", self.rank, dropped)
-        due = -1 if ring.run is None else ring.run
-        cross = cross_check.agreed(rest[3:]) or 0
-        if verdict is not Verdict.APPLY or worst == 0:
-            return verdict, bool(checkpoint), due, cross
-        return Verdict.PEER, bool(checkpoint), due, cross
-
-    def _collective_device(self) -> torch.device:
+    def collective_device(self) -> torch.device:
         """Where the supervisor's own collectives' tensors live: NCCL needs CUDA ones."""
         dist = torch.distributed
         nccl = bool(self.params) and dist.get_backend() == "nccl"
@@ -631,19 +461,19 @@ class Supervisor:
         self._scope = None
         self.counters.steps += 1
         if self.counters.steps == 1:
-            self._write_phases(scope.step)
+            write_phases(self.phases_file, scope.step, getattr(self.checkpoint, "last_load_s", None))
         if failed:  # it raised (a peer died mid-collective...): not a completed step, no StepTiming
             self._drain(block=False)
             return
         self._pending.append(_Pending(scope.step, scope._start, compute, end, scope.loss, scope.grad_norm))
         self._drain(block=False)
-        self._write_progress(scope.step)
+        self.progress.write(scope.step)
         if scope.verdict is None:  # the loop did not call check(): assume it applied
             self.control.record_decision(scope.step, True)
         if self.control.take_self_check(scope.step):
-            self._self_check(scope)
-        self._ring_check(scope)
-        self._cross_check(scope)
+            self.checks.self_check(scope)
+        self.checks.ring_check(scope)
+        self.checks.cross_check(scope)
         due = scope.checkpoint_due  # None: check() was not called, so nothing was agreed
         if due is None:
             due = self.checkpoint is not None and self._wants_checkpoint(scope.step)
@@ -651,42 +481,6 @@ class Supervisor:
             self.agent.phase = "checkpoint"
             self.checkpoint.save(scope.step)
             self.checkpoint_saved(scope.step)
-
-    def _write_phases(self, step: int) -> None:
-        """After the first step of this process: when it started, how long the checkpoint
-        load took, when the first step completed, for the launcher's restart phases. Best
-        effort (never raises into the loop)."""
-        if self.phases_file is None:
-            return
-        load_s = getattr(self.checkpoint, "last_load_s", None)
-        phases = {
-            "start_ts": process_start_ts(),
-            "checkpoint_load_s": load_s,
-            "pg_init_s": pg_init_seconds(),
-            "first_step_ts": time.time(),
-            "last_step": step,
-        }
-        try:
-            self.phases_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.phases_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({k: v for k, v in phases.items() if v is not None}))
-            os.replace(tmp, self.phases_file)
-        except OSError as exc:
-            log.warning("trainguard: restart phases not written to %s: %s", self.phases_file, exc)
-
-    def _write_progress(self, step: int) -> None:
-        """This rank's newest completed step, for the launcher: one fixed-width record
-        rewritten in place with pwrite (~6 µs; a write-then-rename took 1-2 ms a step on a
-        loaded 2-core machine). No fsync: a host crash loses the ranks with it. The reader
-        (launcher.read_progress) reads until two reads agree. Best effort."""
-        if self._progress_fd is None:
-            return
-        try:
-            os.pwrite(self._progress_fd, b"%20d\n" % step, 0)
-        except OSError as exc:
-            log.warning("trainguard: progress not written to %s: %s", self.progress_file, exc)
-            os.close(self._progress_fd)
-            self._progress_fd = None
 
     def _exit_on_sigterm(self, signum: int, frame: object) -> None:
         """SIGTERM (the launcher's teardown): ship what is queued, bounded by exit_flush_s,
@@ -728,114 +522,6 @@ class Supervisor:
             total_s = max(compute_s, marks.seconds(p.start, p.end))
             self.agent.step(p.step, compute_s, total_s, loss=p.loss, grad_norm=p.grad_norm)
 
-    def _self_check(self, scope: StepScope) -> None:
-        if self.replay_fn is None or scope.batch is None:
-            log.warning("rank %d: self-check due at step %d but no replay_fn or batch", self.rank, scope.step)
-            return
-        module = self.model
-        if module is not None and _is_ddp(module):
-            inner = module.module
-            module = inner if isinstance(inner, torch.nn.Module) else None
-        result = grad_checks.self_check(
-            self.replay_fn, scope.batch, self.params, scope.step, scope.microbatch_id, module=module
-        )
-        self.self_check_results.append(result)
-        self.counters.self_checks += 1
-        if not result.passed:
-            self.counters.self_check_mismatches += 1
-            log.error("rank %d step %d: self-check MISMATCH %s", self.rank, scope.step, result)
-        self.agent.self_check(scope.step, result.microbatch_id, result.digest_first, result.digest_second)
-
-    def _hooks_missing(self) -> str | None:
-        if self.replay_fn is None:
-            return "no replay function registered (Supervisor.replay_fn)"
-        if self.batch_fn is None:
-            return "no batch function registered (Supervisor.batch_fn(rank, step))"
-        return None
-
-    def _ring_check_missing(self) -> str | None:
-        if (missing := self._hooks_missing()) is not None:
-            return missing
-        if self.world_size < 2:
-            return "a ring check needs 2+ ranks"
-        return None
-
-    def _cross_check_refusal(self, command: RunCrossRankCheck) -> str | None:
-        return self._hooks_missing() or cross_check.refusal(command, self.world_size)
-
-    def _replay_module(self) -> torch.nn.Module | None:
-        """The model the replays run on: DDP's inner module (a replay runs no collective)."""
-        module = self.model
-        if module is not None and _is_ddp(module):
-            inner = module.module
-            module = inner if isinstance(inner, torch.nn.Module) else None
-        return module
-
-    def _ring_check(self, scope: StepScope) -> None:
-        """Run the ring check due at the end of this step, if any (see :mod:`.ring_check`)."""
-        if scope.ring_check_due is None:  # no agreement: the first step >= the command's
-            oldest = self.control.oldest_ring_check()
-            first = oldest if oldest is not None and oldest <= scope.step else None
-        else:
-            first = scope.ring_check_due if scope.ring_check_due >= 0 else None
-        taken = None if first is None else self.control.take_ring_check(first)
-        if taken is None or self.replay_fn is None or self.batch_fn is None:
-            return
-        check_id, offset = taken
-        module = self._replay_module()
-        try:
-            result = ring_check.ring_check(
-                self.replay_fn,
-                self.batch_fn,
-                self.params,
-                rank=self.rank,
-                world_size=self.world_size,
-                step=scope.step,
-                check_id=check_id,
-                offset=offset,
-                module=module,
-            )
-        except Exception:  # the user's hooks: never end training over a check
-            log.exception("rank %d step %d: ring check %s not run", self.rank, scope.step, check_id)
-            return
-        self.ring_results.append(result)
-        self.counters.ring_checks += 1
-        self.counters.ring_check_s += result.seconds
-        self.agent.ring_check(scope.step, check_id, result.own_value, result.peer_rank, result.peer_value)
-
-    def _cross_check(self, scope: StepScope) -> None:
-        """Join the cross check agreed at this step, if any (see :mod:`.cross_check`)."""
-        if scope.cross_check_due is None:  # no agreement: nowhere to gather the values
-            for dropped in self.control.drop_cross_checks():
-                log.warning("rank %d: cross check %s dropped: no agreement to run it", self.rank, dropped)
-            return
-        if scope.cross_check_due == 0:
-            return
-        check = self.control.take_cross_check(scope.cross_check_due)
-        result = cross_check.gather(check, self.rank, scope.step, self._recompute_of, self._sum_over_ranks)
-        self.counters.cross_check_s += result.seconds
-        if check is None:  # it names other ranks: this one only joined the all-reduce
-            return
-        self.cross_results.append(result)
-        self.counters.cross_checks += 1
-        if result.values is not None and check.ranks[0] == self.rank:
-            self.agent.cross_rank_check(scope.step, check.microbatch_id, list(check.ranks), result.values)
-
-    def _recompute_of(self, rank: int, step: int) -> float:
-        """The value of `rank`'s microbatch at `step`, recomputed with the current weights."""
-        if self.replay_fn is None or self.batch_fn is None:
-            raise RuntimeError(self._hooks_missing())
-        value = ring_check.recompute(
-            self.replay_fn, self.batch_fn(rank, step), self.params, self._replay_module()
-        )
-        return ring_check.reportable(value)
-
-    def _sum_over_ranks(self, values: list[float]) -> list[float]:
-        dist = torch.distributed
-        tensor = torch.tensor(values, dtype=torch.float64, device=self._collective_device())
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return [float(v) for v in tensor.tolist()]
-
     def _tick(self) -> None:
         while not self._ticker_stop.wait(min(1.0, self.config.heartbeat_interval_s)):
             self.beats.on_flush()
@@ -853,9 +539,7 @@ class Supervisor:
             return
         self._closed = True
         atexit.unregister(self._flush_at_exit)
-        if self._progress_fd is not None:
-            os.close(self._progress_fd)
-            self._progress_fd = None
+        self.progress.close()
         if self._sigterm_installed and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         self._drain(block=True)
@@ -873,7 +557,3 @@ class Supervisor:
 
     def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
         self.close(exit_code=0 if exc_type is None else 1)
-
-
-def _is_ddp(model: Any) -> bool:
-    return isinstance(model, torch.nn.parallel.DistributedDataParallel)

@@ -1,5 +1,22 @@
 """Timing a step's compute before the collective without a device sync: host clock marks
-on CPU, CUDA events on a GPU (read once both have completed)."""
+on CPU, CUDA events on a GPU (read once both have completed).
+
+Compute time before the collective (seed §7 failure 2). After the all-reduce every rank
+has waited for the slowest, so only the time before it tells ranks apart. Under DDP the
+all-reduce overlaps backward and ``loss.backward()`` returns only after it, so timing
+``backward()`` measures the collective too. The supervisor therefore registers a DDP
+communication hook (:meth:`Supervisor.instrument_ddp`, automatic when `model` is a
+``DistributedDataParallel``) that stamps the moment the LAST gradient bucket is handed to
+the all-reduce: every gradient of this rank is computed then, and nothing waited for
+another rank yet (earlier buckets' all-reduces are asynchronous). compute_s is step
+start to that stamp (or to :meth:`StepScope.compute_done`, whichever comes first); total_s
+is the whole scope. It keeps DDP's overlap of communication with backward (unlike
+``no_sync()`` plus an explicit all-reduce). A user with a comm hook of their own passes it
+as `inner`. On CUDA the stamps are CUDA events (host time only says when kernels were
+queued); they are resolved a step or two later without waiting, so the StepTiming of a
+step may be sent after the next one starts. FSDP: not instrumented yet; call
+``compute_done()`` before the step's first collective.
+"""
 
 from __future__ import annotations
 
@@ -56,3 +73,22 @@ class _Pending:
     end: Any
     loss: float | None
     grad_norm: float | None
+
+
+def compute_marking_hook(run: Callable[..., Any], compute_done: Callable[[], None]) -> Callable[..., Any]:
+    """A DDP comm hook that calls `compute_done` when the LAST bucket goes to the
+    all-reduce (every gradient of this rank is computed then, and nothing waited for
+    another rank yet), then runs `run` (the all-reduce hook) on the bucket."""
+
+    def hook(hook_state: Any, bucket: Any) -> Any:
+        if bucket.is_last():
+            compute_done()
+        return run(hook_state, bucket)
+
+    # DDP checks the hook's annotations as objects (this module's are strings).
+    hook.__annotations__ = {
+        "hook_state": object,
+        "bucket": torch.distributed.GradBucket,
+        "return": torch.futures.Future[torch.Tensor],
+    }
+    return hook

@@ -1,0 +1,198 @@
+"""The silent-data-corruption checks a rank runs at the end of a step, by replaying work
+with the weights of that step (seed R3). The supervisor calls them; the commands that
+ask for them reach the rank through its handlers (producers/rank/handlers.py).
+
+Self-check (:mod:`.grad_checks`): when a RunSelfCheck command names this rank, at the
+first step at or after its step the scope's batch is replayed twice by ``replay_fn``
+after the update, and the two gradient digests are reported. The replay must not run a
+collective: under DDP call the unwrapped ``model.module``.
+
+Ring cross-rank check (:mod:`.ring_check`): when a RunRingCheck arrives, every rank
+recomputes its own microbatch and its ring neighbour's with the weights of the same step,
+after that step's update, and reports both values (RingCheck). It needs ``replay_fn`` and
+``batch_fn(rank, step)``, the batch ANY rank trains on at a step (the sampler knows every
+rank's indices)::
+
+    sup.batch_fn = lambda rank, step: batch_of(rank, step)
+
+The ranks agree on the step inside the all-reduce of ``check()`` (:mod:`.agreement`, no
+extra collective).
+
+Three-rank cross check (:mod:`.cross_check`): a RunCrossRankCheck (the bisection of a
+ring edge that failed alone) names three ranks, which recompute ``batch_fn(batch_rank,
+step)`` after the update of the step at which all three hold it, agreed in the same
+all-reduce; every rank then joins one all-reduce of three floats that gathers the values,
+and the first named rank reports them (CrossRankCheck). It needs the same two hooks, and
+the agreement: without it (a single process, no ``check()``, ``agree_on_skip=False``) the
+check is logged and dropped.
+
+A check never ends training: the user's hooks failing is logged and the check not run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from ...schemas import RunCrossRankCheck
+from ..rank.agent import RankAgent
+from ..rank.handlers import RankControl
+from . import cross_check, grad_checks, ring_check
+from .config import SupervisorCounters
+
+log = logging.getLogger(__name__)
+
+
+def is_ddp(model: Any) -> bool:
+    return isinstance(model, torch.nn.parallel.DistributedDataParallel)
+
+
+class Step(Protocol):
+    """What a check reads of the step that just ended (the supervisor's StepScope)."""
+
+    step: int
+    batch: Any
+    microbatch_id: str
+    ring_check_due: int | None
+    cross_check_due: int | None
+
+
+class CheckHost(Protocol):
+    """What the checks read of the supervisor: its hooks, model and reporting."""
+
+    replay_fn: Callable[[Any], object] | None
+    batch_fn: ring_check.BatchFn | None
+    model: torch.nn.Module | None
+    params: list[torch.Tensor]
+    rank: int
+    world_size: int
+    control: RankControl
+    counters: SupervisorCounters
+    agent: RankAgent
+    self_check_results: list[grad_checks.SelfCheckResult]
+    ring_results: list[ring_check.RingResult]
+    cross_results: list[cross_check.CrossResult]
+
+    def collective_device(self) -> torch.device: ...
+
+
+class ReplayChecks:
+    def __init__(self, host: CheckHost) -> None:
+        self.host = host
+
+    # ------------------------------------------------------------------ can this rank run them
+    def hooks_missing(self) -> str | None:
+        if self.host.replay_fn is None:
+            return "no replay function registered (Supervisor.replay_fn)"
+        if self.host.batch_fn is None:
+            return "no batch function registered (Supervisor.batch_fn(rank, step))"
+        return None
+
+    def ring_check_missing(self) -> str | None:
+        if (missing := self.hooks_missing()) is not None:
+            return missing
+        if self.host.world_size < 2:
+            return "a ring check needs 2+ ranks"
+        return None
+
+    def cross_check_refusal(self, command: RunCrossRankCheck) -> str | None:
+        return self.hooks_missing() or cross_check.refusal(command, self.host.world_size)
+
+    def replay_module(self) -> torch.nn.Module | None:
+        """The model the replays run on: DDP's inner module (a replay runs no collective)."""
+        module = self.host.model
+        if module is not None and is_ddp(module):
+            inner = module.module
+            module = inner if isinstance(inner, torch.nn.Module) else None
+        return module
+
+    # ------------------------------------------------------------------ the checks
+    def self_check(self, scope: Step) -> None:
+        host = self.host
+        if host.replay_fn is None or scope.batch is None:
+            log.warning("rank %d: self-check due at step %d but no replay_fn or batch", host.rank, scope.step)
+            return
+        result = grad_checks.self_check(
+            host.replay_fn,
+            scope.batch,
+            host.params,
+            scope.step,
+            scope.microbatch_id,
+            module=self.replay_module(),
+        )
+        host.self_check_results.append(result)
+        host.counters.self_checks += 1
+        if not result.passed:
+            host.counters.self_check_mismatches += 1
+            log.error("rank %d step %d: self-check MISMATCH %s", host.rank, scope.step, result)
+        host.agent.self_check(scope.step, result.microbatch_id, result.digest_first, result.digest_second)
+
+    def ring_check(self, scope: Step) -> None:
+        """Run the ring check due at the end of this step, if any (see :mod:`.ring_check`)."""
+        host, control = self.host, self.host.control
+        if scope.ring_check_due is None:  # no agreement: the first step >= the command's
+            oldest = control.oldest_ring_check()
+            first = oldest if oldest is not None and oldest <= scope.step else None
+        else:
+            first = scope.ring_check_due if scope.ring_check_due >= 0 else None
+        taken = None if first is None else control.take_ring_check(first)
+        if taken is None or host.replay_fn is None or host.batch_fn is None:
+            return
+        check_id, offset = taken
+        try:
+            result = ring_check.ring_check(
+                host.replay_fn,
+                host.batch_fn,
+                host.params,
+                rank=host.rank,
+                world_size=host.world_size,
+                step=scope.step,
+                check_id=check_id,
+                offset=offset,
+                module=self.replay_module(),
+            )
+        except Exception:  # the user's hooks: never end training over a check
+            log.exception("rank %d step %d: ring check %s not run", host.rank, scope.step, check_id)
+            return
+        host.ring_results.append(result)
+        host.counters.ring_checks += 1
+        host.counters.ring_check_s += result.seconds
+        host.agent.ring_check(scope.step, check_id, result.own_value, result.peer_rank, result.peer_value)
+
+    def cross_check(self, scope: Step) -> None:
+        """Join the cross check agreed at this step, if any (see :mod:`.cross_check`)."""
+        host, control = self.host, self.host.control
+        if scope.cross_check_due is None:  # no agreement: nowhere to gather the values
+            for dropped in control.drop_cross_checks():
+                log.warning("rank %d: cross check %s dropped: no agreement to run it", host.rank, dropped)
+            return
+        if scope.cross_check_due == 0:
+            return
+        check = control.take_cross_check(scope.cross_check_due)
+        result = cross_check.gather(check, host.rank, scope.step, self._recompute_of, self._sum_over_ranks)
+        host.counters.cross_check_s += result.seconds
+        if check is None:  # it names other ranks: this one only joined the all-reduce
+            return
+        host.cross_results.append(result)
+        host.counters.cross_checks += 1
+        if result.values is not None and check.ranks[0] == host.rank:
+            host.agent.cross_rank_check(scope.step, check.microbatch_id, list(check.ranks), result.values)
+
+    def _recompute_of(self, rank: int, step: int) -> float:
+        """The value of `rank`'s microbatch at `step`, recomputed with the current weights."""
+        host = self.host
+        if host.replay_fn is None or host.batch_fn is None:
+            raise RuntimeError(self.hooks_missing())
+        value = ring_check.recompute(
+            host.replay_fn, host.batch_fn(rank, step), host.params, self.replay_module()
+        )
+        return ring_check.reportable(value)
+
+    def _sum_over_ranks(self, values: list[float]) -> list[float]:
+        dist = torch.distributed
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.host.collective_device())
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return [float(v) for v in tensor.tolist()]

@@ -1,0 +1,87 @@
+"""One step of a supervised loop, as the loop sees it: ``with sup.step(step, batch) as s``.
+
+The scope marks the step's start, the end of this rank's compute (:meth:`StepScope.
+compute_done`, or the supervisor's DDP comm hook), the invariants and the ranks' agreement
+(:meth:`StepScope.check`), and hands the step back to its supervisor at the end. It
+holds what the supervisor decided for the step (the verdict, a checkpoint, the SDC checks
+due), so the work at the step's end reads one object.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any, Protocol
+
+import torch
+
+from ..rank.agent import RankAgent
+from .config import NonFiniteLoss, Verdict
+from .timing import _CudaMarks, _HostMarks
+
+
+class StepOwner(Protocol):
+    """What a scope calls on its supervisor (producers/training/supervisor.py)."""
+
+    agent: RankAgent
+    _marks: _HostMarks | _CudaMarks
+
+    def _begin(self, scope: StepScope) -> None: ...
+
+    def _check(
+        self, scope: StepScope, loss: torch.Tensor | float, grad_norm: torch.Tensor | float | None
+    ) -> bool: ...
+
+    def _end(self, scope: StepScope, failed: bool) -> None: ...
+
+
+class StepScope:
+    """One step; use through ``with sup.step(step, batch) as s``."""
+
+    def __init__(self, sup: StepOwner, step: int, batch: Any, microbatch_id: str) -> None:
+        self.sup = sup
+        self.step = step
+        self.batch = batch
+        self.microbatch_id = microbatch_id
+        self.loss: float | None = None
+        self.grad_norm: float | None = None
+        self.verdict: Verdict | None = None
+        #: Save a checkpoint at the end of this step: decided in check(), agreed over ranks.
+        self.checkpoint_due: bool | None = None
+        #: The ranks agreed in check() (None: no agreement ran): run the pending ring check
+        #: due from this step (-1: none) at the end of this step.
+        self.ring_check_due: int | None = None
+        #: The key of the cross check agreed to run at this step's end (0: none; None: no
+        #: agreement ran, so a pending one is dropped).
+        self.cross_check_due: int | None = None
+        self._start: Any = None
+        self._compute: Any = None
+
+    def __enter__(self) -> StepScope:
+        self.sup._begin(self)
+        self._start = self.sup._marks.mark()
+        self.sup.agent.phase = "forward"
+        return self
+
+    def compute_done(self) -> None:
+        """Mark the end of this rank's compute, before any gradient collective. Under an
+        instrumented DDP model the comm hook has marked it already; this is then a no-op."""
+        if self._compute is None:
+            self._compute = self.sup._marks.mark()
+            self.sup.agent.phase = "allreduce"
+
+    def check(self, loss: torch.Tensor | float, grad_norm: torch.Tensor | float | None = None) -> bool:
+        """The invariants; True: apply the update. Reads the loss (and grad norm) as host
+        floats, which waits for the device to compute them."""
+        self.sup.agent.phase = "allreduce"  # the ranks agree on the verdict with one all-reduce
+        applied = self.sup._check(self, loss, grad_norm)
+        self.sup.agent.phase = "optimizer"
+        return applied
+
+    @property
+    def applied(self) -> bool:
+        return self.verdict is Verdict.APPLY
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.sup._end(self, failed=exc_type is not None and not isinstance(exc, NonFiniteLoss))

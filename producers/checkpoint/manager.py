@@ -47,9 +47,7 @@ every rank loads storage's. ``last_restore`` says which step and from where.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import shutil
 import threading
 import time
 import warnings
@@ -59,25 +57,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
-from torch.distributed.checkpoint.storage import WriteResult
 
+from .catalog import CheckpointCatalog, step_dir_name
+from .commit import ShardCommitter, describe_failure
 from .host_stager import HostStager, state_nbytes
 from .peer_replica import PeerReplica, agree_restore, holder_of, load_into
 from .train_state import TrainState
 from .validate import (
-    MANIFEST,
     REJECTED,
-    VALIDATED,
     NormBand,
     ValidationResult,
-    atomic_write_json,
-    file_digest,
-    model_norms,
     read_manifest,
     validate,
     verify_files,
@@ -115,10 +107,6 @@ class CheckpointError(RuntimeError):
     """No resumable checkpoint, or the one named is not validated."""
 
 
-def step_dir_name(step: int) -> str:
-    return f"step-{step:09d}"
-
-
 @dataclass
 class SaveHandle:
     """What ``save`` returns once the state is staged (``blocking_s`` is C).
@@ -149,19 +137,6 @@ class _Snapshot:
     holds: int = 1  # readers of ``state`` (the write, the replica); released at 0
 
 
-class _Writer(dcp.FileSystemWriter):
-    """DCP's filesystem writer with an injectable storage probe (raise to be unavailable)."""
-
-    def __init__(self, path: Path, hook: Callable[[], None] | None) -> None:
-        super().__init__(str(path), sync_files=True, overwrite=True)
-        self._hook = hook
-
-    def write_data(self, plan: SavePlan, planner: SavePlanner) -> torch.futures.Future[list[WriteResult]]:
-        if self._hook is not None:
-            self._hook()
-        return super().write_data(plan, planner)
-
-
 class CheckpointManager:
     """Saves, commits, validates and restores one rank's checkpoints (module docstring)."""
 
@@ -185,6 +160,7 @@ class CheckpointManager:
         if keep is not None and keep < 1:
             raise ValueError("keep must be at least 1")
         self.root = Path(root)
+        self.catalog = CheckpointCatalog(self.root)
         self.state = state
         self.rank = rank
         self.world_size = world_size
@@ -204,6 +180,7 @@ class CheckpointManager:
             group = dist.new_group(backend="gloo")
             assert isinstance(group, dist.ProcessGroup)  # this rank is a member
             self._group = group
+        self._committer = ShardCommitter(rank, world_size, self._group if self._dist else None, storage_hook)
         self._stager = HostStager()
         self._pending: list[_Snapshot] = []  # touched by the io thread only
         self._queued = 0
@@ -229,7 +206,7 @@ class CheckpointManager:
     # ------------------------------------------------------------------ saving
 
     def step_dir(self, step: int) -> Path:
-        return self.root / step_dir_name(step)
+        return self.catalog.step_dir(step)
 
     def save(self, step: int, last_verified_step: int = -1) -> SaveHandle:
         """Stage the state into host memory and return; write and commit in the background."""
@@ -322,40 +299,18 @@ class CheckpointManager:
         """Write and commit one snapshot; None on success, else the reason (same on all ranks)."""
         directory = self.step_dir(snap.step)
         t0 = time.perf_counter()
-        try:
-            if self.rank == 0:
-                for stale in (MANIFEST, VALIDATED, REJECTED):  # a re-save of a step after a rollback
-                    (directory / stale).unlink(missing_ok=True)
-            writer = _Writer(directory, self.storage_hook)
-            if self._dist:
-                dcp.save({"app": snap.state}, storage_writer=writer, process_group=self._group)
-            else:
-                dcp.save({"app": snap.state}, storage_writer=writer, no_dist=True)
-        except (Exception, CheckpointException) as exc:  # DCP wraps each rank's error (BaseException)
-            return f"storage write failed: {_describe(exc)}"[:2000]
-        mine: dict[str, Any] | str
-        try:
-            mine = {
-                path.name: dict(zip(("sha256", "size"), file_digest(path), strict=True))
-                for path in sorted(directory.glob(f"__{self.rank}_*.distcp"))
-            }
-        except OSError as exc:
-            mine = f"rank {self.rank} could not read back its shard: {exc}"
-        parts = self._all_gather(mine)
-        error: str | None = next((p for p in parts if isinstance(p, str)), None)
-        if error is None and self.rank == 0:
-            try:
-                self._commit(snap, directory, parts)
-            except OSError as exc:
-                error = f"manifest write failed: {exc}"
-        if self._dist:
-            verdict = [error]
-            dist.broadcast_object_list(verdict, src=0, group=self._group)
-            error = verdict[0]
-        if error is not None:
-            return error
+        manifest = {
+            "run_id": self.run_id,
+            "step": snap.step,
+            "staged_at": snap.staged_at,
+            "last_verified_step": snap.last_verified_step,
+            "blocking_s": snap.handle.blocking_s,
+        }
+        written = self._committer.write(snap.state, directory, manifest)
+        if isinstance(written, str):
+            return written
+        own = written
         write_s = time.perf_counter() - t0
-        own = mine if isinstance(mine, dict) else {}
         digest = hashlib.sha256("".join(meta["sha256"] for meta in own.values()).encode()).hexdigest()
         nbytes = sum(meta["size"] for meta in own.values())
         self._report(
@@ -374,37 +329,6 @@ class CheckpointManager:
             assert self._validator is not None
             self._validator.submit(self._validate, snap.step, snap.last_verified_step)
         return None
-
-    def _all_gather(self, obj: Any) -> list[Any]:
-        if not self._dist:
-            return [obj]
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self._group)
-        return out
-
-    def _commit(self, snap: _Snapshot, directory: Path, parts: list[Any]) -> None:
-        files: dict[str, dict[str, Any]] = {}
-        ranks: dict[str, list[str]] = {}
-        for rank, part in enumerate(parts):
-            ranks[str(rank)] = sorted(part)
-            for name, meta in part.items():
-                files[name] = {**meta, "rank": rank}
-        digest, size = file_digest(directory / ".metadata")
-        files[".metadata"] = {"sha256": digest, "size": size, "rank": 0}
-        manifest = {
-            "format": 1,
-            "run_id": self.run_id,
-            "step": snap.step,
-            "world_size": self.world_size,
-            "created": time.time(),
-            "staged_at": snap.staged_at,
-            "last_verified_step": snap.last_verified_step,
-            "blocking_s": snap.handle.blocking_s,
-            "files": files,
-            "ranks": ranks,
-            "param_norms": {name: list(v) for name, v in model_norms(snap.state).items()},
-        }
-        atomic_write_json(directory / MANIFEST, manifest)
 
     # -------------------------------------------------------------- validation
 
@@ -437,55 +361,24 @@ class CheckpointManager:
             self._report_failed(step, f"validation could not run: {type(exc).__name__}: {exc}")
 
     def _retain(self) -> None:
-        if self.keep is None:
-            return
-        validated = self.validated_steps()
-        if len(validated) <= self.keep:
-            return
-        oldest_kept = validated[-self.keep]
-        for step in self._step_dirs():
-            if step < oldest_kept:
-                shutil.rmtree(self.step_dir(step), ignore_errors=True)
+        if self.keep is not None:
+            self.catalog.keep_newest(self.keep)
 
     # ---------------------------------------------------------------- resuming
 
-    def _step_dirs(self) -> list[int]:
-        steps = []
-        if self.root.is_dir():
-            for path in self.root.glob("step-*"):
-                try:
-                    steps.append(int(path.name[5:]))
-                except ValueError:
-                    continue
-        return sorted(steps)
-
     def committed_steps(self) -> list[int]:
-        return [s for s in self._step_dirs() if (self.step_dir(s) / MANIFEST).is_file()]
+        return self.catalog.committed_steps()
 
     def validated_steps(self) -> list[int]:
         """Committed, ``VALIDATED`` and not ``REJECTED`` checkpoints, oldest first."""
-        out = []
-        for step in self.committed_steps():
-            d = self.step_dir(step)
-            if (d / VALIDATED).is_file() and not (d / REJECTED).exists():
-                out.append(step)
-        return out
+        return self.catalog.validated_steps()
 
     def latest_validated(self) -> int | None:
-        steps = self.validated_steps()
-        return steps[-1] if steps else None
+        return self.catalog.latest_validated()
 
     def rejection_reason(self, step: int) -> str | None:
         """Why a checkpoint is not resumable, or None when it is validated."""
-        d = self.step_dir(step)
-        if not (d / MANIFEST).is_file():
-            return f"checkpoint step {step} does not exist (no manifest in {d})"
-        if (d / REJECTED).exists():
-            marker = _read_json(d / REJECTED)
-            return f"checkpoint step {step} was rejected: {marker.get('reason', 'unknown reason')}"
-        if not (d / VALIDATED).is_file():
-            return f"checkpoint step {step} is not validated (yet)"
-        return None
+        return self.catalog.rejection_reason(step)
 
     def _choose(self, step: int | None, verify: bool, below: int | None = None) -> tuple[int | None, str]:
         """Rank 0: the newest resumable checkpoint at or before `step` (all when None).
@@ -553,7 +446,7 @@ class CheckpointManager:
         copies: list[Any] = []
         if use_peer:
             assert self.replica is not None
-            copies = self._all_gather(self.replica.steps())
+            copies = self._committer.all_gather(self.replica.steps())
         choice: list[Any] = [None, "", None, "none"]
         if self.rank == 0:
             choice = [*self._choose(step, verify), None, "none"]
@@ -586,7 +479,7 @@ class CheckpointManager:
             except CheckpointException as exc:  # a BaseException: callers catching Exception would miss it
                 # It failed on some rank (DCP gathers every rank's error, so all see it):
                 # the ranks that loaded fine load the older one with it, so all agree.
-                failed = f"loading checkpoint step {chosen} failed: {_describe(exc)}"
+                failed = f"loading checkpoint step {chosen} failed: {describe_failure(exc)}"
                 choice = [None, failed]
                 if self.rank == 0:
                     self._reject(int(chosen), failed)
@@ -628,7 +521,7 @@ class CheckpointManager:
         except Exception as exc:
             error = f"rank {self.rank}: {type(exc).__name__}: {exc}"
             log.warning("restoring step %d from host memory failed: %s", step, error)
-        errors = [e for e in self._all_gather(error) if e is not None]
+        errors = [e for e in self._committer.all_gather(error) if e is not None]
         if errors:
             # ranks that did restore overwrite it from storage next; report once
             self._report_failed(step, "peer restore failed, loading storage: " + "; ".join(errors))
@@ -674,22 +567,3 @@ class CheckpointManager:
     def _report_failed(self, step: int, reason: str) -> None:
         if self.rank == 0:
             self._report("checkpoint_failed", step, str(self.step_dir(step)), reason)
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, CheckpointException):
-        return "; ".join(
-            f"rank {rank}: {type(err).__name__}: {err}"
-            for rank, (err, _trace) in sorted(exc.failures.items())
-        )
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    """A marker's json payload ({} when unreadable)."""
-    try:
-        with open(path) as f:
-            payload: dict[str, Any] = json.load(f)
-            return payload
-    except (OSError, ValueError):
-        return {}

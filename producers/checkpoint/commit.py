@@ -1,0 +1,138 @@
+"""Writing one checkpoint to storage and committing it: every rank's shard through
+``torch.distributed.checkpoint`` (fsynced), then ``MANIFEST.json`` written LAST and
+atomically by rank 0, with every file's sha256 and size: a directory without it is not a
+checkpoint, so a crash mid-write leaves nothing resumable.
+
+The collectives (DCP's own, the gather of the ranks' digests, the verdict's broadcast)
+run on the manager's dedicated gloo group, in its background thread, never on the
+training's default group. A failure anywhere is the same verdict on every rank, so all
+ranks keep and retry the same snapshots (manager.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.storage import WriteResult
+
+from .validate import MANIFEST, REJECTED, VALIDATED, atomic_write_json, file_digest, model_norms
+
+#: name -> {"sha256", "size"} of this rank's shard files.
+Shards = dict[str, dict[str, Any]]
+
+
+class _Writer(dcp.FileSystemWriter):
+    """DCP's filesystem writer with an injectable storage probe (raise to be unavailable)."""
+
+    def __init__(self, path: Path, hook: Callable[[], None] | None) -> None:
+        super().__init__(str(path), sync_files=True, overwrite=True)
+        self._hook = hook
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> torch.futures.Future[list[WriteResult]]:
+        if self._hook is not None:
+            self._hook()
+        return super().write_data(plan, planner)
+
+
+class ShardCommitter:
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        group: dist.ProcessGroup | None,
+        storage_hook: Callable[[], None] | None = None,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.group = group  # None: a single process (no collectives)
+        self.storage_hook = storage_hook
+
+    def write(self, state: dict[str, Any], directory: Path, manifest: dict[str, Any]) -> Shards | str:
+        """Write `state` into `directory` and commit it with `manifest`'s fields (run id,
+        step, ...) plus the files, the world size and the parameter norms. This rank's
+        shards, or the reason it failed (the same on every rank)."""
+        try:
+            if self.rank == 0:
+                for stale in (MANIFEST, VALIDATED, REJECTED):  # a re-save of a step after a rollback
+                    (directory / stale).unlink(missing_ok=True)
+            writer = _Writer(directory, self.storage_hook)
+            if self.group is not None:
+                dcp.save({"app": state}, storage_writer=writer, process_group=self.group)
+            else:
+                dcp.save({"app": state}, storage_writer=writer, no_dist=True)
+        except (Exception, CheckpointException) as exc:  # DCP wraps each rank's error (BaseException)
+            return f"storage write failed: {describe_failure(exc)}"[:2000]
+        mine: Shards | str
+        try:
+            mine = {
+                path.name: dict(zip(("sha256", "size"), file_digest(path), strict=True))
+                for path in sorted(directory.glob(f"__{self.rank}_*.distcp"))
+            }
+        except OSError as exc:
+            mine = f"rank {self.rank} could not read back its shard: {exc}"
+        parts = self.all_gather(mine)
+        error: str | None = next((p for p in parts if isinstance(p, str)), None)
+        if error is None and self.rank == 0:
+            try:
+                self._commit(state, directory, parts, manifest)
+            except OSError as exc:
+                error = f"manifest write failed: {exc}"
+        if self.group is not None:
+            verdict = [error]
+            dist.broadcast_object_list(verdict, src=0, group=self.group)
+            error = verdict[0]
+        if error is not None:
+            return error
+        return mine if isinstance(mine, dict) else {}
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, on the checkpoint group (just ours in a single process)."""
+        if self.group is None:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def _commit(
+        self, state: dict[str, Any], directory: Path, parts: list[Any], fields: dict[str, Any]
+    ) -> None:
+        files: dict[str, dict[str, Any]] = {}
+        ranks: dict[str, list[str]] = {}
+        for rank, part in enumerate(parts):
+            ranks[str(rank)] = sorted(part)
+            for name, meta in part.items():
+                files[name] = {**meta, "rank": rank}
+        digest, size = file_digest(directory / ".metadata")
+        files[".metadata"] = {"sha256": digest, "size": size, "rank": 0}
+        manifest = {
+            "format": 1,
+            "run_id": fields["run_id"],
+            "step": fields["step"],
+            "world_size": self.world_size,
+            "created": time.time(),
+            "staged_at": fields["staged_at"],
+            "last_verified_step": fields["last_verified_step"],
+            "blocking_s": fields["blocking_s"],
+            "files": files,
+            "ranks": ranks,
+            "param_norms": {name: list(v) for name, v in model_norms(state).items()},
+        }
+        atomic_write_json(directory / MANIFEST, manifest)
+
+
+def describe_failure(exc: BaseException) -> str:
+    """A DCP failure as one line: every rank's error (DCP gathers them), else the exception."""
+    if isinstance(exc, CheckpointException):
+        return "; ".join(
+            f"rank {rank}: {type(err).__name__}: {err}"
+            for rank, (err, _trace) in sorted(exc.failures.items())
+        )
+    return f"{type(exc).__name__}: {exc}"

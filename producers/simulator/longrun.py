@@ -31,6 +31,7 @@ import math
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from ...schemas import (
     CheckpointValidated,
@@ -146,13 +147,29 @@ class _Sim:
     def next_failure(self, after: float) -> float:
         return after + self.rng.expovariate(1.0 / self.run.failure_mtbf_s)
 
+    def command_handlers(self) -> dict[type[Command], Callable[[Any, float], None]]:
+        """The simulator role's handlers for what a run-level model has: the checkpoint
+        interval and the node pool. The other kinds act on ranks this model does not have
+        (checks, skips, a rank's exit) or on restarts it draws itself (Abort, Rollback), so
+        they are deliberately not modelled here; producers/simulator/cluster.py models
+        every kind per rank (producers/command_roles.py)."""
+        return {SetCheckpointInterval: self._set_interval, QuarantineNode: self._quarantine}
+
     def apply(self, commands: list[Command], ts: float) -> None:
+        handlers = self.command_handlers()
         for command in commands:
-            if isinstance(command, SetCheckpointInterval) and command.interval_s != self.interval_s:
-                self.interval_s = command.interval_s
-                self.truth.intervals.append((ts, command.interval_s))
-            elif isinstance(command, QuarantineNode) and command.node in self.racks:
-                self.pending_quarantine.append(command.node)
+            handler = handlers.get(type(command))
+            if handler is not None:
+                handler(command, ts)
+
+    def _set_interval(self, command: SetCheckpointInterval, ts: float) -> None:
+        if command.interval_s != self.interval_s:
+            self.interval_s = command.interval_s
+            self.truth.intervals.append((ts, command.interval_s))
+
+    def _quarantine(self, command: QuarantineNode, ts: float) -> None:
+        if command.node in self.racks:
+            self.pending_quarantine.append(command.node)
 
     def relaunch_nodes(self) -> None:
         """Quarantined nodes leave the pool before the restart: a spare takes each place."""

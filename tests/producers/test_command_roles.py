@@ -13,9 +13,13 @@ from trainguard.producers.launcher.launcher import Launcher
 from trainguard.producers.rank.agent import MemorySink, RankAgent
 from trainguard.producers.rank.handlers import RankControl, RankHandlers
 from trainguard.producers.simulator import Scenario, SimulatedCluster
-from trainguard.schemas.commands import COMMAND_KINDS, Command
+from trainguard.producers.simulator.longrun import LongRun, _Sim, simulate
+from trainguard.schemas import Envelope, Reason, ReasonCode
+from trainguard.schemas.commands import COMMAND_KINDS, Abort, Command, QuarantineNode, SetCheckpointInterval
 
 from .launcher.test_launcher import make_launcher
+
+REASON = Reason(code=ReasonCode.OPERATOR, text="test")
 
 
 class Registrations:
@@ -76,3 +80,29 @@ def test_a_missing_handler_is_named() -> None:
 
     first = next(k for k in COMMAND_KINDS if Role.RANK in EXECUTED_BY[k])
     assert missing_handlers(Role.RANK, Partial()) == [f"rank: no handler for {first.KIND}"]
+
+
+def test_the_long_run_model_executes_its_kinds_through_its_table() -> None:
+    """The month-long run-level model (simulator/longrun.py) keeps only the interval and
+    the node pool; its table is the simulator role's for those kinds, and what the core
+    sends reaches the run through it (other kinds are not modelled, and pass)."""
+    run = LongRun(world_size=64, ranks_per_node=8, nodes_per_rack=4, days=2.0, mtbf_s=6 * 3600.0)
+    sent: list[str] = []
+
+    def core(event: Envelope) -> list[Command]:
+        if sent:
+            return []
+        sent.append(event.KIND)
+        common = dict(run_id=run.run_id, attempt=0, issued_ts=event.ts, reason=REASON)
+        return [
+            SetCheckpointInterval(command_id="i1", interval_s=900.0, **common),
+            QuarantineNode(command_id="q1", node="n00003", **common),
+            Abort(command_id="a1", **common),
+        ]
+
+    truth = simulate(run, core, interval_s=1800.0)
+    assert [interval for _, interval in truth.intervals] == [1800.0, 900.0]
+    assert truth.failures > 0 and truth.quarantined == ["n00003"]  # replaced at the first restart
+    kinds = set(_Sim(run, 1800.0).command_handlers())
+    assert kinds == {SetCheckpointInterval, QuarantineNode}
+    assert all(Role.SIMULATOR in EXECUTED_BY[k] for k in kinds)

@@ -74,6 +74,13 @@ EXECUTED_BY: Mapping[type[Command], frozenset[Role]] = {
 }
 
 
+def kinds_of(role: Role) -> frozenset[type[Command]]:
+    """The command kinds `role` executes. An actuator given them passes over another
+    role's command unacked (a QuarantineNode addressed to every rank is the launcher's,
+    not each rank's), instead of failing it for want of a handler."""
+    return frozenset(kind for kind, roles in EXECUTED_BY.items() if role in roles)
+
+
 def missing_handlers(role: Role, handlers: CommandHandlers) -> list[str]:
     """The command kinds `role` must execute and has no handler for, and those it handles
     that the table does not give it: both empty when the role matches the table."""

@@ -31,6 +31,7 @@ def make_actuator(
     group (it assigns its partitions itself), so a relaunched launcher reads the unacked
     commands at once, while the recovery still accepts the interrupted attempt's."""
     from ...schemas import auth
+    from ..command_roles import Role, kinds_of
     from ..rank.actuator import Actuator
 
     journal = launcher.run_dir / "launcher.journal"
@@ -45,6 +46,7 @@ def make_actuator(
         node="launcher",
         instance="launcher",
         journal_path=journal,
+        executes=kinds_of(Role.LAUNCHER),
     )
     for command_id in launcher.unexecuted(_claimed(journal, launcher.config.run_id)):
         log.warning("recovery: command %s was claimed but never executed; it may run once", command_id)

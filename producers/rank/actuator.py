@@ -28,7 +28,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -125,6 +125,7 @@ class Actuator:
         clock: Callable[[], float] = time.time,
         credentials: KafkaCredentials | None = None,
         start_ts: float | None = None,
+        executes: Collection[type[Command]] | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.start_ts = start_ts
@@ -145,7 +146,9 @@ class Actuator:
         self.assign_timeout_s = 60.0
         #: How often the topic's partition count is re-read (partitions added while running).
         self.partition_refresh_s = 30.0
-        self.gate = CommandGate(run_id, attempt, ranks, key, journal_path)
+        # `executes`: the kinds this actuator's role executes (command_roles.kinds_of); a
+        # command of another kind is not for it (the launcher's, at every rank): no ack.
+        self.gate = CommandGate(run_id, attempt, ranks, key, journal_path, executes=executes)
         self.stats = ActuatorStats()
         self.clock = clock
         self._handlers: dict[type[Command], Handler] = {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -63,6 +63,8 @@ class GateCounters:
     other_run: int = 0
     #: Authentic commands that target none of the local ranks.
     untargeted: int = 0
+    #: Authentic commands of a kind this actuator's role does not execute (not for it: no ack).
+    other_role: int = 0
     refused: dict[RefuseReason, int] = field(default_factory=dict)
 
     @property
@@ -82,8 +84,12 @@ class CommandGate:
         key: bytes,
         journal_path: Path | str | None = None,
         max_ids_per_rank: int = 100_000,
+        executes: Collection[type[Command]] | None = None,
     ) -> None:
         self.run_id = run_id
+        #: The command kinds this gate's role executes (producers/command_roles.py:
+        #: kinds_of); None: every kind. Another role's command is passed over, unacked.
+        self.executes = frozenset(executes) if executes is not None else None
         self.attempt = attempt
         self.local_ranks = frozenset(local_ranks)
         self.max_ids_per_rank = max_ids_per_rank
@@ -129,6 +135,9 @@ class CommandGate:
                 f"command is for attempt {command.attempt}, this is attempt {self.attempt}",
                 command,
             )
+        if self.executes is not None and type(command) not in self.executes:
+            self.counters.other_role += 1
+            return Decision(Outcome.ACCEPTED, command, detail=f"{command.KIND} is another role's")
         ranks = tuple(sorted(r for r in self.local_ranks if command.targets(r)))
         if not ranks:
             self.counters.untargeted += 1

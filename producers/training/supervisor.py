@@ -91,6 +91,7 @@ from ...common.quantiles import RunningQuantile
 from ...kafka.topics import topic_names
 from ...schemas import auth
 from ..checkpoint.cadence import CheckpointCadence
+from ..command_roles import Role, kinds_of
 from ..rank.actuator import Actuator
 from ..rank.agent import EventSink, MemorySink, NodeAgents, RankAgent
 from ..rank.handlers import CheckpointManager, RankControl, RankHandlers
@@ -268,6 +269,7 @@ class Supervisor:
                 # A rank on a new node reads its group from here, not from the topic's end: a
                 # command for this attempt may come while it is being assigned (2 s: clocks).
                 start_ts=process_start_ts() - 2.0,
+                executes=kinds_of(Role.RANK),  # the launcher's kinds are not a rank's to ack
             )
             self.handlers.register(self.actuator)
             self.actuator.start()

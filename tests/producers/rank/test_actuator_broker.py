@@ -12,6 +12,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from trainguard.kafka.topics import TopicNames
+from trainguard.producers.command_roles import Role, kinds_of
 from trainguard.producers.rank.actuator import Actuator
 from trainguard.producers.rank.gate import RefuseReason
 from trainguard.schemas import (
@@ -20,6 +21,7 @@ from trainguard.schemas import (
     AckStatus,
     CheckpointNow,
     Command,
+    QuarantineNode,
     Reason,
     ReasonCode,
     SkipUpdate,
@@ -285,3 +287,31 @@ def test_a_topic_created_late_and_a_partition_added_while_running(
     assert {(a.command_id, a.status) for a in got} == {
         ("on-old", AckStatus.EXECUTED), ("on-added", AckStatus.EXECUTED),
     }  # fmt: skip
+
+
+def test_a_rank_actuator_does_not_ack_the_launchers_commands(
+    bootstrap: str, topics: TopicNames, run_id: str, acks: AckReader, tmp_path: Path
+) -> None:
+    """Live, the launcher's kinds addressed to every rank made each rank ack FAILED "no
+    handler". With its role's kinds, a rank's actuator passes them over, unacked."""
+    key = auth.run_key(SECRET, run_id)
+    ran: list[tuple[str, int]] = []
+    actuator = Actuator(
+        bootstrap, topics.commands, topics.acks, run_id, attempt=0, local_ranks=[0, 1], key=key,
+        node="node-a", journal_path=tmp_path / "journal", executes=kinds_of(Role.RANK),
+    )  # fmt: skip
+    actuator.register(CheckpointNow, recorder(ran))
+    quarantine = QuarantineNode(
+        command_id="q-1", run_id=run_id, attempt=0, issued_ts=1.0, node="node-b",
+        reason=Reason(code=ReasonCode.OPERATOR, text="t"),
+    )  # fmt: skip
+    with actuator:
+        assert actuator.wait_ready(30)
+        send(bootstrap, topics.commands, run_id, encode(auth.sign(quarantine, key)))
+        send(bootstrap, topics.commands, run_id, encode(auth.sign(checkpoint_now(run_id, "ckpt-1"), key)))
+        got = acks.take(2)
+    assert sorted((a.command_id, a.rank, a.status) for a in got) == [
+        ("ckpt-1", 0, AckStatus.EXECUTED),
+        ("ckpt-1", 1, AckStatus.EXECUTED),
+    ]
+    assert actuator.stats.failed == 0 and actuator.counters.other_role == 1

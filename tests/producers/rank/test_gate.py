@@ -4,8 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trainguard.producers.command_roles import Role, kinds_of
 from trainguard.producers.rank.gate import CommandGate, Outcome, RefuseReason, Verdict
-from trainguard.schemas import CheckpointNow, Command, EvictRank, Reason, ReasonCode, auth, encode
+from trainguard.schemas import (
+    RUN_LEVEL_RANK,
+    CheckpointNow,
+    Command,
+    EvictRank,
+    QuarantineNode,
+    Reason,
+    ReasonCode,
+    auth,
+    encode,
+)
 
 SECRET = b"s" * 32
 RUN = "run-gate"
@@ -170,3 +181,22 @@ def test_journal_is_compacted_on_reload(tmp_path: Path) -> None:
     assert len(path.read_bytes().splitlines()) == 3
     assert reloaded.claim(cmd.model_copy(update={"command_id": "c1499"}), 0) is Verdict.DUPLICATE
     reloaded.close()
+
+
+def test_another_roles_command_is_passed_over_and_the_launcher_takes_it() -> None:
+    """A QuarantineNode addressed to every rank is the launcher's: a rank's gate, given
+    its role's kinds, passes it over (no rank to run it on, so no FAILED ack), while the
+    launcher's gate runs it and a rank's kind still reaches the ranks."""
+    quarantine = QuarantineNode(
+        command_id="q-1", run_id=RUN, attempt=0, issued_ts=1.0, node="node-3",
+        reason=Reason(code=ReasonCode.OPERATOR, text="test"),
+    )  # fmt: skip
+    rank_side = CommandGate(RUN, 0, (0, 1), KEY, executes=kinds_of(Role.RANK))
+    launcher_side = CommandGate(RUN, 0, (RUN_LEVEL_RANK,), KEY, executes=kinds_of(Role.LAUNCHER))
+    decision, verdicts = rank_side.admit(signed(quarantine))
+    assert (decision.outcome, decision.ranks, verdicts) == (Outcome.ACCEPTED, (), {})
+    assert rank_side.counters.other_role == 1 and rank_side.counters.executed == 0
+    assert launcher_side.admit(signed(quarantine))[1] == {RUN_LEVEL_RANK: Verdict.EXECUTE}
+    assert rank_side.admit(signed(command()))[1] == {0: Verdict.EXECUTE, 1: Verdict.EXECUTE}
+    everything = CommandGate(RUN, 0, (0, 1), KEY)  # no role given: every kind reaches the ranks
+    assert everything.admit(signed(quarantine))[0].ranks == (0, 1)

@@ -16,6 +16,10 @@ are both built from):
   GET  /runs/{id}/timeline     every interruption: cause, node, rank, lost steps, restart
                                seconds, cost, the decisions it caused and their reasons
 
+One file on purpose: every endpoint's handler sits next to the route table that the
+server and the OpenAPI document are both built from; the models, the view and the web
+glue are modules of their own (api_models, api_view, api_openapi, api_web).
+
 What registering a run means. The log is the only source of truth: a run exists for the
 core when its launcher's RunStarted arrives, and a replay of the log must rebuild the same
 state. So ``POST /runs`` writes nothing and keeps nothing: it validates the spec, derives a

@@ -166,3 +166,22 @@ def test_docs_architecture_names_every_package_folder(graph: ImportGraph) -> Non
     folders = {path.parent for name, path in graph.modules.items() if path.name == "__init__.py"}
     missing = sorted(str(folder.relative_to(ROOT)) for folder in folders if f"`{folder.name}/`" not in text)
     assert missing == []
+
+
+#: Past this, a module is split by concept, or says in its docstring why it is one file.
+MAX_LINES = 600
+
+
+def test_a_module_over_600_lines_says_why_it_is_one_file(graph: ImportGraph) -> None:
+    """Issue 16: "no file over ~600 lines, except where splitting would hurt and the file
+    says why" (its module docstring names it "one file", with the reason)."""
+    unexplained = []
+    for module, path in sorted(graph.modules.items()):
+        text = path.read_text()
+        lines = text.count("\n")
+        if lines <= MAX_LINES:
+            continue
+        docstring = ast.get_docstring(ast.parse(text)) or ""
+        if "one file" not in docstring.lower():
+            unexplained.append(f"{module}: {lines} lines, no 'one file' reason in its docstring")
+    assert unexplained == []

@@ -30,19 +30,14 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from ...schemas import RUN_LEVEL_RANK, RunStarted
-from .config import LauncherConfig, free_port, kill_at
-from .events import LauncherEvents
-from .plan import NodePool, Placement
+from .config import free_port, kill_at
+from .context import LaunchContext
+from .plan import Placement
 from .rank_env import rank_env
 from .records import LaunchResult, RankEnd, RestartCause, RestartPhases
-from .restarts import RestartRecorder
-from .resume import ResumeChoice
-from .run_state import RunState
 
 log = logging.getLogger(__name__)
 
@@ -51,25 +46,10 @@ End = str
 
 
 class AttemptRunner:
-    def __init__(
-        self,
-        config: LauncherConfig,
-        run_dir: Path,
-        pool: NodePool,
-        state: RunState,
-        resume: ResumeChoice,
-        restarts: RestartRecorder,
-        events: LauncherEvents,
-        clock: Callable[[], float],
-    ) -> None:
-        self.config = config
-        self.run_dir = run_dir
-        self.pool = pool
-        self.state = state
-        self.resume = resume
-        self.restarts = restarts
-        self.events = events
-        self.clock = clock
+    def __init__(self, ctx: LaunchContext) -> None:
+        self.ctx = ctx
+        self.config, self.run_dir, self.pool, self.state = ctx.config, ctx.run_dir, ctx.pool, ctx.state
+        self.resume, self.restarts, self.events, self.clock = ctx.resume, ctx.restarts, ctx.events, ctx.clock
 
     def run(
         self, placement: Placement, resume: int, pending: RestartPhases | None, result: LaunchResult

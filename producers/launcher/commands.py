@@ -142,8 +142,7 @@ class LauncherCommands:
 
     def quarantine(self, node: str, command: QuarantineNode | None = None) -> str:
         """`node` leaves the pool from the next restart on (a command's, or an operator's)."""
-        if node not in self.pool.nodes:
-            raise ValueError(f"node {node} is not in the pool")
+        self._known(node)
         state = self.state
         with state.lock:
             detail = self._effect(node)
@@ -217,8 +216,7 @@ class LauncherCommands:
 
     def release(self, command: ReleaseNode, rank: int) -> str:
         node = command.node
-        if node not in self.pool.nodes:
-            raise ValueError(f"node {node} is not in the pool")
+        self._known(node)
         failed = self.spares.tester.failed.get(node)
         if failed is not None:
             raise ValueError(f"{node} stays out of the pool: it failed its self-test ({failed[:500]})")
@@ -234,8 +232,7 @@ class LauncherCommands:
 
     def self_test(self, command: RunNodeSelfTest, rank: int) -> str:
         node = command.node
-        if node not in self.pool.nodes:
-            raise ValueError(f"node {node} is not in the pool")
+        self._known(node)
         unknown = [t for t in command.tests if t not in SELF_TESTS]
         if unknown:
             raise ValueError(f"no {', '.join(unknown)} self-test here (known: {', '.join(SELF_TESTS)})")
@@ -256,6 +253,10 @@ class LauncherCommands:
             state.record(command, detail, interval_s=command.interval_s)
             state.checkpoint_interval_s = command.interval_s
         return detail
+
+    def _known(self, node: str) -> None:
+        if node not in self.pool.nodes:
+            raise ValueError(f"node {node} is not in the pool")
 
     def _effect(self, node: str) -> str:
         """Under the lock: what quarantining `node` does at the next restart."""

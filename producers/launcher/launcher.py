@@ -75,6 +75,7 @@ from ..rank.agent import EventSink  # a TelemetryShipper satisfies EventSink
 from .attempt import AttemptRunner
 from .commands import LauncherCommands
 from .config import LauncherConfig, kill_at
+from .context import LaunchContext
 from .events import LauncherEvents
 from .journal import JOURNAL_NAME, ActionJournal, AttemptRecord
 from .plan import NodePool, Placement, PoolExhausted, make_pool, plan
@@ -123,9 +124,11 @@ class Launcher:
         self.spares = SpareAdmission(config, self.pool, state, self.events, self_test)
         self.tester = self.spares.tester
         self.commands = LauncherCommands(config, self.pool, state, self.resume, self.spares, clock)
-        stages = (config, self.run_dir, self.pool, state, self.resume, self.restarts, self.events, clock)
-        self.attempts = AttemptRunner(*stages)
-        self.recovery = Recovery(*stages)
+        self.context = LaunchContext(
+            config, self.run_dir, self.pool, state, self.resume, self.restarts, self.events, clock
+        )
+        self.attempts = AttemptRunner(self.context)
+        self.recovery = Recovery(self.context)
 
     # ------------------------------------------------------------------ the run's state
     @property
@@ -137,6 +140,7 @@ class Launcher:
         """A new configuration for the stages (tests change one setting before run())."""
         self._config = config
         self.state.fault = config.fault
+        self.context.config = config
         for stage in (self.resume, self.restarts, self.spares, self.commands, self.attempts, self.recovery):
             stage.config = config
 

@@ -26,19 +26,14 @@ restart budget counts across relaunches until a clean end. ``TRAINGUARD_LAUNCHER
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from .config import LauncherConfig
-from .events import LauncherEvents
+from .context import LaunchContext
 from .journal import AttemptRecord, JournalState, rank_processes
 from .journal import terminate as terminate_orphans
-from .plan import NodePool, Placement
+from .plan import Placement
 from .records import LaunchResult, RankEnd, RestartCause, RestartPhases
-from .restarts import RestartRecorder
-from .resume import ResumeChoice
-from .run_state import RunState, request_of
+from .run_state import request_of
 
 log = logging.getLogger(__name__)
 
@@ -48,25 +43,10 @@ Recovered = tuple[RestartPhases | None, int, AttemptRecord | None]
 
 
 class Recovery:
-    def __init__(
-        self,
-        config: LauncherConfig,
-        run_dir: Path,
-        pool: NodePool,
-        state: RunState,
-        resume: ResumeChoice,
-        restarts: RestartRecorder,
-        events: LauncherEvents,
-        clock: Callable[[], float],
-    ) -> None:
-        self.config = config
-        self.run_dir = run_dir
-        self.pool = pool
-        self.state = state
-        self.resume = resume
-        self.restarts = restarts
-        self.events = events
-        self.clock = clock
+    def __init__(self, ctx: LaunchContext) -> None:
+        self.ctx = ctx
+        self.config, self.run_dir, self.pool, self.state = ctx.config, ctx.run_dir, ctx.pool, ctx.state
+        self.resume, self.restarts, self.events, self.clock = ctx.resume, ctx.restarts, ctx.events, ctx.clock
 
     def recover(self, result: LaunchResult) -> Recovered | None:
         """The predecessor died with its last attempt in flight or between two attempts:

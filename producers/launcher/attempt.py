@@ -35,9 +35,9 @@ from typing import Any
 from ...schemas import RUN_LEVEL_RANK, RunStarted
 from .config import free_port, kill_at
 from .context import LaunchContext
-from .plan import Placement
 from .rank_env import rank_env
 from .records import LaunchResult, RankEnd, RestartCause, RestartPhases
+from .world import World
 
 log = logging.getLogger(__name__)
 
@@ -52,38 +52,41 @@ class AttemptRunner:
         self.resume, self.restarts, self.events, self.clock = ctx.resume, ctx.restarts, ctx.events, ctx.clock
 
     def run(
-        self, placement: Placement, resume: int, pending: RestartPhases | None, result: LaunchResult
+        self, world: World, pending: RestartPhases | None, result: LaunchResult
     ) -> tuple[End, RestartPhases | None]:
-        """Attempt `state.attempt` on `placement` from checkpoint `resume`; `pending` is the
-        interruption it restarts after (its phases are measured as the ranks start)."""
-        cfg, attempt, n = self.config, self.state.attempt, self.config.nproc
-        port = free_port(cfg.master_addr)
+        """Attempt `world.attempt`: this launcher's ranks of it, from checkpoint
+        `world.resume`; `pending` is the interruption it restarts after (its phases are
+        measured as the ranks start)."""
+        cfg, attempt, placement, resume = self.config, world.attempt, world.placement, world.resume
+        port = world.master_port if world.master_port is not None else free_port(cfg.master_addr)
         (self.run_dir / f"attempt-{attempt}").mkdir(parents=True, exist_ok=True)
-        envs = {r: self._env(r, placement, resume, port) for r in range(n)}
+        envs = {r: self._env(r, world, port) for r in world.local_ranks}
         self.events.emit(
             RunStarted,
             RUN_LEVEL_RANK,
             "",
             resume,
             key=f"run-started-{attempt}",
-            world_size=n,
-            ranks_per_node=cfg.ranks_per_node,
+            world_size=placement.world_size,
+            ranks_per_node=placement.ranks_per_node,
             nodes=list(placement.nodes),
             racks={node: self.pool.racks.get(node, "") for node in placement.nodes},
             resumed_from_step=resume,
         )
-        log.info("attempt %d: %d ranks on %s, resume step %d", attempt, n, placement.nodes, resume)
+        log.info("attempt %d: ranks %s of %d on %s, resume step %d", attempt, list(world.local_ranks),
+                 placement.world_size, placement.nodes, resume)  # fmt: skip
         spawn_ts = self.clock()
-        ctx = self._spawn(attempt, envs)
-        procs = {r: h.proc for r, h in ctx.subprocess_handlers.items()}
+        ctx = self._spawn(attempt, [envs[r] for r in world.local_ranks])
+        # torch elastic numbers a host's processes 0..n-1 (its local ranks): map them back.
+        procs = {world.local_ranks[i]: h.proc for i, h in ctx.subprocess_handlers.items()}
         kill_at(cfg.fault, "mid-spawn", attempt)
         self.state.journal.append(
             "spawned", attempt=attempt, pids={str(r): p.pid for r, p in procs.items()}, spawn_ts=spawn_ts
         )
         kill_at(cfg.fault, "after-spawn", attempt)
         if pending is not None:
-            self.restarts.spawned(pending, attempt, spawn_ts, resume)
-        watch = _Watch(self, ctx, procs, placement, attempt, result)
+            self.restarts.spawned(pending, attempt, spawn_ts, resume, world.local_ranks)
+        watch = _Watch(self, ctx, procs, world, result)
         try:
             interruption = watch.until_end(spawn_ts, pending)
         except BaseException:
@@ -97,7 +100,8 @@ class AttemptRunner:
             return ("stopped" if stopped else "restart"), interruption
         return ("stopped" if stopped else "ok"), None
 
-    def _spawn(self, attempt: int, envs: dict[int, dict[str, str]]) -> Any:
+    def _spawn(self, attempt: int, envs: list[dict[str, str]]) -> Any:
+        """One process per environment (in local-rank order), each in a session of its own."""
         from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
         from torch.distributed.elastic.multiprocessing.api import SubprocessContext
 
@@ -109,8 +113,8 @@ class AttemptRunner:
         ctx = start_processes(
             name=f"trainguard-{cfg.run_id}-{attempt}",
             entrypoint=cfg.command[0],
-            args={r: tuple(cfg.command[1:]) for r in envs},
-            envs=envs,
+            args={i: tuple(cfg.command[1:]) for i in range(len(envs))},
+            envs=dict(enumerate(envs)),
             logs_specs=DefaultLogsSpecs(log_dir=str(self.run_dir / f"attempt-{attempt}" / "logs")),
         )
         for sig, handler in saved.items():
@@ -118,12 +122,21 @@ class AttemptRunner:
         assert isinstance(ctx, SubprocessContext)  # a str entrypoint: one binary per rank
         return ctx
 
-    def _env(self, rank: int, placement: Placement, resume: int, port: int) -> dict[str, str]:
+    def _env(self, rank: int, world: World, port: int) -> dict[str, str]:
         with self.state.lock:  # the actuator thread may be adding one
             skips = sorted(self.state.skip_batches)
             interval = self.state.checkpoint_interval_s
         return rank_env(
-            self.config, self.run_dir, self.state.attempt, rank, placement, resume, port, skips, interval
+            self.config,
+            self.run_dir,
+            world.attempt,
+            rank,
+            world.placement,
+            world.resume,
+            port,
+            skips,
+            interval,
+            world.master_addr,
         )
 
 
@@ -135,15 +148,15 @@ class _Watch:
         runner: AttemptRunner,
         ctx: Any,
         procs: dict[int, Any],
-        placement: Placement,
-        attempt: int,
+        world: World,
         result: LaunchResult,
     ) -> None:
         self.runner = runner
         self.ctx = ctx
         self.procs = procs
-        self.placement = placement
-        self.attempt = attempt
+        self.world = world
+        self.placement = world.placement
+        self.attempt = world.attempt
         self.result = result
         self.live = set(procs)
         self.stopping = False  # exits from now on are requested
@@ -233,4 +246,4 @@ class _Watch:
 
     def exit(self, end: RankEnd) -> None:
         self.result.exits.append(end)
-        self.runner.events.rank_exit(end)
+        self.runner.events.rank_exit(end, self.world.local_ranks)

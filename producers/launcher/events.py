@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,16 +46,18 @@ class LauncherEvents:
         self._id_prefix = hashlib.sha256(nonce.encode()).hexdigest()[:16]
         self._published: set[int] = set()  # interruptions whose RestartPhases went out
 
-    def rank_exit(self, end: RankEnd) -> None:
+    def rank_exit(self, end: RankEnd, ranks: Sequence[int] | None = None) -> None:
         """The RankExit of one rank: its own newest completed step and the newest any rank
         of the attempt completed, both from the ranks' progress files (exact when the
-        survivors' last StepTimings are still in their shippers)."""
+        survivors' last StepTimings are still in their shippers; `ranks`: the attempt's
+        ranks this launcher ran, default every rank of the configured world)."""
         info = read_json(phases_path(self.run_dir, end.attempt, end.rank))
         own = read_progress(progress_path(self.run_dir, end.attempt, end.rank))
         if own is None:  # a rank program without the progress file: its first step at most
             first = info.get("last_step")
             own = first if isinstance(first, int) and first >= NO_STEP else NO_STEP
-        steps = [read_progress(progress_path(self.run_dir, end.attempt, r)) for r in range(self.nproc)]
+        peers = range(self.nproc) if ranks is None else ranks
+        steps = [read_progress(progress_path(self.run_dir, end.attempt, r)) for r in peers]
         job_step = max([own, *(s for s in steps if s is not None)])
         self.emit(
             RankExit,

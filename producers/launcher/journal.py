@@ -27,9 +27,10 @@ Records (``op``; every record also has ``ts``):
 - ``interruption``: an attempt's end was decided (crash, command, or the launcher's own
   death), keyed by ``key`` (the command id, else ``<cause>:<attempt>``), with its
   :class:`~.records.RestartPhases` as ``record``; written before the teardown;
-- ``attempt`` (intent: ``attempt``, ``resume``, ``nodes``, ``interruption`` index or
-  None), ``spawned`` (``pids``, ``spawn_ts``: the ranks exist), ``ended`` (``end``: ok,
-  restart, stopped, lost: every rank of the attempt is gone);
+- ``attempt`` (intent: ``attempt``, ``resume``, ``nodes``, ``world_size``, the ``ranks``
+  this launcher runs, ``interruption`` index or None), ``spawned`` (``pids``,
+  ``spawn_ts``: the ranks exist), ``ended`` (``end``: ok, restart, stopped, lost: every
+  rank of the attempt is gone);
 - ``session``: the launcher's ``run()`` returned (``status``): a clean end. The restart
   budget (max_restarts) counts from the last one.
 
@@ -117,6 +118,10 @@ class AttemptRecord:
     nodes: list[str]
     interruption: int | None  # the interruption this attempt restarts after
     pids: dict[int, int] = field(default_factory=dict)
+    #: The attempt's world size and the ranks this launcher ran (None: journaled before
+    #: they were recorded: the configured world, every rank of it).
+    world_size: int | None = None
+    ranks: list[int] | None = None
     spawn_ts: float | None = None
     spawned: bool = False
     ended: str | None = None
@@ -180,8 +185,14 @@ def replay(records: list[dict[str, Any]]) -> JournalState:
             state.interruptions[int(rec["index"])] = rec
         elif op == "attempt":
             index = rec.get("interruption")
+            ranks = rec.get("ranks")
             state.attempts[int(rec["attempt"])] = AttemptRecord(
-                int(rec["attempt"]), int(rec["resume"]), list(rec.get("nodes", [])), index
+                int(rec["attempt"]),
+                int(rec["resume"]),
+                list(rec.get("nodes", [])),
+                index,
+                world_size=int(rec["world_size"]) if rec.get("world_size") is not None else None,
+                ranks=[int(r) for r in ranks] if isinstance(ranks, list) else None,
             )
             if index is not None:
                 state.session_restarts.add(int(index))

@@ -78,7 +78,7 @@ from .config import LauncherConfig, kill_at
 from .context import LaunchContext
 from .events import LauncherEvents
 from .journal import JOURNAL_NAME, ActionJournal, AttemptRecord
-from .plan import NodePool, Placement, PoolExhausted, make_pool, plan
+from .plan import NodePool, Placement, make_pool
 from .records import LaunchResult, RestartCause, RestartPhases
 from .recovery import Recovery
 from .restarts import RestartRecorder
@@ -86,6 +86,7 @@ from .resume import ResumeChoice
 from .run_state import RunState
 from .spare_selftest import Runner
 from .spares import SpareAdmission
+from .world import LocalWorld, NoWorld, WorldFormation
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,8 @@ class Launcher:
         )
         self.attempts = AttemptRunner(self.context)
         self.recovery = Recovery(self.context)
+        #: Where each attempt runs: on this host's modelled nodes (across hosts: issue 17).
+        self.world: WorldFormation = LocalWorld(config, self.pool, state, self.resume, self.spares)
 
     # ------------------------------------------------------------------ the run's state
     @property
@@ -141,7 +144,16 @@ class Launcher:
         self._config = config
         self.state.fault = config.fault
         self.context.config = config
-        for stage in (self.resume, self.restarts, self.spares, self.commands, self.attempts, self.recovery):
+        stages = (
+            self.resume,
+            self.restarts,
+            self.spares,
+            self.commands,
+            self.attempts,
+            self.recovery,
+            self.world,
+        )
+        for stage in stages:
             stage.config = config
 
     @property
@@ -259,39 +271,30 @@ class Launcher:
         while True:
             if self._paused(result, pending):
                 break
-            if not first:
-                state.attempt += 1
-            first = False
-            self.spares.admit()
-            with state.lock:
-                try:
-                    state.placement = plan(self.pool, state.quarantined, cfg.nproc, state.placement)
-                    state.busy = frozenset(state.placement.nodes)  # until the attempt's ranks are gone
-                except PoolExhausted as exc:
-                    result.status, result.reason = "failed", str(exc)
-                    break
-                placement = state.placement
-                resume = self._resume_step(reuse)
-                left = self.resume.none_left(resume)
-            if left:
-                if pending is not None:
-                    self.restarts.finish(pending, result)
-                result.status, result.reason = "failed", left
-                log.error("%s", left)
+            try:
+                world = self.world.form(first, reuse)
+            except NoWorld as no:
+                if no.after_interruption:
+                    if pending is not None:
+                        self.restarts.finish(pending, result)
+                    log.error("%s", no.reason)
+                result.status, result.reason = "failed", no.reason
                 break
-            reuse = None
+            first, reuse = False, None
             self.journal.append(
                 "attempt",
-                attempt=state.attempt,
-                resume=resume,
-                nodes=list(placement.nodes),
+                attempt=world.attempt,
+                resume=world.resume,
+                nodes=list(world.placement.nodes),
+                world_size=world.placement.world_size,
+                ranks=list(world.local_ranks),
                 interruption=pending.interruption if pending is not None else None,
             )
             kill_at(cfg.fault, "before-spawn", state.attempt)
             if self.on_attempt is not None:
                 self.on_attempt(state.attempt)
             result.attempts += 1
-            end, interruption = self.attempts.run(placement, resume, pending, result)
+            end, interruption = self.attempts.run(world, pending, result)
             self.journal.append(
                 "ended",
                 attempt=state.attempt,
@@ -325,24 +328,6 @@ class Launcher:
                 result.status, result.reason = "stopped", "the launcher was stopped"
                 break
             pending = interruption
-
-    def _resume_step(self, reuse: AttemptRecord | None) -> int:
-        """Under the lock: the next attempt's resume step: a Rollback/ResumeFrom's (one that
-        came between attempts is taken now), else the step of the attempt a predecessor
-        journaled but never spawned, else the newest eligible checkpoint."""
-        state = self.state
-        late = state.request
-        if late is not None and late.resume_step is not None:
-            self.resume.take(late)
-        state.request, state.evict = None, None
-        if state.forced_resume is not None:
-            resume = state.forced_resume
-        elif reuse is not None:
-            resume = reuse.resume
-        else:
-            resume = self.resume.newest()
-        state.forced_resume = None
-        return resume
 
     def _paused(self, result: LaunchResult, interruption: RestartPhases | None) -> bool:
         """A PauseRun is in force: end the run "paused" with its reason (the interruption

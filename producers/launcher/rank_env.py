@@ -24,19 +24,23 @@ def rank_env(
     port: int,
     skip_batches: Sequence[int],
     checkpoint_interval_s: float | None,
+    master_addr: str | None = None,
 ) -> dict[str, str]:
-    rpn = cfg.ranks_per_node
+    """`placement` says where every rank runs (one host's modelled nodes, or the hosts of
+    a rendezvous round); `master_addr` where rank 0 listens (default: the configured)."""
+    rpn = placement.ranks_per_node
+    world = str(placement.world_size)
     env = {
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
         **cfg.env,
         "RANK": str(rank),
         "LOCAL_RANK": str(rank % rpn),
-        "WORLD_SIZE": str(cfg.nproc),
+        "WORLD_SIZE": world,
         "LOCAL_WORLD_SIZE": str(len(placement.ranks_of(placement.node_of(rank)))),
         "GROUP_RANK": str(rank // rpn),
         "ROLE_RANK": str(rank),
-        "ROLE_WORLD_SIZE": str(cfg.nproc),
-        "MASTER_ADDR": cfg.master_addr,
+        "ROLE_WORLD_SIZE": world,
+        "MASTER_ADDR": master_addr or cfg.master_addr,
         "MASTER_PORT": str(port),
         "TORCHELASTIC_RUN_ID": cfg.run_id,
         "TORCHELASTIC_RESTART_COUNT": str(attempt),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -139,13 +140,13 @@ def restart_indices(path: Path) -> set[int]:
     return out
 
 
-def collect_phases(rec: RestartPhases, run_dir: Path, nproc: int) -> None:
+def collect_phases(rec: RestartPhases, run_dir: Path, ranks: Sequence[int]) -> None:
     """Fill `rec`'s phases from the new attempt's per-rank phase files: the slowest rank's
     process start, checkpoint load, group init and first step, and R (fault to the last
-    rank's first step) once every rank has reported."""
+    rank's first step) once every rank has reported (`ranks`: those this launcher ran)."""
     if rec.to_attempt is None or rec.spawn_ts is None:
         return
-    files = [read_json(phases_path(run_dir, rec.to_attempt, r)) for r in range(nproc)]
+    files = [read_json(phases_path(run_dir, rec.to_attempt, r)) for r in ranks]
     starts = [v for f in files if (v := num(f.get("start_ts"))) is not None]
     loads = [v for f in files if (v := num(f.get("checkpoint_load_s"))) is not None]
     inits = [v for f in files if (v := num(f.get("pg_init_s"))) is not None]
@@ -161,5 +162,5 @@ def collect_phases(rec: RestartPhases, run_dir: Path, nproc: int) -> None:
             setup = (num(f.get("checkpoint_load_s")) or 0.0) + (num(f.get("pg_init_s")) or 0.0)
             own.append(first - start - setup)
     rec.first_step_s = max(0.0, max(own)) if own else None
-    rec.complete = len(firsts) == nproc
+    rec.complete = len(firsts) == len(ranks)
     rec.restart_s = max(firsts) - rec.fault_ts if rec.complete else None

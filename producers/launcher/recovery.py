@@ -124,14 +124,13 @@ class Recovery:
     def _report_exits(self, att: AttemptRecord, result: LaunchResult, lost: bool) -> None:
         """The attempt's RankExits again: as journaled, or requested exits of unknown
         status for an attempt whose ranks the successor ended."""
-        placement = Placement(tuple(att.nodes), self.config.ranks_per_node, self.config.nproc, {})
+        world = att.world_size if att.world_size is not None else self.config.nproc
+        ranks = att.ranks if att.ranks is not None else list(range(world))
+        placement = Placement(tuple(att.nodes), self.config.ranks_per_node, world, {})
         now = self.clock()
         ends: list[RankEnd]
         if lost:
-            ends = [
-                RankEnd(att.attempt, r, placement.node_of(r), None, now, True)
-                for r in range(self.config.nproc)
-            ]
+            ends = [RankEnd(att.attempt, r, placement.node_of(r), None, now, True) for r in ranks]
         else:
             ended: dict[str, Any] = next(
                 (
@@ -147,4 +146,4 @@ class Recovery:
             ]
         for end in ends:
             result.exits.append(end)
-            self.events.rank_exit(end)
+            self.events.rank_exit(end, ranks)

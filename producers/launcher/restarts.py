@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from ...schemas import RUN_LEVEL_RANK
@@ -50,6 +51,10 @@ class RestartRecorder:
         self._file = run_dir / "restarts.jsonl"
         self.recorded = restart_indices(self._file)  # interruptions in restarts.jsonl
         self._next = max(max(replayed.interruptions, default=-1) + 1, max(self.recorded, default=-1) + 1)
+        #: attempt -> the ranks this launcher ran in it (whose phase files it reads).
+        self._ranks: dict[int, Sequence[int]] = {
+            a.attempt: a.ranks for a in replayed.attempts.values() if a.ranks is not None
+        }
 
     def interruption(
         self,
@@ -92,21 +97,24 @@ class RestartRecorder:
         kill_at(self.config.fault, "after-interruption", attempt)
         return rec
 
-    def spawned(self, rec: RestartPhases, attempt: int, spawn_ts: float, resume: int) -> None:
-        """The attempt after `rec` is spawned: reschedule ends."""
+    def spawned(
+        self, rec: RestartPhases, attempt: int, spawn_ts: float, resume: int, ranks: Sequence[int]
+    ) -> None:
+        """The attempt after `rec` is spawned, with `ranks` here: reschedule ends."""
+        self._ranks[attempt] = ranks
         rec.to_attempt, rec.spawn_ts, rec.resumed_from_step = attempt, spawn_ts, resume
         rec.reschedule_s = spawn_ts - rec.detected_ts
 
     def progress(self, rec: RestartPhases) -> None:
         """While the attempt after `rec` starts: read the ranks' phase files; once every
         rank completed its first step, publish the phases at once."""
-        collect_phases(rec, self.run_dir, self.config.nproc)
+        collect_phases(rec, self.run_dir, self._ranks_of(rec))
         if rec.complete:
             self.events.restart_phases(rec)
 
     def finish(self, rec: RestartPhases, result: LaunchResult) -> None:
         """The attempt after `rec` ended (or none will start): record it, once."""
-        collect_phases(rec, self.run_dir, self.config.nproc)
+        collect_phases(rec, self.run_dir, self._ranks_of(rec))
         self.events.restart_phases(rec)
         result.restarts.append(rec)
         if rec.interruption in self.recorded:  # a predecessor wrote it before it died
@@ -130,11 +138,17 @@ class RestartRecorder:
         data = {k: v for k, v in state.interruptions[index]["record"].items() if k in known}
         rec = RestartPhases(**{**data, "cause": RestartCause(data["cause"])})
         nxt = next((a for a in state.attempts.values() if a.interruption == index), None)
+        if nxt is not None and nxt.ranks is not None:
+            self._ranks[nxt.attempt] = nxt.ranks
         if nxt is not None:
             rec.to_attempt, rec.resumed_from_step = nxt.attempt, nxt.resume
             if nxt.spawn_ts is not None:
                 rec.spawn_ts, rec.reschedule_s = nxt.spawn_ts, nxt.spawn_ts - rec.detected_ts
         return rec
+
+    def _ranks_of(self, rec: RestartPhases) -> Sequence[int]:
+        attempt = rec.to_attempt
+        return self._ranks.get(attempt, range(self.config.nproc)) if attempt is not None else ()
 
     def record_unrecorded(self, replayed: JournalState, result: LaunchResult) -> None:
         """Write the restarts.jsonl line of every journaled interruption whose next attempt

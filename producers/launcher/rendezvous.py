@@ -1,0 +1,222 @@
+"""Across hosts, the placement stage is a rendezvous round (docs/multihost.md): torch
+elastic's dynamic rendezvous forms the world, and the hosts agree, through the round's
+own store, on one plan for the attempt.
+
+torch's part (``DynamicRendezvousHandler``, the c10d backend by default: the state in a
+TCPStore at the endpoint; any backend torch registers may be named): which hosts are in
+this round, each host's group rank, keep-alives that drop a lost host, a redundancy list
+that holds a spare while the job is at MAX, and a store private to the round.
+
+Ours, on top: every host proposes what it knows (:class:`Proposal`: its node name, the
+attempt it would start next, the newest checkpoint it may resume from, the nodes it knows
+to be quarantined); the host of group rank 0 decides (:func:`decide`, pure) and writes
+the :class:`WorldPlan`; every host reads the same plan. So every rank of every host
+starts with the same attempt, resume step and master address, whoever restarted first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: Where in the round's store the hosts' proposals and the plan live.
+_PROPOSAL = "trainguard/proposal/{}"
+_PLAN = "trainguard/plan"
+
+#: Keep-alives every second, a host dropped after three missed: a lost host is noticed
+#: in ~3 s (torch's defaults, 5 s x 3, take 15 s). A user's --rdzv-conf wins.
+DEFAULT_CONF = {"keep_alive_interval": "1", "keep_alive_max_attempt": "3", "last_call_timeout": "1"}
+
+
+@dataclass(frozen=True)
+class RendezvousSpec:
+    """torchrun's rendezvous flags, with torchrun's meaning."""
+
+    endpoint: str  # HOST:PORT of the rendezvous store
+    run_id: str  # --rdzv-id: the hosts of one job share it
+    min_nodes: int
+    max_nodes: int
+    backend: str = "c10d"
+    conf: Mapping[str, str] = field(default_factory=dict)  # --rdzv-conf k=v,...
+    local_addr: str | None = None  # how the other hosts reach this one (default: its hostname)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_nodes <= self.max_nodes:
+            raise ValueError(f"--nnodes MIN:MAX needs 1 <= MIN <= MAX, got {self.min_nodes}:{self.max_nodes}")
+
+
+def parse_nnodes(value: str) -> tuple[int, int]:
+    """torchrun's --nnodes: "N" or "MIN:MAX"."""
+    lo, sep, hi = value.partition(":")
+    try:
+        low, high = int(lo), int(hi) if sep else int(lo)
+    except ValueError:
+        raise ValueError(f"--nnodes must be N or MIN:MAX, got {value!r}") from None
+    if not 1 <= low <= high:
+        raise ValueError(f"--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got {value!r}")
+    return low, high
+
+
+def parse_conf(value: str) -> dict[str, str]:
+    """torchrun's --rdzv-conf: "key=value,key=value"."""
+    out: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        key, sep, val = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--rdzv-conf entries are key=value, got {item!r}")
+        out[key.strip()] = val.strip()
+    return out
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What one host knows when a round completes."""
+
+    node: str
+    next_attempt: int
+    #: The step this host would resume from (-1: from scratch); None: no opinion (a
+    #: spare that never ran this job has no journal and no rollback barriers).
+    resume: int | None
+    quarantined: tuple[str, ...] = ()
+    addr: str = ""  # where this host's rank 0 would listen (the leader's is used)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> Proposal:
+        data = json.loads(raw)
+        return cls(**{**data, "quarantined": tuple(data.get("quarantined", ()))})
+
+
+@dataclass(frozen=True)
+class WorldPlan:
+    """One attempt across hosts, the same on every host."""
+
+    attempt: int
+    resume: int
+    hosts: tuple[str, ...]  # node names, in group-rank order
+    nproc_per_node: int
+    master_addr: str
+    master_port: int
+    quarantined: tuple[str, ...] = ()
+
+    @property
+    def world_size(self) -> int:
+        return len(self.hosts) * self.nproc_per_node
+
+    def ranks_of(self, node: str) -> list[int]:
+        """The global ranks `node` runs (torchrun's: group rank x nproc + local rank)."""
+        group_rank = self.hosts.index(node)
+        return [group_rank * self.nproc_per_node + i for i in range(self.nproc_per_node)]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> WorldPlan:
+        data = json.loads(raw)
+        return cls(**{**data, "hosts": tuple(data["hosts"]), "quarantined": tuple(data["quarantined"])})
+
+
+def decide(proposals: Sequence[Proposal], nproc_per_node: int, master_port: int) -> WorldPlan:
+    """The leader's plan from every host's proposal (index: group rank). The attempt is the
+    largest any host would start (a host that restarted more often, or a spare that never
+    ran, must not reuse an attempt number: commands are signed for one); the resume step
+    is the oldest of those the hosts with an opinion would take (with shared storage they
+    agree; when a checkpoint was validated between two hosts' reads, the older one is the
+    one every host saw validated; a Rollback every host executed names one step); the
+    quarantine lists are merged (a host that learnt of one tells the others)."""
+    if not proposals:
+        raise ValueError("a round has at least one host")
+    names = [p.node for p in proposals]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two hosts joined under one node name: {sorted(names)} (set --node-name)")
+    return WorldPlan(
+        attempt=max(p.next_attempt for p in proposals),
+        resume=min((p.resume for p in proposals if p.resume is not None), default=-1),
+        hosts=tuple(names),
+        nproc_per_node=nproc_per_node,
+        master_addr=proposals[0].addr,
+        master_port=master_port,
+        quarantined=tuple(sorted({n for p in proposals for n in p.quarantined})),
+    )
+
+
+class HostRendezvous:
+    """This host's side of the rendezvous: one round per attempt, and the plan agreed in it."""
+
+    def __init__(self, spec: RendezvousSpec, nproc_per_node: int) -> None:
+        from torch.distributed.elastic.rendezvous import RendezvousParameters
+        from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+        # torch 2.15 shares one TCPStore server across rounds, created by the first round's
+        # rank 0; a spare that joins a later round then waits forever for a MASTER_ADDR no
+        # one writes in that round (and, blocked on the store's one connection, stops its
+        # keep-alives). Unshared, rank 0 of every round writes it. (NOTES.md: gloo restarts
+        # need the same setting under torchrun.)
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        self.spec = spec
+        self.nproc_per_node = nproc_per_node
+        self.plan_timeout_s = float(spec.conf.get("join_timeout", 600))
+        config: dict[str, Any] = {**DEFAULT_CONF, **spec.conf}
+        params = RendezvousParameters(
+            backend=spec.backend,
+            endpoint=spec.endpoint,
+            run_id=spec.run_id,
+            min_nodes=spec.min_nodes,
+            max_nodes=spec.max_nodes,
+            local_addr=spec.local_addr,
+            **config,
+        )
+        self.handler = get_rendezvous_handler(params)
+        self.group_rank = -1
+
+    def next_world(self, proposal: Proposal, free_port: Any) -> WorldPlan:
+        """Join the next round (blocks until it completes, or raises after join_timeout),
+        propose, and return the plan every host of the round gets. `free_port(addr)`
+        picks the port the ranks' process group will use (called on the leader only)."""
+        info = self.handler.next_rendezvous()
+        store, self.group_rank = info.store, info.rank
+        addr = proposal.addr or self.spec.local_addr or socket.getfqdn()
+        mine = Proposal(proposal.node, proposal.next_attempt, proposal.resume, proposal.quarantined, addr)
+        store.set(_PROPOSAL.format(info.rank), mine.to_json())
+        if info.rank == 0:
+            raw = [self._get(store, _PROPOSAL.format(r)) for r in range(info.world_size)]
+            plan = decide([Proposal.from_json(p) for p in raw], self.nproc_per_node, int(free_port(addr)))
+            store.set(_PLAN, plan.to_json())
+            log.info("rendezvous: attempt %d on %s, resume %d", plan.attempt, plan.hosts, plan.resume)
+            return plan
+        return WorldPlan.from_json(self._get(store, _PLAN))
+
+    def _get(self, store: Any, key: str) -> bytes:
+        """`key` once another host wrote it. Polled with check(): a blocking get would hold
+        the store's one connection, and with it this host's keep-alives, until the key came."""
+        deadline = time.monotonic() + self.plan_timeout_s
+        while not store.check([key]):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"rendezvous: {key} not written within {self.plan_timeout_s:g} s (a host died?)"
+                )
+            time.sleep(0.02)
+        value: bytes = store.get(key)
+        return value
+
+    def nodes_waiting(self) -> int:
+        """Hosts waiting to join below MAX (a spare at MAX waits in the redundancy list)."""
+        return int(self.handler.num_nodes_waiting())
+
+    def close(self) -> None:
+        """This host leaves for good (the run ended, or it was quarantined)."""
+        try:
+            self.handler.shutdown()
+        except Exception:  # the store's host may be gone: nothing left to tell
+            log.debug("rendezvous: shutdown failed", exc_info=True)

@@ -1,0 +1,147 @@
+"""The stage before every attempt: which ranks run where, from which checkpoint.
+
+Two ways to form a world, one interface (:class:`WorldFormation`):
+
+- :class:`LocalWorld`, on one host: every rank runs here; nodes are modelled (groups of
+  ``ranks_per_node`` local ranks, :mod:`.plan`), a quarantined node's ranks move to a
+  spare, and a spare joins only after its self-test (:mod:`.spares`).
+- :class:`HostWorld`, one agent per host (docs/multihost.md): a round of torch elastic's
+  rendezvous forms the world and the hosts agree on one plan in it
+  (:mod:`.rendezvous`); this agent runs its host's share of the ranks.
+
+Either returns a :class:`World`, or raises :class:`NoWorld` with why the run cannot go
+on (the pool is exhausted, every checkpoint was rejected, this host is quarantined).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from .config import LauncherConfig, free_port
+from .journal import AttemptRecord
+from .plan import NodePool, Placement, PoolExhausted, plan
+from .rendezvous import HostRendezvous, Proposal
+from .resume import ResumeChoice
+from .run_state import RunState
+from .spares import SpareAdmission
+
+
+@dataclass(frozen=True)
+class World:
+    """One attempt as this launcher runs it."""
+
+    attempt: int
+    placement: Placement  # every rank's node
+    resume: int  # the checkpoint step every rank resumes from (-1: none)
+    local_ranks: tuple[int, ...]  # the ranks this launcher spawns
+    master_addr: str
+    master_port: int | None  # None: a free port of this host, picked at spawn
+
+
+class NoWorld(Exception):
+    """No attempt can start: `reason` says why. `after_interruption`: the interruption
+    that ended the last attempt is recorded (its restart never came)."""
+
+    def __init__(self, reason: str, after_interruption: bool = True) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.after_interruption = after_interruption
+
+
+class WorldFormation(Protocol):
+    config: LauncherConfig
+
+    def form(self, first: bool, reuse: AttemptRecord | None) -> World:
+        """The next attempt's world (`first`: this launcher's first attempt; `reuse`: the
+        attempt a predecessor journaled but never spawned, which starts again as it was)."""
+        ...
+
+
+def resume_step(state: RunState, resume: ResumeChoice, reuse: AttemptRecord | None) -> int:
+    """Under the lock: the next attempt's resume step: a Rollback/ResumeFrom's (one that
+    came between attempts is taken now), else the step of the attempt a predecessor
+    journaled but never spawned, else the newest eligible checkpoint."""
+    late = state.request
+    if late is not None and late.resume_step is not None:
+        resume.take(late)
+    state.request, state.evict = None, None
+    if state.forced_resume is not None:
+        step = state.forced_resume
+    elif reuse is not None:
+        step = reuse.resume
+    else:
+        step = resume.newest()
+    state.forced_resume = None
+    return step
+
+
+class LocalWorld:
+    def __init__(
+        self,
+        config: LauncherConfig,
+        pool: NodePool,
+        state: RunState,
+        resume: ResumeChoice,
+        spares: SpareAdmission,
+    ) -> None:
+        self.config, self.pool, self.state, self.resume, self.spares = config, pool, state, resume, spares
+
+    def form(self, first: bool, reuse: AttemptRecord | None) -> World:
+        state = self.state
+        if not first:
+            state.attempt += 1
+        self.spares.admit()
+        with state.lock:
+            try:
+                state.placement = plan(self.pool, state.quarantined, self.config.nproc, state.placement)
+            except PoolExhausted as exc:
+                raise NoWorld(str(exc), after_interruption=False) from None
+            state.busy = frozenset(state.placement.nodes)  # until the attempt's ranks are gone
+            placement = state.placement
+            step = resume_step(state, self.resume, reuse)
+            left = self.resume.none_left(step)
+        if left:
+            raise NoWorld(left)
+        ranks = tuple(range(placement.world_size))
+        return World(state.attempt, placement, step, ranks, self.config.master_addr, None)
+
+
+class HostWorld:
+    def __init__(
+        self,
+        config: LauncherConfig,
+        node: str,
+        state: RunState,
+        resume: ResumeChoice,
+        rendezvous: HostRendezvous,
+    ) -> None:
+        self.config, self.node, self.state, self.resume = config, node, state, resume
+        self.rendezvous = rendezvous
+
+    def form(self, first: bool, reuse: AttemptRecord | None) -> World:
+        state = self.state
+        with state.lock:
+            if self.node in state.quarantined:
+                raise NoWorld(f"{self.node} is quarantined for run {self.config.run_id}: it does not rejoin")
+            step = resume_step(state, self.resume, reuse)
+            proposal = Proposal(
+                self.node,
+                state.attempt if first else state.attempt + 1,
+                step,
+                tuple(sorted(state.quarantined)),
+            )
+        agreed = self.rendezvous.next_world(proposal, free_port)
+        with state.lock:
+            state.quarantined.update(agreed.quarantined)
+            if self.node in state.quarantined:
+                raise NoWorld(f"{self.node} is quarantined for run {self.config.run_id}: it does not rejoin")
+            state.attempt = agreed.attempt
+            placement = Placement(agreed.hosts, agreed.nproc_per_node, agreed.world_size, {})
+            state.placement = placement
+            state.busy = frozenset({self.node})
+        left = self.resume.none_left(agreed.resume)
+        if left:
+            raise NoWorld(left)
+        ranks = tuple(agreed.ranks_of(self.node))
+        return World(agreed.attempt, placement, agreed.resume, ranks, agreed.master_addr, agreed.master_port)

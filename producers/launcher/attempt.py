@@ -67,6 +67,7 @@ class AttemptRunner:
             "",
             resume,
             key=f"run-started-{attempt}",
+            shared=world.nodes_waiting is not None,  # across hosts: one event, sent by each
             world_size=placement.world_size,
             ranks_per_node=placement.ranks_per_node,
             nodes=list(placement.nodes),
@@ -168,7 +169,7 @@ class _Watch:
         last_poll = spawn_ts
         grace_until: float | None = None
         interruption: RestartPhases | None = None
-        next_phases = 0.0
+        next_phases = next_membership = 0.0
         while self.live:
             now = runner.clock()
             crashed = [(r, rc) for r, rc in self.reap(now) if rc != 0]
@@ -222,6 +223,15 @@ class _Watch:
             if grace_until is not None and now >= grace_until:
                 self.teardown()
                 break
+            if interruption is None and self.world.nodes_waiting is not None and now >= next_membership:
+                next_membership = now + 1.0
+                waiting = self.world.nodes_waiting()
+                if waiting > 0:  # a host joins below MAX: the world re-forms with it
+                    interruption = runner.restarts.interruption(
+                        RestartCause.MEMBERSHIP, f"{waiting} host(s) waiting to join", attempt, now, now
+                    )
+                    self.teardown()
+                    break
             if pending is not None and not pending.complete and now >= next_phases:
                 next_phases = now + 0.5
                 runner.restarts.progress(pending)

@@ -8,9 +8,12 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+from .rendezvous import RendezvousSpec
 
 #: Test hook: ``point[:detail]`` makes the launcher SIGKILL itself there (:func:`kill_at`).
 FAULT_ENV = "TRAINGUARD_LAUNCHER_FAULT"
@@ -82,16 +85,39 @@ class LauncherConfig:
     #: When every checkpoint was rejected (none valid left): False stops the run with a
     #: message that says so; True starts the next attempt from step 0 (scratch).
     restart_from_scratch: bool = False
+    #: Across hosts (docs/multihost.md): torchrun's rendezvous flags. None: one host, every
+    #: rank here, nodes modelled as groups of `ranks_per_node` ranks.
+    rendezvous: RendezvousSpec | None = None
+    #: This host's node name in every event (--node-name; default: the hostname).
+    node_name: str = ""
+
+    @property
+    def node(self) -> str:
+        return self.node_name or socket.gethostname()
 
     @property
     def resolved_run_dir(self) -> Path:
-        return self.run_dir if self.run_dir is not None else self.checkpoint_dir / ".trainguard"
+        """The launcher's files. Across hosts each agent has its own under the shared
+        checkpoint directory (its journal must not be another host's)."""
+        if self.run_dir is not None:
+            return self.run_dir
+        base = self.checkpoint_dir / ".trainguard"
+        return base / "hosts" / self.node if self.rendezvous is not None else base
 
 
 def free_port(addr: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((addr, 0))
         return int(s.getsockname()[1])
+
+
+def rank_program(command: Sequence[str]) -> tuple[str, ...]:
+    """What each rank runs. torchrun's form, a script and its arguments (``train.py
+    --lr 3e-4``), runs it with this interpreter (``python -u``, as torchrun does); any other
+    program (``python train.py``, a binary) runs as given."""
+    if command and command[0].endswith(".py"):
+        return (sys.executable, "-u", *command)
+    return tuple(command)
 
 
 def python_command(script: str, *args: str) -> tuple[str, ...]:

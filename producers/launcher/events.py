@@ -44,6 +44,7 @@ class LauncherEvents:
         self.attempt = attempt  # the current attempt: an event's default
         self.clock = clock
         self._id_prefix = hashlib.sha256(nonce.encode()).hexdigest()[:16]
+        self._run_prefix = hashlib.sha256(f"run:{run_id}".encode()).hexdigest()[:16]
         self._published: set[int] = set()  # interruptions whose RestartPhases went out
 
     def rank_exit(self, end: RankEnd, ranks: Sequence[int] | None = None) -> None:
@@ -128,11 +129,15 @@ class LauncherEvents:
         step: int,
         key: str,
         attempt: int | None = None,
+        shared: bool = False,
         **fields: Any,
     ) -> None:
+        """`shared`: the event is the run's, sent alike by every host's agent (its id is
+        the run's, so consumers keep one); else this launcher's (its run dir's nonce)."""
+        prefix = self._run_prefix if shared else self._id_prefix
         try:
             event = cls(
-                event_id=f"launcher-{self._id_prefix}-{key}",
+                event_id=f"launcher-{prefix}-{key}",
                 run_id=self.run_id,
                 attempt=self.attempt() if attempt is None else attempt,
                 rank=rank,

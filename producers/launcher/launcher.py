@@ -81,12 +81,13 @@ from .journal import JOURNAL_NAME, ActionJournal, AttemptRecord
 from .plan import NodePool, Placement, make_pool
 from .records import LaunchResult, RestartCause, RestartPhases
 from .recovery import Recovery
+from .rendezvous import HostRendezvous
 from .restarts import RestartRecorder
 from .resume import ResumeChoice
 from .run_state import RunState
 from .spare_selftest import Runner
 from .spares import SpareAdmission
-from .world import LocalWorld, NoWorld, WorldFormation
+from .world import HostWorld, LocalWorld, NoWorld, WorldFormation
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +131,13 @@ class Launcher:
         )
         self.attempts = AttemptRunner(self.context)
         self.recovery = Recovery(self.context)
-        #: Where each attempt runs: on this host's modelled nodes (across hosts: issue 17).
-        self.world: WorldFormation = LocalWorld(config, self.pool, state, self.resume, self.spares)
+        #: Where each attempt runs: on this host's modelled nodes, or across hosts.
+        self.world: WorldFormation
+        if config.rendezvous is not None:
+            rendezvous = HostRendezvous(config.rendezvous, config.ranks_per_node)
+            self.world = HostWorld(config, config.node, state, self.resume, rendezvous)
+        else:
+            self.world = LocalWorld(config, self.pool, state, self.resume, self.spares)
 
     # ------------------------------------------------------------------ the run's state
     @property
@@ -250,6 +256,7 @@ class Launcher:
             self._run(result)
         finally:
             state.ended.set()  # a node still waiting for its self-test is free now
+            self.world.close(clean=result.status == "ok")
             # A suspect node's verdict is worth waiting for; not after a stop.
             self.tester.close(0.0 if state.stop.is_set() else self.config.self_test_timeout_s)
         # A clean end: a later launcher on this run dir starts a new session (and budget).

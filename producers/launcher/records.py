@@ -23,6 +23,7 @@ class RestartCause(StrEnum):
     RESUME = "resume"  # ResumeFrom command
     EVICTION = "eviction"  # EvictRank, at the next validated checkpoint
     LAUNCHER = "launcher"  # the launcher died with the attempt running; its successor ended it
+    MEMBERSHIP = "membership"  # across hosts: a host waits to join (below MAX): the world re-forms
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -180,18 +180,21 @@ class HostRendezvous:
         self.handler = get_rendezvous_handler(params)
         self.group_rank = -1
 
-    def next_world(self, proposal: Proposal, free_port: Any) -> WorldPlan:
+    def next_world(self, propose: Callable[[], Proposal], free_port: Callable[[str], int]) -> WorldPlan:
         """Join the next round (blocks until it completes, or raises after join_timeout),
-        propose, and return the plan every host of the round gets. `free_port(addr)`
-        picks the port the ranks' process group will use (called on the leader only)."""
+        propose, and return the plan every host of the round gets. `propose()` is called
+        once the round is complete, not before: a spare may wait in the rendezvous for
+        hours, and what it knew when it began waiting (the newest checkpoint) is stale.
+        `free_port(addr)` picks the port of the ranks' process group (the leader's)."""
         info = self.handler.next_rendezvous()
         store, self.group_rank = info.store, info.rank
+        proposal = propose()
         addr = proposal.addr or self.spec.local_addr or socket.getfqdn()
         mine = Proposal(proposal.node, proposal.next_attempt, proposal.resume, proposal.quarantined, addr)
         store.set(_PROPOSAL.format(info.rank), mine.to_json())
         if info.rank == 0:
             raw = [self._get(store, _PROPOSAL.format(r)) for r in range(info.world_size)]
-            plan = decide([Proposal.from_json(p) for p in raw], self.nproc_per_node, int(free_port(addr)))
+            plan = decide([Proposal.from_json(p) for p in raw], self.nproc_per_node, free_port(addr))
             store.set(_PLAN, plan.to_json())
             log.info("rendezvous: attempt %d on %s, resume %d", plan.attempt, plan.hosts, plan.resume)
             return plan

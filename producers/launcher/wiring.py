@@ -43,8 +43,9 @@ def make_actuator(
         attempt=launcher.attempt,
         local_ranks=[RUN_LEVEL_RANK],
         key=auth.run_key(master_secret, launcher.config.run_id),
-        node="launcher",
-        instance="launcher",
+        # Across hosts each agent acks as its host (every agent reads every command).
+        node=launcher.config.node if launcher.config.rendezvous is not None else "launcher",
+        instance=f"launcher-{launcher.config.node}" if launcher.config.rendezvous is not None else "launcher",
         journal_path=journal,
         executes=kinds_of(Role.LAUNCHER),
     )

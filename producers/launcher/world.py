@@ -15,6 +15,7 @@ on (the pool is exhausted, every checkpoint was rejected, this host is quarantin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -37,6 +38,9 @@ class World:
     local_ranks: tuple[int, ...]  # the ranks this launcher spawns
     master_addr: str
     master_port: int | None  # None: a free port of this host, picked at spawn
+    #: Across hosts: how many hosts wait to join (the watch restarts the world for them);
+    #: the RunStarted of the attempt is the same event from every host (one id).
+    nodes_waiting: Callable[[], int] | None = None
 
 
 class NoWorld(Exception):
@@ -55,6 +59,10 @@ class WorldFormation(Protocol):
     def form(self, first: bool, reuse: AttemptRecord | None) -> World:
         """The next attempt's world (`first`: this launcher's first attempt; `reuse`: the
         attempt a predecessor journaled but never spawned, which starts again as it was)."""
+        ...
+
+    def close(self, clean: bool) -> None:
+        """The run is over for this launcher (`clean`: every rank exited 0)."""
         ...
 
 
@@ -106,6 +114,9 @@ class LocalWorld:
         ranks = tuple(range(placement.world_size))
         return World(state.attempt, placement, step, ranks, self.config.master_addr, None)
 
+    def close(self, clean: bool) -> None:
+        pass
+
 
 class HostWorld:
     def __init__(
@@ -124,14 +135,14 @@ class HostWorld:
         with state.lock:
             if self.node in state.quarantined:
                 raise NoWorld(f"{self.node} is quarantined for run {self.config.run_id}: it does not rejoin")
-            step = resume_step(state, self.resume, reuse)
-            proposal = Proposal(
-                self.node,
-                state.attempt if first else state.attempt + 1,
-                step,
-                tuple(sorted(state.quarantined)),
-            )
-        agreed = self.rendezvous.next_world(proposal, free_port)
+
+        def propose() -> Proposal:  # once the round is complete: what this host knows then
+            with state.lock:
+                step = resume_step(state, self.resume, reuse)
+                quarantined = tuple(sorted(state.quarantined))
+            return Proposal(self.node, state.attempt if first else state.attempt + 1, step, quarantined)
+
+        agreed = self.rendezvous.next_world(propose, free_port)
         with state.lock:
             state.quarantined.update(agreed.quarantined)
             if self.node in state.quarantined:
@@ -144,4 +155,19 @@ class HostWorld:
         if left:
             raise NoWorld(left)
         ranks = tuple(agreed.ranks_of(self.node))
-        return World(agreed.attempt, placement, agreed.resume, ranks, agreed.master_addr, agreed.master_port)
+        return World(
+            agreed.attempt,
+            placement,
+            agreed.resume,
+            ranks,
+            agreed.master_addr,
+            agreed.master_port,
+            nodes_waiting=self.rendezvous.nodes_waiting,
+        )
+
+    def close(self, clean: bool) -> None:
+        """The run is over for this host. After a clean end the rendezvous is closed for
+        every host (as torchrun does); otherwise this host only stops its keep-alives
+        and is dropped from the rendezvous when they lapse."""
+        if clean:
+            self.rendezvous.close()

@@ -121,14 +121,51 @@ def simulate(
 
 @app.command(context_settings={"allow_interspersed_args": False})
 def launch(
-    command: Annotated[list[str], typer.Argument(help="The rank program, after --: python train.py args.")],
-    nproc: Annotated[int, typer.Option(help="World size: rank processes per attempt.")],
-    run_id: Annotated[str, typer.Option(help="The run's id (commands are signed for it).")],
-    checkpoint_dir: Annotated[Path, typer.Option(help="Validated checkpoints: DIR/step-N/VALIDATED.")],
-    ranks_per_node: Annotated[int, typer.Option(help="Ranks of one modelled node.")] = 1,
+    command: Annotated[
+        list[str],
+        typer.Argument(help="The rank program: train.py args (torchrun's form), or -- python train.py args."),
+    ],
+    checkpoint_dir: Annotated[
+        Path,
+        typer.Option(envvar="TRAINGUARD_CHECKPOINT_DIR", help="Validated checkpoints: DIR/step-N/VALIDATED."),
+    ],
+    nproc: Annotated[int, typer.Option(help="One host: world size (default: --nproc-per-node).")] = 0,
+    run_id: Annotated[
+        str, typer.Option(help="The run's id (commands are signed for it; default: --rdzv-id).")
+    ] = "",
+    nnodes: Annotated[
+        str, typer.Option("--nnodes", help="torchrun's: hosts, N or MIN:MAX (one agent per host).")
+    ] = "",
+    nproc_per_node: Annotated[
+        int, typer.Option("--nproc-per-node", "--nproc_per_node", help="torchrun's: ranks per host.")
+    ] = 0,
+    rdzv_backend: Annotated[
+        str, typer.Option("--rdzv-backend", "--rdzv_backend", help="torchrun's: rendezvous backend.")
+    ] = "c10d",
+    rdzv_endpoint: Annotated[
+        str,
+        typer.Option(
+            "--rdzv-endpoint", "--rdzv_endpoint", help="torchrun's: HOST:PORT of the rendezvous store."
+        ),
+    ] = "",
+    rdzv_id: Annotated[
+        str, typer.Option("--rdzv-id", "--rdzv_id", help="torchrun's: the job's rendezvous id.")
+    ] = "",
+    rdzv_conf: Annotated[
+        str, typer.Option("--rdzv-conf", "--rdzv_conf", help="torchrun's: key=value,... for the rendezvous.")
+    ] = "",
+    local_addr: Annotated[
+        str, typer.Option("--local-addr", "--local_addr", help="torchrun's: how other hosts reach this one.")
+    ] = "",
+    node_name: Annotated[
+        str, typer.Option(help="This host's node name in every event (default: hostname).")
+    ] = "",
+    ranks_per_node: Annotated[int, typer.Option(help="One host: ranks of one modelled node.")] = 1,
     spares: Annotated[int, typer.Option(help="Spare nodes quarantine can swap in.")] = 2,
     nodes_per_rack: Annotated[int, typer.Option(help="Nodes per modelled rack.")] = 4,
-    max_restarts: Annotated[int, typer.Option(help="Restarts before giving up (any cause).")] = 3,
+    max_restarts: Annotated[
+        int, typer.Option("--max-restarts", "--max_restarts", help="Restarts before giving up (any cause).")
+    ] = 3,
     grace_s: Annotated[float, typer.Option(help="After an Abort: seconds the ranks get to exit.")] = 15.0,
     decision_wait_s: Annotated[
         float, typer.Option(help="After a crash: seconds to wait for the processor's decisions.")
@@ -157,16 +194,49 @@ def launch(
     if self_test not in ("on-demand", "ahead", "off"):
         console.print(f"[red]--self-test must be on-demand, ahead or off (got {self_test!r})")
         raise typer.Exit(2)
-    from ..producers.launcher.config import FAULT_ENV, LauncherConfig
+    from ..producers.launcher.config import FAULT_ENV, LauncherConfig, rank_program
     from ..producers.launcher.launcher import Launcher
+    from ..producers.launcher.rendezvous import RendezvousSpec, parse_conf, parse_nnodes
     from ..producers.launcher.wiring import install_signal_handlers, make_actuator
     from ..producers.rank.agent import MemorySink
 
+    run_id = run_id or rdzv_id
+    if not run_id:
+        console.print("[red]--run-id (or torchrun's --rdzv-id) is required: commands are signed for it")
+        raise typer.Exit(2)
+    rendezvous = None
+    try:
+        if nnodes or rdzv_endpoint:  # one agent per host (docs/multihost.md)
+            low, high = parse_nnodes(nnodes or "1")
+            if not rdzv_endpoint or nproc_per_node < 1:
+                raise ValueError(
+                    "across hosts, --rdzv-endpoint HOST:PORT and --nproc-per-node N are required"
+                )
+            rendezvous = RendezvousSpec(
+                rdzv_endpoint,
+                rdzv_id or run_id,
+                low,
+                high,
+                rdzv_backend,
+                parse_conf(rdzv_conf),
+                local_addr or None,
+            )
+            ranks_per_node, nproc = nproc_per_node, high * nproc_per_node
+        else:
+            nproc = nproc or nproc_per_node
+            if nproc < 1:
+                raise ValueError("--nproc (or --nproc-per-node) is required")
+    except ValueError as exc:
+        console.print(f"[red]{exc}", markup=False)
+        raise typer.Exit(2) from None
+
     config = LauncherConfig(
-        command=tuple(command),
+        command=rank_program(command),
         nproc=nproc,
         ranks_per_node=ranks_per_node,
         run_id=run_id,
+        rendezvous=rendezvous,
+        node_name=node_name,
         checkpoint_dir=checkpoint_dir.resolve(),
         spares=spares,
         nodes_per_rack=nodes_per_rack,

@@ -20,7 +20,8 @@ def main() -> None:
     rdzv = HostRendezvous(spec, nproc_per_node=2)
     for round_ in range(5):
         t0 = time.time()
-        plan = rdzv.next_world(Proposal(node, int(attempt) + round_, resume=-1), free_port)
+        proposal = Proposal(node, int(attempt) + round_, resume=-1)
+        plan = rdzv.next_world(lambda proposal=proposal: proposal, free_port)
         line: dict[str, object] = {"node": node, "round": round_, "group_rank": rdzv.group_rank}
         line.update(ts=time.time(), wait_s=time.time() - t0, plan=json.loads(plan.to_json()))
         print(json.dumps(line), flush=True)

@@ -77,7 +77,7 @@ from pathlib import Path
 import psutil
 from confluent_kafka import KafkaError, Message, Producer
 
-from trainguard.devtools.local_broker import free_ports
+from trainguard.devtools.broker_config import free_ports
 from trainguard.devtools.stack import (
     PROCESSOR_GROUP,
     Stack,

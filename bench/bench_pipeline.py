@@ -42,7 +42,7 @@ from pathlib import Path
 
 import psutil
 
-from trainguard.devtools.local_broker import free_ports
+from trainguard.devtools.broker_config import free_ports
 from trainguard.devtools.stack import local_stack
 from trainguard.kafka.lag import group_lag
 from trainguard.kafka.topics import TopicNames

@@ -33,7 +33,9 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, Message
 
-from trainguard.devtools.local_broker import LocalBroker, ensure_jars, port_open
+from trainguard.devtools.broker_config import port_open
+from trainguard.devtools.broker_jars import ensure_jars
+from trainguard.devtools.local_broker import LocalBroker
 from trainguard.devtools.stack import builtin_policy, scrape, start_processor
 from trainguard.kafka.lag import wait_caught_up
 from trainguard.kafka.topics import ensure_topics, topic_names

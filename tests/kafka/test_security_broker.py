@@ -22,7 +22,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from trainguard.devtools.local_broker import BrokerError, LocalBroker, ensure_jars, start_local_broker
+from trainguard.devtools.broker_jars import ensure_jars
+from trainguard.devtools.local_broker import BrokerError, LocalBroker, start_local_broker
 from trainguard.devtools.stack import builtin_policy, start_processor
 from trainguard.kafka.acl import PROCESSOR_USER, provision_run, revoke_run, wait_login
 from trainguard.kafka.security import KafkaCredentials

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.devtools.local_broker import free_ports
+from trainguard.devtools.broker_config import free_ports
 from trainguard.devtools.stack import scrape, start_processor
 from trainguard.kafka.topics import TopicNames, delete_topics, ensure_topics, topic_names
 from trainguard.producers.simulator.driver import run_simulation

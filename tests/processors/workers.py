@@ -13,7 +13,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from trainguard.devtools.local_broker import free_ports
+from trainguard.devtools.broker_config import free_ports
 from trainguard.devtools.stack import scrape, start_processor
 from trainguard.kafka.topics import TELEMETRY, TopicNames
 

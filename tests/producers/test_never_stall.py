@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.devtools.local_broker import LocalBroker, ensure_jars
+from trainguard.devtools.broker_jars import ensure_jars
+from trainguard.devtools.local_broker import LocalBroker
 from trainguard.kafka.topics import ensure_topics, topic_names
 from trainguard.producers.rank.agent import RankAgent
 from trainguard.producers.rank.shipper import ShipperConfig, TelemetryShipper

@@ -70,7 +70,8 @@ def soak(
     else:
         import shutil
 
-        from .local_broker import LocalBroker, ensure_jars
+        from .broker_jars import ensure_jars
+        from .local_broker import LocalBroker
 
         ensure_jars()
         data = workdir.parent / f"{workdir.name}-broker"

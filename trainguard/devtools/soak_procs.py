@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .local_broker import free_ports
+from .broker_config import free_ports
 from .soak_plan import Victim
 from .stack import scrape, start_processor
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from ..kafka.acl import PROCESSOR_APP
 from ..kafka.topics import TopicNames, ensure_topics, topic_names
-from .local_broker import LocalBroker, ensure_jars
+from .broker_jars import ensure_jars
+from .local_broker import LocalBroker
 
 #: The faust app id of the processor (its consumer group).
 PROCESSOR_GROUP = PROCESSOR_APP

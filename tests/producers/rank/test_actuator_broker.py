@@ -315,3 +315,52 @@ def test_a_rank_actuator_does_not_ack_the_launchers_commands(
         ("ckpt-1", 1, AckStatus.EXECUTED),
     ]
     assert actuator.stats.failed == 0 and actuator.counters.other_role == 1
+
+
+def test_a_rank_kind_without_a_handler_still_fails_and_passed_over_offsets_are_committed(
+    bootstrap: str, topics: TopicNames, run_id: str, acks: AckReader, tmp_path: Path
+) -> None:
+    """Passing over is for another role's kinds only: a kind the rank role executes but
+    this actuator has no handler for is acked FAILED on each rank, saying so. The
+    passed-over command's offset is committed like any other: a restarted actuator in the
+    same group does not read it again."""
+    key = auth.run_key(SECRET, run_id)
+    ran: list[tuple[str, int]] = []
+
+    def rank_actuator() -> Actuator:
+        actuator = Actuator(
+            bootstrap, topics.commands, topics.acks, run_id, attempt=0, local_ranks=[0, 1], key=key,
+            node="node-a", journal_path=tmp_path / "journal", executes=kinds_of(Role.RANK),
+        )  # fmt: skip
+        actuator.register(CheckpointNow, recorder(ran))  # no SkipUpdate handler
+        return actuator
+
+    reason = Reason(code=ReasonCode.OPERATOR, text="t")
+    quarantine = QuarantineNode(
+        command_id="q-1", run_id=run_id, attempt=0, issued_ts=1.0, node="node-b", reason=reason
+    )
+    skip = SkipUpdate(command_id="skip-1", run_id=run_id, attempt=0, issued_ts=1.0, step=5, reason=reason)
+    first = rank_actuator()
+    with first:
+        assert first.wait_ready(30)
+        # The quarantine last: its offset is the one a restart would resume from.
+        send(bootstrap, topics.commands, run_id, *(encode(auth.sign(c, key)) for c in (skip, quarantine)))
+        got = acks.take(2)
+    assert sorted((a.command_id, a.rank, a.status) for a in got) == [
+        ("skip-1", 0, AckStatus.FAILED),
+        ("skip-1", 1, AckStatus.FAILED),
+    ]
+    assert {a.detail for a in got} == {f"no handler registered for {SkipUpdate.KIND}"}
+    assert first.stats.failed == 2 and first.counters.other_role == 1
+
+    second = rank_actuator()  # same group: resumes from the committed offsets
+    with second:
+        assert second.wait_ready(30)
+        send(bootstrap, topics.commands, run_id, encode(auth.sign(checkpoint_now(run_id, "ckpt-1"), key)))
+        got = acks.take(2)
+    assert sorted((a.command_id, a.rank, a.status) for a in got) == [
+        ("ckpt-1", 0, AckStatus.EXECUTED),
+        ("ckpt-1", 1, AckStatus.EXECUTED),
+    ]
+    assert second.counters.other_role == 0 and second.stats.failed == 0
+    assert ran == [("ckpt-1", 0), ("ckpt-1", 1)]

@@ -180,9 +180,12 @@ def supervisor_arguments(env: dict[str, str], kwargs: dict[str, Any]) -> dict[st
     kwargs = dict(kwargs)
     if "config" not in kwargs:
         kwargs["config"] = SupervisorConfig.from_env(env)
-    run_id = env.get(ENV_RUN_ID)
+    # Under plain torchrun (no trainguard launcher) the run is torchrun's: its rendezvous id.
+    run_id = env.get(ENV_RUN_ID) or env.get("TORCHELASTIC_RUN_ID")
     if not run_id:
-        raise KeyError(f"{ENV_RUN_ID} is not set (the trainguard launcher sets it)")
+        raise KeyError(
+            f"{ENV_RUN_ID} is not set (the trainguard launcher sets it; torchrun sets TORCHELASTIC_RUN_ID)"
+        )
     bootstrap = env.get(ENV_BOOTSTRAP) or None
     if bootstrap and "secret" not in kwargs and "sink" not in kwargs:
         kwargs["secret"] = auth.load_master_secret(env)

@@ -171,7 +171,11 @@ def launch(
         float, typer.Option(help="After a crash: seconds to wait for the processor's decisions.")
     ] = 3.0,
     offline: Annotated[
-        bool, typer.Option(help="No Kafka: no telemetry, no commands (restarts on crashes only).")
+        bool,
+        typer.Option(
+            envvar="TRAINGUARD_OFFLINE",
+            help="No Kafka: no telemetry, no commands (restarts on crashes only).",
+        ),
     ] = False,
     self_test: Annotated[
         str,
@@ -187,10 +191,12 @@ def launch(
     bootstrap: Bootstrap = None,
     topic_prefix: Prefix = "",
 ) -> None:
-    """Start and supervise NPROC rank processes of COMMAND: restarts from the newest validated
+    """Start and supervise the rank processes of COMMAND: restarts from the newest validated
     checkpoint, executes Abort/QuarantineNode/EvictRank/Rollback/ResumeFrom, records the restart
-    phases in DIR/.trainguard/restarts.jsonl. Exit 0 ok, 1 failed, 130 stopped, 75 paused (a
-    PauseRun: the run fails at one step on every node; fix the data or code, then relaunch)."""
+    phases in DIR/.trainguard/restarts.jsonl. One host: --nproc ranks here. Across hosts: one
+    agent per host with torchrun's flags (--nnodes, --nproc-per-node, --rdzv-*; its files in
+    DIR/.trainguard/hosts/NODE; docs/multihost.md). Exit 0 ok, 1 failed, 130 stopped, 75 paused
+    (a PauseRun: the run fails at one step on every node; fix the data or code, then relaunch)."""
     if self_test not in ("on-demand", "ahead", "off"):
         console.print(f"[red]--self-test must be on-demand, ahead or off (got {self_test!r})")
         raise typer.Exit(2)

@@ -115,3 +115,37 @@ def test_a_lost_host_is_replaced_by_a_spare_and_the_run_ends_bitwise(tmp_path: P
     expected, got = final_weights(clean_ckpt), final_weights(ckpt)
     assert expected.keys() == got.keys()
     assert all(torch.equal(expected[name], got[name]) for name in expected), "weights diverged"
+
+
+def test_the_same_script_runs_under_torchrun_and_trainguard_launch_with_the_same_flags(
+    tmp_path: Path,
+) -> None:
+    """Replacing `torchrun` by `trainguard launch` is the whole change: the same flags, the
+    same script in torchrun's form, the same environment (trainguard's settings in it);
+    both runs train the same weights."""
+    finals = {}
+    for name, launcher in (
+        ("torchrun", ["-m", "torch.distributed.run"]),
+        ("trainguard", ["-m", "trainguard", "launch"]),
+    ):
+        workdir = tmp_path / name
+        workdir.mkdir()
+        flags = [
+            "--nnodes", "1:1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", f"same-{name}",
+        ]  # fmt: skip
+        env = environment() | {
+            "TRAINGUARD_CHECKPOINT_DIR": str(workdir / "ckpt"),
+            "TRAINGUARD_RUN_DIR": str(workdir),  # where the example writes final.pt
+            "TRAINGUARD_OFFLINE": "1",
+            "TRAIN_STEPS": "40",
+        }
+        done = subprocess.run(
+            [sys.executable, *launcher, *flags, str(EXAMPLE)],
+            env=env, cwd=workdir, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        (final,) = list(workdir.glob("**/final.pt"))
+        finals[name] = torch.load(final)
+    assert finals["torchrun"].keys() == finals["trainguard"].keys()
+    assert all(torch.equal(finals["torchrun"][k], finals["trainguard"][k]) for k in finals["torchrun"])

@@ -57,6 +57,7 @@ from .plan import NodePool, quarantine_effect
 from .records import RestartCause
 from .resume import ResumeChoice
 from .run_state import RunState, StopRequest
+from .shared_quarantine import SharedQuarantine
 from .spares import SpareAdmission
 
 Handler = Callable[[Any, int], str]
@@ -78,6 +79,8 @@ class LauncherCommands:
         self.resume = resume
         self.spares = spares
         self.clock = clock
+        #: Across hosts, the run's quarantine list on shared storage (shared_quarantine.py).
+        self.shared = SharedQuarantine(config.checkpoint_dir) if config.rendezvous is not None else None
 
     def table(self) -> dict[type[Command], Handler]:
         """Every handler, journaled so that a relaunched launcher neither repeats nor loses one."""
@@ -148,6 +151,9 @@ class LauncherCommands:
             detail = self._effect(node)
             state.record(command, detail, quarantine=node)
             state.quarantined.add(node)
+        if self.shared is not None:
+            why = command.reason.text if command is not None else "operator"
+            self.shared.add(node, why, by=self.config.node)
         self.spares.prestart()
         return detail
 
@@ -228,6 +234,8 @@ class LauncherCommands:
                 detail = f"{node} is back in the pool from the next restart on"
             state.record(command, detail, release=node)
             state.quarantined.discard(node)
+        if self.shared is not None:
+            self.shared.release(node, by=self.config.node)
         return detail
 
     def self_test(self, command: RunNodeSelfTest, rank: int) -> str:
@@ -255,10 +263,15 @@ class LauncherCommands:
         return detail
 
     def _known(self, node: str) -> None:
-        if node not in self.pool.nodes:
+        # Across hosts a node is a host: any host may join, there is no modelled pool.
+        if self.shared is None and node not in self.pool.nodes:
             raise ValueError(f"node {node} is not in the pool")
 
     def _effect(self, node: str) -> str:
         """Under the lock: what quarantining `node` does at the next restart."""
         state = self.state
+        if self.shared is not None:  # across hosts: the rendezvous, not a pool, finds the replacement
+            return (
+                f"{node} leaves the run at the next restart and does not rejoin; a spare host takes its ranks"
+            )
         return quarantine_effect(self.pool, state.quarantined, node, self.config.nproc, state.placement)

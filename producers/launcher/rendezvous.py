@@ -36,6 +36,10 @@ _PLAN = "trainguard/plan"
 DEFAULT_CONF = {"keep_alive_interval": "1", "keep_alive_max_attempt": "3", "last_call_timeout": "1"}
 
 
+class NoRound(Exception):
+    """No round could form: the join timeout passed, the rendezvous closed, or its store is gone."""
+
+
 @dataclass(frozen=True)
 class RendezvousSpec:
     """torchrun's rendezvous flags, with torchrun's meaning."""
@@ -186,7 +190,26 @@ class HostRendezvous:
         once the round is complete, not before: a spare may wait in the rendezvous for
         hours, and what it knew when it began waiting (the newest checkpoint) is stale.
         `free_port(addr)` picks the port of the ranks' process group (the leader's)."""
-        info = self.handler.next_rendezvous()
+        from torch.distributed.elastic.rendezvous.api import (
+            RendezvousClosedError,
+            RendezvousConnectionError,
+            RendezvousTimeoutError,
+        )
+
+        spec = self.spec
+        try:
+            info = self.handler.next_rendezvous()
+        except RendezvousTimeoutError as exc:
+            timeout = {**DEFAULT_CONF, **spec.conf}.get("join_timeout", "600")
+            raise NoRound(
+                f"no round of {spec.min_nodes} to {spec.max_nodes} hosts formed within {timeout} s"
+            ) from exc
+        except RendezvousClosedError as exc:
+            raise NoRound("the rendezvous is closed: the run ended on the other hosts") from exc
+        except RendezvousConnectionError as exc:
+            raise NoRound(
+                f"the rendezvous store at {spec.endpoint} is unreachable (its host is gone?): {exc}"
+            ) from exc
         store, self.group_rank = info.store, info.rank
         proposal = propose()
         addr = proposal.addr or self.spec.local_addr or socket.getfqdn()

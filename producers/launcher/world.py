@@ -22,9 +22,10 @@ from typing import Protocol
 from .config import LauncherConfig, free_port
 from .journal import AttemptRecord
 from .plan import NodePool, Placement, PoolExhausted, plan
-from .rendezvous import HostRendezvous, Proposal
+from .rendezvous import HostRendezvous, NoRound, Proposal
 from .resume import ResumeChoice
 from .run_state import RunState
+from .shared_quarantine import SharedQuarantine
 from .spares import SpareAdmission
 
 
@@ -129,12 +130,49 @@ class HostWorld:
     ) -> None:
         self.config, self.node, self.state, self.resume = config, node, state, resume
         self.rendezvous = rendezvous
+        self.shared = SharedQuarantine(config.checkpoint_dir)
+        self.reasons: dict[str, str] = {}
+
+    def _learn(self, listed: dict[str, str]) -> None:
+        """Quarantines decided elsewhere, journaled here too (a relaunched agent keeps them)."""
+        state = self.state
+        with state.lock:
+            for node, why in sorted(listed.items()):
+                if node not in state.quarantined:
+                    state.record(None, f"{node} is out of the run: {why}", quarantine=node)
+                    state.quarantined.add(node)
+                    self.reasons[node] = why
+
+    def _quarantine(self, node: str, why: str) -> None:
+        """A host this agent found lost: out of the run, on shared storage and here."""
+        if node not in self.state.quarantined:
+            self.shared.add(node, why, by=self.node)
+            self._learn({node: why})
+
+    def _no_round(self, why: str) -> str:
+        """Why the run stops without a world: the hosts out of it and their causes, and
+        the spare that did not come."""
+        with self.state.lock:
+            out = sorted(self.state.quarantined)
+        listed = self.shared.nodes()
+        causes = (
+            "; ".join(f"{n}: {self.reasons.get(n) or listed.get(n, 'quarantined')}" for n in out) or "none"
+        )
+        return (
+            f"{why}. Out of the run: {causes}. No spare host joined to take their ranks "
+            f"(start an agent on a spare host with the same flags and its own --node-name)"
+        )
+
+    def _refusal(self) -> str:
+        why = self.reasons.get(self.node) or self.shared.nodes().get(self.node, "quarantined")
+        return f"{self.node} is quarantined for run {self.config.run_id} ({why}): it does not rejoin"
 
     def form(self, first: bool, reuse: AttemptRecord | None) -> World:
         state = self.state
+        self._learn(self.shared.nodes())  # what other hosts' agents put on shared storage
         with state.lock:
             if self.node in state.quarantined:
-                raise NoWorld(f"{self.node} is quarantined for run {self.config.run_id}: it does not rejoin")
+                raise NoWorld(self._refusal())
 
         def propose() -> Proposal:  # once the round is complete: what this host knows then
             with state.lock:
@@ -142,11 +180,20 @@ class HostWorld:
                 quarantined = tuple(sorted(state.quarantined))
             return Proposal(self.node, state.attempt if first else state.attempt + 1, step, quarantined)
 
-        agreed = self.rendezvous.next_world(propose, free_port)
+        try:
+            agreed = self.rendezvous.next_world(propose, free_port)
+        except NoRound as exc:
+            raise NoWorld(self._no_round(str(exc))) from None
+        self._learn({node: "quarantined by another host" for node in agreed.quarantined})
         with state.lock:
-            state.quarantined.update(agreed.quarantined)
+            previous = state.placement
+        if previous is not None and self.node in previous.nodes:
+            for lost in [h for h in previous.nodes if h not in agreed.hosts and h != self.node]:
+                why = f"host lost: its agent left the rendezvous during attempt {state.attempt}"
+                self._quarantine(lost, why)
+        with state.lock:
             if self.node in state.quarantined:
-                raise NoWorld(f"{self.node} is quarantined for run {self.config.run_id}: it does not rejoin")
+                raise NoWorld(self._refusal())
             state.attempt = agreed.attempt
             placement = Placement(agreed.hosts, agreed.nproc_per_node, agreed.world_size, {})
             state.placement = placement

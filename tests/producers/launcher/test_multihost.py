@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from trainguard.producers.launcher.config import free_port
+from trainguard.producers.launcher.shared_quarantine import SharedQuarantine
 
 torch = pytest.importorskip("torch")
 
@@ -32,19 +33,21 @@ def environment() -> dict[str, str]:
     return env
 
 
-def agent(node: str, endpoint: str, ckpt: Path, workdir: Path) -> subprocess.Popen[str]:
+def agent(
+    node: str, endpoint: str, ckpt: Path, workdir: Path, log: str = "", *extra: str
+) -> subprocess.Popen[str]:
     """One host's agent, with torchrun's flags and the example in torchrun's form."""
     command = [
         sys.executable, "-m", "trainguard", "launch", "--offline",
         "--nnodes", "3:3", "--nproc-per-node", "2",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "multihost-test",
         "--local-addr", "127.0.0.1", "--node-name", node,
-        "--checkpoint-dir", str(ckpt), "--max-restarts", "2", "--decision-wait-s", "1",
+        "--checkpoint-dir", str(ckpt), "--max-restarts", "2", "--decision-wait-s", "1", *extra,
         str(EXAMPLE),
     ]  # fmt: skip
-    log = (workdir / f"{node}.log").open("w")
+    out = (workdir / f"{log or node}.log").open("w")
     return subprocess.Popen(
-        command, env=environment(), cwd=workdir, stdout=log, stderr=subprocess.STDOUT, text=True
+        command, env=environment(), cwd=workdir, stdout=out, stderr=subprocess.STDOUT, text=True
     )
 
 
@@ -98,6 +101,15 @@ def test_a_lost_host_is_replaced_by_a_spare_and_the_run_ends_bitwise(tmp_path: P
             assert agents["host-a"].poll() is None, (tmp_path / "host-a.log").read_text()[-3000:]
             time.sleep(0.1)
         kill_tree(agents["host-b"])
+        listed = SharedQuarantine(ckpt)
+        while "host-b" not in listed.nodes():  # the survivors found it lost: out of the run
+            assert time.monotonic() < deadline, "host-b was never quarantined"
+            time.sleep(0.1)
+        assert listed.nodes()["host-b"].startswith("host lost")
+        # The host comes back (its agent restarted with the same name): it is not readmitted.
+        back = agent("host-b", endpoint, ckpt, tmp_path, log="host-b-again")
+        assert back.wait(120) == 1
+        assert "host-b is quarantined for run multihost-test" in (tmp_path / "host-b-again.log").read_text()
         for name in ("host-a", "host-c", "spare-1"):
             assert agents[name].wait(300) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
     finally:
@@ -149,3 +161,21 @@ def test_the_same_script_runs_under_torchrun_and_trainguard_launch_with_the_same
         finals[name] = torch.load(final)
     assert finals["torchrun"].keys() == finals["trainguard"].keys()
     assert all(torch.equal(finals["torchrun"][k], finals["trainguard"][k]) for k in finals["torchrun"])
+
+
+def test_with_no_spare_left_the_run_stops_naming_the_host_its_cause_and_the_missing_spare(
+    tmp_path: Path,
+) -> None:
+    """A world of three hosts, one of them out (found lost earlier: on the run's shared list):
+    the agent left alone cannot form a round, and says who is out, why, and that no spare
+    came, instead of waiting forever."""
+    ckpt = tmp_path / "ckpt"
+    lost = "host lost: its agent left the rendezvous during attempt 3"
+    SharedQuarantine(ckpt).add("host-b", lost, by="host-c")
+    endpoint = f"127.0.0.1:{free_port()}"
+    alone = agent("host-a", endpoint, ckpt, tmp_path, "", "--rdzv-conf", "join_timeout=4")
+    assert alone.wait(120) == 1
+    text = (tmp_path / "host-a.log").read_text()
+    assert "no round of 3 to 3 hosts formed within 4 s" in text, text[-2000:]
+    assert f"host-b: {lost}" in text
+    assert "No spare host joined" in text

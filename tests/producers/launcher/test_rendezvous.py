@@ -26,6 +26,7 @@ from trainguard.producers.launcher.rendezvous import (
     parse_conf,
     parse_nnodes,
 )
+from trainguard.producers.launcher.shared_quarantine import SharedQuarantine
 
 
 def test_nnodes_reads_as_torchrun_reads_it() -> None:
@@ -151,3 +152,15 @@ def test_a_spare_host_takes_the_place_of_a_lost_one_within_seconds(tmp_path: Pat
     finally:
         for agent in agents.values():
             agent.kill()
+
+
+def test_the_shared_quarantine_list_keeps_the_last_word_per_host_and_skips_a_torn_line(
+    tmp_path: Path,
+) -> None:
+    listed = SharedQuarantine(tmp_path)
+    listed.add("host-b", "host lost", by="host-a")
+    listed.add("host-c", "wrong answers", by="host-a")
+    listed.release("host-c", by="host-a")
+    with listed.path.open("ab") as fh:
+        fh.write(b'{"node": "host-d", "out": tr')  # a writer killed mid-line
+    assert SharedQuarantine(tmp_path).nodes() == {"host-b": "host lost"}

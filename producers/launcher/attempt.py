@@ -87,6 +87,7 @@ class AttemptRunner:
         kill_at(cfg.fault, "after-spawn", attempt)
         if pending is not None:
             self.restarts.spawned(pending, attempt, spawn_ts, resume, world.local_ranks)
+            pending.rendezvous_s = world.rendezvous_s
         watch = _Watch(self, ctx, procs, world, result)
         try:
             interruption = watch.until_end(spawn_ts, pending)

@@ -84,6 +84,7 @@ class LauncherEvents:
         measured = {
             "detect": rec.detect_s,
             "reschedule": rec.reschedule_s,
+            "rendezvous": rec.rendezvous_s,
             "process_start": rec.process_start_s,
             "checkpoint_load": rec.checkpoint_load_s,
             "pg_init": rec.pg_init_s,

@@ -62,6 +62,8 @@ class RestartPhases:
     resumed_from_step: int = -1
     detect_s: float = 0.0
     reschedule_s: float | None = None
+    #: Across hosts, the part of reschedule spent in the rendezvous round (and its plan).
+    rendezvous_s: float | None = None
     process_start_s: float | None = None
     checkpoint_load_s: float | None = None
     pg_init_s: float | None = None

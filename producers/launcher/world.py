@@ -15,6 +15,7 @@ on (the pool is exhausted, every checkpoint was rejected, this host is quarantin
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -42,6 +43,8 @@ class World:
     #: Across hosts: how many hosts wait to join (the watch restarts the world for them);
     #: the RunStarted of the attempt is the same event from every host (one id).
     nodes_waiting: Callable[[], int] | None = None
+    #: Across hosts: seconds this host spent in the round that formed this world.
+    rendezvous_s: float | None = None
 
 
 class NoWorld(Exception):
@@ -180,6 +183,7 @@ class HostWorld:
                 quarantined = tuple(sorted(state.quarantined))
             return Proposal(self.node, state.attempt if first else state.attempt + 1, step, quarantined)
 
+        joined = time.monotonic()
         try:
             agreed = self.rendezvous.next_world(propose, free_port)
         except NoRound as exc:
@@ -210,6 +214,7 @@ class HostWorld:
             agreed.master_addr,
             agreed.master_port,
             nodes_waiting=self.rendezvous.nodes_waiting,
+            rendezvous_s=time.monotonic() - joined,
         )
 
     def close(self, clean: bool) -> None:

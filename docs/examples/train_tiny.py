@@ -18,6 +18,10 @@ else the launcher's TRAINGUARD_CHECKPOINT_INTERVAL_S) counted in steps of the me
 step time, or a CheckpointNow; TRAIN_CHECKPOINT_EVERY=N saves after every N-th step instead
 (tests that compare which steps were saved).
 
+TRAIN_MODEL=dropout-adamw trains the same network with a dropout layer and AdamW: the
+per-rank RNG state the dropout masks come from is in the checkpoint (TrainState), so
+that run too resumes bitwise.
+
 Optional fault plan for tests, TRAINGUARD_EXAMPLE_FAULT="kind:rank:step:attempt[:steps]"
 (in that attempt, from that step on; several plans separated by commas, the first one
 armed for this rank and attempt applies) with kind one of kill (the rank SIGKILLs itself
@@ -54,6 +58,7 @@ from trainguard.producers.training.supervisor import Supervisor, init_process_gr
 STEPS = int(os.environ.get("TRAIN_STEPS", "60"))
 EVERY = os.environ.get("TRAIN_CHECKPOINT_EVERY")  # a fixed cadence instead of the interval
 BATCH = 16
+MODEL = os.environ.get("TRAIN_MODEL", "sgd")  # or "dropout-adamw"
 
 
 class Fault:
@@ -104,10 +109,15 @@ def main() -> None:
     torch.manual_seed(0)  # the same initial weights on every rank
     inputs = torch.randn(2048, 16, generator=torch.Generator().manual_seed(1))
     targets = inputs @ torch.randn(16, 1, generator=torch.Generator().manual_seed(2))
-    net = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
+    dropout = [nn.Dropout(0.1)] if MODEL == "dropout-adamw" else []
+    net = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), *dropout, nn.Linear(32, 1))
     net[0].weight.register_hook(fault.gradient)
     model = DistributedDataParallel(net)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    optimizer: torch.optim.Optimizer
+    if MODEL == "dropout-adamw":
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     sampler = ResumableSampler(len(inputs), rank=rank, world_size=world, seed=3)
 
     def loss_of(batch: torch.Tensor, module: nn.Module = model) -> torch.Tensor:

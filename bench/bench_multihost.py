@@ -19,6 +19,7 @@ import argparse
 import json
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,11 +27,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.producers.launcher.test_multihost import agent, attempted, kill_tree  # noqa: E402
+from tests.producers.launcher.hosts import agent as host_agent  # noqa: E402
+from tests.producers.launcher.hosts import attempted, environment, kill_tree  # noqa: E402
 from trainguard.producers.launcher.config import free_port  # noqa: E402
 from trainguard.producers.launcher.records import phases_path, read_json  # noqa: E402
 
 PHASES = ("detect_s", "reschedule_s", "rendezvous_s", "process_start_s", "pg_init_s", "checkpoint_load_s")
+
+
+def agent(node: str, endpoint: str, ckpt: Path, workdir: Path) -> subprocess.Popen[str]:
+    """One host's agent, offline, the example with dropout and AdamW for 160 steps."""
+    return host_agent(node, endpoint, ckpt, workdir, environment(160))
 
 
 def one_run(workdir: Path) -> list[dict[str, object]]:

@@ -89,3 +89,10 @@ def missing_handlers(role: Role, handlers: CommandHandlers) -> list[str]:
     problems = [f"{role}: no handler for {k.KIND}" for k in required if k not in have]
     extra = [k for k in have if role not in EXECUTED_BY.get(k, ())]
     return problems + [f"{role}: handles {k.KIND}, not in EXECUTED_BY" for k in extra]
+
+
+#: Kinds about a node, not about one attempt's processes: a node's fault outlives the
+#: attempt that found it, so a gate accepts them from an earlier attempt of the run too
+#: (across hosts the lost host is named when the next world has formed, its attempt
+#: already started; producers/rank/gate.py).
+OUTLIVE_THEIR_ATTEMPT: frozenset[type[Command]] = frozenset({QuarantineNode, ReleaseNode})

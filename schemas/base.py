@@ -108,6 +108,10 @@ class ReasonCode(StrEnum):
     NODE_SELF_TEST_FAILED = "node_self_test_failed"
     # a checkpoint refused at resume: a data fault, not a node fault (issue 15 item 1)
     CHECKPOINT_REJECTED = "checkpoint_rejected"
+    # across hosts: a host went silent while the others' ranks died of a lost peer (issue 17)
+    HOST_LOST = "host_lost"
+    # ranks died of a lost peer and no host went silent: culprit unknown
+    PEER_LOST = "peer_lost"
 
 
 class Reason(Record):

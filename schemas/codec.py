@@ -110,6 +110,8 @@ UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
     ("gpu_health", 1): lambda body: dict(body),
     # rank_exit/1 predates the job's progress at the exit: unknown.
     ("rank_exit", 1): lambda body: {**body, "job_step": -1},
+    # rank_exit/2 predates peer_lost: no exit was known to be a lost peer's consequence.
+    ("rank_exit", 2): lambda body: {**body, "peer_lost": False},
     # run_cross_rank_check/1 predates batch_rank: whose batch is unknown. A rank refuses
     # it either way: its signature covers the v1 body, and it could not run it without.
     ("run_cross_rank_check", 1): lambda body: {**body, "batch_rank": None},

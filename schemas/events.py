@@ -195,10 +195,10 @@ class RankExit(Envelope):
     step: the newest step this rank completed; job_step: the newest step ANY rank of the
     attempt completed when this exit was reported (the launcher reads every rank's progress
     file), so that an interruption declared on this exit counts its lost steps exactly even
-    while the survivors' last reports are still in their shippers."""
+    while the survivors' last reports are still in their shippers. v3: peer_lost."""
 
     KIND: ClassVar[str] = "rank_exit"
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3
 
     exit_code: int | None = None
     signal: int | None = Field(default=None, ge=1, le=128)
@@ -206,6 +206,12 @@ class RankExit(Envelope):
     stack_dump_ref: str = Field(default="", max_length=2000)
     stack_signature: str = Field(default="", max_length=2000)
     job_step: int = Field(default=-1, ge=-1, description="Newest step any rank completed (-1: unknown).")
+    peer_lost: bool = Field(
+        default=False,
+        description="The rank died because a peer did: its collective failed with the peer's "
+        "connection reset or closed, or the communicator aborted (producers/training/peer_loss.py). "
+        "Evidence about another rank, so never a culprit by itself.",
+    )
 
 
 class RestartPhases(Envelope):

@@ -65,6 +65,7 @@ from . import (
     interval,
     node_tests,
     paging,
+    peer_loss,
     quarantine,
     repeat_step,
     resume,
@@ -128,8 +129,10 @@ def step(
     if isinstance(event, RunStarted):
         outputs += _on_run_started(run, event, policy)
         outputs += baseline.on_time(run.baseline, run, event, policy.baseline)
-        return state, outputs
+        return state, _consequences(run, outputs, policy)  # a crash concluded by the next world
     if event.attempt > run.attempt:  # the launcher's record is late or lost
+        if run.pending_crash is not None:
+            outputs += peer_loss.conclude(run, None, _interruption)
         outputs += _begin_attempt(run, event, resumed_from_step=run.last_validated_step)
     rank = _rank(run, event)
     if isinstance(event, StepTiming) and rank is not None:
@@ -175,9 +178,26 @@ def step(
     if run.pending_hang is not None:
         open_window(run.pending_hang, event, run.last_ts)
         outputs += _maybe_conclude_hang(run, event.ts, policy)
+    if run.pending_crash is not None and peer_loss.due(run, policy.crash):
+        outputs += peer_loss.conclude(run, None, _interruption)
     outputs += baseline.on_time(run.baseline, run, event, policy.baseline)
     if run.eviction.deferred:
         outputs += eviction.on_time(run.eviction, event.ts, run.attempt, policy.eviction)
+    outputs = _consequences(run, outputs, policy)
+    reports = accounting.reports(run.goodput, run.run_id, event, policy.goodput)
+    if reports:
+        outputs += reports
+        gp = policy.goodput
+        usual_restart = eviction.restart_estimate_s(run.eviction, policy.eviction)
+        interval_s = run.interval.current_s or policy.interval.initial_s
+        outputs += paging.on_goodput(run.paging, reports[0], gp, usual_restart, interval_s)
+    return state, outputs
+
+
+def _consequences(run: RunState, outputs: list[Output], policy: CorePolicy) -> list[Output]:
+    """What the decisions of one event imply: rollbacks behind SDC findings, and for each
+    interruption its baseline, pages, quarantine and accounting; the node moves and MTBF
+    updates that follow."""
     if outputs:
         if policy.rollback_on_sdc:
             found_now = [o for o in outputs if isinstance(o, SdcMismatch)]
@@ -203,14 +223,7 @@ def step(
             eviction.on_recovered(run.eviction, recovered, policy.eviction)
         for update in [o for o in outputs if isinstance(o, MtbfUpdate)]:  # M moved: re-derive T
             outputs += interval.rederive(run.interval, run.run_id, update, update.mtbf_s, policy.interval)
-    reports = accounting.reports(run.goodput, run.run_id, event, policy.goodput)
-    if reports:
-        outputs += reports
-        gp = policy.goodput
-        usual_restart = eviction.restart_estimate_s(run.eviction, policy.eviction)
-        interval_s = run.interval.current_s or policy.interval.initial_s
-        outputs += paging.on_goodput(run.paging, reports[0], gp, usual_restart, interval_s)
-    return state, outputs
+    return outputs
 
 
 def run_all(
@@ -353,16 +366,20 @@ def _rank(run: RunState, event: Envelope) -> RankState | None:
 
 
 def _on_run_started(run: RunState, event: RunStarted, policy: CorePolicy) -> list[Output]:
+    outputs: list[Output] = []
+    if run.pending_crash is not None and event.attempt > run.attempt:  # the next world names its hosts
+        outputs += peer_loss.conclude(run, set(event.nodes), _interruption)
     opened = run.open_interruption
     if opened is not None and event.attempt > run.attempt and opened.launched_ts is None:
         opened.launched_ts = event.ts  # the restart's reschedule phase ends here
     run.world_size = event.world_size
     run.ranks_per_node = event.ranks_per_node
+    run.nodes = tuple(event.nodes)
     run.racks = dict(event.racks)
     group_slowdown.on_run_started(run.groups, run, event, policy.group_slowdown)
     if event.attempt > run.attempt or run.phase == RunPhase.STARTING and not run.ranks:
-        return _begin_attempt(run, event, resumed_from_step=event.resumed_from_step)
-    return []
+        outputs += _begin_attempt(run, event, resumed_from_step=event.resumed_from_step)
+    return outputs
 
 
 def _begin_attempt(run: RunState, event: Envelope, resumed_from_step: int) -> list[Output]:
@@ -529,6 +546,9 @@ def _on_exit(run: RunState, rank: RankState, event: RankExit) -> list[Output]:
         if run.world_size and sum(r.exited for r in run.ranks.values()) >= run.world_size:
             run.move_to(RunPhase.FINISHED)
         return []
+    if event.peer_lost and run.no_checkpoint_attempt != run.attempt:  # evidence about another rank
+        peer_loss.on_exit(run, event)
+        return []
     how = f"signal {event.signal}" if event.signal is not None else f"exit code {event.exit_code}"
     if run.no_checkpoint_attempt == run.attempt:  # the ranks had nothing valid to resume from
         return [
@@ -663,6 +683,7 @@ def _interruption(
     completed = completed_step(run)
     lost = max(0, completed - checkpoint if checkpoint >= 0 else completed + 1)
     event_id = derived_id("interruption", cause_id)
+    run.pending_crash = None  # whatever ended the attempt, the wait for a culprit is over
     run.move_to(RunPhase.INTERRUPTED)
     run.interruptions += 1
     run.open_interruption = OpenInterruption(event_id, event_id, at, detect_s, lost)

@@ -50,6 +50,18 @@ class HangPolicy(BaseModel):
         return self
 
 
+class CrashPolicy(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    peer_loss_window_s: float = Field(
+        10.0,
+        gt=0,
+        description="After the first exit of a rank that died of a lost peer, how long to wait for "
+        "the culprit's own exit before naming the hosts none of whose ranks reported one (a whole "
+        "host lost); the next attempt's start ends the wait sooner (processors/core/peer_loss.py).",
+    )
+
+
 #: The policy file format this code reads.
 POLICY_VERSION = 1
 
@@ -62,6 +74,7 @@ class CorePolicy(BaseModel):
 
     version: int = Field(POLICY_VERSION, description="Policy file format version.")
     hang: HangPolicy = HangPolicy()
+    crash: CrashPolicy = CrashPolicy()
     baseline: BaselinePolicy = BaselinePolicy()
     sdc: SdcPolicy = SdcPolicy()
     straggler: StragglerPolicy = StragglerPolicy()

@@ -78,6 +78,16 @@ class PendingHang:
 
 
 @dataclass
+class PendingCrash:
+    """Ranks died of a lost peer (RankExit.peer_lost): evidence about another rank, so the
+    core waits for the culprit's own exit or for the window to show which hosts went silent
+    (processors/core/peer_loss.py)."""
+
+    event_id: str  # the first such exit
+    first_ts: float
+
+
+@dataclass
 class OpenInterruption:
     """Declared, waiting for the next attempt's first step to measure restart time."""
 
@@ -100,6 +110,9 @@ class RunState:
     shard: int = 0
     shard_ranks: int = 0
     ranks_per_node: int = 1
+    #: The attempt's hosts in placement order (RunStarted): rank r runs on
+    #: nodes[r // ranks_per_node]; () when no RunStarted was seen.
+    nodes: tuple[str, ...] = ()
     racks: dict[str, str] = field(default_factory=dict)
     attempt: int = 0
     phase: RunPhase = RunPhase.STARTING
@@ -121,6 +134,7 @@ class RunState:
     no_checkpoint_attempt: int = -1
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
     pending_hang: PendingHang | None = None
+    pending_crash: PendingCrash | None = None
     open_interruption: OpenInterruption | None = None
     interruptions: int = 0
     first_ts: float | None = None

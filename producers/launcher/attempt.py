@@ -16,7 +16,9 @@ What ends an attempt, checked every ``poll_s``:
 - the launcher was stopped ("stopped": exits reported requested);
 - a PauseRun, a Rollback/ResumeFrom (teardown now), an Abort (the ranks get ``grace_s``
   to dump their stacks and leave on their own, then the teardown), or an EvictRank once
-  a checkpoint newer than the one at the command is validated.
+  a checkpoint newer than the one at the command is validated;
+- across hosts, a host waiting to join (the world re-forms with it), or this host
+  quarantined (it leaves the world).
 
 Every exit after the decision to stop is reported ``requested=True``. The ranks' pids are
 journaled once spawned: the ranks outlive a killed launcher (own sessions), and its
@@ -36,7 +38,7 @@ from ...schemas import RUN_LEVEL_RANK, RunStarted
 from .config import free_port, kill_at
 from .context import LaunchContext
 from .rank_env import rank_env
-from .records import LaunchResult, RankEnd, RestartCause, RestartPhases
+from .records import LaunchResult, RankEnd, RestartCause, RestartPhases, peer_lost_of
 from .world import World
 
 log = logging.getLogger(__name__)
@@ -175,10 +177,13 @@ class _Watch:
             now = runner.clock()
             crashed = [(r, rc) for r, rc in self.reap(now) if rc != 0]
             if crashed and not self.stopping and interruption is None:
-                signaled = [c for c in crashed if c[1] < 0] or crashed  # the killed one is the cause
-                r, rc = signaled[0]
+                # the killed one is the cause, else one that did not die of a lost peer
+                lost = {r: why for r, _ in crashed if (why := peer_lost_of(runner.run_dir, attempt, r))}
+                own = [c for c in crashed if c[0] not in lost]
+                r, rc = ([c for c in crashed if c[1] < 0] or own or crashed)[0]
+                detail = f"rank {r} exited {rc}" + (f" (lost a peer: {lost[r]})" if r in lost else "")
                 interruption = runner.restarts.interruption(
-                    RestartCause.CRASH, f"rank {r} exited {rc}", attempt, last_poll, now,
+                    RestartCause.CRASH, detail, attempt, last_poll, now,
                     rank=r, node=placement.node_of(r), returncode=rc,
                 )  # fmt: skip
                 self.teardown()
@@ -224,6 +229,12 @@ class _Watch:
             if grace_until is not None and now >= grace_until:
                 self.teardown()
                 break
+            if interruption is None and self.world.nodes_waiting is not None and self._quarantined():
+                # a safety net: the decision wait normally lets the quarantine arrive first
+                why = f"{cfg.node} is quarantined: it leaves the world"
+                interruption = runner.restarts.interruption(RestartCause.QUARANTINED, why, attempt, now, now)
+                self.teardown()
+                break
             if interruption is None and self.world.nodes_waiting is not None and now >= next_membership:
                 next_membership = now + 1.0
                 waiting = self.world.nodes_waiting()
@@ -238,6 +249,12 @@ class _Watch:
                 runner.restarts.progress(pending)
             time.sleep(cfg.poll_s)
         return interruption
+
+    def _quarantined(self) -> bool:
+        """Across hosts: this host was quarantined during the attempt (a QuarantineNode)."""
+        state = self.runner.state
+        with state.lock:
+            return self.runner.config.node in state.quarantined
 
     def reap(self, now: float) -> list[tuple[int, int]]:
         ended = [(r, rc) for r in sorted(self.live) if (rc := self.procs[r].poll()) is not None]

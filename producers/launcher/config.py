@@ -90,6 +90,13 @@ class LauncherConfig:
     rendezvous: RendezvousSpec | None = None
     #: This host's node name in every event (--node-name; default: the hostname).
     node_name: str = ""
+    #: Across hosts (--spare): this agent waits outside the rendezvous until the run needs
+    #: a host (one of the newest world's stopped beating or was quarantined), then joins;
+    #: it never grows a world below MAX, and ends (status ok) when the run finished.
+    spare: bool = False
+    #: Across hosts: a host whose beat did not change for this long is taken for lost
+    #: (producers/launcher/liveness.py): the rendezvous' keep-alive, 1 s x 3.
+    host_stale_s: float = 3.0
 
     @property
     def node(self) -> str:

@@ -285,7 +285,7 @@ class Launcher:
                     if pending is not None:
                         self.restarts.finish(pending, result)
                     log.error("%s", no.reason)
-                result.status, result.reason = "failed", no.reason
+                result.status, result.reason = no.status, no.reason
                 break
             first, reuse = False, None
             self.journal.append(
@@ -330,11 +330,20 @@ class Launcher:
                 self.restarts.give_up(interruption, restarts, result)
                 break
             restarts += 1
-            if interruption.cause is RestartCause.CRASH and state.stop.wait(cfg.decision_wait_s):
+            if self._waits_for_decisions(interruption) and state.stop.wait(cfg.decision_wait_s):
                 self.restarts.finish(interruption, result)
                 result.status, result.reason = "stopped", "the launcher was stopped"
                 break
             pending = interruption
+
+    def _waits_for_decisions(self, interruption: RestartPhases) -> bool:
+        """After a crash, the processor's decisions about it get decision_wait_s before the
+        restart. Across hosts after any interruption but a host joining: the world re-forms
+        at once when every host is back in the round, so a host that the processor
+        quarantines for this attempt (a hang's culprit) must know it before it rejoins."""
+        if self.config.rendezvous is not None:
+            return interruption.cause is not RestartCause.MEMBERSHIP
+        return interruption.cause is RestartCause.CRASH
 
     def _paused(self, result: LaunchResult, interruption: RestartPhases | None) -> bool:
         """A PauseRun is in force: end the run "paused" with its reason (the interruption

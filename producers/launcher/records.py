@@ -24,6 +24,7 @@ class RestartCause(StrEnum):
     EVICTION = "eviction"  # EvictRank, at the next validated checkpoint
     LAUNCHER = "launcher"  # the launcher died with the attempt running; its successor ended it
     MEMBERSHIP = "membership"  # across hosts: a host waits to join (below MAX): the world re-forms
+    QUARANTINED = "quarantined"  # across hosts: this host was quarantined mid-attempt: it leaves
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,11 @@ def phases_path(run_dir: Path, attempt: int, rank: int) -> Path:
 def progress_path(run_dir: Path, attempt: int, rank: int) -> Path:
     """The rank's newest completed step, rewritten by its Supervisor after every step."""
     return run_dir / f"attempt-{attempt}" / f"rank-{rank}.progress"
+
+
+def peer_lost_of(run_dir: Path, attempt: int, rank: int) -> str:
+    """The lost peer's error the rank noted before it died ('' none: its own fault)."""
+    return str(read_json(phases_path(run_dir, attempt, rank)).get("peer_lost") or "")
 
 
 def read_progress(path: Path) -> int | None:

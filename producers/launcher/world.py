@@ -15,19 +15,23 @@ on (the pool is exhausted, every checkpoint was rejected, this host is quarantin
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from .config import LauncherConfig, free_port
 from .journal import AttemptRecord
+from .liveness import HostBeat, Liveness, newest_world
 from .plan import NodePool, Placement, PoolExhausted, plan
 from .rendezvous import HostRendezvous, NoRound, Proposal
 from .resume import ResumeChoice
 from .run_state import RunState
 from .shared_quarantine import SharedQuarantine
 from .spares import SpareAdmission
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -49,12 +53,19 @@ class World:
 
 class NoWorld(Exception):
     """No attempt can start: `reason` says why. `after_interruption`: the interruption
-    that ended the last attempt is recorded (its restart never came)."""
+    that ended the last attempt is recorded (its restart never came). `status`: the run's
+    for this launcher ("ok" for a spare the run finished without)."""
 
-    def __init__(self, reason: str, after_interruption: bool = True) -> None:
+    def __init__(
+        self,
+        reason: str,
+        after_interruption: bool = True,
+        status: Literal["ok", "failed", "stopped"] = "failed",
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.after_interruption = after_interruption
+        self.status = status
 
 
 class WorldFormation(Protocol):
@@ -135,6 +146,8 @@ class HostWorld:
         self.rendezvous = rendezvous
         self.shared = SharedQuarantine(config.checkpoint_dir)
         self.reasons: dict[str, str] = {}
+        self.beat = HostBeat(config.checkpoint_dir, node).start()
+        self.waiting_as_spare = config.spare
 
     def _learn(self, listed: dict[str, str]) -> None:
         """Quarantines decided elsewhere, journaled here too (a relaunched agent keeps them)."""
@@ -170,8 +183,30 @@ class HostWorld:
         why = self.reasons.get(self.node) or self.shared.nodes().get(self.node, "quarantined")
         return f"{self.node} is quarantined for run {self.config.run_id} ({why}): it does not rejoin"
 
+    def _wait_until_needed(self) -> None:
+        """A spare (--spare) stays out of the rendezvous, where it would grow a world below
+        MAX, until the run needs a host: one of the newest world's hosts stopped beating
+        or is on the quarantine list. The run finished without it: NoWorld, status ok."""
+        live = Liveness(self.config.checkpoint_dir)
+        log.info("%s waits as a spare for run %s", self.node, self.config.run_id)
+        while not self.state.stop.wait(0.5):
+            attempt, nodes, finished = newest_world(self.config.checkpoint_dir)
+            if finished:
+                raise NoWorld(
+                    f"spare {self.node} not needed: run {self.config.run_id} finished", False, status="ok"
+                )
+            gone = live.stale(nodes, self.config.host_stale_s)
+            out = [n for n in nodes if n in self.shared.nodes()]
+            if attempt >= 0 and (gone or out):
+                log.info("%s joins as a spare: %s out of attempt %d", self.node, gone + out, attempt)
+                self.waiting_as_spare = False
+                return
+        raise NoWorld(f"spare {self.node} stopped while waiting", False, status="stopped")
+
     def form(self, first: bool, reuse: AttemptRecord | None) -> World:
         state = self.state
+        if self.waiting_as_spare:
+            self._wait_until_needed()
         self._learn(self.shared.nodes())  # what other hosts' agents put on shared storage
         with state.lock:
             if self.node in state.quarantined:
@@ -218,8 +253,9 @@ class HostWorld:
         )
 
     def close(self, clean: bool) -> None:
-        """The run is over for this host. After a clean end the rendezvous is closed for
-        every host (as torchrun does); otherwise this host only stops its keep-alives
-        and is dropped from the rendezvous when they lapse."""
-        if clean:
+        """The run is over for this host: its beat stops. After a clean end the rendezvous
+        is closed for every host (as torchrun does); otherwise this host only stops its
+        keep-alives and is dropped from the rendezvous when they lapse."""
+        self.beat.stop()
+        if clean and not self.waiting_as_spare:  # a spare that never joined closes nothing
             self.rendezvous.close()

@@ -251,6 +251,7 @@ class RankAgent:
         requested: bool = False,
         stack_dump_ref: str = "",
         stack_signature: str = "",
+        peer_lost: bool = False,
     ) -> None:
         """The rank process is ending; heartbeats stop. Flush the shipper afterwards."""
         self.exited = True
@@ -262,6 +263,7 @@ class RankAgent:
             requested=requested,
             stack_dump_ref=stack_dump_ref,
             stack_signature=stack_signature,
+            peer_lost=peer_lost,
         )
 
     @property

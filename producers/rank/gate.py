@@ -17,6 +17,7 @@ import orjson
 
 from ...schemas import Command, Rejected, auth, decode
 from ...schemas.codec import COMMANDS
+from ..command_roles import OUTLIVE_THEIR_ATTEMPT
 
 C = TypeVar("C", bound=Command)
 
@@ -103,7 +104,8 @@ class CommandGate:
             self._journal = self._journal_path.open("ab")
 
     def set_attempt(self, attempt: int) -> None:
-        """The job restarted: from now on only commands for `attempt` are accepted."""
+        """The job restarted: from now on only commands for `attempt` are accepted (and a
+        node's quarantine or release from an earlier one: command_roles.OUTLIVE_THEIR_ATTEMPT)."""
         self.attempt = attempt
 
     # ------------------------------------------------------------------ decisions
@@ -129,7 +131,8 @@ class CommandGate:
                 "signature does not match the run key (forged or tampered)",
                 command,
             )
-        if command.attempt != self.attempt:
+        earlier_but_lasting = command.attempt < self.attempt and type(command) in OUTLIVE_THEIR_ATTEMPT
+        if command.attempt != self.attempt and not earlier_but_lasting:
             return self._refuse(
                 RefuseReason.STALE_ATTEMPT,
                 f"command is for attempt {command.attempt}, this is attempt {self.attempt}",

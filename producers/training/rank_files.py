@@ -41,6 +41,27 @@ def write_phases(path: Path | None, step: int, checkpoint_load_s: float | None) 
         log.warning("trainguard: restart phases not written to %s: %s", path, exc)
 
 
+def note_exit(path: Path | None, peer_lost: str) -> None:
+    """The rank is dying of a lost peer (producers/training/peer_loss.py): add it to the
+    phases file (written or not yet), for the launcher's RankExit; replaced atomically."""
+    if path is None:
+        return
+    try:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            data = {}
+        if not isinstance(data, dict):
+            data = {}
+        data["peer_lost"] = peer_lost
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".exit.tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("trainguard: the exit's cause not written to %s: %s", path, exc)
+
+
 class ProgressFile:
     """This rank's newest completed step: one fixed-width record rewritten in place with
     pwrite (~6 µs; a write-then-rename took 1-2 ms a step on a loaded 2-core machine). No

@@ -78,6 +78,7 @@ import math
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections import deque
@@ -110,7 +111,8 @@ from .config import (
 )
 from .device_fault import WrongDevice, install_wrong_device
 from .gpu_health import GpuHealthSampler, HealthReader, open_reader
-from .rank_files import ProgressFile, write_phases
+from .peer_loss import peer_lost
+from .rank_files import ProgressFile, note_exit, write_phases
 from .replay_checks import ReplayChecks, is_ddp
 from .step_scope import StepScope
 from .timing import _CudaMarks, _HostMarks, _Pending, compute_marking_hook
@@ -285,6 +287,9 @@ class Supervisor:
         # A survivor of a peer's crash ends by an exception (gloo's "connection reset") or by
         # the launcher's SIGTERM: either way its last StepTimings leave the shipper first.
         atexit.register(self._flush_at_exit)
+        # An uncaught error says whether a peer was lost (peer_loss.py): noted for the launcher.
+        self._previous_excepthook = sys.excepthook
+        sys.excepthook = self._note_uncaught
         if (
             self.shipper is not None
             and threading.current_thread() is threading.main_thread()
@@ -500,6 +505,14 @@ class Supervisor:
         flush.join(self.config.exit_flush_s + 1.0)
         os._exit(128 + signum)
 
+    def _note_uncaught(self, kind: type[BaseException], error: BaseException, tb: Any) -> None:
+        """sys.excepthook: the rank is dying of `error`. A lost peer's error is noted in the
+        phases file, so that the launcher's RankExit says so (not a culprit)."""
+        why = peer_lost(error)
+        if why is not None:
+            note_exit(self.phases_file, why)
+        self._previous_excepthook(kind, error, tb)
+
     def _flush_at_exit(self) -> None:
         """atexit: the process ends without close() (an exception, SIGTERM): ship what is
         queued within exit_flush_s. No RankExit: the launcher reports how it ended."""
@@ -535,18 +548,26 @@ class Supervisor:
             self.shipper.close(timeout_s)
 
     # ------------------------------------------------------------------ lifecycle
-    def close(self, exit_code: int | None = 0, timeout_s: float = 10.0) -> None:
-        """End of training: report the rank's exit, stop the threads, ship what is left."""
+    def close(
+        self, exit_code: int | None = 0, timeout_s: float = 10.0, error: BaseException | None = None
+    ) -> None:
+        """End of training: report the rank's exit (`error`: what ended it, if anything),
+        stop the threads, ship what is left."""
         if self._closed:
             return
         self._closed = True
         atexit.unregister(self._flush_at_exit)
+        if sys.excepthook == self._note_uncaught:
+            sys.excepthook = self._previous_excepthook
+        lost = peer_lost(error)
+        if lost is not None:
+            note_exit(self.phases_file, lost)
         self.progress.close()
         if self._sigterm_installed and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         self._drain(block=True)
         if not self.agent.exited:
-            self.agent.exit(exit_code=exit_code)
+            self.agent.exit(exit_code=exit_code, peer_lost=lost is not None)
         self.gpu.stop()
         self._ticker_stop.set()
         if self.actuator is not None:
@@ -557,5 +578,5 @@ class Supervisor:
     def __enter__(self) -> Supervisor:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
-        self.close(exit_code=0 if exc_type is None else 1)
+    def __exit__(self, exc_type: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
+        self.close(exit_code=0 if exc_type is None else 1, error=error)

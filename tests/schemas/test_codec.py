@@ -395,6 +395,12 @@ def test_a_rank_exit_of_version_1_is_upcast_with_the_job_step_unknown() -> None:
     assert isinstance(event, RankExit) and event.job_step == -1 and event.signal == 9
 
 
+def test_a_rank_exit_of_version_2_is_upcast_as_no_lost_peer() -> None:
+    body = {"schema": "rank_exit/2", **ENVELOPE, "exit_code": 1, "job_step": 40}
+    event = decode(orjson.dumps(body))
+    assert isinstance(event, RankExit) and event.peer_lost is False and event.job_step == 40
+
+
 def test_a_cross_rank_check_command_of_version_1_is_upcast_with_no_batch_rank() -> None:
     body = {"schema": "run_cross_rank_check/1", **COMMAND, "reason": REASON.model_dump(mode="json")}
     command = decode(orjson.dumps({**body, "step": 100, "ranks": [3, 4, 5], "microbatch_id": "mb-100"}))

@@ -161,7 +161,16 @@ def launch(
         str, typer.Option(help="This host's node name in every event (default: hostname).")
     ] = "",
     ranks_per_node: Annotated[int, typer.Option(help="One host: ranks of one modelled node.")] = 1,
-    spares: Annotated[int, typer.Option(help="Spare nodes quarantine can swap in.")] = 2,
+    spares: Annotated[int, typer.Option(help="One host: modelled spare nodes quarantine can swap in.")] = 2,
+    spare: Annotated[
+        bool,
+        typer.Option(
+            "--spare",
+            help="Across hosts: this agent is a spare host. It stays out of the rendezvous (never "
+            "growing a world below MAX) until a host of the run is lost or quarantined, then takes "
+            "its ranks; it ends with status ok when the run finishes without it.",
+        ),
+    ] = False,
     nodes_per_rack: Annotated[int, typer.Option(help="Nodes per modelled rack.")] = 4,
     max_restarts: Annotated[
         int, typer.Option("--max-restarts", "--max_restarts", help="Restarts before giving up (any cause).")
@@ -229,6 +238,8 @@ def launch(
             )
             ranks_per_node, nproc = nproc_per_node, high * nproc_per_node
         else:
+            if spare:
+                raise ValueError("--spare is for an agent across hosts (with --nnodes and --rdzv-endpoint)")
             nproc = nproc or nproc_per_node
             if nproc < 1:
                 raise ValueError("--nproc (or --nproc-per-node) is required")
@@ -243,6 +254,7 @@ def launch(
         run_id=run_id,
         rendezvous=rendezvous,
         node_name=node_name,
+        spare=spare,
         checkpoint_dir=checkpoint_dir.resolve(),
         spares=spares,
         nodes_per_rack=nodes_per_rack,

@@ -105,6 +105,21 @@ def test_stale_attempt_is_refused() -> None:
     assert g.admit(signed(command(attempt=2)))[1] == {0: Verdict.EXECUTE, 1: Verdict.EXECUTE}
 
 
+def test_a_quarantine_from_an_earlier_attempt_is_accepted_a_later_one_is_not() -> None:
+    """A node's fault outlives the attempt that found it (across hosts the lost host is
+    named once the next attempt has started); a command for a future attempt is not."""
+    g = CommandGate(RUN, 0, (0,), KEY, executes=kinds_of(Role.LAUNCHER))
+    g.set_attempt(1)
+
+    def quarantine(attempt: int) -> bytes:
+        body = command(command_id=f"q-{attempt}", attempt=attempt).model_dump(exclude={"ranks"})
+        return signed(QuarantineNode(**body, ranks=None, node="host-b"))
+
+    assert g.admit(quarantine(0))[0].outcome is Outcome.ACCEPTED
+    assert g.admit(quarantine(2))[0].reason is RefuseReason.STALE_ATTEMPT
+    assert g.admit(signed(command(attempt=0)))[0].reason is RefuseReason.STALE_ATTEMPT  # not a node's
+
+
 def test_other_run_is_ignored_silently() -> None:
     g = gate()
     other = signed(command(run_id="run-other"), key=auth.run_key(SECRET, "run-other"))

@@ -1,0 +1,201 @@
+"""Issue 17's end-to-end test: `trainguard launch` across hosts on this one machine, host
+agents as separate process trees with their own --node-name, torch's c10d rendezvous on
+localhost, the README's example with dropout and AdamW on real gloo ranks, supervised
+through the real broker by a real processor (one for the module):
+
+- a whole host lost (its agent and ranks SIGKILLed) while a spare agent waits (--spare,
+  with room below MAX: it must not grow the world): the spare takes its ranks, the
+  processor names the lost host (never a survivor, whose ranks died of the lost peer
+  first) and quarantines it alone, the host is refused when it comes back, and the run
+  ends bitwise equal to an uninterrupted run of the same world size;
+- a hang on a host with no spare left: the processor names the hung host from the
+  stacks and quarantines it, and the run stops with a message naming the host, the cause
+  and the missing spare.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trainguard.devtools.stack import PROCESSOR_GROUP
+from trainguard.kafka.lag import wait_caught_up
+from trainguard.producers.launcher.config import free_port
+from trainguard.producers.launcher.shared_quarantine import SharedQuarantine
+from trainguard.replay.log import read_topic
+from trainguard.schemas import (
+    HangDetected,
+    Interruption,
+    InterruptionCause,
+    Quarantine,
+    QuarantineNode,
+    RankExit,
+    ReasonCode,
+    decode,
+)
+from trainguard.schemas.codec import COMMANDS, DERIVED, decode_batch
+
+from ...pipeline import Processor, running_processor
+from .hosts import EXAMPLE, agent, attempted, environment, journal, kill_tree, log_tail
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.broker
+
+POLICY = Path(__file__).parents[1] / "supervised_policy.yaml"  # the tiny example's timings
+SECRET = "multihost-broker-test-secret-0123456789"
+STEPS = 160
+
+
+@pytest.fixture(scope="module")
+def pipeline(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processor]:
+    log = tmp_path_factory.mktemp("processor") / "processor.log"
+    with running_processor(bootstrap, POLICY, SECRET, log) as processor:
+        yield processor
+
+
+def supervised(pipeline: Processor, steps: int, **extra: str) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The agents' environment and flags for a run through the pipeline."""
+    env = environment(steps, TRAINGUARD_SECRET=SECRET, **extra)
+    # A tiny step takes ~15 ms: ship and beat often enough for decisions to land in time.
+    env |= {"TRAINGUARD_FLUSH_INTERVAL_S": "0.25", "TRAINGUARD_HEARTBEAT_INTERVAL_S": "1"}
+    return env, ("--bootstrap", pipeline.bootstrap, "--topic-prefix", pipeline.prefix, "--grace-s", "5")
+
+
+def outputs(pipeline: Processor, run_id: str) -> tuple[list[object], list[object], list[RankExit]]:
+    """The processor's derived events and commands for the run, and the run's RankExits."""
+    group = pipeline.prefix + PROCESSOR_GROUP
+    assert wait_caught_up(pipeline.bootstrap, group, [pipeline.names.telemetry], 60)
+    found = []
+    for topic, kinds in ((pipeline.names.events, DERIVED), (pipeline.names.commands, COMMANDS)):
+        values = [value for _, _, value in read_topic(pipeline.bootstrap, topic)]
+        found.append([r for r in (decode(v, kinds) for v in values) if r.run_id == run_id])
+    records = read_topic(pipeline.bootstrap, pipeline.names.telemetry)
+    exits = [
+        e
+        for _, _, value in records
+        for e in decode_batch(value).events
+        if e.run_id == run_id and isinstance(e, RankExit)
+    ]
+    return found[0], found[1], exits
+
+
+def test_a_lost_host_is_replaced_by_a_spare_named_by_the_processor_and_the_run_ends_bitwise(
+    pipeline: Processor, tmp_path: Path
+) -> None:
+    clean_ckpt = tmp_path / "clean"
+    clean = subprocess.run(
+        [sys.executable, "-m", "trainguard", "launch", "--offline", "--nproc", "6", "--ranks-per-node", "2",
+         "--run-id", "multihost-clean", "--checkpoint-dir", str(clean_ckpt), str(EXAMPLE)],
+        env=environment(STEPS), cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert clean.returncode == 0, clean.stdout[-2000:] + clean.stderr[-2000:]
+
+    run_id = f"hosts-{uuid.uuid4().hex[:8]}"
+    env, flags = supervised(pipeline, STEPS)
+    ckpt = tmp_path / "ckpt"
+    endpoint = f"127.0.0.1:{free_port()}"
+
+    def start(node: str, log: str = "", *more: str) -> subprocess.Popen[str]:
+        return agent(node, endpoint, ckpt, tmp_path, env, "3:4", run_id, log, (*flags, *more))
+
+    agents = {"host-a": start("host-a")}
+    time.sleep(2)  # host-a hosts the rendezvous store
+    agents |= {name: start(name) for name in ("host-b", "host-c")}
+    try:
+        deadline = time.monotonic() + 240
+        while not all(attempted(ckpt, name) for name in agents):  # the world of three formed
+            assert time.monotonic() < deadline, "the first round never completed"
+            time.sleep(0.1)
+        agents["spare-1"] = start("spare-1", "", "--spare")  # waits outside: MAX is 4
+        while not (ckpt / "step-000000049" / "VALIDATED").exists():
+            assert time.monotonic() < deadline, "no checkpoint at step 49"
+            assert agents["host-a"].poll() is None, log_tail(tmp_path, "host-a")
+            time.sleep(0.1)
+        kill_tree(agents["host-b"])
+        listed = SharedQuarantine(ckpt)
+        while "host-b" not in listed.nodes():  # the survivors found it lost: out of the run
+            assert time.monotonic() < deadline, "host-b was never quarantined"
+            time.sleep(0.1)
+        assert "host lost" in listed.nodes()["host-b"]
+        # The host comes back (its agent restarted with the same name): it is not readmitted.
+        back = start("host-b", log="host-b-again")
+        assert back.wait(120) == 1
+        assert f"host-b is quarantined for run {run_id}" in log_tail(tmp_path, "host-b-again")
+        for name in ("host-a", "host-c", "spare-1"):
+            assert agents[name].wait(300) == 0, log_tail(tmp_path, name)
+    finally:
+        for proc in agents.values():
+            kill_tree(proc)
+
+    for name in ("host-a", "host-c"):  # each survivor recorded its ranks' crash, a lost peer's
+        restarts = ckpt / ".trainguard" / "hosts" / name / "restarts.jsonl"
+        (restart,) = [json.loads(line) for line in restarts.open()]
+        assert restart["cause"] == "crash" and restart["resumed_from_step"] >= 49, restart
+        assert "(lost a peer: " in restart["detail"], restart
+    (spare_attempt,) = [r for r in journal(ckpt, "spare-1") if r["op"] == "attempt"]
+    assert "host-b" not in spare_attempt["nodes"] and spare_attempt["resume"] >= 49
+    # The spare never grew the world: two attempts of three hosts, host-b's then its own.
+    worlds = [sorted(r["nodes"]) for r in journal(ckpt, "host-a") if r["op"] == "attempt"]
+    assert worlds == [["host-a", "host-b", "host-c"], ["host-a", "host-c", "spare-1"]]
+    expected, got = (
+        torch.load(next(clean_ckpt.glob(".trainguard/**/final.pt"))),
+        torch.load(next(ckpt.glob(".trainguard/**/final.pt"))),
+    )
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[name], got[name]) for name in expected), "weights diverged"
+
+    derived, commands, exits = outputs(pipeline, run_id)
+    # Every survivor's rank that ended on its own said it lost a peer; host-b's said nothing.
+    crashed = [e for e in exits if e.attempt == 0 and not e.requested and e.exit_code not in (0, None)]
+    assert crashed and all(e.peer_lost for e in crashed), [(e.node, e.rank, e.exit_code) for e in crashed]
+    # host-b's only exits are its relaunched agent's, ending the lost attempt's ranks by pid
+    assert all(e.requested for e in exits if e.node == "host-b")
+    (interruption,) = [d for d in derived if isinstance(d, Interruption)]
+    assert (interruption.cause, interruption.node, interruption.detected_by) == (
+        InterruptionCause.CRASH, "host-b", "peer_loss",
+    )  # fmt: skip
+    assert interruption.reason.code == ReasonCode.HOST_LOST
+    assert {q.node for q in derived if isinstance(q, Quarantine)} == {"host-b"}  # no innocent host
+    assert {c.node for c in commands if isinstance(c, QuarantineNode)} == {"host-b"}
+
+
+def test_a_hang_with_no_spare_left_stops_the_run_naming_the_host_the_cause_and_the_missing_spare(
+    pipeline: Processor, tmp_path: Path
+) -> None:
+    run_id = f"hang-{uuid.uuid4().hex[:8]}"
+    env, flags = supervised(pipeline, 120, TRAINGUARD_EXAMPLE_FAULT="hang:3:30:0")  # rank 3 sleeps in step 30
+    ckpt = tmp_path / "ckpt"
+    endpoint = f"127.0.0.1:{free_port()}"
+    extra = (*flags, "--rdzv-conf", "join_timeout=8")
+    agents = {"host-a": agent("host-a", endpoint, ckpt, tmp_path, env, "2:2", run_id, extra=extra)}
+    time.sleep(2)  # host-a hosts the rendezvous store
+    agents["host-b"] = agent("host-b", endpoint, ckpt, tmp_path, env, "2:2", run_id, extra=extra)
+    try:
+        codes = {name: proc.wait(300) for name, proc in agents.items()}
+    finally:
+        for proc in agents.values():
+            kill_tree(proc)
+    attempts = {n: [r for r in journal(ckpt, n) if r["op"] == "attempt"] for n in agents}
+    (hung,) = [n for n, records in attempts.items() if any(3 in (r.get("ranks") or []) for r in records)]
+    (other,) = set(agents) - {hung}
+    assert codes == {"host-a": 1, "host-b": 1}, log_tail(tmp_path, other)
+
+    derived, commands, _ = outputs(pipeline, run_id)
+    assert [d for d in derived if isinstance(d, HangDetected)]
+    (interruption,) = [d for d in derived if isinstance(d, Interruption)]
+    assert (interruption.cause, interruption.rank, interruption.node) == (InterruptionCause.HANG, 3, hung)
+    assert {c.node for c in commands if isinstance(c, QuarantineNode)} == {hung}
+
+    stopped = log_tail(tmp_path, other)
+    assert "no round of 2 to 2 hosts formed within 8 s" in stopped, stopped
+    assert f"Out of the run: {hung}: node {hung} caused interruption" in stopped
+    assert "(hang:" in stopped and "No spare host joined" in stopped
+    assert f"{hung} is quarantined for run {run_id}" in log_tail(tmp_path, hung)

@@ -8,9 +8,9 @@ through the real broker by a real processor (one for the module):
   processor names the lost host (never a survivor, whose ranks died of the lost peer
   first) and quarantines it alone, the host is refused when it comes back, and the run
   ends bitwise equal to an uninterrupted run of the same world size;
-- a hang on a host with no spare left: the processor names the hung host from the
-  stacks and quarantines it, and the run stops with a message naming the host, the cause
-  and the missing spare.
+- then, the spare having taken a lost host's ranks, a hang on another host with no spare
+  left: the processor names the hung host from the stacks and quarantines it, and the
+  run stops with a message naming the host, the cause and the missing spare.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -87,6 +87,31 @@ def outputs(pipeline: Processor, run_id: str) -> tuple[list[object], list[object
     return found[0], found[1], exits
 
 
+def lose_host_b_with_a_spare_waiting(
+    agents: dict[str, subprocess.Popen[str]],
+    start: Callable[..., subprocess.Popen[str]],
+    ckpt: Path,
+    workdir: Path,
+    *spare_flags: str,
+) -> float:
+    """Hosts a, b and c form the world, spare-1 waits; once step 49 is validated, host-b's
+    agent and ranks are SIGKILLed. Returns the deadline the caller's waits share."""
+    agents["host-a"] = start("host-a")
+    time.sleep(2)  # host-a hosts the rendezvous store
+    agents |= {name: start(name) for name in ("host-b", "host-c")}
+    deadline = time.monotonic() + 240
+    while not all(attempted(ckpt, name) for name in agents):  # the world of three formed
+        assert time.monotonic() < deadline, "the first round never completed"
+        time.sleep(0.1)
+    agents["spare-1"] = start("spare-1", "", *spare_flags)
+    while not (ckpt / "step-000000049" / "VALIDATED").exists():
+        assert time.monotonic() < deadline, "no checkpoint at step 49"
+        assert agents["host-a"].poll() is None, log_tail(workdir, "host-a")
+        time.sleep(0.1)
+    kill_tree(agents["host-b"])
+    return deadline
+
+
 def test_a_lost_host_is_replaced_by_a_spare_named_by_the_processor_and_the_run_ends_bitwise(
     pipeline: Processor, tmp_path: Path
 ) -> None:
@@ -106,20 +131,9 @@ def test_a_lost_host_is_replaced_by_a_spare_named_by_the_processor_and_the_run_e
     def start(node: str, log: str = "", *more: str) -> subprocess.Popen[str]:
         return agent(node, endpoint, ckpt, tmp_path, env, "3:4", run_id, log, (*flags, *more))
 
-    agents = {"host-a": start("host-a")}
-    time.sleep(2)  # host-a hosts the rendezvous store
-    agents |= {name: start(name) for name in ("host-b", "host-c")}
+    agents: dict[str, subprocess.Popen[str]] = {}
     try:
-        deadline = time.monotonic() + 240
-        while not all(attempted(ckpt, name) for name in agents):  # the world of three formed
-            assert time.monotonic() < deadline, "the first round never completed"
-            time.sleep(0.1)
-        agents["spare-1"] = start("spare-1", "", "--spare")  # waits outside: MAX is 4
-        while not (ckpt / "step-000000049" / "VALIDATED").exists():
-            assert time.monotonic() < deadline, "no checkpoint at step 49"
-            assert agents["host-a"].poll() is None, log_tail(tmp_path, "host-a")
-            time.sleep(0.1)
-        kill_tree(agents["host-b"])
+        deadline = lose_host_b_with_a_spare_waiting(agents, start, ckpt, tmp_path, "--spare")  # MAX is 4
         listed = SharedQuarantine(ckpt)
         while "host-b" not in listed.nodes():  # the survivors found it lost: out of the run
             assert time.monotonic() < deadline, "host-b was never quarantined"
@@ -167,35 +181,43 @@ def test_a_lost_host_is_replaced_by_a_spare_named_by_the_processor_and_the_run_e
     assert {c.node for c in commands if isinstance(c, QuarantineNode)} == {"host-b"}
 
 
-def test_a_hang_with_no_spare_left_stops_the_run_naming_the_host_the_cause_and_the_missing_spare(
+def test_then_a_hang_on_another_host_with_no_spare_left_stops_the_run_naming_it(
     pipeline: Processor, tmp_path: Path
 ) -> None:
+    """The spare took host-b's ranks; then a rank of the new world hangs (the example's
+    fault plan: rank 5 sleeps in step 90 of attempt 1). The processor names its host from
+    the stacks and quarantines it; the two hosts left cannot form a world of three, and
+    the run stops naming the hosts out, their causes and the missing spare."""
     run_id = f"hang-{uuid.uuid4().hex[:8]}"
-    env, flags = supervised(pipeline, 120, TRAINGUARD_EXAMPLE_FAULT="hang:3:30:0")  # rank 3 sleeps in step 30
+    env, flags = supervised(pipeline, STEPS, TRAINGUARD_EXAMPLE_FAULT="hang:5:90:1")
     ckpt = tmp_path / "ckpt"
     endpoint = f"127.0.0.1:{free_port()}"
-    extra = (*flags, "--rdzv-conf", "join_timeout=8")
-    agents = {"host-a": agent("host-a", endpoint, ckpt, tmp_path, env, "2:2", run_id, extra=extra)}
-    time.sleep(2)  # host-a hosts the rendezvous store
-    agents["host-b"] = agent("host-b", endpoint, ckpt, tmp_path, env, "2:2", run_id, extra=extra)
+
+    def start(node: str, log: str = "", *more: str) -> subprocess.Popen[str]:
+        extra = (*flags, "--rdzv-conf", "join_timeout=20", *more)
+        return agent(node, endpoint, ckpt, tmp_path, env, "3:3", run_id, log, extra)
+
+    agents: dict[str, subprocess.Popen[str]] = {}
     try:
-        codes = {name: proc.wait(300) for name, proc in agents.items()}
+        lose_host_b_with_a_spare_waiting(agents, start, ckpt, tmp_path)  # at MAX: it waits inside
+        codes = {name: agents[name].wait(300) for name in ("host-a", "host-c", "spare-1")}
     finally:
         for proc in agents.values():
             kill_tree(proc)
-    attempts = {n: [r for r in journal(ckpt, n) if r["op"] == "attempt"] for n in agents}
-    (hung,) = [n for n, records in attempts.items() if any(3 in (r.get("ranks") or []) for r in records)]
-    (other,) = set(agents) - {hung}
-    assert codes == {"host-a": 1, "host-b": 1}, log_tail(tmp_path, other)
+    attempts = {n: [r for r in journal(ckpt, n) if r["op"] == "attempt" and r["attempt"] == 1] for n in codes}
+    (hung,) = [n for n, records in attempts.items() if any(5 in (r.get("ranks") or []) for r in records)]
+    assert codes == {"host-a": 1, "host-c": 1, "spare-1": 1}, [log_tail(tmp_path, n) for n in codes]
 
     derived, commands, _ = outputs(pipeline, run_id)
     assert [d for d in derived if isinstance(d, HangDetected)]
-    (interruption,) = [d for d in derived if isinstance(d, Interruption)]
-    assert (interruption.cause, interruption.rank, interruption.node) == (InterruptionCause.HANG, 3, hung)
-    assert {c.node for c in commands if isinstance(c, QuarantineNode)} == {hung}
+    lost, hang = [d for d in derived if isinstance(d, Interruption)]
+    assert (lost.node, lost.reason.code) == ("host-b", ReasonCode.HOST_LOST)
+    assert (hang.cause, hang.rank, hang.node, hang.attempt) == (InterruptionCause.HANG, 5, hung, 1)
+    assert {c.node for c in commands if isinstance(c, QuarantineNode)} == {"host-b", hung}
 
-    stopped = log_tail(tmp_path, other)
-    assert "no round of 2 to 2 hosts formed within 8 s" in stopped, stopped
-    assert f"Out of the run: {hung}: node {hung} caused interruption" in stopped
-    assert "(hang:" in stopped and "No spare host joined" in stopped
+    for other in set(codes) - {hung}:
+        stopped = log_tail(tmp_path, other)
+        assert "no round of 3 to 3 hosts formed within 20 s" in stopped, stopped
+        assert f"{hung}: node {hung} caused interruption" in stopped and "(hang:" in stopped
+        assert "host-b: " in stopped and "No spare host joined" in stopped
     assert f"{hung} is quarantined for run {run_id}" in log_tail(tmp_path, hung)

@@ -85,26 +85,29 @@ def conclude(
     run.pending_crash = None
     peers = sorted(r for r, s in run.ranks.items() if s.exited)
     lost = silent_hosts(run, next_nodes)
-    if not lost:
-        declared = interruption(
-            run,
-            cause=InterruptionCause.CRASH,
-            detected_by="peer_loss",
-            cause_id=pending.event_id,
-            at=pending.first_ts,
-            culprit=-1,
-            reason=Reason(
+    world = run.world_size or len(run.ranks)
+    every = sorted(set(range(world)) | set(run.ranks))
+    ranks_of = {n: [r for r in every if node_of_rank(run, r) == n] for n in lost}
+    if lost:
+        hosts = ", ".join(f"{n} (ranks {ranks_of[n]})" for n in lost)
+        culprit, reason = (
+            ranks_of[lost[0]][0],
+            Reason(
+                code=ReasonCode.HOST_LOST,
+                text=f"host lost: {hosts}: none of its ranks reported an exit while {len(peers)} ranks "
+                f"of other hosts died of a lost peer"
+                + (" and the next world formed without it" if next_nodes is not None else ""),
+            ),
+        )
+    else:
+        culprit, reason = (
+            -1,
+            Reason(
                 code=ReasonCode.PEER_LOST,
                 text=f"{len(peers)} ranks died of a lost peer and no host went silent (every host "
                 "reported exits): culprit unknown, nothing quarantined",
             ),
         )
-        return [declared, abort_for(run, declared, stack_dump=False)]
-    world = run.world_size or len(run.ranks)
-    every = sorted(set(range(world)) | set(run.ranks))
-    ranks_of = {n: [r for r in every if node_of_rank(run, r) == n] for n in lost}
-    culprit = ranks_of[lost[0]][0]
-    hosts = ", ".join(f"{n} (ranks {ranks_of[n]})" for n in lost)
     declared = interruption(
         run,
         cause=InterruptionCause.CRASH,
@@ -112,13 +115,10 @@ def conclude(
         cause_id=pending.event_id,
         at=pending.first_ts,
         culprit=culprit,
-        reason=Reason(
-            code=ReasonCode.HOST_LOST,
-            text=f"host lost: {hosts}: none of its ranks reported an exit while {len(peers)} ranks "
-            f"of other hosts died of a lost peer"
-            + (" and the next world formed without it" if next_nodes is not None else ""),
-        ),
-    ).model_copy(update={"node": lost[0]})  # placed, when its ranks never reported here
+        reason=reason,
+    )
+    if lost:  # placed, when its ranks never reported here
+        declared = declared.model_copy(update={"node": lost[0]})
     outputs: list[Any] = [declared, abort_for(run, declared, stack_dump=False)]
     for node in lost[1:]:  # the engine's quarantine policy takes the culprit's node out
         why = Reason(

@@ -1,9 +1,27 @@
-"""Restart phases per interruption: the README example (docs/examples/train_tiny.py) on 4
-gloo ranks under `trainguard launch`, supervised through a real local broker and
-processor, with one fault per run (SIGKILL, a hang in the step, a straggler evicted at
-the next checkpoint, an SDC self-check mismatch rolled back to the clean ancestor).
+"""Restart time R against plain torchrun (issue 18), and restart phases per fault.
 
-    .venv/bin/python bench/bench_restart.py [--workdir .trainguard/bench-restart] [--steps 220]
+Default, the side-by-side: the same 4-rank gloo job (a 2-layer MLP with dropout, AdamW, a
+checkpoint every 20 steps; rank 1 SIGKILLs itself at step 137) run alternately under
+
+- plain ``torchrun --max-restarts 1`` with torch DCP (bench/restart_torchrun.py: a script a
+  user would write, resuming from its newest complete checkpoint itself);
+- ``trainguard launch`` with the full restart (every rank process new);
+- ``trainguard launch --warm-spares 1``: in-process restart, a warm spare takes rank 1;
+
+trainguard's supervised through a real local broker and processor, as a user runs it
+(one rank per modelled node, the spare node untested: on one machine a node self-test
+measures nothing but this machine again). R
+is the training script's own clock: from rank 1's "kill" line to the last rank's first
+completed step after it (TRAIN_EVENTS_FILE). Prints R per run, the medians and each ratio
+to torchrun's median, and trainguard's restart records' phases.
+
+    .venv/bin/python bench/bench_restart.py [--runs 5] [--workdir .trainguard/bench-restart]
+
+``--per-fault``: the README example on 4 gloo ranks under `trainguard launch`, supervised,
+with one fault per run (SIGKILL, a hang in the step, a straggler evicted at the next
+checkpoint, an SDC self-check mismatch rolled back to the clean ancestor):
+
+    .venv/bin/python bench/bench_restart.py --per-fault [--steps 220]
 
 For each interruption, the launcher's record (`<checkpoint-dir>/.trainguard/restarts.jsonl`):
 detect (fault to the launcher noticing), reschedule (teardown, decision wait, placement,
@@ -18,10 +36,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import statistics
 import subprocess
 import sys
 import uuid
 from pathlib import Path
+
+from restart_compare import restart_seconds, run_torchrun
 
 from trainguard.devtools.stack import local_stack
 
@@ -59,6 +81,90 @@ def launch(bootstrap: str, workdir: Path, fault: str, steps: int, secret: str) -
     return [json.loads(line) for line in lines]
 
 
+COMPARE_PHASES = (
+    "detect_s", "reschedule_s", "process_start_s", "import_s", "pg_init_s", "build_s",
+    "checkpoint_load_s", "first_step_s",
+)  # fmt: skip
+
+
+def launch_compare(
+    bootstrap: str, workdir: Path, secret: str, steps: int, flags: list[str]
+) -> dict[str, object]:
+    """One trainguard run of the side-by-side job; R from the script's clock, and the
+    launcher's record of the restart. A last flag "storage": restore from storage only."""
+    storage = flags[-1:] == ["storage"]
+    flags = flags[:-1] if storage else flags
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    ckpt, events = workdir / "ckpt", workdir / "events.jsonl"
+    env = {**os.environ, "TRAINGUARD_SECRET": secret, "OMP_NUM_THREADS": "1"}
+    env |= {"TRAIN_STEPS": str(steps), "TRAIN_CHECKPOINT_EVERY": "20", "TRAIN_MODEL": "dropout-adamw"}
+    env |= {"TRAIN_EVENTS_FILE": str(events), "TRAINGUARD_EXAMPLE_FAULT": "kill:1:137:0"}
+    env |= {"TRAINGUARD_FLUSH_INTERVAL_S": "0.25", "TRAINGUARD_HEARTBEAT_INTERVAL_S": "1"}
+    env.pop("TRAINGUARD_SECRET_FILE", None)
+    env["TRAINGUARD_RESTORE_FROM"] = "storage" if storage else "memory"
+    command = [
+        sys.executable, "-m", "trainguard", "launch", "--nproc", "4", "--ranks-per-node", "1",
+        "--run-id", f"bench-{uuid.uuid4().hex[:8]}", "--checkpoint-dir", str(ckpt), "--bootstrap", bootstrap,
+        "--max-restarts", "1", "--self-test", "off", *flags, "--", sys.executable, str(EXAMPLE),
+    ]  # fmt: skip
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise SystemExit(f"trainguard {flags}: launch failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    lines = [json.loads(line) for line in events.read_text().splitlines()]
+    (record,) = [
+        json.loads(line) for line in (ckpt / ".trainguard" / "restarts.jsonl").read_text().splitlines()
+    ]
+    return {"R": restart_seconds(lines), "record": record}
+
+
+def compare(args: argparse.Namespace) -> None:
+    secret = uuid.uuid4().hex * 2
+    variants = {
+        "torchrun + DCP": None,
+        "trainguard, full restart": ["--restart", "full"],
+        "trainguard, in-process + warm spare": ["--warm-spares", "1"],
+        # the same, every rank restoring from storage: the restore phase, memory vs storage
+        "trainguard, in-process + warm spare, restore from storage": ["--warm-spares", "1", "storage"],
+    }
+    runs: dict[str, list[dict[str, object]]] = {name: [] for name in variants}
+    with local_stack(args.workdir, POLICY, args.metrics_port, {"TRAINGUARD_SECRET": secret}) as stack:
+        for i in range(args.runs):
+            for name, flags in variants.items():  # alternated: load drifts hit every variant alike
+                workdir = args.workdir / f"run-{i}-{len(runs[name])}-{name.split()[0].strip(',')}"
+                if flags is None:
+                    result = run_torchrun(workdir, args.compare_steps, "1:137")
+                    if not result.get("ok"):
+                        raise SystemExit(f"torchrun run {i} failed: {result}")
+                    runs[name].append({"R": result["R"], "record": result})
+                else:
+                    runs[name].append(
+                        launch_compare(stack.bootstrap, workdir, secret, args.compare_steps, flags)
+                    )
+                print(f"run {i} {name}: R = {float(runs[name][-1]['R']):.2f} s", file=sys.stderr, flush=True)
+    base = statistics.median(float(r["R"]) for r in runs["torchrun + DCP"])
+    print("| variant | R per run (s) | median (s) | / torchrun |")
+    print("| --- | --- | ---: | ---: |")
+    for name, results in runs.items():
+        values = [float(r["R"]) for r in results]
+        median = statistics.median(values)
+        print(f"| {name} | {', '.join(f'{v:.2f}' for v in values)} | {median:.2f} | {median / base:.2f} |")
+    print()
+    print(
+        "| variant | run | path | restore | "
+        + " | ".join(p.removesuffix("_s") for p in COMPARE_PHASES)
+        + " |"
+    )
+    print("| --- | ---: | --- | --- | " + " | ".join("---:" for _ in COMPARE_PHASES) + " |")
+    for name, results in list(runs.items())[1:]:
+        for i, result in enumerate(results):
+            rec = result["record"]
+            assert isinstance(rec, dict)
+            restore = ", ".join(f"{k} {v}" for k, v in dict(rec.get("restore_from") or {}).items()) or "-"
+            phases = " | ".join(cell(rec.get(p)) for p in COMPARE_PHASES)
+            print(f"| {name} | {i} | {rec.get('path')} | {restore} | {phases} |")
+
+
 def cell(value: object) -> str:
     return f"{value:.2f}" if isinstance(value, int | float) else "-"
 
@@ -70,7 +176,13 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path(".trainguard/bench-restart"))
     parser.add_argument("--steps", type=int, default=220)
     parser.add_argument("--metrics-port", type=int, default=9467)
+    parser.add_argument("--per-fault", action="store_true", help="the restart phases per fault kind")
+    parser.add_argument("--runs", type=int, default=5, help="side-by-side: runs of each variant")
+    parser.add_argument("--compare-steps", type=int, default=200, help="side-by-side: steps per run")
     args = parser.parse_args()
+    if not args.per_fault:
+        compare(args)
+        return
     secret = uuid.uuid4().hex * 2
     rows = []
     with local_stack(args.workdir, POLICY, args.metrics_port, {"TRAINGUARD_SECRET": secret}) as stack:

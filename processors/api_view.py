@@ -13,6 +13,7 @@ from ..schemas import (
     Derived,
     EvictionDecision,
     Interruption,
+    InterruptionDecided,
     InterruptionRecovered,
     IntervalUpdate,
     Page,
@@ -123,6 +124,8 @@ class RunsView:
                 _quarantined(run, command.node, *args)
             elif isinstance(command, ReleaseNode):
                 run.quarantined.pop(command.node, None)
+            elif isinstance(command, InterruptionDecided):  # the launcher's go-ahead, not a decision
+                continue
             reason, caused_by = command.reason, command.caused_by
             _on_decision(
                 run, _decision(command.command_id, command.KIND, command.issued_ts, reason, caused_by)

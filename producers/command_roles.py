@@ -25,6 +25,7 @@ from ..schemas.commands import (
     CheckpointNow,
     Command,
     EvictRank,
+    InterruptionDecided,
     PauseRun,
     QuarantineNode,
     ReleaseNode,
@@ -71,6 +72,7 @@ EXECUTED_BY: Mapping[type[Command], frozenset[Role]] = {
     Rollback: frozenset({_RANK, _LAUNCHER, _SIM}),
     PauseRun: frozenset({_LAUNCHER, _SIM}),
     ReleaseNode: frozenset({_LAUNCHER, _SIM}),
+    InterruptionDecided: frozenset({_LAUNCHER, _SIM}),  # the launcher restarts without waiting more
 }
 
 
@@ -91,8 +93,10 @@ def missing_handlers(role: Role, handlers: CommandHandlers) -> list[str]:
     return problems + [f"{role}: handles {k.KIND}, not in EXECUTED_BY" for k in extra]
 
 
-#: Kinds about a node, not about one attempt's processes: a node's fault outlives the
-#: attempt that found it, so a gate accepts them from an earlier attempt of the run too
-#: (across hosts the lost host is named when the next world has formed, its attempt
-#: already started; producers/rank/gate.py).
-OUTLIVE_THEIR_ATTEMPT: frozenset[type[Command]] = frozenset({QuarantineNode, ReleaseNode})
+#: Kinds a gate accepts from an earlier attempt of the run too (producers/rank/gate.py):
+#: about a node, not about one attempt's processes (a node's fault outlives the attempt
+#: that found it; across hosts the lost host is named when the next world has formed, its
+#: attempt already started), and the processor's go-ahead, which may come after the
+#: launcher stopped waiting for it.
+_LASTING: tuple[type[Command], ...] = (QuarantineNode, ReleaseNode, InterruptionDecided)
+OUTLIVE_THEIR_ATTEMPT: frozenset[type[Command]] = frozenset(_LASTING)

@@ -174,6 +174,21 @@ class ReleaseNode(Command):
     node: str = Field(min_length=1, max_length=128)
 
 
+class InterruptionDecided(Command):
+    """The processor decided all it will about the interruption of ``attempt``: what it
+    implies (a QuarantineNode...) was sent before this, on the run's partition. The
+    launcher restarts as soon as it has this (issue 18), instead of waiting out its
+    ``decision_wait_s``, which is left as the bound for a processor that does not answer."""
+
+    KIND: ClassVar[str] = "interruption_decided"
+    VERSION: ClassVar[int] = 1
+
+    interruption_id: str = Field(min_length=1, max_length=200)
+
+    def targets(self, rank: int) -> bool:
+        return rank == RUN_LEVEL_RANK  # the launcher's alone
+
+
 COMMAND_KINDS: tuple[type[Command], ...] = (
     CheckpointNow,
     SetCheckpointInterval,
@@ -189,6 +204,7 @@ COMMAND_KINDS: tuple[type[Command], ...] = (
     RunRingCheck,
     PauseRun,
     ReleaseNode,
+    InterruptionDecided,
 )
 
 

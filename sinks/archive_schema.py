@@ -265,7 +265,8 @@ DDL: tuple[str, ...] = (
     UNION ALL
     SELECT run_id, command_id, kind, issued_ts, reason_code, reason_text,
            CAST(payload->'caused_by' AS VARCHAR[])
-    FROM command""",
+    FROM command
+    WHERE kind <> 'interruption_decided'  -- the launcher's go-ahead, not a decision of its own""",
     # The timeline (seed §3 /timeline): every interruption with its cost and the decisions it
     # caused (directly, or through a decision it caused: the quarantine's command), each
     # with its reason. A decision shares a cause with the interruption when both follow the

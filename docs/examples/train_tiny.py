@@ -35,10 +35,16 @@ loop; the rank field is ignored). A deterministically wrong device (every matrix
 off by a fixed factor, so the self-check passes and only the ring cross-rank check
 catches it) is the supervisor's chaos knob TRAINGUARD_INJECT_WRONG_DEVICE
 (trainguard/producers/device_fault.py), not a fault of this script's.
+
+TRAIN_EVENTS_FILE=path: every rank appends one JSON line when it kills itself (a kill
+fault) and after the first step it completes in each call of main(), with its pid and the
+wall clock: R by the script's own clock, and which processes survived a restart
+(bench/bench_restart.py, tests/producers/test_inprocess_restart.py).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -52,6 +58,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainguard.producers.checkpoint.manager import CheckpointManager  # trainguard
 from trainguard.producers.checkpoint.train_state import ResumableSampler, TrainState  # trainguard
+from trainguard.producers.training import inprocess  # trainguard
 from trainguard.producers.training.grad_checks import flip_bit
 from trainguard.producers.training.supervisor import Supervisor, init_process_group  # trainguard
 
@@ -101,6 +108,16 @@ class Fault:
         return grad
 
 
+def note(event: str, rank: int, attempt: int, step: int) -> None:
+    """One line of TRAIN_EVENTS_FILE (module docstring), appended in one write."""
+    path = os.environ.get("TRAIN_EVENTS_FILE")
+    if path:
+        line = {"event": event, "rank": rank, "attempt": attempt, "step": step}
+        line |= {"pid": os.getpid(), "ts": time.time()}
+        with open(path, "a") as fh:
+            fh.write(json.dumps(line) + "\n")
+
+
 def main() -> None:
     init_process_group("gloo")  # trainguard: torch's, timed for the restart phases
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -148,6 +165,7 @@ def main() -> None:
         fault.now = step
         batch = torch.tensor([next(order) for _ in range(BATCH)])
         if fault.active("kill") and step == fault.step:
+            note("kill", rank, attempt, step)
             os.kill(os.getpid(), signal.SIGKILL)
         with sup.step(step, batch) as s:  # trainguard
             loss = loss_of(batch)
@@ -160,15 +178,18 @@ def main() -> None:
             if s.check(loss):  # trainguard: invariants and commanded skips
                 optimizer.step()
             optimizer.zero_grad()
+        if step == start:
+            note("first_step", rank, attempt, step)
     ckpt.close()
     if rank == 0:
         run_dir = Path(os.environ.get("TRAINGUARD_RUN_DIR", "."))
         run_dir.mkdir(parents=True, exist_ok=True)
         weights = {name: value.detach().clone() for name, value in model.module.state_dict().items()}
         torch.save(weights, run_dir / "final.pt")
+        torch.save(optimizer.state_dict(), run_dir / "final_optimizer.pt")
     sup.close()
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main()
+    inprocess.run(main)  # trainguard: under --restart in-process, a fault ends main(), not the process

@@ -75,7 +75,7 @@ from . import (
 )
 from . import goodput as accounting
 from .ids import derived_id
-from .outputs import Forward, Reject, abort_for, node_of
+from .outputs import Forward, Reject, abort_for, decided, node_of
 from .policy import CorePolicy
 from .stack_window import open_window, window_closed
 from .stacks import odd_phase, odd_stack
@@ -223,6 +223,8 @@ def _consequences(run: RunState, outputs: list[Output], policy: CorePolicy) -> l
             eviction.on_recovered(run.eviction, recovered, policy.eviction)
         for update in [o for o in outputs if isinstance(o, MtbfUpdate)]:  # M moved: re-derive T
             outputs += interval.rederive(run.interval, run.run_id, update, update.mtbf_s, policy.interval)
+        # last: what each interruption implies is out before the launcher is told to go on
+        outputs += [decided(o) for o in outputs if isinstance(o, Interruption)]
     return outputs
 
 

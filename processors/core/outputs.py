@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ...schemas import Abort, Derived, Envelope
+from ...schemas import Abort, Derived, Envelope, Interruption, InterruptionDecided
 from ...schemas.codec import RejectReason
 from .ids import derived_id
 
@@ -30,6 +30,21 @@ def abort_for(run: RunState, cause: Derived, stack_dump: bool) -> Abort:
         reason=cause.reason,
         caused_by=[cause.event_id],
         stack_dump=stack_dump,
+    )
+
+
+def decided(interruption: Interruption) -> InterruptionDecided:
+    """The launcher may restart after `interruption`: everything decided about it was
+    output before this (issue 18: no fixed wait for decisions)."""
+    return InterruptionDecided(
+        command_id=derived_id("decided", interruption.event_id),
+        run_id=interruption.run_id,
+        attempt=interruption.attempt,
+        ranks=None,
+        issued_ts=interruption.ts,
+        reason=interruption.reason,
+        caused_by=[interruption.event_id],
+        interruption_id=interruption.interruption_id,
     )
 
 

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import threading
 import time
 import warnings
@@ -61,6 +62,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from ..training import inprocess
 from .catalog import CheckpointCatalog, step_dir_name
 from .commit import ShardCommitter, describe_failure
 from .host_stager import HostStager, state_nbytes
@@ -155,7 +157,7 @@ class CheckpointManager:
         storage_hook: Callable[[], None] | None = None,
         on_committed: Callable[[int, Path], None] | None = None,
         norm_band: NormBand | None = None,
-        replica: PeerReplica | bool = False,
+        replica: PeerReplica | bool | None = None,
     ) -> None:
         if keep is not None and keep < 1:
             raise ValueError("keep must be at least 1")
@@ -190,13 +192,23 @@ class CheckpointManager:
         self._band = norm_band if norm_band is not None else NormBand()
         self._closed = False
         self._holds = threading.Lock()
-        self._own_replica = replica is True and self._dist
+        restartable = inprocess.current()
+        if replica is None:  # under in-process restart the memory copies are what it restores
+            replica = restartable is not None
+        self._own_replica = replica is True and self._dist and restartable is None
         self.replica: PeerReplica | None = None
         if isinstance(replica, PeerReplica):
             self.replica = replica
         elif self._own_replica:
             self.replica = PeerReplica(rank, world_size, run_id=run_id)
+        elif replica is True and self._dist and restartable is not None:
+            self.replica = _kept_replica(restartable, rank, world_size, run_id)
+        if restartable is not None:
+            restartable.on_restart(self._abandon)
         self.last_restore: tuple[int, str] | None = None  # (step, "own" | "peer" | "storage")
+        #: TRAINGUARD_RESTORE_FROM=storage: never restore from host memory (an operator who
+        #: trusts only validated files; the benchmark's storage side).
+        self.memory_restore = os.environ.get("TRAINGUARD_RESTORE_FROM", "memory") != "storage"
         #: Checkpoints the last load() rejected (rank 0), step -> reason.
         self.rejected: dict[int, str] = {}
         self.last_load_s: float | None = None
@@ -442,29 +454,22 @@ class CheckpointManager:
     def _load(self, step: int | None, *, verify: bool, peer: bool) -> int:
         self.wait()
         self.rejected = {}
-        use_peer = peer and step is None and self.replica is not None
         copies: list[Any] = []
-        if use_peer:
-            assert self.replica is not None
-            copies = self._committer.all_gather(self.replica.steps())
-        choice: list[Any] = [None, "", None, "none"]
+        if peer and self.memory_restore and self.replica is not None:
+            copies = self._committer.all_gather(self.replica.all_steps())
+            memory: list[int | None] = [None]
+            if self.rank == 0:
+                memory = [self._memory_step(step, copies)]
+            if self._dist:
+                dist.broadcast_object_list(memory, src=0, group=self._group)
+            if memory[0] is not None and self._load_memory(int(memory[0]), copies, verify):
+                return int(memory[0])
+        choice: list[Any] = [None, ""]
         if self.rank == 0:
-            choice = [*self._choose(step, verify), None, "none"]
-            if use_peer:
-                assert self.replica is not None
-                shift = self.replica.shift
-                choice[2:] = agree_restore(
-                    [own for own, _ in copies],
-                    [held for _, held in copies],
-                    choice[0],
-                    holder=lambda j: holder_of(j, self.world_size, shift),
-                    rejected=lambda s: (self.step_dir(s) / REJECTED).exists(),
-                )
+            choice = list(self._choose(step, verify))
         if self._dist:
             dist.broadcast_object_list(choice, src=0, group=self._group)
-        chosen, why, agreed, source = choice
-        if source == "memory" and self._load_memory(int(agreed), copies, verify):
-            return int(agreed)
+        chosen, why = choice
         while True:  # every rank runs this loop alike: the choice and DCP's errors are collective
             if chosen is None:
                 self._report_rejections(step, -1)
@@ -492,6 +497,30 @@ class CheckpointManager:
         self.last_restore = (int(chosen), "storage")
         return int(chosen)
 
+    def _memory_step(self, step: int | None, copies: list[Any]) -> int | None:
+        """Rank 0: the step every rank restores from host memory (its own copy or its
+        holder's), or None for storage. Unnamed: the newest such step at least as new as
+        the newest validated checkpoint; named (the launcher's resume step): that step
+        exactly, and only if it is validated. No storage read either way."""
+        assert self.replica is not None
+        shift = self.replica.shift
+        own = [set(mine) for mine, _ in copies]
+        held = [set(theirs) for _, theirs in copies]
+        if step is not None:
+            if self.rejection_reason(step) is not None:
+                return None
+            holder = [holder_of(j, self.world_size, shift) for j in range(self.world_size)]
+            every = all(step in own[j] or step in held[holder[j]] for j in range(self.world_size))
+            return step if every else None
+        agreed, source = agree_restore(
+            [tuple(o) for o in own],
+            [tuple(h) for h in held],
+            self.latest_validated(),
+            holder=lambda j: holder_of(j, self.world_size, shift),
+            rejected=lambda s: (self.step_dir(s) / REJECTED).exists(),
+        )
+        return agreed if source == "memory" else None
+
     def _report_rejections(self, asked: int | None, resumed: int) -> None:
         """Rank 0: each checkpoint rejected by this load, as CheckpointRejected (the
         reporter's optional ``checkpoint_rejected``), with the step resumed from instead."""
@@ -513,7 +542,7 @@ class CheckpointManager:
         """Every rank restores ``step`` from its own copy or its holder's; False (on all
         ranks) when any rank failed, and then storage is loaded instead."""
         assert self.replica is not None
-        needs_peer = [own != step for own, _ in copies]
+        needs_peer = [step not in own for own, _ in copies]
         error = None
         try:
             restored = self.replica.fetch(step, needs_peer, verify=verify)
@@ -550,6 +579,17 @@ class CheckpointManager:
             dist.destroy_process_group(self._group)
             self._group = None
 
+    def _abandon(self, error: BaseException | None) -> None:
+        """In-process restart: the attempt ended with its peers gone. Queued saves are
+        dropped (never committed: the next attempt resumes from a validated one) and no
+        thread is waited for (one may be failing in a collective of the ended attempt)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._io.shutdown(wait=False, cancel_futures=True)
+        if self._validator is not None:
+            self._validator.shutdown(wait=False, cancel_futures=True)
+
     def __enter__(self) -> CheckpointManager:
         return self
 
@@ -567,3 +607,23 @@ class CheckpointManager:
     def _report_failed(self, step: int, reason: str) -> None:
         if self.rank == 0:
             self._report("checkpoint_failed", step, str(self.step_dir(step)), reason)
+
+
+def _kept_replica(restartable: inprocess.Restartable, rank: int, world_size: int, run_id: str) -> PeerReplica:
+    """The peer replica this process kept from its last attempt (its copies are the
+    in-memory restore), on a new group; a new one in a new process or for another rank.
+    Either way one new group per rank, as every rank creates its groups in the same order."""
+    made: list[PeerReplica] = []
+
+    def make() -> PeerReplica:
+        made.append(PeerReplica(rank, world_size, run_id=run_id))
+        return made[0]
+
+    kept = restartable.keep("peer-replica", make)
+    if made:
+        return kept
+    if (kept.rank, kept.world_size, kept.run_id) == (rank, world_size, run_id) and kept.rejoin():
+        return kept
+    kept.close(wait=False)  # its exchange may be stuck on the lost peer
+    restartable.forget("peer-replica")
+    return restartable.keep("peer-replica", make)

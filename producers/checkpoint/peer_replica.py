@@ -1,7 +1,8 @@
 """In-memory peer replicas of checkpoint snapshots (seed §6 item 2, revision R1; issue 5).
 
-Each rank keeps two copies of the latest staged snapshot in host memory: its *own*, and
-the one of its *source* rank, received over the network. A rank whose process is
+Each rank keeps copies of its last two staged snapshots in host memory: its *own*, and
+the ones of its *source* rank, received over the network (two, because a restart names
+the newest *validated* step, and the newest save may still be in validation). A rank whose process is
 replaced (its memory lost) gets its state back from the rank holding its copy instead
 of reading storage; ranks that survived restore from their own copy. Both are cheap next
 to a storage read at scale (R1: ~1 s instead of ~30 s), and they make a host-memory
@@ -32,25 +33,27 @@ group (never the default one: NOTES, collectives interleaving with DDP's hang); 
 rank pushes the same steps in the same order, so the sends and receives pair up. At
 most ``max_queued`` pushes wait (``push`` blocks beyond that). The staged snapshot is
 handed back through ``on_done`` once packed, so the manager can reuse its buffers.
-Memory: two copies of one rank's state per rank, plus a spare of each being refilled.
+Memory: four copies of one rank's state per rank (own and held, two saves each), plus
+one of each being refilled.
 
 Restore (:meth:`PeerReplica.plan` and :meth:`PeerReplica.fetch`, driven by
-``CheckpointManager.load``). Every rank reports ``(own step, held step)``; rank ``j``
-can restore step ``s`` from memory if its own copy is at ``s`` or its holder's copy of
-it is. The memory step is the newest ``s`` that *every* rank can restore this way (all
+``CheckpointManager.load``). Every rank reports the steps of its own and held copies;
+rank ``j`` can restore step ``s`` from memory if it has its own copy of ``s`` or its
+holder has one. The memory step is the newest ``s`` that *every* rank can restore this way (all
 ranks must resume at the same step: a mixed step is a silent divergence), excluding
-steps whose storage checkpoint was ``REJECTED``. It is used when it is at least as new
-as the newest validated checkpoint on storage (at equal steps the copies hold the same
+steps whose storage checkpoint was ``REJECTED``. Unnamed, it is used when it is at least
+as new as the newest validated checkpoint on storage (at equal steps the copies hold the same
 bytes as the storage checkpoint, and memory is faster); otherwise everyone loads the
-storage one. Then each rank that needs its holder's copy receives it, the others use
-their own.
+storage one; a named step (the launcher's resume step) is restored from memory when
+every rank can, else from storage. Then each rank that needs its holder's copy receives
+it, the others use their own.
 
-Limits. The copies live in the processes: a full job restart (every process new, which
-is what the launcher does today) loses them all, and ``load`` falls back to storage.
-The case this serves is one rank (or one failure domain) replaced while its holder keeps
-running and keeps its copy, i.e. a launcher that restarts only the failed ranks (hot
-spares, seed §6) with the surviving processes re-joining; tests simulate it in-process
-(the restarted rank drops its state and its replica). A copy newer than storage has
+Limits. The copies live in the processes: a full restart (every process new) loses
+them all, and ``load`` falls back to storage. The case this serves is one rank (or one
+failure domain) replaced while its holder keeps running and keeps its copy: the
+launcher's in-process restart (``--restart in-process``, producers/launcher/hot.py),
+where the survivors keep their processes, this replica among what outlives the attempt
+(:meth:`rejoin`), and a warm spare takes the failed rank. A copy newer than storage has
 not been through the validator (its digest protects the transfer and the time it sat in
 memory, not against a corrupted state); the step's ``REJECTED`` marker, when it exists,
 does exclude it. If a holder dies in the middle of an exchange, its partner's exchange
@@ -59,6 +62,7 @@ raises after the group's timeout and that partner's held copy is dropped.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import pickle
@@ -274,9 +278,20 @@ class PeerCopy:
         return None
 
 
+Steps = int | None | Sequence[int]
+
+
+def _steps(value: Steps) -> frozenset[int]:
+    if value is None:
+        return frozenset()
+    if isinstance(value, int):
+        return frozenset((value,))
+    return frozenset(value)
+
+
 def agree_restore(
-    own: Sequence[int | None],
-    held: Sequence[int | None],
+    own: Sequence[Steps],
+    held: Sequence[Steps],
     storage_step: int | None,
     *,
     holder: Callable[[int], int],
@@ -284,20 +299,21 @@ def agree_restore(
 ) -> tuple[int | None, str]:
     """Which step every rank restores, and from where: ``(step, "memory" | "storage" | "none")``.
 
-    ``own[j]``: the step of rank j's own copy; ``held[j]``: the step of the copy rank j
+    ``own[j]``: the step(s) of rank j's own copies; ``held[j]``: of the copies rank j
     holds (of its source); ``storage_step``: the newest validated checkpoint. Rank j can
-    restore ``s`` from memory if ``own[j] == s`` or ``held[holder(j)] == s``; the memory
-    step is the newest every rank can restore, not ``rejected``, and wins when it is at
-    least as new as storage's.
+    restore ``s`` from memory if it has its own copy of ``s`` or its holder has one; the
+    memory step is the newest every rank can restore, not ``rejected``, and wins when it
+    is at least as new as storage's.
     """
     world = len(own)
-    candidates = sorted({s for s in (*own, *held) if s is not None}, reverse=True)
+    owns, helds = [_steps(o) for o in own], [_steps(h) for h in held]
+    candidates = sorted(set().union(*owns, *helds), reverse=True)
     for s in candidates:
         if storage_step is not None and s < storage_step:
             break
         if rejected(s):
             continue
-        if all(own[j] == s or held[holder(j)] == s for j in range(world)):
+        if all(s in owns[j] or s in helds[holder(j)] for j in range(world)):
             return s, "memory"
     if storage_step is not None:
         return storage_step, "storage"
@@ -327,6 +343,7 @@ class PeerReplica:
         self.holder = holder_of(rank, world_size, self.shift)
         self.source = source_of(rank, world_size, self.shift)
         self._own_group = process_group is None
+        self._timeout = timeout
         if process_group is None:
             group = dist.new_group(backend="gloo", timeout=timeout)
             assert isinstance(group, dist.ProcessGroup)
@@ -334,6 +351,10 @@ class PeerReplica:
         self._group: dist.ProcessGroup | None = process_group
         self.own: PeerCopy | None = None
         self.held: PeerCopy | None = None
+        #: The copies of the save before (a restore names the newest *validated* step,
+        #: and the newest save may not be validated yet when a rank fails).
+        self.own_older: PeerCopy | None = None
+        self.held_older: PeerCopy | None = None
         self._spare_own: torch.Tensor | None = None
         self._spare_held: torch.Tensor | None = None
         self._slots = threading.Semaphore(max(1, max_queued) + 1)  # queued + the one running
@@ -370,7 +391,8 @@ class PeerReplica:
                 hashlib.sha256(blob.numpy().data).hexdigest(),
                 blob,
             )
-            self._spare_own, self.own = (self.own.blob if self.own is not None else None), mine
+            oldest, self.own_older, self.own = self.own_older, self.own, mine
+            self._spare_own = oldest.blob if oldest is not None else None
             try:
                 received = self._swap(mine, self.holder, self.source, self._spare_held)
             except Exception:  # the older held copy, if any, is still a valid copy of that step
@@ -378,8 +400,8 @@ class PeerReplica:
                     "peer replica exchange of step %d with ranks %d/%d failed", step, self.holder, self.source
                 )
                 return
-            self._spare_held = self.held.blob if self.held is not None else None
-            self.held = received
+            oldest, self.held_older, self.held = self.held_older, self.held, received
+            self._spare_held = oldest.blob if oldest is not None else None
             self.exchange_s.append(time.perf_counter() - t0)
         finally:
             self._slots.release()
@@ -439,10 +461,33 @@ class PeerReplica:
             self.held.step if self.held is not None else None,
         )
 
-    def drop(self) -> None:
-        """Forget both copies (what a replaced process has: nothing)."""
+    def rejoin(self, timeout_s: float = 30.0) -> bool:
+        """In-process restart (producers/training/inprocess.py): this process outlived its
+        attempt, and its copies are what it restores. Once the ended attempt's exchange is
+        over (it fails at once when a peer is gone), exchange on a new group of the new
+        default one; False, with no group made, when that exchange is still stuck."""
+        try:
+            self._io.submit(lambda: None).result(timeout=timeout_s)
+        except TimeoutError:
+            log.error("peer replica of rank %d: the ended attempt's exchange is stuck", self.rank)
+            return False
+        group = dist.new_group(backend="gloo", timeout=self._timeout)
+        assert isinstance(group, dist.ProcessGroup)  # this rank is a member
+        self._group, self._own_group = group, True
+        return True
+
+    def all_steps(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The steps of every own copy and every held copy, once the queued pushes are done."""
         self.wait()
-        self.own = self.held = self._spare_own = self._spare_held = None
+        return (
+            tuple(c.step for c in (self.own, self.own_older) if c is not None),
+            tuple(c.step for c in (self.held, self.held_older) if c is not None),
+        )
+
+    def drop(self) -> None:
+        """Forget every copy (what a replaced process has: nothing)."""
+        self.wait()
+        self.own = self.held = self.own_older = self.held_older = self._spare_own = self._spare_held = None
 
     # ------------------------------------------------------------- restore
 
@@ -457,16 +502,19 @@ class PeerReplica:
 
     def _fetch(self, step: int, needs_peer: list[bool], verify: bool) -> Any:
         send = needs_peer[self.source]
-        if send and (self.held is None or self.held.step != step):
+        held = next((c for c in (self.held, self.held_older) if c is not None and c.step == step), None)
+        if send and held is None:
             raise ValueError(f"rank {self.rank} holds no copy of rank {self.source} at step {step}")
         copy = self._swap(
-            self.held if send else None,
+            held if send else None,
             self.source if send else None,
             self.holder if needs_peer[self.rank] else None,
             None,
         )
+        mine = False
         if not needs_peer[self.rank]:
-            copy = self.own
+            copy = next((c for c in (self.own, self.own_older) if c is not None and c.step == step), None)
+            mine = True
         if copy is None:
             raise ValueError(f"rank {self.rank} has no copy of its own state at step {step}")
         expected = (self.run_id, self.rank, self.world_size, step)
@@ -476,16 +524,19 @@ class PeerReplica:
         if verify and (reason := copy.verify()):
             raise ValueError(reason)
         # a received blob is referenced by nothing else: restore from views on it (no copy)
-        return unpack(copy.blob, copy=copy is self.own)
+        return unpack(copy.blob, copy=mine)
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Release the copies and the group; ``wait=False`` leaves an exchange stuck on a
+        lost peer behind (in-process restart) instead of waiting for it."""
         if self._closed:
             return
         self._closed = True
-        self._io.shutdown(wait=True)
-        self.own = self.held = self._spare_own = self._spare_held = None
+        self._io.shutdown(wait=wait, cancel_futures=not wait)
+        self.own = self.held = self.own_older = self.held_older = self._spare_own = self._spare_held = None
         if self._own_group and self._group is not None:
-            dist.destroy_process_group(self._group)
+            with contextlib.suppress(RuntimeError, ValueError):  # destroyed with its attempt's default group
+                dist.destroy_process_group(self._group)
         self._group = None
 
 

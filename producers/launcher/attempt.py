@@ -37,6 +37,8 @@ from typing import Any
 from ...schemas import RUN_LEVEL_RANK, RunStarted
 from .config import free_port, kill_at
 from .context import LaunchContext
+from .hot import HotRanks
+from .plan import Placement
 from .rank_env import rank_env
 from .records import LaunchResult, RankEnd, RestartCause, RestartPhases, peer_lost_of
 from .world import World
@@ -52,6 +54,9 @@ class AttemptRunner:
         self.ctx = ctx
         self.config, self.run_dir, self.pool, self.state = ctx.config, ctx.run_dir, ctx.pool, ctx.state
         self.resume, self.restarts, self.events, self.clock = ctx.resume, ctx.restarts, ctx.events, ctx.clock
+        #: --restart in-process: the processes that outlive attempts (hot.py).
+        self.hot = HotRanks(self.config, self.run_dir) if self.config.restart == "in-process" else None
+        self._placement: Placement | None = None  # the last attempt's
 
     def run(
         self, world: World, pending: RestartPhases | None, result: LaunchResult
@@ -79,9 +84,15 @@ class AttemptRunner:
         log.info("attempt %d: ranks %s of %d on %s, resume step %d", attempt, list(world.local_ranks),
                  placement.world_size, placement.nodes, resume)  # fmt: skip
         spawn_ts = self.clock()
-        ctx = self._spawn(attempt, [envs[r] for r in world.local_ranks])
-        # torch elastic numbers a host's processes 0..n-1 (its local ranks): map them back.
-        procs = {world.local_ranks[i]: h.proc for i, h in ctx.subprocess_handlers.items()}
+        ctx: Any
+        if self.hot is not None:
+            ctx = self._hot_start(world, envs, pending)
+            procs = ctx.procs
+        else:
+            ctx = self._spawn(attempt, [envs[r] for r in world.local_ranks])
+            # torch elastic numbers a host's processes 0..n-1 (its local ranks): map them back.
+            procs = {world.local_ranks[i]: h.proc for i, h in ctx.subprocess_handlers.items()}
+        self._placement = placement
         kill_at(cfg.fault, "mid-spawn", attempt)
         self.state.journal.append(
             "spawned", attempt=attempt, pids={str(r): p.pid for r, p in procs.items()}, spawn_ts=spawn_ts
@@ -97,12 +108,42 @@ class AttemptRunner:
             watch.teardown()
             raise
         finally:
-            ctx.close(signal.SIGKILL, timeout=1)  # no-op when all are gone; frees the log files
+            if not watch.held:  # in process, the survivors wait for the next attempt
+                ctx.close(signal.SIGKILL, timeout=1)  # no-op when all are gone; frees the log files
             self.state.busy = frozenset()  # a node left by this attempt may be self-tested now
         stopped = self.state.stop.is_set()
         if interruption is not None:
             return ("stopped" if stopped else "restart"), interruption
         return ("stopped" if stopped else "ok"), None
+
+    def _hot_start(
+        self, world: World, envs: dict[int, dict[str, str]], pending: RestartPhases | None
+    ) -> _HotGroup:
+        """In-process restart: the survivors of `pending` (held by the watch) go on in their
+        processes unless their node changed (a quarantine moved them: ended, replaced);
+        the others are new or warm spares."""
+        assert self.hot is not None
+        in_process = pending is not None and pending.path == "in-process"
+        if in_process and self._placement is not None:
+            moved = [
+                r for r in self.hot.survivors() if self._placement.node_of(r) != world.placement.node_of(r)
+            ]
+            self.hot.kill(moved)
+        if in_process and not self.hot.survivors():
+            assert pending is not None
+            pending.path = "full"  # nobody left to go on: every process is new
+            in_process = False
+        procs = self.hot.start(world.attempt, envs, in_process)
+        if pending is not None and in_process:
+            pending.warm_ranks = self.hot.taken[world.attempt]["warm"]
+            pending.new_ranks = self.hot.taken[world.attempt]["new"]
+        return _HotGroup(self.hot, procs)
+
+    def close(self) -> None:
+        """The run is over: what is left of its processes ends (survivors held for an
+        attempt that never came, the warm spares)."""
+        if self.hot is not None:
+            self.hot.close(signal.SIGTERM, self.config.term_timeout_s)
 
     def _spawn(self, attempt: int, envs: list[dict[str, str]]) -> Any:
         """One process per environment (in local-rank order), each in a session of its own."""
@@ -144,6 +185,18 @@ class AttemptRunner:
         )
 
 
+class _HotGroup:
+    """An attempt's processes under in-process restart, as the watch drives them."""
+
+    def __init__(self, hot: HotRanks, procs: dict[int, Any]) -> None:
+        self.hot, self.procs = hot, procs
+
+    def close(self, sig: signal.Signals, timeout: float) -> None:
+        """Tear the attempt down: its rank processes (the spares stay)."""
+        mine = set(map(id, self.procs.values()))
+        self.hot.end([r for r, h in self.hot.procs.items() if id(h.proc) in mine], sig, timeout)
+
+
 class _Watch:
     """The live ranks of one attempt, polled until the attempt ends."""
 
@@ -164,6 +217,7 @@ class _Watch:
         self.result = result
         self.live = set(procs)
         self.stopping = False  # exits from now on are requested
+        self.held = False  # in-process restart: the survivors were kept for the next attempt
 
     def until_end(self, spawn_ts: float, pending: RestartPhases | None) -> RestartPhases | None:
         """Poll until every rank is gone; the interruption that ended the attempt, if any."""
@@ -186,6 +240,12 @@ class _Watch:
                     RestartCause.CRASH, detail, attempt, last_poll, now,
                     rank=r, node=placement.node_of(r), returncode=rc,
                 )  # fmt: skip
+                if runner.hot is not None and self.live and not state.stop.is_set():
+                    # the survivors' collectives fail: they wait in the store (hot.py)
+                    interruption.path = "in-process"
+                    self.held = True
+                    runner.hot.abort(attempt)  # a survivor waiting on another survivor gives up
+                    break
                 self.teardown()
                 break
             last_poll = now
@@ -221,6 +281,8 @@ class _Watch:
                 if request.resume_step is not None:
                     with state.lock:
                         runner.resume.take(request)
+                if request.cause is RestartCause.ABORT and self._end_culprits(interruption):
+                    break  # in process: the stuck ranks are ended, the others wait for the next attempt
                 if request.cause is RestartCause.ABORT:
                     grace_until = now + cfg.grace_s
                 else:
@@ -249,6 +311,26 @@ class _Watch:
                 runner.restarts.progress(pending)
             time.sleep(cfg.poll_s)
         return interruption
+
+    def _end_culprits(self, interruption: RestartPhases) -> bool:
+        """In-process restart after an Abort with stack dumps (a hang): end only the ranks
+        whose stack is the odd one out; the others' collectives then fail (or give up at
+        the abort: inprocess.wait) and they wait for the next attempt. False: no rank
+        stands out (or a full restart is configured): the attempt ends as before."""
+        runner = self.runner
+        if runner.hot is None or not self.live:
+            return False
+        culprits = runner.hot.culprits(self.attempt, sorted(self.live), runner.config.grace_s)
+        if not culprits or len(culprits) == len(self.live):
+            return False
+        runner.hot.end(culprits, signal.SIGKILL, runner.config.term_timeout_s)
+        self.reap(runner.clock())  # the culprits' exits, requested
+        interruption.path = "in-process"
+        interruption.rank = culprits[0]
+        interruption.node = self.placement.node_of(culprits[0])
+        self.held = True
+        runner.hot.abort(self.attempt)
+        return True
 
     def _quarantined(self) -> bool:
         """Across hosts: this host was quarantined during the attempt (a QuarantineNode)."""

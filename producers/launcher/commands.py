@@ -42,6 +42,7 @@ from ...schemas import (
     Abort,
     Command,
     EvictRank,
+    InterruptionDecided,
     PauseRun,
     QuarantineNode,
     ReleaseNode,
@@ -95,6 +96,7 @@ class LauncherCommands:
             SkipUpdate: self._journaled(self.skip),
             RunNodeSelfTest: self._journaled(self.self_test),
             SetCheckpointInterval: self._journaled(self.interval),
+            InterruptionDecided: self._journaled(self.decided),
         }
 
     def unexecuted(self, claimed: Iterable[str]) -> list[str]:
@@ -218,6 +220,16 @@ class LauncherCommands:
             detail = f"the batch of step {command.step} is skipped from the next attempt on"
             state.record(command, detail, skip=command.step)
             state.skip_batches.add(command.step)
+        return detail
+
+    def decided(self, command: InterruptionDecided, rank: int) -> str:
+        """The processor is done with attempt `command.attempt`'s interruption: the
+        decision wait ends (launcher.py)."""
+        state = self.state
+        with state.lock:
+            detail = f"attempt {command.attempt}'s interruption decided: the restart goes on"
+            state.record(command, detail)
+            state.decided.add(command.attempt)
         return detail
 
     def release(self, command: ReleaseNode, rank: int) -> str:

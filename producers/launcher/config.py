@@ -97,6 +97,17 @@ class LauncherConfig:
     #: Across hosts: a host whose beat did not change for this long is taken for lost
     #: (producers/launcher/liveness.py): the rendezvous' keep-alive, 1 s x 3.
     host_stale_s: float = 3.0
+    #: What a rank's fault restarts (--restart): "full", every rank process ended and
+    #: spawned again; "in-process" (producers/launcher/hot.py), the survivors stay in their
+    #: processes and only the failed ranks' processes are replaced, by a warm spare when
+    #: one is ready. One host only for now (across hosts: full).
+    restart: Literal["full", "in-process"] = "full"
+    #: In-process restart (--warm-spares): processes kept per host with the interpreter,
+    #: torch and the user's modules imported, idle until one takes a failed rank.
+    warm_spares: int = 0
+    #: In-process restart: how long a survivor waits in the store for the next attempt
+    #: before it gives up (the launcher ends it sooner when it restarts in full instead).
+    restart_wait_s: float = 300.0
 
     @property
     def node(self) -> str:

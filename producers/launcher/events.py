@@ -75,6 +75,8 @@ class LauncherEvents:
             job_step=max(-1, job_step),
             peer_lost=bool(info.get("peer_lost")) and not end.requested and end.signal is None,
         )
+        if not end.requested and (wake := getattr(self.sink, "wake", None)) is not None:
+            wake()  # the processor decides on it while the launcher waits
 
     def restart_phases(self, rec: RestartPhases) -> None:
         """The restart's phases as a RestartPhases telemetry event (once per interruption;
@@ -87,6 +89,8 @@ class LauncherEvents:
             "reschedule": rec.reschedule_s,
             "rendezvous": rec.rendezvous_s,
             "process_start": rec.process_start_s,
+            "import": rec.import_s,
+            "build": rec.build_s,
             "checkpoint_load": rec.checkpoint_load_s,
             "pg_init": rec.pg_init_s,
             "first_step": rec.first_step_s,

@@ -106,6 +106,8 @@ class Launcher:
     ) -> None:
         if config.nproc < 1 or config.ranks_per_node < 1 or not config.command:
             raise ValueError("nproc >= 1, ranks_per_node >= 1 and a command are required")
+        if config.rendezvous is not None and config.restart == "in-process":
+            raise ValueError("in-process restart runs on one host for now (docs/inprocess.md)")
         self._config = config
         self.pool = pool or make_pool(
             config.nproc, config.ranks_per_node, config.spares, config.nodes_per_rack
@@ -256,6 +258,7 @@ class Launcher:
             self._run(result)
         finally:
             state.ended.set()  # a node still waiting for its self-test is free now
+            self.attempts.close()
             self.world.close(clean=result.status == "ok")
             # A suspect node's verdict is worth waiting for; not after a stop.
             self.tester.close(0.0 if state.stop.is_set() else self.config.self_test_timeout_s)
@@ -330,7 +333,7 @@ class Launcher:
                 self.restarts.give_up(interruption, restarts, result)
                 break
             restarts += 1
-            if self._waits_for_decisions(interruption) and state.stop.wait(cfg.decision_wait_s):
+            if self._waits_for_decisions(interruption) and self._await_decisions(interruption):
                 self.restarts.finish(interruption, result)
                 result.status, result.reason = "stopped", "the launcher was stopped"
                 break
@@ -343,7 +346,22 @@ class Launcher:
         quarantines for this attempt (a hang's culprit) must know it before it rejoins."""
         if self.config.rendezvous is not None:
             return interruption.cause is not RestartCause.MEMBERSHIP
+        if interruption.path == "in-process":  # a hang's culprit is quarantined before the placement
+            return interruption.cause in (RestartCause.CRASH, RestartCause.ABORT)
         return interruption.cause is RestartCause.CRASH
+
+    def _await_decisions(self, interruption: RestartPhases) -> bool:
+        """Until the processor's InterruptionDecided for the interrupted attempt arrives, or
+        decision_wait_s for a processor that does not answer. True: stopped meanwhile."""
+        state = self.state
+        deadline = time.monotonic() + self.config.decision_wait_s
+        while time.monotonic() < deadline:
+            with state.lock:
+                if interruption.from_attempt in state.decided:
+                    return False
+            if state.stop.wait(0.01):
+                return True
+        return state.stop.is_set()
 
     def _paused(self, result: LaunchResult, interruption: RestartPhases | None) -> bool:
         """A PauseRun is in force: end the run "paused" with its reason (the interruption

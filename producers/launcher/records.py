@@ -66,12 +66,24 @@ class RestartPhases:
     #: Across hosts, the part of reschedule spent in the rendezvous round (and its plan).
     rendezvous_s: float | None = None
     process_start_s: float | None = None
+    #: A new process's imports (its start to the process-group init), and the model and
+    #: DDP construction (the init's end to the Supervisor), slowest rank; None: not marked.
+    import_s: float | None = None
+    build_s: float | None = None
     checkpoint_load_s: float | None = None
     pg_init_s: float | None = None
     first_step_s: float | None = None
     restart_s: float | None = None
     ranks_reported: int = 0
     complete: bool = False
+    #: How the ranks came back: "full" (every process spawned again) or "in-process" (the
+    #: survivors stayed in their processes; the failed ranks' taken by warm spares or new ones).
+    path: str = "full"
+    #: In process: the failed ranks taken by a warm spare, and by a new process.
+    warm_ranks: list[int] = field(default_factory=list)
+    new_ranks: list[int] = field(default_factory=list)
+    #: Where the ranks restored from: {"own": n, "peer": n, "storage": n} (their phase files).
+    restore_from: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -161,15 +173,30 @@ def collect_phases(rec: RestartPhases, run_dir: Path, ranks: Sequence[int]) -> N
     inits = [v for f in files if (v := num(f.get("pg_init_s"))) is not None]
     firsts = [v for f in files if (v := num(f.get("first_step_ts"))) is not None]
     rec.ranks_reported = sum(1 for f in files if f)
+    sources = [str(f["restore_from"]) for f in files if f.get("restore_from")]
+    rec.restore_from = {s: sources.count(s) for s in sorted(set(sources))}
     rec.process_start_s = max(starts) - rec.spawn_ts if starts else None
     rec.checkpoint_load_s = max(loads) if loads else None
     rec.pg_init_s = max(inits) if inits else None
-    own = []
+    own, imports, builds = [], [], []
     for f in files:
         first, start = num(f.get("first_step_ts")), num(f.get("start_ts"))
-        if first is not None and start is not None:
-            setup = (num(f.get("checkpoint_load_s")) or 0.0) + (num(f.get("pg_init_s")) or 0.0)
-            own.append(first - start - setup)
+        init_ts, init_s, sup_ts = (
+            num(f.get("pg_init_ts")),
+            num(f.get("pg_init_s")),
+            num(f.get("supervisor_ts")),
+        )
+        load = num(f.get("checkpoint_load_s")) or 0.0
+        if init_ts is not None and start is not None:
+            imports.append(max(0.0, init_ts - start))
+        if sup_ts is not None and init_ts is not None and init_s is not None:
+            builds.append(max(0.0, sup_ts - init_ts - init_s))
+        if first is not None and sup_ts is not None:  # the checkpoint manager, the load, the step
+            own.append(first - sup_ts - load)
+        elif first is not None and start is not None:  # a file without the marks: all of it
+            own.append(first - start - load - (init_s or 0.0))
+    rec.import_s = max(imports) if imports else None
+    rec.build_s = max(builds) if builds else None
     rec.first_step_s = max(0.0, max(own)) if own else None
     rec.complete = len(firsts) == len(ranks)
     rec.restart_s = max(firsts) - rec.fault_ts if rec.complete else None

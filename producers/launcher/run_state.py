@@ -65,6 +65,8 @@ class RunState:
         self.commands: dict[str, dict[str, Any]] = dict(state.commands)
         #: Rollback/ResumeFrom command ids whose resume step was taken.
         self.taken: set[str] = set(state.taken)
+        #: Attempts whose interruption the processor has decided on (InterruptionDecided).
+        self.decided: set[int] = set()
         self.request: StopRequest | None = None  # ends the running attempt
         self.evict: StopRequest | None = None  # ends it at the next validated checkpoint
         self.forced_resume: int | None = None  # the next attempt's resume step, if named

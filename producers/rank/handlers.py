@@ -68,7 +68,7 @@ from ...schemas import (
     SetCheckpointInterval,
     SkipUpdate,
 )
-from ..training import cross_check
+from ..training import cross_check, inprocess
 from ..training.cross_check import CrossCheck
 from .agent import RankAgent
 
@@ -336,6 +336,7 @@ class RankHandlers:
     def abort(self, command: Abort, rank: int) -> str:
         if self._claim_exit():
             return "already exiting"
+        restartable = inprocess.current()
         ref = signature = ""
         if command.stack_dump:
             path = self.run_dir / f"attempt-{self.agent.attempt}" / "stacks" / f"rank-{rank:05d}.txt"
@@ -348,8 +349,11 @@ class RankHandlers:
         self.agent.exit(
             exit_code=REQUESTED_EXIT_CODE, requested=True, stack_dump_ref=ref, stack_signature=signature
         )
-        self._exit_soon()
         where = f"; stacks in {ref}" if ref else ""
+        if restartable is not None:  # the launcher ends the stuck rank, the others go on in process
+            restartable.note_stack(rank, signature)
+            return f"the attempt ends in process (in-process restart){where}; signature {signature or '-'}"
+        self._exit_soon()
         return f"aborting: exit in {self.grace_s:g}s{where}; signature {signature or '-'}"
 
     def restart_from(self, command: Rollback | ResumeFrom, rank: int) -> str:

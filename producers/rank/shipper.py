@@ -178,6 +178,7 @@ class TelemetryShipper:
         self._shards = shard_count(world_size, self._shard_size)
         self._partitions: int | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()  # ship now, not at the next interval (wake())
         self._producer = Producer(
             client_config(
                 {**PRODUCER_DEFAULTS, **config.producer, "bootstrap.servers": config.bootstrap},
@@ -302,9 +303,17 @@ class TelemetryShipper:
             next_flush = max(next_flush + self.config.flush_interval_s, time.monotonic())
             # poll() serves delivery callbacks while we wait for the next flush.
             while not self._stop.is_set() and (left := next_flush - time.monotonic()) > 0:
+                if self._wake.is_set():
+                    self._wake.clear()
+                    break
                 self._producer.poll(min(left, 0.05))
 
     # ------------------------------------------------------------------ lifecycle
+    def wake(self) -> None:
+        """Ship what is queued now (within the thread's next 50 ms poll), without waiting
+        for it: an event a decision waits on (the launcher's RankExit after a crash)."""
+        self._wake.set()
+
     def flush_now(self, timeout_s: float = 10.0) -> None:
         """Ship what is queued and wait (bounded) for delivery. Not for the training step."""
         self._ship_once()

@@ -72,6 +72,7 @@ from ...schemas import (
     EvictRank,
     GpuHealth,
     Heartbeat,
+    InterruptionDecided,
     NodeSelfTestResult,
     PauseRun,
     QuarantineNode,
@@ -329,7 +330,8 @@ class SimulatedCluster:
         handler = self._COMMANDS.get(type(command))
         if handler is None:
             raise CommandRefused(f"the simulator does not implement {command.KIND}")
-        if command.attempt != self.attempt:
+        if command.attempt != self.attempt and not isinstance(command, InterruptionDecided):
+            # (the simulated restart does not wait for the go-ahead: it comes after it)
             raise CommandRefused(f"command is for attempt {command.attempt}, the job is at {self.attempt}")
         out: list[Envelope] = []
         detail = handler(self, command, out)
@@ -1054,6 +1056,9 @@ class SimulatedCluster:
         n = len(self.skipped_updates)
         return f"update of step {command.step} skipped ({n} skipped so far; no effect on telemetry)"
 
+    def _decided(self, command: InterruptionDecided, out: list[Envelope]) -> str:
+        return f"interruption {command.interruption_id} decided (the simulated restart does not wait)"
+
     _COMMANDS: dict[type[Command], Callable[[SimulatedCluster, Any, list[Envelope]], str]] = {
         Abort: _abort,
         CheckpointNow: _checkpoint_now,
@@ -1069,4 +1074,5 @@ class SimulatedCluster:
         SkipUpdate: _skip,
         PauseRun: _pause,
         ReleaseNode: _release,
+        InterruptionDecided: _decided,
     }

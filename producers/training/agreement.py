@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 from ..rank.handlers import RankControl
-from . import cross_check, ring_check
+from . import cross_check, inprocess, ring_check
 from .config import _CODES, Verdict
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,9 @@ def agree(
         *cross_check.agreement_codes(head, rank),
     ]
     codes = torch.tensor(mine, dtype=torch.int64, device=device())
-    dist.all_reduce(codes, op=dist.ReduceOp.MAX)
+    work = dist.all_reduce(codes, op=dist.ReduceOp.MAX, async_op=True)
+    assert work is not None
+    inprocess.wait(work)  # work.wait(), unless the launcher ends the attempt meanwhile
     worst, checkpoint, *rest = (int(v) for v in codes.tolist())
     ring = ring_check.agreed(rest[:3])
     if ring.stale is not None and ring.stale == pending:

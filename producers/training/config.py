@@ -118,14 +118,17 @@ class SupervisorConfig:
         return cls(**values)  # type: ignore[arg-type]
 
 
-#: Seconds this process spent in :func:`init_process_group` (the restart phase pg_init).
+#: Seconds this process spent in :func:`init_process_group` (the restart phase pg_init),
+#: and when (wall clock) the last call began: what came before it is the script's imports.
 _pg_init_s: float | None = None
+_pg_init_ts: float | None = None
 
 
 def init_process_group(*args: Any, **kwargs: Any) -> None:
     """``torch.distributed.init_process_group``, timed: the Supervisor reports the seconds
     as the ``pg_init`` restart phase (the rendezvous with every other rank)."""
-    global _pg_init_s
+    global _pg_init_s, _pg_init_ts
+    _pg_init_ts = time.time()
     t0 = time.perf_counter()
     torch.distributed.init_process_group(*args, **kwargs)
     _pg_init_s = time.perf_counter() - t0
@@ -134,6 +137,11 @@ def init_process_group(*args: Any, **kwargs: Any) -> None:
 def pg_init_seconds() -> float | None:
     """Seconds the last `init_process_group` took (None: not called in this process)."""
     return _pg_init_s
+
+
+def pg_init_started_ts() -> float | None:
+    """When the last `init_process_group` began (wall clock; None: not called)."""
+    return _pg_init_ts
 
 
 def process_start_ts() -> float:

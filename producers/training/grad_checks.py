@@ -29,8 +29,25 @@ from typing import Any
 
 import torch
 
+from . import inprocess
+
 #: Digest algorithm, written in front of every digest ("sha256:<hex>").
 DIGEST_PREFIX = "sha256:"
+
+
+def param_list(
+    model: torch.nn.Module | None,
+    optimizer: torch.optim.Optimizer | None,
+    params: Iterable[torch.Tensor] | None,
+) -> list[torch.Tensor]:
+    """The parameters a Supervisor watches: `params`, else the model's, else the optimizer's."""
+    if params is not None:
+        return list(params)
+    if model is not None:
+        return list(model.parameters())
+    if optimizer is not None:
+        return [p for group in optimizer.param_groups for p in group["params"]]
+    return []
 
 
 def _params(params: Iterable[torch.Tensor] | torch.nn.Module) -> list[torch.Tensor]:
@@ -187,7 +204,7 @@ def per_parameter_allreduce(process_group: Any, bucket: Any) -> torch.futures.Fu
         works.append(dist.all_reduce(buffer[offset : offset + count], group=group, async_op=True))
         offset += count
     for work in works:
-        work.wait()
+        inprocess.wait(work)  # work.wait(), unless the launcher ends the attempt meanwhile
     buffer.div_(dist.get_world_size(group))
     done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     done.set_result(buffer)

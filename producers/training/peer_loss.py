@@ -40,7 +40,7 @@ _PEER_ERRORS = re.compile(
 )
 
 #: torch.distributed's own types for a lost peer (by name: no torch import here).
-_PEER_TYPES = frozenset({"DistNetworkError", "DistStoreError"})
+_PEER_TYPES = frozenset({"DistNetworkError", "DistStoreError", "AttemptAborted"})
 
 
 def peer_lost(error: BaseException | None) -> str | None:

@@ -14,23 +14,37 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
-from .config import pg_init_seconds, process_start_ts
+from . import inprocess
+from .config import pg_init_seconds, pg_init_started_ts, process_start_ts
 
 log = logging.getLogger(__name__)
 
 
-def write_phases(path: Path | None, step: int, checkpoint_load_s: float | None) -> None:
-    """After the first step of this process: its start, checkpoint load and process-group
-    init, and when the first step completed; replaced atomically."""
+def write_phases(
+    path: Path | None, step: int, checkpoint: Any = None, supervisor_ts: float | None = None
+) -> None:
+    """After the first step of this process's attempt: its start (the process's, or the
+    attempt's in a process that outlived the last one: inprocess.py), the `checkpoint`
+    manager's load (seconds, and from where: "own" memory, a "peer"'s, "storage"), the
+    process-group init, the first step's completion, and the marks that split the rest:
+    the init's start (a new process's imports before it) and the Supervisor's creation
+    (`supervisor_ts`: the model and DDP built before it). Replaced atomically."""
     if path is None:
         return
+    restored = getattr(checkpoint, "last_restore", None)  # (step, "own" | "peer" | "storage")
+    restartable = inprocess.current()
+    started = restartable.attempt_start_ts if restartable is not None else None
     phases = {
-        "start_ts": process_start_ts(),
-        "checkpoint_load_s": checkpoint_load_s,
+        "start_ts": started if started is not None else process_start_ts(),
+        "checkpoint_load_s": getattr(checkpoint, "last_load_s", None),
         "pg_init_s": pg_init_seconds(),
+        "pg_init_ts": pg_init_started_ts(),  # before it: the imports (a new process's)
+        "supervisor_ts": supervisor_ts,  # between the init and it: the model and DDP built
         "first_step_ts": time.time(),
         "last_step": step,
+        "restore_from": restored[1] if restored else None,
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -97,7 +97,7 @@ from ..rank.actuator import Actuator
 from ..rank.agent import EventSink, MemorySink, NodeAgents, RankAgent
 from ..rank.handlers import CheckpointManager, RankControl, RankHandlers
 from ..rank.shipper import ShipperConfig, TelemetryShipper
-from . import cross_check, grad_checks, ring_check
+from . import cross_check, grad_checks, inprocess, ring_check
 from .agreement import agree
 from .config import (
     ENV_BOOTSTRAP,
@@ -171,6 +171,8 @@ class Supervisor:
         local_rank: int = 0,
         wrong_device: WrongDevice | None = None,
     ) -> None:
+        #: When it was made: the model and DDP were built before it (a restart phase).
+        self.created_ts = time.time()
         self.config = config or SupervisorConfig()
         if checkpoint_every_steps is not None:
             self.config = dataclasses.replace(self.config, checkpoint_every_steps=checkpoint_every_steps)
@@ -180,7 +182,7 @@ class Supervisor:
         self.node = node or socket.gethostname()
         self.model = model
         self.optimizer = optimizer
-        self.params = self._param_list(model, optimizer, params)
+        self.params = grad_checks.param_list(model, optimizer, params)
         self.checkpoint = checkpoint
         self.replay_fn = replay_fn
         #: ``batch_fn(rank, step)``: the batch any rank trains on at a step (ring checks).
@@ -297,6 +299,9 @@ class Supervisor:
         ):
             signal.signal(signal.SIGTERM, self._exit_on_sigterm)
             self._sigterm_installed = True
+        restartable = inprocess.current()
+        if restartable is not None:  # the attempt may end in this process (inprocess.py)
+            restartable.on_restart(self._end_attempt)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -304,20 +309,6 @@ class Supervisor:
         """Build from the launcher's environment (config.supervisor_arguments says which
         variables); keyword arguments (model, optimizer, checkpoint, sink...) pass through."""
         return cls(**supervisor_arguments(dict(os.environ) if env is None else env, kwargs))
-
-    @staticmethod
-    def _param_list(
-        model: torch.nn.Module | None,
-        optimizer: torch.optim.Optimizer | None,
-        params: Iterable[torch.Tensor] | None,
-    ) -> list[torch.Tensor]:
-        if params is not None:
-            return list(params)
-        if model is not None:
-            return list(model.parameters())
-        if optimizer is not None:
-            return [p for group in optimizer.param_groups for p in group["params"]]
-        return []
 
     def instrument_ddp(
         self, ddp: torch.nn.Module, inner: Callable[..., Any] | None = None, state: Any = None
@@ -468,7 +459,7 @@ class Supervisor:
         self._scope = None
         self.counters.steps += 1
         if self.counters.steps == 1:
-            write_phases(self.phases_file, scope.step, getattr(self.checkpoint, "last_load_s", None))
+            write_phases(self.phases_file, scope.step, self.checkpoint, self.created_ts)
         if failed:  # it raised (a peer died mid-collective...): not a completed step, no StepTiming
             self._drain(block=False)
             return
@@ -553,23 +544,42 @@ class Supervisor:
     ) -> None:
         """End of training: report the rank's exit (`error`: what ended it, if anything),
         stop the threads, ship what is left."""
+        if self._shut():
+            lost = peer_lost(error)
+            if lost is not None:
+                note_exit(self.phases_file, lost)
+            self._drain(block=True)
+            if not self.agent.exited:
+                self.agent.exit(exit_code=exit_code, peer_lost=lost is not None)
+            self._release_clients(timeout_s)
+
+    def _end_attempt(self, error: BaseException | None) -> None:
+        """In-process restart (inprocess.py): the attempt ended and this process lives on.
+        As close(), but no exit is reported (the rank goes on in the next attempt, with its
+        own Supervisor), and the Kafka clients' last flush runs aside, not waited for."""
+        if self._shut():
+            self.agent.exited = True  # this attempt's heartbeats stop
+            if isinstance(self._marks, _HostMarks):  # CUDA events after an abort may never complete
+                self._drain(block=True)
+            flush_s = (self.config.exit_flush_s,)
+            threading.Thread(target=self._release_clients, args=flush_s, daemon=True).start()
+
+    def _shut(self) -> bool:
+        """Once: undo what the constructor hooked into the process; False if done before."""
         if self._closed:
-            return
+            return False
         self._closed = True
         atexit.unregister(self._flush_at_exit)
         if sys.excepthook == self._note_uncaught:
             sys.excepthook = self._previous_excepthook
-        lost = peer_lost(error)
-        if lost is not None:
-            note_exit(self.phases_file, lost)
         self.progress.close()
         if self._sigterm_installed and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        self._drain(block=True)
-        if not self.agent.exited:
-            self.agent.exit(exit_code=exit_code, peer_lost=lost is not None)
-        self.gpu.stop()
         self._ticker_stop.set()
+        return True
+
+    def _release_clients(self, timeout_s: float) -> None:
+        self.gpu.stop()
         if self.actuator is not None:
             self.actuator.stop(timeout_s)
         if self.shipper is not None:

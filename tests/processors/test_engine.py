@@ -14,6 +14,7 @@ from trainguard.schemas import (
     Heartbeat,
     Interruption,
     InterruptionCause,
+    InterruptionDecided,
     InterruptionRecovered,
     Quarantine,
     QuarantineNode,
@@ -70,7 +71,13 @@ def test_hang_inside_collective_is_detected_and_culprit_named_by_odd_stack() -> 
     job.abort_all(culprit=6)
     state, more = run_all(job.events[len(job.events) - 16 :], POLICY, state)
     # every interruption updates the baseline; the culprit's node leaves the pool
-    assert kinds(more) == ["interruption", "mtbf_update", "quarantine", "quarantine_node"]
+    assert kinds(more) == [
+        "interruption",
+        "mtbf_update",
+        "quarantine",
+        "quarantine_node",
+        "interruption_decided",
+    ]
     interruption = more[0]
     assert isinstance(interruption, Interruption)
     assert interruption.cause == InterruptionCause.HANG
@@ -110,7 +117,8 @@ def test_hang_without_any_dump_names_the_rank_whose_last_phase_differs() -> None
     )  # the first tick after the abort opens the window
     job.t += POLICY.hang.stack_collect_s + 1  # no dump arrives within the window
     state, outputs = run_all([Tick(**job._env(-1))], POLICY, state)
-    interruption, _mtbf, quarantine, command = outputs
+    interruption, _mtbf, quarantine, command, decided = outputs
+    assert isinstance(decided, InterruptionDecided)  # last: the launcher goes on
     assert isinstance(interruption, Interruption) and interruption.reason.code == ReasonCode.ODD_PHASE
     assert (interruption.rank, interruption.node) == (11, "node-002")
     text = interruption.reason.text
@@ -130,7 +138,8 @@ def test_the_odd_stack_beats_the_phases_and_every_record_agrees_on_the_culprit()
     state, (hang, abort) = run_all(job.events, POLICY)
     job.abort_all(culprit=6)
     state, more = run_all(job.events[-16:], POLICY, state)
-    interruption, _mtbf, quarantine, command = more
+    interruption, _mtbf, quarantine, command, decided = more
+    assert isinstance(decided, InterruptionDecided)
     assert interruption.rank == quarantine.rank == 6 and quarantine.node == command.node == "node-001"
     assert interruption.reason.code == ReasonCode.ODD_STACK
     assert hang.rank == -1 and abort.reason == hang.reason and "rank 6" not in hang.reason.text
@@ -198,7 +207,8 @@ def test_phases_that_single_out_no_rank_name_nobody(stuck: dict[int, str]) -> No
     state, _ = run_all([Tick(**job._env(-1))], POLICY, state)  # opens the window
     job.t += POLICY.hang.stack_collect_s + 1
     state, outputs = run_all([Tick(**job._env(-1))], POLICY, state)
-    (interruption, _mtbf) = outputs
+    (interruption, _mtbf, decided) = outputs
+    assert isinstance(decided, InterruptionDecided)
     assert interruption.rank == -1 and interruption.reason.code == ReasonCode.CULPRIT_UNKNOWN
     assert "no single rank's phase stands out" in interruption.reason.text
 
@@ -213,7 +223,7 @@ def test_a_tick_concludes_stack_collection_when_the_job_falls_silent() -> None:
     assert outputs == []  # still collecting
     job.t += POLICY.hang.stack_collect_s + 1
     state, outputs = run_all([Tick(**job._env(-1))], POLICY, state)
-    interruption, _mtbf = outputs  # no evidence against rank 15's node: nothing quarantined
+    interruption, _mtbf, _decided = outputs  # no evidence against rank 15's node: nothing quarantined
     assert isinstance(interruption, Interruption) and interruption.rank == -1
     assert interruption.reason.code == ReasonCode.CULPRIT_UNKNOWN
 
@@ -233,8 +243,18 @@ def test_crash_is_an_interruption_naming_rank_and_node_and_aborts_survivors() ->
     job.exit(9, signal=9)
     job.stall(2.0, alive=[r for r in range(16) if r != 9])
     _, outputs = run_all(job.events, POLICY)
-    assert kinds(outputs) == ["interruption", "abort", "mtbf_update", "quarantine", "quarantine_node"]
-    interruption, abort, _mtbf, quarantine, command = outputs
+    assert kinds(outputs) == [
+        "interruption",
+        "abort",
+        "mtbf_update",
+        "quarantine",
+        "quarantine_node",
+        "interruption_decided",
+    ]
+    interruption, abort, _mtbf, quarantine, command, decided = outputs
+    assert (
+        isinstance(decided, InterruptionDecided) and decided.interruption_id == interruption.interruption_id
+    )
     assert isinstance(quarantine, Quarantine) and isinstance(command, QuarantineNode)
     assert quarantine.node == command.node == "node-002" and quarantine.run_ids_affected == ["run-test"]
     assert quarantine.caused_by == [interruption.interruption_id] == [interruption.event_id]

@@ -194,6 +194,7 @@ COMMAND_SAMPLES: dict[str, dict[str, Any]] = {
     "run_ring_check": dict(step=10_000, check_id="ring-a0-s10000", offset=8),
     "pause_run": dict(step=4711),
     "release_node": dict(node="node-012"),
+    "interruption_decided": dict(interruption_id="interruption-4e13"),
 }
 
 

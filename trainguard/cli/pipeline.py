@@ -171,13 +171,32 @@ def launch(
             "its ranks; it ends with status ok when the run finishes without it.",
         ),
     ] = False,
+    restart: Annotated[
+        str,
+        typer.Option(
+            help="What a rank's fault restarts: full (every rank process spawned again) or in-process "
+            "(the survivors stay in their processes; the training script calls "
+            "trainguard.producers.training.inprocess.run(main)). One host only for now."
+        ),
+    ] = "full",
+    warm_spares: Annotated[
+        int,
+        typer.Option(
+            help="In-process restart: idle processes kept with torch and the script's modules imported, "
+            "each ready to take a failed rank (implies --restart in-process)."
+        ),
+    ] = 0,
     nodes_per_rack: Annotated[int, typer.Option(help="Nodes per modelled rack.")] = 4,
     max_restarts: Annotated[
         int, typer.Option("--max-restarts", "--max_restarts", help="Restarts before giving up (any cause).")
     ] = 3,
     grace_s: Annotated[float, typer.Option(help="After an Abort: seconds the ranks get to exit.")] = 15.0,
     decision_wait_s: Annotated[
-        float, typer.Option(help="After a crash: seconds to wait for the processor's decisions.")
+        float,
+        typer.Option(
+            help="After a crash: the longest wait for the processor's decisions (it ends when the "
+            "processor says it decided; offline there is none)."
+        ),
     ] = 3.0,
     offline: Annotated[
         bool,
@@ -208,6 +227,11 @@ def launch(
     (a PauseRun: the run fails at one step on every node; fix the data or code, then relaunch)."""
     if self_test not in ("on-demand", "ahead", "off"):
         console.print(f"[red]--self-test must be on-demand, ahead or off (got {self_test!r})")
+        raise typer.Exit(2)
+    if warm_spares:
+        restart = "in-process"
+    if restart not in ("full", "in-process") or warm_spares < 0:
+        console.print(f"[red]--restart must be full or in-process (got {restart!r}); --warm-spares >= 0")
         raise typer.Exit(2)
     from ..producers.launcher.config import FAULT_ENV, LauncherConfig, rank_program
     from ..producers.launcher.launcher import Launcher
@@ -240,6 +264,10 @@ def launch(
         else:
             if spare:
                 raise ValueError("--spare is for an agent across hosts (with --nnodes and --rdzv-endpoint)")
+        if rendezvous is not None and restart == "in-process":
+            raise ValueError(
+                "--restart in-process runs on one host for now (docs/inprocess.md); across hosts: full"
+            )
             nproc = nproc or nproc_per_node
             if nproc < 1:
                 raise ValueError("--nproc (or --nproc-per-node) is required")
@@ -255,12 +283,14 @@ def launch(
         rendezvous=rendezvous,
         node_name=node_name,
         spare=spare,
+        restart=restart,  # type: ignore[arg-type]  # checked above
+        warm_spares=warm_spares,
         checkpoint_dir=checkpoint_dir.resolve(),
         spares=spares,
         nodes_per_rack=nodes_per_rack,
         max_restarts=max_restarts,
         grace_s=grace_s,
-        decision_wait_s=decision_wait_s,
+        decision_wait_s=0.0 if offline else decision_wait_s,  # offline no processor decides
         self_test_spares=self_test,  # type: ignore[arg-type]  # checked above
         restart_from_scratch=restart_from_scratch,
         bootstrap="" if offline else resolve_bootstrap(bootstrap),

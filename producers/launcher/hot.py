@@ -1,0 +1,251 @@
+"""In-process restart, the launcher's side (issue 18; the rank's side is
+producers/training/inprocess.py): rank processes that outlive attempts, warm spares, and
+the store through which both meet.
+
+``trainguard launch --restart in-process [--warm-spares K]``. The launcher serves a
+control store (torch's ``TCPStore``) for the whole run, and one store per attempt for that
+attempt's process group: the ranks run with torchrun's agent-store contract
+(``TORCHELASTIC_USE_AGENT_STORE=True``, ``MASTER_PORT`` = that attempt's store), so a plain
+``init_process_group`` joins the attempt's world, and a new attempt never meets an old
+one's keys (pytorch#135712 is that bug for one shared store).
+
+When a rank dies, the others' collectives fail at once (gloo; NCCL once aborted) and they
+wait in the control store. :class:`HotRanks` then gives each survivor the next attempt's
+environment and each failed rank to a warm spare (a process of the same command that
+imported everything and idles: ``spare/<worker>/ready``), or to a new process when no
+spare is ready. Spares are topped up again in the background. What cannot go on in
+process (no survivor, the launcher's own restart) is the full restart of today.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from subprocess import Popen
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+
+from ...processors.core.stacks import odd_stack
+from ..training.inprocess import (
+    ENV_STORE,
+    ENV_WAIT_S,
+    ENV_WORKER,
+    abort_key,
+    env_key,
+    spare_attempt_key,
+    spare_ready_key,
+    stack_key,
+)
+from .config import LauncherConfig, rank_program
+
+log = logging.getLogger(__name__)
+
+
+class HotRanks:
+    """The run's rank processes and warm spares, across attempts."""
+
+    def __init__(self, config: LauncherConfig, run_dir: Path) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        host = config.master_addr
+        self.control = dist.TCPStore(
+            host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+        )
+        self.address = f"{host}:{self.control.port}"
+        #: rank -> its live process, and the worker name it has in the control store.
+        self.procs: dict[int, SubprocessHandler] = {}
+        self.workers: dict[int, str] = {}
+        #: Idle spares, oldest first: (worker, process).
+        self.spares: list[tuple[str, SubprocessHandler]] = []
+        self._stores: dict[int, dist.TCPStore] = {}  # attempt -> its process group's store
+        self._count = 0
+        #: Per attempt: the ranks given to a warm spare, to a new process, kept in process.
+        self.taken: dict[int, dict[str, list[int]]] = {}
+
+    # ------------------------------------------------------------ an attempt's processes
+    def attempt_env(self, attempt: int, rank_env: Mapping[str, str], worker: str) -> dict[str, str]:
+        """A rank's environment with this attempt's store and its worker name."""
+        store = self._stores.get(attempt)
+        if store is None:
+            store = dist.TCPStore(
+                self.config.master_addr,
+                0,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=timedelta(minutes=5),
+            )
+            self._stores = {
+                a: s for a, s in self._stores.items() if a >= attempt - 1
+            }  # the last one's ranks may still hold it
+            self._stores[attempt] = store
+        return {
+            **rank_env,
+            "MASTER_PORT": str(store.port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+            ENV_STORE: self.address,
+            ENV_WORKER: worker,
+            ENV_WAIT_S: f"{self.config.restart_wait_s:g}",
+        }
+
+    def survivors(self) -> list[int]:
+        return sorted(r for r, p in self.procs.items() if p.proc.poll() is None)
+
+    def start(
+        self, attempt: int, envs: Mapping[int, Mapping[str, str]], in_process: bool
+    ) -> dict[int, Popen[Any]]:
+        """Attempt `attempt`'s rank processes. `in_process`: the live ones go on in their
+        processes, each failed rank goes to a ready warm spare or a new process; else every
+        process is new (the first attempt, a full restart)."""
+        taken: dict[str, list[int]] = {"kept": [], "warm": [], "new": []}
+        live = set(self.survivors()) if in_process else set()
+        if not in_process:  # every rank starts as an idle worker, as the spares do, so that
+            self.kill(list(self.procs))  # they are ready (imported) when the ranks are
+            self.top_up(len(envs))
+            self.wait_ready(len(envs) + self.config.warm_spares, self.config.restart_wait_s)
+        for rank in sorted(envs):
+            if rank in live:
+                worker = self.workers[rank]
+                self.control.set(
+                    env_key(attempt, worker), json.dumps(self.attempt_env(attempt, envs[rank], worker))
+                )
+                taken["kept"].append(rank)
+                continue
+            spare = self._ready_spare()
+            if spare is not None:
+                worker, handler = spare
+                env = self.attempt_env(attempt, envs[rank], worker)
+                self.control.set(env_key(attempt, worker), json.dumps(env))
+                self.control.set(spare_attempt_key(worker), str(attempt))
+                taken["warm"].append(rank)
+            else:
+                worker = self._name("rank")
+                handler = self._spawn(worker, self.attempt_env(attempt, envs[rank], worker))
+                taken["new"].append(rank)
+            self.procs[rank], self.workers[rank] = handler, worker
+        self.taken[attempt] = taken
+        self.top_up()
+        return {r: self.procs[r].proc for r in envs}
+
+    def culprits(self, attempt: int, ranks: list[int], timeout_s: float) -> list[int]:
+        """After an Abort with stack dumps: the ranks whose stack is the odd one out (the
+        processor's rule, processors/core/stacks.py), once every rank noted its signature
+        or `timeout_s` passed; [] when none stands out (a full restart then)."""
+        deadline = time.monotonic() + timeout_s
+        keys = {r: stack_key(attempt, r) for r in ranks}
+        while not self.control.check(list(keys.values())) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        noted = {r: k for r, k in keys.items() if self.control.check([k])}
+        signatures = {r: bytes(self.control.get(k)).decode() for r, k in noted.items()}
+        verdict = odd_stack({r: s for r, s in signatures.items() if s})
+        return verdict.culprits if verdict is not None else []
+
+    def abort(self, attempt: int) -> None:
+        """Tell `attempt`'s ranks to abort their communicators (NCCL; gloo's fail by themselves)."""
+        self.control.set(abort_key(attempt), "1")
+
+    # ------------------------------------------------------------ warm spares
+    def top_up(self, extra: int = 0) -> None:
+        """Start workers until `warm_spares` + `extra` are alive (ready once imported)."""
+        self.spares = [(w, h) for w, h in self.spares if h.proc.poll() is None]
+        while len(self.spares) < self.config.warm_spares + extra:
+            worker = self._name("spare")
+            env = {
+                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                **self.config.env,
+                ENV_STORE: self.address,
+                ENV_WORKER: worker,
+                "TRAINGUARD_RUN_ID": self.config.run_id,
+            }
+            self.spares.append((worker, self._spawn(worker, env)))
+
+    def ready_spares(self) -> int:
+        return sum(1 for w, h in self.spares if h.proc.poll() is None and self._ready(w))
+
+    def wait_ready(self, count: int, timeout_s: float) -> bool:
+        """Until `count` workers idle, or `timeout_s`, or none is left still importing
+        (one that died at import left its error in its log under workers/)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            alive = [w for w, h in self.spares if h.proc.poll() is None]
+            ready = sum(1 for w in alive if self._ready(w))
+            if ready >= count:
+                return True
+            if ready == len(alive) or time.monotonic() > deadline:
+                log.warning("%d of %d workers ready (the others: workers/*.log)", ready, count)
+                return False
+            time.sleep(0.02)
+
+    def _ready(self, worker: str) -> bool:
+        return bool(self.control.check([spare_ready_key(worker)]))
+
+    def _ready_spare(self) -> tuple[str, SubprocessHandler] | None:
+        for i, (worker, handler) in enumerate(self.spares):
+            if handler.proc.poll() is None and self._ready(worker):
+                return self.spares.pop(i)
+        return None
+
+    # ------------------------------------------------------------ processes
+    def _name(self, kind: str) -> str:
+        self._count += 1
+        return f"{kind}-{self._count - 1}"
+
+    def _spawn(self, worker: str, env: Mapping[str, str]) -> SubprocessHandler:
+        logs = self.run_dir / "workers"
+        logs.mkdir(parents=True, exist_ok=True)
+        program = rank_program(self.config.command)
+        return SubprocessHandler(
+            program[0],
+            tuple(program[1:]),
+            dict(env),
+            str(logs / f"{worker}.stdout.log"),
+            str(logs / f"{worker}.stderr.log"),
+            0,
+            None,
+        )
+
+    def kill(self, ranks: list[int], sig: signal.Signals = signal.SIGKILL) -> None:
+        """End these ranks' processes (their process groups) and forget them."""
+        for rank in ranks:
+            handler = self.procs.pop(rank, None)
+            self.workers.pop(rank, None)
+            if handler is not None:
+                _signal(handler, sig)
+
+    def end(self, ranks: list[int], sig: signal.Signals, timeout_s: float) -> None:
+        """End these ranks' processes: `sig`, then SIGKILL after `timeout_s`; forget them."""
+        handlers = [self.procs[r] for r in ranks if r in self.procs]
+        for handler in handlers:
+            _signal(handler, sig)
+        _reap(handlers, timeout_s)
+        self.kill(ranks)
+
+    def close(self, sig: signal.Signals, timeout_s: float) -> None:
+        """End every rank and spare: `sig`, then SIGKILL after `timeout_s`."""
+        spares, self.spares = [h for _, h in self.spares], []
+        for handler in spares:
+            _signal(handler, sig)
+        self.end(list(self.procs), sig, timeout_s)
+        _reap(spares, timeout_s)
+        for handler in spares:
+            _signal(handler, signal.SIGKILL)
+
+
+def _reap(handlers: list[SubprocessHandler], timeout_s: float) -> None:
+    """Until every one of `handlers` exited, or `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while any(h.proc.poll() is None for h in handlers) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _signal(handler: SubprocessHandler, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(handler.proc.pid, sig)

@@ -135,8 +135,7 @@ class AttemptRunner:
             in_process = False
         procs = self.hot.start(world.attempt, envs, in_process)
         if pending is not None and in_process:
-            pending.warm_ranks = self.hot.taken[world.attempt]["warm"]
-            pending.new_ranks = self.hot.taken[world.attempt]["new"]
+            pending.warm_ranks, pending.new_ranks = self.hot.taken["warm"], self.hot.taken["new"]
         return _HotGroup(self.hot, procs)
 
     def close(self) -> None:
@@ -192,9 +191,9 @@ class _HotGroup:
         self.hot, self.procs = hot, procs
 
     def close(self, sig: signal.Signals, timeout: float) -> None:
-        """Tear the attempt down: its rank processes (the spares stay)."""
-        mine = set(map(id, self.procs.values()))
-        self.hot.end([r for r, h in self.hot.procs.items() if id(h.proc) in mine], sig, timeout)
+        """Tear the attempt down: its rank processes (the spares stay; a rank already ended
+        is not in hot.procs any more)."""
+        self.hot.end(list(self.procs), sig, timeout)
 
 
 class _Watch:

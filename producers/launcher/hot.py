@@ -68,8 +68,8 @@ class HotRanks:
         self.spares: list[tuple[str, SubprocessHandler]] = []
         self._stores: dict[int, dist.TCPStore] = {}  # attempt -> its process group's store
         self._count = 0
-        #: Per attempt: the ranks given to a warm spare, to a new process, kept in process.
-        self.taken: dict[int, dict[str, list[int]]] = {}
+        #: The last start's ranks kept in process, given to a warm spare, to a new process.
+        self.taken: dict[str, list[int]] = {}
 
     # ------------------------------------------------------------ an attempt's processes
     def attempt_env(self, attempt: int, rank_env: Mapping[str, str], worker: str) -> dict[str, str]:
@@ -131,7 +131,7 @@ class HotRanks:
                 handler = self._spawn(worker, self.attempt_env(attempt, envs[rank], worker))
                 taken["new"].append(rank)
             self.procs[rank], self.workers[rank] = handler, worker
-        self.taken[attempt] = taken
+        self.taken = taken
         self.top_up()
         return {r: self.procs[r].proc for r in envs}
 
@@ -166,9 +166,6 @@ class HotRanks:
                 "TRAINGUARD_RUN_ID": self.config.run_id,
             }
             self.spares.append((worker, self._spawn(worker, env)))
-
-    def ready_spares(self) -> int:
-        return sum(1 for w, h in self.spares if h.proc.poll() is None and self._ready(w))
 
     def wait_ready(self, count: int, timeout_s: float) -> bool:
         """Until `count` workers idle, or `timeout_s`, or none is left still importing

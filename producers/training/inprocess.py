@@ -54,7 +54,7 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-from .peer_loss import peer_lost
+from .peer_loss import chain, peer_lost
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,6 @@ class Restartable:
         self.store = store
         self.worker = worker
         self.wait_s = wait_s
-        self.restarts = 0
         #: When the current attempt began in this process (the wall clock): the restart
         #: phases of a survivor start here, not at the process's start.
         self.attempt_start_ts: float | None = None
@@ -151,7 +150,6 @@ class Restartable:
             self._end_attempt()
             self._leave(attempt, why)
             self._await_env(attempt + 1, self.wait_s)
-            self.restarts += 1
 
     # ------------------------------------------------------------ the attempt's resources
     def on_restart(self, close: Callable[[BaseException | None], None]) -> None:
@@ -248,14 +246,10 @@ def _warm_up() -> None:
 def _release_frames(error: BaseException) -> None:
     """Clear the frames of every traceback in `error`'s chain (their locals are the ended
     attempt's model, optimizer, DDP...) and drop the tracebacks."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if current.__traceback__ is not None:
-            traceback.clear_frames(current.__traceback__)
-            current.__traceback__ = None
-        current = current.__cause__ or current.__context__
+    for link in list(chain(error)):
+        if link.__traceback__ is not None:
+            traceback.clear_frames(link.__traceback__)
+            link.__traceback__ = None
 
 
 def _forget_process_groups() -> list[Any]:

@@ -18,6 +18,7 @@ elsewhere), and the hang's culprit is named from the stacks, not from this rank.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 #: What a survivor's collective raises when a peer is gone or stuck (gloo's tcp transport,
 #: NCCL's watchdog and comm abort, the c10d store). Lower-case substrings.
@@ -43,16 +44,22 @@ _PEER_ERRORS = re.compile(
 _PEER_TYPES = frozenset({"DistNetworkError", "DistStoreError", "AttemptAborted"})
 
 
+def chain(error: BaseException | None) -> Iterator[BaseException]:
+    """`error`, then its cause (else its context), and so on, each once."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
 def peer_lost(error: BaseException | None) -> str | None:
     """The first line of the peer-loss error in `error`'s chain (its cause and context
     included: a training loop may wrap the collective's error in its own), or None when
     nothing in it says a peer was lost."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        text = str(error)
-        if type(error).__name__ in _PEER_TYPES or _PEER_ERRORS.search(text.lower()):
-            first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
+    for link in chain(error):
+        text = str(link)
+        if type(link).__name__ in _PEER_TYPES or _PEER_ERRORS.search(text.lower()):
+            first = next((line.strip() for line in text.splitlines() if line.strip()), type(link).__name__)
             return first[:300]
-        error = error.__cause__ or error.__context__
     return None

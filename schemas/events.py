@@ -195,7 +195,9 @@ class RankExit(Envelope):
     step: the newest step this rank completed; job_step: the newest step ANY rank of the
     attempt completed when this exit was reported (the launcher reads every rank's progress
     file), so that an interruption declared on this exit counts its lost steps exactly even
-    while the survivors' last reports are still in their shippers. v3: peer_lost."""
+    while the survivors' last reports are still in their shippers. v3: peer_lost. Under
+    in-process restart across hosts, a rank that left its attempt alive on a lost peer (its
+    process goes on in the next attempt) is reported so: exit_code None, peer_lost."""
 
     KIND: ClassVar[str] = "rank_exit"
     VERSION: ClassVar[int] = 3

@@ -124,19 +124,29 @@ class AttemptRunner:
         the others are new or warm spares."""
         assert self.hot is not None
         in_process = pending is not None and pending.path == "in-process"
-        if in_process and self._placement is not None:
+        last = self._placement
+        if in_process and last is not None:  # a survivor keeps its rank only on its node, in a
+            resized = last.world_size != world.placement.world_size  # world of the same size
             moved = [
-                r for r in self.hot.survivors() if self._placement.node_of(r) != world.placement.node_of(r)
+                r
+                for r in self.hot.survivors()
+                if resized or r not in envs or last.node_of(r) != world.placement.node_of(r)
             ]
             self.hot.kill(moved)
         if in_process and not self.hot.survivors():
             assert pending is not None
             pending.path = "full"  # nobody left to go on: every process is new
             in_process = False
-        procs = self.hot.start(world.attempt, envs, in_process)
+        procs = self.hot.start(world.attempt, envs, in_process, world.shared_store)
         if pending is not None and in_process:
             pending.warm_ranks, pending.new_ranks = self.hot.taken["warm"], self.hot.taken["new"]
         return _HotGroup(self.hot, procs)
+
+    def prewarm(self, ranks: int) -> None:
+        """In-process restart: start importing the first attempt's `ranks` workers and the
+        warm spares now, while the world forms (across hosts: a spare host's wait)."""
+        if self.hot is not None:
+            self.hot.top_up(ranks)
 
     def close(self) -> None:
         """The run is over: what is left of its processes ends (survivors held for an
@@ -250,6 +260,10 @@ class _Watch:
             last_poll = now
             if not self.live:
                 break
+            if runner.hot is not None and interruption is None and not state.stop.is_set():
+                interruption = self._left_alive(now)
+                if interruption is not None:
+                    break
             if state.stop.is_set():
                 self.teardown()
                 break
@@ -319,10 +333,12 @@ class _Watch:
         runner = self.runner
         if runner.hot is None or not self.live:
             return False
-        culprits = runner.hot.culprits(self.attempt, sorted(self.live), runner.config.grace_s)
-        if not culprits or len(culprits) == len(self.live):
+        world = list(range(self.placement.world_size))
+        culprits = runner.hot.culprits(self.attempt, sorted(self.live), world, runner.config.grace_s)
+        if not culprits or len(culprits) == len(world):
             return False
-        runner.hot.end(culprits, signal.SIGKILL, runner.config.term_timeout_s)
+        mine = [r for r in culprits if r in self.live]  # across hosts, another host's may be it
+        runner.hot.end(mine, signal.SIGKILL, runner.config.term_timeout_s)
         self.reap(runner.clock())  # the culprits' exits, requested
         interruption.path = "in-process"
         interruption.rank = culprits[0]
@@ -330,6 +346,31 @@ class _Watch:
         self.held = True
         runner.hot.abort(self.attempt)
         return True
+
+    def _left_alive(self, now: float) -> RestartPhases | None:
+        """In-process restart: ranks of this host that left the attempt alive (a lost peer:
+        across hosts, a rank or a whole host lost elsewhere; or another host's agent ended
+        the attempt). Each one's leaving is reported as its RankExit (exit code None,
+        peer_lost: evidence about another rank, processors/core/peer_loss.py); the others
+        here are told to give up, and all of them wait for the next attempt."""
+        runner = self.runner
+        assert runner.hot is not None
+        runner.hot.aborted_elsewhere(self.attempt)  # its ranks here then leave as well
+        left = runner.hot.left(self.attempt, sorted(self.live))
+        if not left or any(self.procs[r].poll() is not None for r in self.live):
+            return None  # a rank here died: the next poll takes it as the crash, the cause
+        rank = min(left)
+        interruption = runner.restarts.interruption(
+            RestartCause.CRASH, f"rank {rank} left the attempt alive (lost a peer: {left[rank]})",
+            self.attempt, now, now, rank=rank, node=self.placement.node_of(rank),
+        )  # fmt: skip
+        interruption.path = "in-process"
+        for r in sorted(left):
+            self.live.discard(r)
+            self.exit(RankEnd(self.attempt, r, self.placement.node_of(r), None, now, False, left=True))
+        self.held = True
+        runner.hot.abort(self.attempt)
+        return interruption
 
     def _quarantined(self) -> bool:
         """Across hosts: this host was quarantined during the attempt (a QuarantineNode)."""

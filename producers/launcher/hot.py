@@ -9,6 +9,11 @@ attempt's process group: the ranks run with torchrun's agent-store contract
 ``init_process_group`` joins the attempt's world, and a new attempt never meets an old
 one's keys (pytorch#135712 is that bug for one shared store).
 
+Across hosts (``--nnodes``) each host's agent has a HotRanks of its own (its control store
+stays local: its survivors wait there); rank 0 serves the attempt's store on the port the
+round's plan names (torchrun's contract without an agent store), and the hosts of an
+attempt share the round's own store for what crosses hosts: the abort and the stacks.
+
 When a rank dies, the others' collectives fail at once (gloo; NCCL once aborted) and they
 wait in the control store. :class:`HotRanks` then gives each survivor the next attempt's
 environment and each failed rank to a warm spare (a process of the same command that
@@ -41,6 +46,7 @@ from ..training.inprocess import (
     ENV_WORKER,
     abort_key,
     env_key,
+    left_key,
     spare_attempt_key,
     spare_ready_key,
     stack_key,
@@ -48,6 +54,10 @@ from ..training.inprocess import (
 from .config import LauncherConfig, rank_program
 
 log = logging.getLogger(__name__)
+
+#: Across hosts, how much longer than its own ranks an agent waits for the others'
+#: stacks (each host's agent sets them once its own ranks' are in or its wait is over).
+SHARED_WAIT_S = 2.0
 
 
 class HotRanks:
@@ -70,10 +80,15 @@ class HotRanks:
         self._count = 0
         #: The last start's ranks kept in process, given to a warm spare, to a new process.
         self.taken: dict[str, list[int]] = {}
+        #: Across hosts: the store the hosts of the current attempt share (None: one host).
+        self.shared: Any = None
 
     # ------------------------------------------------------------ an attempt's processes
     def attempt_env(self, attempt: int, rank_env: Mapping[str, str], worker: str) -> dict[str, str]:
         """A rank's environment with this attempt's store and its worker name."""
+        ours = {ENV_STORE: self.address, ENV_WORKER: worker, ENV_WAIT_S: f"{self.config.restart_wait_s:g}"}
+        if self.shared is not None:  # across hosts: rank 0 serves the store (the plan's port)
+            return {**rank_env, **ours}
         store = self._stores.get(attempt)
         if store is None:
             store = dist.TCPStore(
@@ -91,26 +106,28 @@ class HotRanks:
             **rank_env,
             "MASTER_PORT": str(store.port),
             "TORCHELASTIC_USE_AGENT_STORE": "True",
-            ENV_STORE: self.address,
-            ENV_WORKER: worker,
-            ENV_WAIT_S: f"{self.config.restart_wait_s:g}",
+            **ours,
         }
 
     def survivors(self) -> list[int]:
         return sorted(r for r, p in self.procs.items() if p.proc.poll() is None)
 
     def start(
-        self, attempt: int, envs: Mapping[int, Mapping[str, str]], in_process: bool
+        self, attempt: int, envs: Mapping[int, Mapping[str, str]], in_process: bool, shared: Any = None
     ) -> dict[int, Popen[Any]]:
         """Attempt `attempt`'s rank processes. `in_process`: the live ones go on in their
         processes, each failed rank goes to a ready warm spare or a new process; else every
-        process is new (the first attempt, a full restart)."""
+        process is new (the first attempt, a full restart). `shared`: the store of the
+        attempt's hosts (across hosts)."""
         taken: dict[str, list[int]] = {"kept": [], "warm": [], "new": []}
+        self.shared = shared
         live = set(self.survivors()) if in_process else set()
         if not in_process:  # every rank starts as an idle worker, as the spares do, so that
             self.kill(list(self.procs))  # they are ready (imported) when the ranks are
             self.top_up(len(envs))
             self.wait_ready(len(envs) + self.config.warm_spares, self.config.restart_wait_s)
+        self.kill(sorted(live - set(envs)))  # their ranks went elsewhere (another world's shape)
+        live &= set(envs)
         for rank in sorted(envs):
             if rank in live:
                 worker = self.workers[rank]
@@ -135,22 +152,45 @@ class HotRanks:
         self.top_up()
         return {r: self.procs[r].proc for r in envs}
 
-    def culprits(self, attempt: int, ranks: list[int], timeout_s: float) -> list[int]:
-        """After an Abort with stack dumps: the ranks whose stack is the odd one out (the
-        processor's rule, processors/core/stacks.py), once every rank noted its signature
-        or `timeout_s` passed; [] when none stands out (a full restart then)."""
+    def culprits(self, attempt: int, ranks: list[int], world: list[int], timeout_s: float) -> list[int]:
+        """After an Abort with stack dumps: the ranks of `world` whose stack is the odd one
+        out (the processor's rule, processors/core/stacks.py), once every rank noted its
+        signature or `timeout_s` passed; [] when none stands out (a full restart then).
+        `ranks`: this host's; across hosts each agent passes its ranks' signatures on in
+        the shared store and reads the others'."""
         deadline = time.monotonic() + timeout_s
-        keys = {r: stack_key(attempt, r) for r in ranks}
-        while not self.control.check(list(keys.values())) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        noted = {r: k for r, k in keys.items() if self.control.check([k])}
-        signatures = {r: bytes(self.control.get(k)).decode() for r, k in noted.items()}
+        signatures = _noted(self.control, {r: stack_key(attempt, r) for r in ranks}, deadline)
+        if self.shared is not None:
+            for rank in ranks:  # "" for one that noted nothing: the others need not wait for it
+                self.shared.set(stack_key(attempt, rank), signatures.get(rank, ""))
+            others = {r: stack_key(attempt, r) for r in world if r not in ranks}
+            signatures |= _noted(self.shared, others, deadline + SHARED_WAIT_S)
         verdict = odd_stack({r: s for r, s in signatures.items() if s})
         return verdict.culprits if verdict is not None else []
 
     def abort(self, attempt: int) -> None:
-        """Tell `attempt`'s ranks to abort their communicators (NCCL; gloo's fail by themselves)."""
+        """Tell `attempt`'s ranks to abort their communicators (NCCL; gloo's fail by
+        themselves), on every host of the attempt."""
         self.control.set(abort_key(attempt), "1")
+        if self.shared is not None:
+            with contextlib.suppress(Exception):  # the rendezvous host may be the one lost
+                self.shared.set(abort_key(attempt), "1")
+
+    def aborted_elsewhere(self, attempt: int) -> bool:
+        """Across hosts: another host's agent ended `attempt` (its ranks are told here too)."""
+        try:
+            if self.shared is None or not self.shared.check([abort_key(attempt)]):
+                return False
+        except Exception:  # the rendezvous host is gone: its ranks' loss ends the attempt
+            return False
+        self.control.set(abort_key(attempt), "1")
+        return True
+
+    def left(self, attempt: int, ranks: list[int]) -> dict[int, str]:
+        """Which of `ranks` left `attempt` alive (inprocess.py: a lost peer), and why."""
+        keys = {r: left_key(attempt, self.workers[r]) for r in ranks if r in self.workers}
+        noted = {r: k for r, k in keys.items() if self.control.check([k])}
+        return {r: str(json.loads(bytes(self.control.get(k))).get("error", "")) for r, k in noted.items()}
 
     # ------------------------------------------------------------ warm spares
     def top_up(self, extra: int = 0) -> None:
@@ -234,6 +274,14 @@ class HotRanks:
         _reap(spares, timeout_s)
         for handler in spares:
             _signal(handler, signal.SIGKILL)
+
+
+def _noted(store: Any, keys: Mapping[int, str], deadline: float) -> dict[int, str]:
+    """The values of `keys` (rank -> key) set in `store` by `deadline` (polled: a blocking
+    wait would hold the store's connection)."""
+    while not store.check(list(keys.values())) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return {r: bytes(store.get(k)).decode() for r, k in keys.items() if store.check([k])}
 
 
 def _reap(handlers: list[SubprocessHandler], timeout_s: float) -> None:

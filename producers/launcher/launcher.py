@@ -19,8 +19,9 @@ TRAINGUARD_RESUME_STEP chosen from the VALIDATED checkpoints or named by a Rollb
 and signed commands arriving on another thread (Abort, EvictRank, Rollback...) must stop
 the group; ``elastic_launch`` blocks its caller and handles signals only in the main
 thread. So: one ``start_processes`` group per attempt, and this module decides, between
-attempts, placement, environment and resume step. (Not done: replacing one rank in
-place without tearing down the world, seed §6 (3).)
+attempts, placement, environment and resume step. With ``--restart in-process`` the
+survivors stay in their processes and warm spares take the failed ranks (:mod:`.hot`,
+docs/inprocess.md), on one host or across hosts.
 
 Stages
 ------
@@ -106,8 +107,6 @@ class Launcher:
     ) -> None:
         if config.nproc < 1 or config.ranks_per_node < 1 or not config.command:
             raise ValueError("nproc >= 1, ranks_per_node >= 1 and a command are required")
-        if config.rendezvous is not None and config.restart == "in-process":
-            raise ValueError("in-process restart runs on one host for now (docs/inprocess.md)")
         self._config = config
         self.pool = pool or make_pool(
             config.nproc, config.ranks_per_node, config.spares, config.nodes_per_rack
@@ -255,6 +254,7 @@ class Launcher:
         if self.config.self_test_spares == "ahead":  # a restart onto a tested spare waits for nothing
             threading.Thread(target=self.spares.pretest, name="selftest-spares", daemon=True).start()
         try:
+            self.attempts.prewarm(self.config.ranks_per_node if self.config.rendezvous else self.config.nproc)
             self._run(result)
         finally:
             state.ended.set()  # a node still waiting for its self-test is free now

@@ -32,9 +32,11 @@ class RankEnd:
     attempt: int
     rank: int
     node: str
-    returncode: int | None  # None: could not be reaped (abandoned after SIGKILL)
+    returncode: int | None  # None: could not be reaped (abandoned after SIGKILL), or left
     ts: float
     requested: bool
+    #: In-process restart: the rank left the attempt and its process lives on (a lost peer).
+    left: bool = False
 
     @property
     def signal(self) -> int | None:

@@ -22,7 +22,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,11 @@ class Proposal:
     #: spare that never ran this job has no journal and no rollback barriers).
     resume: int | None
     quarantined: tuple[str, ...] = ()
-    addr: str = ""  # where this host's rank 0 would listen (the leader's is used)
+    addr: str = ""  # where this host's rank 0 would listen (used when it gets group rank 0)
+    port: int = 0  # a free port there, for that rank 0's store
+    #: The hosts of the last world this host ran in, in group-rank order (() none): a
+    #: survivor of an in-process restart keeps its ranks, so its host keeps its place.
+    hosts: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -98,7 +102,8 @@ class Proposal:
     @classmethod
     def from_json(cls, raw: bytes | str) -> Proposal:
         data = json.loads(raw)
-        return cls(**{**data, "quarantined": tuple(data.get("quarantined", ()))})
+        lists = {"quarantined": tuple(data.get("quarantined", ())), "hosts": tuple(data.get("hosts", ()))}
+        return cls(**{**data, **lists})
 
 
 @dataclass(frozen=True)
@@ -131,28 +136,45 @@ class WorldPlan:
         return cls(**{**data, "hosts": tuple(data["hosts"]), "quarantined": tuple(data["quarantined"])})
 
 
-def decide(proposals: Sequence[Proposal], nproc_per_node: int, master_port: int) -> WorldPlan:
+def decide(proposals: Sequence[Proposal], nproc_per_node: int) -> WorldPlan:
     """The leader's plan from every host's proposal (index: group rank). The attempt is the
     largest any host would start (a host that restarted more often, or a spare that never
     ran, must not reuse an attempt number: commands are signed for one); the resume step
     is the oldest of those the hosts with an opinion would take (with shared storage they
     agree; when a checkpoint was validated between two hosts' reads, the older one is the
     one every host saw validated; a Rollback every host executed names one step); the
-    quarantine lists are merged (a host that learnt of one tells the others)."""
+    quarantine lists are merged (a host that learnt of one tells the others); the hosts'
+    order is the last world's where the size is the same (:func:`host_order`); rank 0's
+    store listens on the first host's address and port."""
     if not proposals:
         raise ValueError("a round has at least one host")
     names = [p.node for p in proposals]
     if len(set(names)) != len(names):
         raise ValueError(f"two hosts joined under one node name: {sorted(names)} (set --node-name)")
+    last = max(proposals, key=lambda p: (bool(p.hosts), p.next_attempt)).hosts
+    hosts = host_order(names, last)
+    first = next(p for p in proposals if p.node == hosts[0])
     return WorldPlan(
         attempt=max(p.next_attempt for p in proposals),
         resume=min((p.resume for p in proposals if p.resume is not None), default=-1),
-        hosts=tuple(names),
+        hosts=hosts,
         nproc_per_node=nproc_per_node,
-        master_addr=proposals[0].addr,
-        master_port=master_port,
+        master_addr=first.addr,
+        master_port=first.port,
         quarantined=tuple(sorted({n for p in proposals for n in p.quarantined})),
     )
+
+
+def host_order(joined: Sequence[str], last: Sequence[str]) -> tuple[str, ...]:
+    """The round's hosts in group-rank order. torch numbers a round's hosts by their node
+    descriptors, so a host that takes a lost one's place would shift the others' ranks;
+    a rank kept in process (docs/inprocess.md) holds its own rank's state, so when the
+    world keeps its size every host of the last world keeps its place and newcomers fill
+    the lost hosts' places, in torch's order. Otherwise torch's order."""
+    if len(last) != len(joined):
+        return tuple(joined)
+    newcomers = iter([n for n in joined if n not in last])
+    return tuple(n if n in joined else next(newcomers) for n in last)
 
 
 class HostRendezvous:
@@ -183,13 +205,16 @@ class HostRendezvous:
         )
         self.handler = get_rendezvous_handler(params)
         self.group_rank = -1
+        #: The last round's own store (a prefix of the rendezvous store): the hosts of
+        #: that round's attempt share it (the in-process abort and stacks: hot.py).
+        self.store: Any = None
 
     def next_world(self, propose: Callable[[], Proposal], free_port: Callable[[str], int]) -> WorldPlan:
         """Join the next round (blocks until it completes, or raises after join_timeout),
         propose, and return the plan every host of the round gets. `propose()` is called
         once the round is complete, not before: a spare may wait in the rendezvous for
         hours, and what it knew when it began waiting (the newest checkpoint) is stale.
-        `free_port(addr)` picks the port of the ranks' process group (the leader's)."""
+        `free_port(addr)` picks a port of this host for rank 0's store (used if it gets group rank 0)."""
         from torch.distributed.elastic.rendezvous.api import (
             RendezvousClosedError,
             RendezvousConnectionError,
@@ -211,13 +236,14 @@ class HostRendezvous:
                 f"the rendezvous store at {spec.endpoint} is unreachable (its host is gone?): {exc}"
             ) from exc
         store, self.group_rank = info.store, info.rank
+        self.store = store
         proposal = propose()
         addr = proposal.addr or self.spec.local_addr or socket.getfqdn()
-        mine = Proposal(proposal.node, proposal.next_attempt, proposal.resume, proposal.quarantined, addr)
+        mine = replace(proposal, addr=addr, port=free_port(addr))
         store.set(_PROPOSAL.format(info.rank), mine.to_json())
         if info.rank == 0:
             raw = [self._get(store, _PROPOSAL.format(r)) for r in range(info.world_size)]
-            plan = decide([Proposal.from_json(p) for p in raw], self.nproc_per_node, free_port(addr))
+            plan = decide([Proposal.from_json(p) for p in raw], self.nproc_per_node)
             store.set(_PLAN, plan.to_json())
             log.info("rendezvous: attempt %d on %s, resume %d", plan.attempt, plan.hosts, plan.resume)
             return plan

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from .config import LauncherConfig, free_port
 from .journal import AttemptRecord
@@ -49,6 +49,8 @@ class World:
     nodes_waiting: Callable[[], int] | None = None
     #: Across hosts: seconds this host spent in the round that formed this world.
     rendezvous_s: float | None = None
+    #: Across hosts: the store of that round, shared by every host of the attempt.
+    shared_store: Any = None
 
 
 class NoWorld(Exception):
@@ -216,7 +218,10 @@ class HostWorld:
             with state.lock:
                 step = resume_step(state, self.resume, reuse)
                 quarantined = tuple(sorted(state.quarantined))
-            return Proposal(self.node, state.attempt if first else state.attempt + 1, step, quarantined)
+                last = state.placement
+            hosts = last.nodes if last is not None and self.node in last.nodes else ()
+            next_attempt = state.attempt if first else state.attempt + 1
+            return Proposal(self.node, next_attempt, step, quarantined, hosts=hosts)
 
         joined = time.monotonic()
         try:
@@ -250,6 +255,7 @@ class HostWorld:
             agreed.master_port,
             nodes_waiting=self.rendezvous.nodes_waiting,
             rendezvous_s=time.monotonic() - joined,
+            shared_store=self.rendezvous.store,
         )
 
     def close(self, clean: bool) -> None:

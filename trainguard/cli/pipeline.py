@@ -264,10 +264,6 @@ def launch(
         else:
             if spare:
                 raise ValueError("--spare is for an agent across hosts (with --nnodes and --rdzv-endpoint)")
-        if rendezvous is not None and restart == "in-process":
-            raise ValueError(
-                "--restart in-process runs on one host for now (docs/inprocess.md); across hosts: full"
-            )
             nproc = nproc or nproc_per_node
             if nproc < 1:
                 raise ValueError("--nproc (or --nproc-per-node) is required")

@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,13 +44,14 @@ from trainguard.schemas import (
 from trainguard.schemas.codec import COMMANDS, DERIVED, decode_batch
 
 from ...pipeline import Processor, running_processor
+from ..test_inprocess_restart import assert_same_tensors
 from .hosts import EXAMPLE, agent, attempted, environment, journal, kill_tree, log_tail
 
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.broker
 
-POLICY = Path(__file__).parents[1] / "supervised_policy.yaml"  # the tiny example's timings
+POLICY = Path(__file__).with_name("multihost_policy.yaml")  # the tiny example's timings, a 5 s hang floor
 SECRET = "multihost-broker-test-secret-0123456789"
 STEPS = 160
 
@@ -59,6 +61,26 @@ def pipeline(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     log = tmp_path_factory.mktemp("processor") / "processor.log"
     with running_processor(bootstrap, POLICY, SECRET, log) as processor:
         yield processor
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted run of the same world (6 ranks, 2 per node) on one host: its run
+    dir holds the final weights and optimizer state a faulted run must end with."""
+    workdir = tmp_path_factory.mktemp("clean")
+    done = subprocess.run(
+        [sys.executable, "-m", "trainguard", "launch", "--offline", "--nproc", "6", "--ranks-per-node", "2",
+         "--run-id", "multihost-clean", "--checkpoint-dir", str(workdir / "ckpt"), str(EXAMPLE)],
+        env=environment(STEPS), cwd=workdir, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return workdir / "ckpt"
+
+
+def final_state(ckpt: Path) -> tuple[Any, Any]:
+    """The final weights and optimizer state rank 0 wrote (its host's run dir)."""
+    weights = next(ckpt.glob(".trainguard/**/final.pt"))
+    return torch.load(weights), torch.load(weights.with_name("final_optimizer.pt"))
 
 
 def supervised(pipeline: Processor, steps: int, **extra: str) -> tuple[dict[str, str], tuple[str, ...]]:
@@ -113,16 +135,8 @@ def lose_host_b_with_a_spare_waiting(
 
 
 def test_a_lost_host_is_replaced_by_a_spare_named_by_the_processor_and_the_run_ends_bitwise(
-    pipeline: Processor, tmp_path: Path
+    pipeline: Processor, clean: Path, tmp_path: Path
 ) -> None:
-    clean_ckpt = tmp_path / "clean"
-    clean = subprocess.run(
-        [sys.executable, "-m", "trainguard", "launch", "--offline", "--nproc", "6", "--ranks-per-node", "2",
-         "--run-id", "multihost-clean", "--checkpoint-dir", str(clean_ckpt), str(EXAMPLE)],
-        env=environment(STEPS), cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert clean.returncode == 0, clean.stdout[-2000:] + clean.stderr[-2000:]
-
     run_id = f"hosts-{uuid.uuid4().hex[:8]}"
     env, flags = supervised(pipeline, STEPS)
     ckpt = tmp_path / "ckpt"
@@ -159,10 +173,7 @@ def test_a_lost_host_is_replaced_by_a_spare_named_by_the_processor_and_the_run_e
     # The spare never grew the world: two attempts of three hosts, host-b's then its own.
     worlds = [sorted(r["nodes"]) for r in journal(ckpt, "host-a") if r["op"] == "attempt"]
     assert worlds == [["host-a", "host-b", "host-c"], ["host-a", "host-c", "spare-1"]]
-    expected, got = (
-        torch.load(next(clean_ckpt.glob(".trainguard/**/final.pt"))),
-        torch.load(next(ckpt.glob(".trainguard/**/final.pt"))),
-    )
+    expected, got = final_state(clean)[0], final_state(ckpt)[0]
     assert expected.keys() == got.keys()
     assert all(torch.equal(expected[name], got[name]) for name in expected), "weights diverged"
 
@@ -221,3 +232,62 @@ def test_then_a_hang_on_another_host_with_no_spare_left_stops_the_run_naming_it(
         assert f"{hung}: node {hung} caused interruption" in stopped and "(hang:" in stopped
         assert "host-b: " in stopped and "No spare host joined" in stopped
     assert f"{hung} is quarantined for run {run_id}" in log_tail(tmp_path, hung)
+
+
+def test_in_process_across_hosts_the_survivors_keep_their_processes_and_a_spare_host_takes_the_lost_ranks(
+    pipeline: Processor, clean: Path, tmp_path: Path
+) -> None:
+    """Issue 18 across hosts: the same whole-host loss under --restart in-process with a
+    warm spare per host. host-a's and host-c's ranks leave the attempt alive (their
+    collectives fail on the lost peer) and wait in their processes; their agents report
+    each leaving as a RankExit of a lost peer, so the processor names host-b, not them;
+    spare-1, its workers imported while it waited, takes host-b's place and ranks 2 and 3
+    (torch numbers the round's hosts afresh: the plan keeps the survivors' group ranks),
+    restoring them from their holders' memory on host-a and host-c. The run ends bitwise
+    equal to the uninterrupted one."""
+    run_id = f"hot-hosts-{uuid.uuid4().hex[:8]}"
+    env, flags = supervised(pipeline, STEPS, TRAIN_EVENTS_FILE=str(tmp_path / "events.jsonl"))
+    ckpt = tmp_path / "ckpt"
+    endpoint = f"127.0.0.1:{free_port()}"
+
+    def start(node: str, log: str = "", *more: str) -> subprocess.Popen[str]:
+        extra = (*flags, "--warm-spares", "1", *more)
+        return agent(node, endpoint, ckpt, tmp_path, env, "3:4", run_id, log, extra)
+
+    agents: dict[str, subprocess.Popen[str]] = {}
+    try:
+        lose_host_b_with_a_spare_waiting(agents, start, ckpt, tmp_path, "--spare")
+        for name in ("host-a", "host-c", "spare-1"):
+            assert agents[name].wait(300) == 0, log_tail(tmp_path, name)
+    finally:
+        for proc in agents.values():
+            kill_tree(proc)
+
+    for name in ("host-a", "host-c"):
+        restarts = ckpt / ".trainguard" / "hosts" / name / "restarts.jsonl"
+        (restart,) = [json.loads(line) for line in restarts.open()]
+        assert (restart["cause"], restart["path"]) == ("crash", "in-process"), restart
+        assert "left the attempt alive (lost a peer: " in restart["detail"], restart
+        assert restart["restore_from"] == {"own": 2} and restart["complete"], restart
+    (taken,) = [r for r in journal(ckpt, "spare-1") if r["op"] == "attempt"]
+    assert taken["ranks"] == [2, 3] and taken["nodes"] == ["host-a", "spare-1", "host-c"], taken
+
+    first_steps: dict[int, dict[int, int]] = {}  # attempt -> rank -> pid, by the script's account
+    for line in (tmp_path / "events.jsonl").read_text().splitlines():
+        event = json.loads(line)
+        if event["event"] == "first_step":
+            first_steps.setdefault(event["attempt"], {})[event["rank"]] = event["pid"]
+    before, after = first_steps[0], first_steps[max(first_steps)]
+    assert all(before[r] == after[r] for r in (0, 1, 4, 5)), (before, after)
+    assert not {before[2], before[3]} & {after[2], after[3]}
+
+    (weights, optimizer), (clean_weights, clean_optimizer) = final_state(ckpt), final_state(clean)
+    assert_same_tensors(clean_weights, weights)
+    assert_same_tensors(clean_optimizer, optimizer)
+
+    derived, commands, exits = outputs(pipeline, run_id)
+    left = [e for e in exits if e.attempt == 0 and not e.requested and e.exit_code is None]
+    assert left and all(e.peer_lost and e.node in ("host-a", "host-c") for e in left), left
+    (interruption,) = [d for d in derived if isinstance(d, Interruption)]
+    assert (interruption.node, interruption.reason.code) == ("host-b", ReasonCode.HOST_LOST)
+    assert {q.node for q in derived if isinstance(q, Quarantine)} == {"host-b"}

@@ -23,6 +23,7 @@ from trainguard.producers.launcher.rendezvous import (
     RendezvousSpec,
     WorldPlan,
     decide,
+    host_order,
     parse_conf,
     parse_nnodes,
 )
@@ -53,11 +54,11 @@ def test_a_spec_refuses_an_empty_range() -> None:
 
 def test_the_plan_takes_the_newest_attempt_and_the_oldest_resume_of_the_informed_hosts() -> None:
     proposals = [
-        Proposal("host-a", next_attempt=3, resume=120, quarantined=("host-x",), addr="10.0.0.1"),
+        Proposal("host-a", next_attempt=3, resume=120, quarantined=("host-x",), addr="10.0.0.1", port=29555),
         Proposal("host-c", next_attempt=4, resume=110),  # saw 120 validated a moment later
         Proposal("spare-1", next_attempt=0, resume=None, quarantined=("host-b",)),  # never ran
     ]
-    plan = decide(proposals, nproc_per_node=2, master_port=29555)
+    plan = decide(proposals, nproc_per_node=2)
     assert (plan.attempt, plan.resume) == (4, 110)
     assert plan.hosts == ("host-a", "host-c", "spare-1")
     assert (plan.master_addr, plan.master_port) == ("10.0.0.1", 29555)
@@ -70,9 +71,29 @@ def test_the_plan_takes_the_newest_attempt_and_the_oldest_resume_of_the_informed
 
 def test_only_uninformed_hosts_start_from_scratch_and_one_name_twice_is_refused() -> None:
     fresh = [Proposal("a", 0, None), Proposal("b", 0, None)]
-    assert decide(fresh, 1, 1).resume == -1
+    assert decide(fresh, 1).resume == -1
     with pytest.raises(ValueError, match="--node-name"):
-        decide([Proposal("a", 0, 5), Proposal("a", 0, 5)], 1, 1)
+        decide([Proposal("a", 0, 5), Proposal("a", 0, 5)], 1)
+
+
+def test_a_host_taking_a_lost_ones_place_takes_its_group_rank_and_the_survivors_keep_theirs() -> None:
+    """torch numbers the round's hosts afresh (here the spare joined before host-c): in a
+    world of the same size the survivors keep their ranks (their processes hold them)."""
+    last = ("host-a", "host-b", "host-c")
+    joined = [
+        Proposal("host-a", 2, 49, addr="10.0.0.1", port=1001, hosts=last),
+        Proposal("spare-1", 0, None, addr="10.0.0.9", port=1009),
+        Proposal("host-c", 2, 49, addr="10.0.0.3", port=1003, hosts=last),
+    ]
+    plan = decide(joined, nproc_per_node=2)
+    assert plan.hosts == ("host-a", "spare-1", "host-c")
+    assert plan.ranks_of("host-c") == [4, 5] and plan.ranks_of("spare-1") == [2, 3]
+    # host-a's group rank lost: the newcomer takes rank 0, and rank 0's store is on its host
+    lost_a = decide([joined[2], joined[1], Proposal("host-b", 2, 49, hosts=last)], 2)
+    assert lost_a.hosts == ("spare-1", "host-b", "host-c")
+    assert (lost_a.master_addr, lost_a.master_port) == ("10.0.0.9", 1009)
+    # a world of another size (MIN:MAX): torch's order, every rank placed afresh
+    assert host_order(["host-c", "host-a"], last) == ("host-c", "host-a")
 
 
 # --------------------------------------------------------------------------- real rounds

@@ -488,7 +488,8 @@ def test_cli_sigterm_tears_the_group_down_cleanly(tmp_path: Path) -> None:
     script = tmp_path / "rank.py"
     script.write_text(FAKE_RANK)
     (tmp_path / "out").mkdir()
-    argv = [sys.executable, "-m", "trainguard", "launch", "--nproc", "2", "--run-id", "cli"]
+    # torchrun's --nproc-per-node alone sizes a one-host world too (rank 1's file below)
+    argv = [sys.executable, "-m", "trainguard", "launch", "--nproc-per-node", "2", "--run-id", "cli"]
     argv += ["--checkpoint-dir", str(tmp_path / "ckpt"), "--offline", "--", sys.executable, str(script)]
     env = {**os.environ, "FAKE_OUT": str(tmp_path / "out"), "FAKE_HANG": "0"}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

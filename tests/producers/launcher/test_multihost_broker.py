@@ -109,6 +109,18 @@ def outputs(pipeline: Processor, run_id: str) -> tuple[list[object], list[object
     return found[0], found[1], exits
 
 
+def starter(
+    ckpt: Path, workdir: Path, env: dict[str, str], nnodes: str, run_id: str, *flags: str
+) -> Callable[..., subprocess.Popen[str]]:
+    """start(node, log="", *more): one host's agent of this run (one rendezvous endpoint)."""
+    endpoint = f"127.0.0.1:{free_port()}"
+
+    def start(node: str, log: str = "", *more: str) -> subprocess.Popen[str]:
+        return agent(node, endpoint, ckpt, workdir, env, nnodes, run_id, log, (*flags, *more))
+
+    return start
+
+
 def lose_host_b_with_a_spare_waiting(
     agents: dict[str, subprocess.Popen[str]],
     start: Callable[..., subprocess.Popen[str]],
@@ -140,10 +152,7 @@ def test_a_lost_host_is_replaced_by_a_spare_named_by_the_processor_and_the_run_e
     run_id = f"hosts-{uuid.uuid4().hex[:8]}"
     env, flags = supervised(pipeline, STEPS)
     ckpt = tmp_path / "ckpt"
-    endpoint = f"127.0.0.1:{free_port()}"
-
-    def start(node: str, log: str = "", *more: str) -> subprocess.Popen[str]:
-        return agent(node, endpoint, ckpt, tmp_path, env, "3:4", run_id, log, (*flags, *more))
+    start = starter(ckpt, tmp_path, env, "3:4", run_id, *flags)
 
     agents: dict[str, subprocess.Popen[str]] = {}
     try:
@@ -202,11 +211,7 @@ def test_then_a_hang_on_another_host_with_no_spare_left_stops_the_run_naming_it(
     run_id = f"hang-{uuid.uuid4().hex[:8]}"
     env, flags = supervised(pipeline, STEPS, TRAINGUARD_EXAMPLE_FAULT="hang:5:90:1")
     ckpt = tmp_path / "ckpt"
-    endpoint = f"127.0.0.1:{free_port()}"
-
-    def start(node: str, log: str = "", *more: str) -> subprocess.Popen[str]:
-        extra = (*flags, "--rdzv-conf", "join_timeout=20", *more)
-        return agent(node, endpoint, ckpt, tmp_path, env, "3:3", run_id, log, extra)
+    start = starter(ckpt, tmp_path, env, "3:3", run_id, *flags, "--rdzv-conf", "join_timeout=20")
 
     agents: dict[str, subprocess.Popen[str]] = {}
     try:
@@ -248,11 +253,7 @@ def test_in_process_across_hosts_the_survivors_keep_their_processes_and_a_spare_
     run_id = f"hot-hosts-{uuid.uuid4().hex[:8]}"
     env, flags = supervised(pipeline, STEPS, TRAIN_EVENTS_FILE=str(tmp_path / "events.jsonl"))
     ckpt = tmp_path / "ckpt"
-    endpoint = f"127.0.0.1:{free_port()}"
-
-    def start(node: str, log: str = "", *more: str) -> subprocess.Popen[str]:
-        extra = (*flags, "--warm-spares", "1", *more)
-        return agent(node, endpoint, ckpt, tmp_path, env, "3:4", run_id, log, extra)
+    start = starter(ckpt, tmp_path, env, "3:4", run_id, *flags, "--warm-spares", "1")
 
     agents: dict[str, subprocess.Popen[str]] = {}
     try:

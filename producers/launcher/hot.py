@@ -117,8 +117,9 @@ class HotRanks:
     ) -> dict[int, Popen[Any]]:
         """Attempt `attempt`'s rank processes. `in_process`: the live ones go on in their
         processes, each failed rank goes to a ready warm spare or a new process; else every
-        process is new (the first attempt, a full restart). `shared`: the store of the
-        attempt's hosts (across hosts)."""
+        process is new (the first attempt, a full restart); a survivor whose rank or node
+        changed was ended by the caller (attempt.py). `shared`: the store of the attempt's
+        hosts (across hosts)."""
         taken: dict[str, list[int]] = {"kept": [], "warm": [], "new": []}
         self.shared = shared
         live = set(self.survivors()) if in_process else set()
@@ -126,8 +127,6 @@ class HotRanks:
             self.kill(list(self.procs))  # they are ready (imported) when the ranks are
             self.top_up(len(envs))
             self.wait_ready(len(envs) + self.config.warm_spares, self.config.restart_wait_s)
-        self.kill(sorted(live - set(envs)))  # their ranks went elsewhere (another world's shape)
-        live &= set(envs)
         for rank in sorted(envs):
             if rank in live:
                 worker = self.workers[rank]

@@ -1,7 +1,7 @@
 """The end-to-end tests' slow variants, which the suite leaves out to stay well under 30
 minutes on 2 cores (tests/variants.py): the broker stopped with SIGTERM for 30 s under
 load, a processor worker recovering from a snapshot behind its commit, and a whole node
-of 4 ranks restoring from its peers.
+of 4 ranks restoring from its peers, and the chaos soak's 75 s of three runs.
 
     .venv/bin/python bench/bench_slow_variants.py            # every test, slow cases included
     .venv/bin/python bench/bench_slow_variants.py -k sigterm  # extra arguments go to pytest
@@ -22,6 +22,7 @@ MODULES = [
     "tests/kafka/test_broker_outage.py",
     "tests/processors/test_processor_kill_broker.py",
     "tests/producers/checkpoint/test_peer_replica.py",
+    "tests/devtools/test_soak_broker.py",
 ]
 
 

@@ -1,9 +1,10 @@
-"""The chaos soak, shortened for CI (issue 7 scenario 6): 75 s of three simulated runs
-through two processor workers and the archive writer at 8 kills a minute, then the
-oracle over every run. The full soak is one command: `trainguard soak --minutes 5`.
+"""The chaos soak, shortened for CI (issue 7 scenario 6): simulated runs through two
+processor workers and the archive writer at 8 kills a minute, then the oracle over every
+run. The suite runs 45 s of two runs; the slow variant (bench/bench_slow_variants.py) 75 s
+of three. The full soak is one command: `trainguard soak --minutes 5`.
 
-Seed 1 plans 8 kills: worker, archive, rank in the first 13 s, then again, so every
-victim kind is hit more than once while the runs still have a minute to go."""
+Seed 1 plans worker, archive, rank kills in the first 13 s, then again, so every victim
+kind is hit while the runs still have half a minute to go."""
 
 from __future__ import annotations
 
@@ -15,14 +16,19 @@ from trainguard.devtools.soak import run_soak
 from trainguard.devtools.soak_plan import SoakConfig, Victim
 from trainguard.devtools.soak_report import markdown
 
+from ..variants import with_slow
+
 pytestmark = pytest.mark.broker
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    ("minutes", "runs"), with_slow([(0.75, 2)], [(1.25, 3)]), ids=lambda v: str(v)
+)
 def test_random_kills_of_workers_the_archive_writer_and_ranks_lose_nothing(
-    bootstrap: str, tmp_path: Path
+    bootstrap: str, tmp_path: Path, minutes: float, runs: int
 ) -> None:
-    config = SoakConfig(minutes=1.25, kill_rate_per_min=8, workers=2, runs=3, seed=1)
+    config = SoakConfig(minutes=minutes, kill_rate_per_min=8, workers=2, runs=runs, seed=1)
     report = run_soak(config, bootstrap, tmp_path / "soak")
     text = markdown(report)
     assert report.ok, text

@@ -22,9 +22,7 @@ pytestmark = pytest.mark.broker
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize(
-    ("minutes", "runs"), with_slow([(0.75, 2)], [(1.25, 3)]), ids=lambda v: str(v)
-)
+@pytest.mark.parametrize(("minutes", "runs"), with_slow([(0.75, 2)], [(1.25, 3)]), ids=lambda v: str(v))
 def test_random_kills_of_workers_the_archive_writer_and_ranks_lose_nothing(
     bootstrap: str, tmp_path: Path, minutes: float, runs: int
 ) -> None:

@@ -20,7 +20,7 @@ from .app import (
     console,
     policy_app,
     principal_env,
-    resolve_bootstrap,
+    reach_broker,
     secret_app,
 )
 
@@ -64,7 +64,7 @@ def broker_grant_run(
     from ..kafka.acl import provision_run
 
     admin, credentials_dir = _admin_access(data_dir)
-    user, path = provision_run(resolve_bootstrap(bootstrap), admin, credentials_dir, run_id, topic_prefix)
+    user, path = provision_run(reach_broker(bootstrap), admin, credentials_dir, run_id, topic_prefix)
     print(principal_env(user, path))
 
 
@@ -76,7 +76,7 @@ def broker_revoke_run(
     from ..kafka.acl import revoke_run
 
     admin, credentials_dir = _admin_access(data_dir)
-    revoke_run(resolve_bootstrap(bootstrap), admin, credentials_dir, run_id, topic_prefix)
+    revoke_run(reach_broker(bootstrap), admin, credentials_dir, run_id, topic_prefix)
     console.print(f"revoked {run_id}")
 
 
@@ -85,7 +85,7 @@ def broker_topics(bootstrap: Bootstrap = None, topic_prefix: Prefix = "") -> Non
     """Create trainguard's topics (idempotent) with their documented settings."""
     from ..kafka.topics import ensure_topics
 
-    for name in ensure_topics(resolve_bootstrap(bootstrap), prefix=topic_prefix):
+    for name in ensure_topics(reach_broker(bootstrap), prefix=topic_prefix):
         print(name)
 
 

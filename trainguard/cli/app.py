@@ -12,10 +12,11 @@ import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 app = typer.Typer(
     help="trainguard keeps long synchronous training runs alive and trustworthy: ranks report "
@@ -41,8 +42,30 @@ Bootstrap = Annotated[
 ]
 Prefix = Annotated[str, typer.Option("--topic-prefix", help="Prefix of every topic name (isolation).")]
 DataDir = Annotated[Path | None, typer.Option("--data-dir", help="Broker data directory.")]
+REPORT_SUFFIXES = (".txt", ".md", ".html")
+
+
+def _report_file(path: Path | None) -> Path | None:
+    if path is not None and path.suffix not in REPORT_SUFFIXES:
+        raise typer.BadParameter(
+            f"{path}: reports are written as {', '.join(REPORT_SUFFIXES)}, not {path.suffix or 'no suffix'}"
+        )
+    return path
+
+
 ReportFile = Annotated[
-    Path | None, typer.Option("--output", help="Also write the report to this file (.txt, .md, or .html).")
+    Path | None,
+    typer.Option(
+        "--output", callback=_report_file, help="Also write the report to this file (.txt, .md, or .html)."
+    ),
+]
+ConnectTimeout = Annotated[
+    float,
+    typer.Option(
+        "--connect-timeout",
+        envvar="TRAINGUARD_CONNECT_TIMEOUT",
+        help="Seconds to wait for the broker at start before giving up with an error.",
+    ),
 ]
 
 
@@ -64,6 +87,26 @@ def resolve_bootstrap(bootstrap: str | None) -> str:
         "[red]No broker: pass --bootstrap, set TRAINGUARD_BOOTSTRAP, or run `trainguard broker start`."
     )
     raise typer.Exit(2)
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """One red line on stderr, never folded (a log reader greps it), then exit `code`."""
+    console.print(Text(message, style="red"), soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def reach_broker(bootstrap: str | None, timeout_s: float | None = None) -> str:
+    """The resolved bootstrap, once the broker there answers; else one line naming it and
+    exit 2 (librdkafka alone would retry, and log each try, forever)."""
+    from ..kafka.errors import BrokerError
+    from ..kafka.probe import DEFAULT_PROBE_S, probe_broker
+
+    resolved = resolve_bootstrap(bootstrap)
+    try:
+        probe_broker(resolved, DEFAULT_PROBE_S if timeout_s is None else timeout_s)
+    except BrokerError as exc:
+        fail(str(exc))
+    return resolved
 
 
 def stop_on_signals() -> threading.Event:

@@ -9,7 +9,17 @@ from typing import Annotated
 
 import typer
 
-from .app import Bootstrap, Prefix, app, console, master_secret, resolve_bootstrap, stop_on_signals
+from .app import (
+    Bootstrap,
+    ConnectTimeout,
+    Prefix,
+    app,
+    console,
+    master_secret,
+    reach_broker,
+    resolve_bootstrap,
+    stop_on_signals,
+)
 
 
 @app.command()
@@ -36,6 +46,7 @@ def process(
             "name): a restart within the session timeout takes its partitions straight back.",
         ),
     ] = None,
+    connect_timeout: ConnectTimeout = 15.0,
 ) -> None:
     """Run the stream processor: telemetry -> detections, interruptions and signed commands."""
     from ..processors.api_web import ApiTokenError, load_api_token
@@ -48,7 +59,7 @@ def process(
         console.print(f"[red]{exc}")
         raise typer.Exit(2) from exc
     settings = ProcessorSettings(
-        bootstrap=resolve_bootstrap(bootstrap),
+        bootstrap=reach_broker(bootstrap, connect_timeout),
         master_secret=master_secret(),
         topic_prefix=topic_prefix,
         policy=load_policy(policy),
@@ -69,13 +80,14 @@ def archive(
     db: Annotated[Path, typer.Option(help="DuckDB file to write.")] = Path(".trainguard/trainguard.duckdb"),
     bootstrap: Bootstrap = None,
     topic_prefix: Prefix = "",
+    connect_timeout: ConnectTimeout = 15.0,
 ) -> None:
     """Archive every topic into DuckDB; offsets are committed only after rows are durable."""
     from ..kafka.topics import topic_names
     from ..sinks.archive import ArchiveWriter
 
     db.parent.mkdir(parents=True, exist_ok=True)
-    writer = ArchiveWriter(resolve_bootstrap(bootstrap), topic_names(topic_prefix), db)
+    writer = ArchiveWriter(reach_broker(bootstrap, connect_timeout), topic_names(topic_prefix), db)
     writer.run(stop_on_signals())
 
 
@@ -109,7 +121,7 @@ def simulate(
 
         result = run_simulation(
             chosen,
-            resolve_bootstrap(bootstrap),
+            reach_broker(bootstrap),
             topic_names(topic_prefix),
             master_secret(),
             speed=speed,

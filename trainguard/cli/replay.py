@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from .app import Bootstrap, Prefix, app, resolve_bootstrap
+from .app import Bootstrap, Prefix, app, reach_broker
 from .report import progress_bar
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ def _recording(bootstrap: str | None, topic_prefix: str, run_id: str) -> Recordi
 
     with progress_bar() as update:
         recording = read_recording(
-            resolve_bootstrap(bootstrap),
+            reach_broker(bootstrap),
             topic_names(topic_prefix),
             run_id,
             lambda d, t: update("reading", d, t),

@@ -8,7 +8,14 @@ from typing import Annotated
 
 import typer
 
-from .app import ReportFile, app, console
+from .app import ReportFile, app, console, fail
+
+
+def _existing(db: Path) -> Path:
+    """`db` if there is an archive there; else one line and exit 2 (not a traceback)."""
+    if not db.exists():
+        fail(f"no archive at {db}: pass --db, or run `trainguard archive --db {db}` first")
+    return db
 
 
 @app.command()
@@ -79,6 +86,7 @@ def timeline(
     """Print every interruption: when, cause, node, cost (from the DuckDB archive)."""
     from .report import make_console, print_timeline, save_report
 
+    _existing(db)
     console = make_console(record=output is not None)
     print_timeline(db, run, console)
     save_report(console, output)
@@ -93,6 +101,7 @@ def goodput(
     """Print each run's goodput breakdown over 1 h, 24 h and 7 d (from the DuckDB archive)."""
     from .report import make_console, print_goodput, save_report
 
+    _existing(db)
     console = make_console(record=output is not None)
     print_goodput(db, run, console)
     save_report(console, output)

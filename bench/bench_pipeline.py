@@ -101,7 +101,7 @@ def pipeline(workdir: Path, policy: Path) -> Iterator[Pipeline]:
     stop = threading.Event()
     with local_stack(workdir, policy, free_ports(1)[0], secret_env={SECRET_ENV: secret}) as stack:
         assert stack.broker.pid is not None
-        writer = ArchiveWriter(stack.bootstrap, stack.names, workdir / "bench.duckdb")
+        writer = ArchiveWriter(stack.bootstrap, stack.names, workdir / "bench-archive")
         archiver = threading.Thread(target=writer.run, args=(stop,), name="archive", daemon=True)
         archiver.start()
         try:

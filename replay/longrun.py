@@ -67,7 +67,7 @@ def month_policy(policy: CorePolicy) -> CorePolicy:
 def run_longrun(
     run: LongRun,
     policy: CorePolicy,
-    archive: Path | None = None,
+    archive: str | Path | None = None,
     progress: Callable[[float], None] | None = None,
 ) -> LongRunResult:
     """Simulate `run` through the core; with `archive`, store the launcher's records (run
@@ -114,7 +114,6 @@ def run_longrun(
     if archive is not None:
         from ..sinks.archive_store import Archive
 
-        archive.parent.mkdir(parents=True, exist_ok=True)
         with Archive(archive) as store:
             for i in range(0, len(kept), 50_000):
                 store.write(kept[i : i + 50_000])

@@ -16,12 +16,11 @@ Each check says what held or, when not, the exact figure and a few examples.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import duckdb
 
 from ..processors.core import CorePolicy
 from ..schemas import Ack, AckStatus, Derived, StepTiming, decode_batch
@@ -89,8 +88,10 @@ def replay_matches_live(recording: Recording, policy: CorePolicy) -> Verdict:
     return Verdict("replay = live", comparison.identical, detail)
 
 
-def archive_matches_log(recording: Recording, archive: Path) -> Verdict:
-    with duckdb.connect(str(archive), read_only=True) as db:
+def archive_matches_log(recording: Recording, archive: str | Path) -> Verdict:
+    from ..sinks.archive_store import open_snapshot
+
+    with contextlib.closing(open_snapshot(archive)) as db:
         kinds = sorted(k for k, cls in DERIVED.items() if issubclass(cls, Derived))
         query = "SELECT event_id FROM raw_event WHERE run_id = ? AND list_contains(?, kind)"
         derived = {row[0] for row in db.execute(query, [recording.run_id, kinds]).fetchall()}
@@ -141,7 +142,7 @@ def check(
     *,
     acknowledged: Iterable[str] = (),
     acks: Sequence[Ack] = (),
-    archive: Path | None = None,
+    archive: str | Path | None = None,
 ) -> OracleReport:
     """Every check of the module docstring (the archive's only when one is given)."""
     report = OracleReport([

@@ -1,11 +1,14 @@
-"""The archive writer: every trainguard topic, consumed into the DuckDB archive.
+"""The archive writer: every trainguard topic, consumed into the archive (a Delta Lake
+root, sinks/lake.py).
 
-Delivery is at least once: offsets are committed only after the DuckDB transaction that
-holds those records has committed, so a crash between the two replays records that are
-already stored, and the archive's idempotent inserts (:mod:`.archive_store`) make that
-replay harmless: at-least-once delivery plus idempotent writes is exactly-once storage.
-A record that cannot be decoded is stored as a dead letter with its reason and bytes;
-it never stops the writer.
+Each batch records, with its rows and in the same commit point, the next offset of every
+partition it read; a writer that starts (after a crash, a rebalance, or in a new consumer
+group) resumes each partition from the archive's own offset where it has one, so a killed
+writer neither loses nor stores a record twice. Offsets are also committed to the group
+after each batch, for lag monitoring and for partitions the archive has not seen yet; the
+archive's deduplicating views (:mod:`.archive_tables`) absorb what a rebalance between two
+writers or a producer's retry delivers twice. A record that cannot be decoded is stored
+as a dead letter with its reason and bytes; it never stops the writer.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -110,6 +114,18 @@ def decode_message(role: Role, msg: Message) -> list[Item]:
         return [DeadLetter(position, topic, str(rej.reason), rej.detail, raw, ts)]
 
 
+@dataclass(frozen=True)
+class Maintenance:
+    """How the writer keeps the lake small: every `every_s` it merges each table's small
+    files (a batch writes one per partition), drops the hours of a table older than its
+    retention (`retain_s`: table -> seconds; tables partitioned by hour only) and deletes
+    files no reader has needed for `vacuum_hours`."""
+
+    every_s: float = 300.0
+    retain_s: Mapping[str, float] = field(default_factory=dict)
+    vacuum_hours: int = 1
+
+
 @dataclass
 class WriterStats:
     """Running totals of an ArchiveWriter."""
@@ -119,6 +135,7 @@ class WriterStats:
     rows: Counter[str] = field(default_factory=Counter)  # inserted, per table
     duplicates: Counter[str] = field(default_factory=Counter)  # already stored, per table
     commit_failures: int = 0
+    maintenance_s: float = 0.0
 
     def add(self, result: WriteResult) -> None:
         self.batches += 1
@@ -136,6 +153,8 @@ class ArchiveWriter:
         db_path: str | Path,
         group_id: str | None = None,
         *,
+        storage_options: dict[str, str] | None = None,
+        maintenance: Maintenance | None = None,
         batch_size: int = 5000,
         max_events_per_write: int = 200_000,
         poll_timeout_s: float = 0.5,
@@ -147,9 +166,11 @@ class ArchiveWriter:
         self.max_events_per_write = max_events_per_write
         self.poll_timeout_s = poll_timeout_s
         self.stats = WriterStats()
+        self.maintenance = maintenance or Maintenance()
+        self._maintained_at = time.monotonic()
         self._next: dict[tuple[str, int], int] = {}  # next offset to read, per partition, as consumed
         self._uncommitted: dict[tuple[str, int], int] = {}  # stored, offset commit still to do
-        self.archive = Archive(db_path)
+        self.archive = Archive(db_path, storage_options)
         self._consumer = Consumer(
             client_config(
                 {
@@ -165,7 +186,19 @@ class ArchiveWriter:
                 credentials,
             )
         )
-        self._consumer.subscribe(list(self.roles))
+        self._consumer.subscribe(list(self.roles), on_assign=self._resume_from_archive)
+
+    def _resume_from_archive(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Start each partition where the archive's last batch left it (its own record beats
+        the group's commit, which may lag it or belong to another archive)."""
+        stored = self.archive.mark.offsets
+        for tp in partitions:
+            at = stored.get(f"{tp.topic}:{tp.partition}")
+            if at is not None:
+                tp.offset = at
+                self._next[(tp.topic, tp.partition)] = at
+                self._uncommitted[(tp.topic, tp.partition)] = at  # the group's lag is the archive's
+        consumer.assign(partitions)
 
     def poll_once(self) -> int:
         """Consume up to batch_size records; store them (one transaction per max_events_per_write
@@ -200,7 +233,8 @@ class ArchiveWriter:
 
     def _store(self, items: list[Item], ends: dict[tuple[str, int], int], records: int) -> None:
         """One transaction, then the offsets: never commit past what is durably written."""
-        self.stats.add(self.archive.write(items))
+        offsets = {f"{topic}:{part}": end for (topic, part), end in ends.items()}
+        self.stats.add(self.archive.write(items, offsets))
         self.stats.consumed += records
         self._next.update(ends)
         self._uncommitted.update(ends)
@@ -227,11 +261,21 @@ class ArchiveWriter:
         """Archive until `stop_event` is set or nothing arrived for `max_idle_s` seconds."""
         idle_since = time.monotonic()
         while stop_event is None or not stop_event.is_set():
+            if time.monotonic() - self._maintained_at >= self.maintenance.every_s:
+                self.maintain()
             if self.poll_once():
                 idle_since = time.monotonic()
             elif max_idle_s is not None and time.monotonic() - idle_since >= max_idle_s:
                 break
         return self.stats
+
+    def maintain(self) -> None:
+        """Compaction, retention and vacuum between two batches (the writer is the lake's only
+        writer, so nothing else commits meanwhile)."""
+        started = time.monotonic()
+        self.archive.maintain(self.maintenance.retain_s, self.maintenance.vacuum_hours)
+        self._maintained_at = time.monotonic()
+        self.stats.maintenance_s += self._maintained_at - started
 
     def run_until_caught_up(self, timeout_s: float = 60.0) -> WriterStats:
         """Archive up to the end offsets the topics have now; TimeoutError if that takes over timeout_s."""
@@ -249,9 +293,10 @@ class ArchiveWriter:
         return self.stats
 
     def _starting_point(self, deadline: float) -> tuple[dict[tuple[str, int], int], list[TopicPartition]]:
-        """End offset of every partition, and what this group committed in an earlier run (which
-        counts as read). Retried until `deadline`: a broker that just started or just created the
-        topics answers NOT_LEADER_FOR_PARTITION or NOT_COORDINATOR for a moment."""
+        """End offset of every partition, and what this group committed in an earlier run or
+        the archive stored (which counts as read). Retried until `deadline`: a broker that
+        just started or just created the topics answers NOT_LEADER_FOR_PARTITION or
+        NOT_COORDINATOR for a moment."""
         while True:
             try:
                 metadata = self._consumer.list_topics(timeout=max(0.1, deadline - time.monotonic())).topics
@@ -260,7 +305,13 @@ class ArchiveWriter:
                     (tp.topic, tp.partition): self._consumer.get_watermark_offsets(tp, timeout=10)[1]
                     for tp in parts
                 }
-                return ends, self._consumer.committed(parts, timeout=10)
+                stored = self.archive.mark.offsets
+                archived = [
+                    TopicPartition(tp.topic, tp.partition, stored[f"{tp.topic}:{tp.partition}"])
+                    for tp in parts
+                    if f"{tp.topic}:{tp.partition}" in stored
+                ]
+                return ends, [*self._consumer.committed(parts, timeout=10), *archived]
             except KafkaException as exc:
                 if time.monotonic() >= deadline:
                     raise
@@ -281,7 +332,7 @@ class ArchiveWriter:
         return {tp: end for tp, end in ends.items() if reached.get(tp, 0) < end}
 
     def close(self) -> None:
-        """Commit what is stored (best effort), leave the group, close the file."""
+        """Commit what is stored (best effort), leave the group, release the archive."""
         try:
             self._commit()
             self._consumer.close()

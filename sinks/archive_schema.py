@@ -1,42 +1,72 @@
-"""The archive's DuckDB schema: every table and view in one place (seed §4 data model;
-one file on purpose: the views join tables defined next to them).
+"""The archive's schema: every table and view in one place (seed §4 data model; one file
+on purpose: the views join tables defined next to them).
 
-The archive is append-only and keyed so that a redelivered Kafka record inserts nothing:
-each table has the natural key of what it stores (an event_id, a command_id, a Kafka
-position for dead letters). Facts that arrive in pieces are stored as separate facts and
-joined by views, never updated in place: an interruption's restart seconds arrive later,
-on another record, possibly first, so `interruption` is a view over
-`interruption_detected` LEFT JOIN `interruption_recovered`, and it is correct whatever the
-arrival order and however often either record is redelivered.
+Tables are written as Delta Lake tables (sinks/lake.py) with the columns TABLE_DDL gives
+(DuckDB types, read back as Arrow types), plus ``_seq``, the batch that stored a row, and
+the partition column ``hour`` where PARTITIONS names it. Readers see each table as a DuckDB
+view that keeps the first row stored of each key (KEYS): a redelivered Kafka record, a
+record produced twice, or the same records written twice show once. Facts that arrive in
+pieces are stored as separate facts and joined by views, never updated in place: an
+interruption's restart seconds arrive later, on another record, possibly first, so
+`interruption` is a view over `interruption_detected` LEFT JOIN `interruption_recovered`,
+and it is correct whatever the arrival order and however often either record is stored.
 
 `at` is a keyword in DuckDB 2.0 and must be quoted in SQL: ``SELECT "at" FROM interruption``.
 
 The seed's data model (§4: run, checkpoint, interruption, rank_health, quarantine,
 sdc_check) is made of VIEWS over those tables, mostly over `raw_event.payload` (the whole
-record as JSON): nothing extra is written, so the views inherit the tables' idempotency and
-are correct whatever order the records arrived in. Views that answer the operator's
+record as JSON): nothing extra is written, so the views inherit the tables' deduplication
+and are correct whatever order the records arrived in. Views that answer the operator's
 questions build on them (VIEWS lists every one; docs/queries.md has the ready queries).
 
-All statements are idempotent; `Archive` runs them on every open. Tables keep their
-columns across versions; add a column with a new `ALTER TABLE ... ADD COLUMN IF NOT
-EXISTS` statement and bump SCHEMA_VERSION. Views are replaced on every open: adding or
-changing one needs no version bump.
+Tables keep their columns across versions: add a column at the end of its TABLE_DDL
+statement and bump SCHEMA_VERSION (Delta merges the new column in; old rows read NULL).
+Views are created by every reader: adding or changing one needs no version bump.
 """
 
 from __future__ import annotations
 
-#: Version of this schema; a file written by a newer version is refused.
+#: Version of this schema; an archive written by a newer version is refused.
 SCHEMA_VERSION = 1
 
-#: Tables written by Archive.write (insert-only, ON CONFLICT DO NOTHING unless noted).
+#: Tables written by Archive.write (append-only; readers deduplicate by KEYS).
 RAW_EVENT = "raw_event"
 RUN_ATTEMPT = "run_attempt"
-RUN_ACTIVITY = "run_activity"  # upserted with least/greatest: idempotent, one row per run
+RUN_ACTIVITY = "run_activity_batches"  # a row per run per batch; the run_activity view folds them
 INTERRUPTION_DETECTED = "interruption_detected"
 INTERRUPTION_RECOVERED = "interruption_recovered"
 COMMAND = "command"
 ACK = "ack"
 DEAD_LETTER = "dead_letter"
+
+#: Each table's key: readers see the first row stored of each key (a record stored twice,
+#: produced twice, or handed to Archive.write twice shows once). None: every row counts.
+KEYS: dict[str, tuple[str, ...] | None] = {
+    RAW_EVENT: ("event_id",),
+    RUN_ATTEMPT: ("run_id", "attempt"),
+    RUN_ACTIVITY: None,
+    INTERRUPTION_DETECTED: ("interruption_id",),
+    INTERRUPTION_RECOVERED: ("interruption_id",),
+    COMMAND: ("command_id",),
+    ACK: ("command_id", "rank", "status"),
+    DEAD_LETTER: ("id",),
+}
+
+#: Each table's partitions in the lake: the bulk by run and UTC hour (so that a run's
+#: queries read its files only and retention drops whole hours), the rest by run.
+HOUR = "hour"
+PARTITIONS: dict[str, list[str]] = {
+    RAW_EVENT: ["run_id", HOUR],
+    RUN_ATTEMPT: ["run_id"],
+    RUN_ACTIVITY: ["run_id"],
+    INTERRUPTION_DETECTED: ["run_id"],
+    INTERRUPTION_RECOVERED: ["run_id"],
+    COMMAND: ["run_id"],
+    ACK: ["run_id"],
+    DEAD_LETTER: [HOUR],
+}
+#: Each table's time column, which gives the hour partition.
+HOUR_OF = {RAW_EVENT: "ts", DEAD_LETTER: "ts"}
 
 #: Everything `summary()` counts: the tables above plus the views people query.
 SUMMARY_RELATIONS = (
@@ -86,15 +116,7 @@ _GPU_HEALTH_STRUCT = (
     '"ecc_uncorrected_total": "BIGINT", "nvlink_crc_errors": "BIGINT"}'
 )
 
-DDL: tuple[str, ...] = (
-    # Event times are seconds since the epoch (DOUBLE); utc(ts) shows one as a UTC timestamp
-    # whatever the session's time zone.
-    "CREATE OR REPLACE MACRO utc(ts) AS make_timestamp(CAST(round(ts * 1e6) AS BIGINT))",
-    """
-    CREATE TABLE IF NOT EXISTS archive_meta (
-        key   VARCHAR PRIMARY KEY,
-        value VARCHAR NOT NULL
-    )""",
+TABLE_DDL: tuple[str, ...] = (
     # The whole log of events (telemetry and derived), one row per event_id.
     """
     CREATE TABLE IF NOT EXISTS raw_event (
@@ -126,10 +148,10 @@ DDL: tuple[str, ...] = (
         event_id          VARCHAR NOT NULL,
         PRIMARY KEY (run_id, attempt)
     )""",
-    # First and last event time seen per run; maintained with least()/greatest().
+    # First and last event time of each run in each batch; the run_activity view folds them.
     """
-    CREATE TABLE IF NOT EXISTS run_activity (
-        run_id   VARCHAR PRIMARY KEY,
+    CREATE TABLE IF NOT EXISTS run_activity_batches (
+        run_id   VARCHAR NOT NULL,
         first_ts DOUBLE NOT NULL,
         last_ts  DOUBLE NOT NULL
     )""",
@@ -198,6 +220,20 @@ DDL: tuple[str, ...] = (
         raw    BLOB    NOT NULL,
         ts     DOUBLE  NOT NULL     -- Kafka record timestamp
     )""",
+)
+
+#: The views over the tables (which readers see as deduplicated views of the Delta tables,
+#: sinks/archive_store.py), in creation order.
+VIEW_DDL: tuple[str, ...] = (
+    # Event times are seconds since the epoch (DOUBLE); utc(ts) shows one as a UTC timestamp
+    # whatever the session's time zone.
+    "CREATE OR REPLACE MACRO utc(ts) AS make_timestamp(CAST(round(ts * 1e6) AS BIGINT))",
+    # First and last event time seen per run.
+    """
+    CREATE OR REPLACE VIEW run_activity AS
+    SELECT run_id, min(first_ts) AS first_ts, max(last_ts) AS last_ts
+    FROM run_activity_batches
+    GROUP BY run_id""",
     # Cost and restart phases come from the recovered record's payload (processors/core:
     # InterruptionRecovered): NULL until the run has recovered.
     """

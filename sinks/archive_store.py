@@ -1,19 +1,22 @@
-"""The archive's storage side: records in, idempotent rows out, and the queries on them.
+"""The archive's storage side: records in, rows of the lake out (sinks/lake.py), and the
+queries on them.
 
 Every table is keyed by the record's own identity (event_id, command_id, the Kafka
-position of a dead letter) and every insert is ``ON CONFLICT DO NOTHING``, so writing
-the same records twice stores them once: that is what lets the Kafka writer
-(:mod:`trainguard.sinks.archive`) deliver at least once.
+position of a dead letter) and readers see the first row stored of each key, so storing
+the same records twice shows them once: that, with the writer resuming from the offsets
+its last batch recorded, is what lets the Kafka writer (:mod:`trainguard.sinks.archive`)
+deliver at least once and lose nothing when killed.
 
-Bulk loads go through Arrow tables (shared/NOTES.md: ``executemany`` is ~1000x slower).
-One process holds one connection to a file (DuckDB locks it); other threads of that
-process read through ``Archive.cursor()``.
+Readers open a snapshot (an in-memory DuckDB over the lake's files as of the newest batch),
+so they never wait on the writer and never see part of a batch; any number of processes
+read while one writes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -36,15 +39,19 @@ from ..schemas.codec import TELEMETRY
 from .archive_schema import (
     ACK,
     COMMAND,
-    DDL,
     DEAD_LETTER,
+    HOUR,
     INTERRUPTION_DETECTED,
     INTERRUPTION_RECOVERED,
+    PARTITIONS,
     RAW_EVENT,
+    RUN_ACTIVITY,
     RUN_ATTEMPT,
     SCHEMA_VERSION,
     SUMMARY_RELATIONS,
 )
+from .archive_tables import hour_of, snapshot, to_arrow
+from .lake import Lake, WriterLock, is_uri
 
 # --------------------------------------------------------------------------- items
 
@@ -230,108 +237,107 @@ def _collect(items: Iterable[Item], checked: bool = False) -> _Batch:
 
 @dataclass(frozen=True)
 class WriteResult:
-    """What one write() offered and inserted per table; the difference was already stored."""
+    """What one write() offered and stored per table. A batch stores each key once; a key
+    stored by an earlier batch is stored again and readers see the first (archive_tables)."""
 
     offered: dict[str, int]
     inserted: dict[str, int]
 
     @property
     def duplicates(self) -> dict[str, int]:
+        """Rows of the batch that repeated a key of the same batch."""
         return {t: self.offered[t] - self.inserted.get(t, 0) for t in self.offered}
 
 
 class Archive:
-    """One DuckDB file holding the archived log; idempotent bulk writes in one transaction each."""
+    """The archive at one root (a directory or an object-store URI, sinks/lake.py), opened
+    to write: one batch at a time, each atomic for readers. Opening it rolls back a batch a
+    killed writer left unfinished; a second writer on the same local root is refused."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._con = duckdb.connect(str(self.path))
+    def __init__(self, root: str | Path, storage_options: dict[str, str] | None = None) -> None:
+        self.path = root if is_uri(root) else Path(root)
+        self.lake = Lake(root, storage_options)
+        self._lock = WriterLock(root)
         try:
-            self._create_schema()
-            self._arrow_schemas = {
-                table: self._con.sql(f"SELECT {', '.join(map(_quote, cols))} FROM {table} LIMIT 0")
-                .to_arrow_table()
-                .schema
-                for table, cols in _COLUMNS.items()
-            }
+            self.mark = self.lake.recover()
         except BaseException:
-            self._con.close()
+            self._lock.release()
             raise
-
-    def _create_schema(self) -> None:
-        self._con.begin()
-        for statement in DDL:
-            self._con.execute(statement)
-        self._con.execute(
-            "INSERT INTO archive_meta VALUES ('schema_version', ?) ON CONFLICT DO NOTHING",
-            [str(SCHEMA_VERSION)],
-        )
-        found = self._con.execute("SELECT value FROM archive_meta WHERE key = 'schema_version'").fetchall()
-        self._con.commit()
-        if int(found[0][0]) > SCHEMA_VERSION:
+        if self.mark.schema_version > SCHEMA_VERSION:
+            self._lock.release()
             raise RuntimeError(
-                f"{self.path} has archive schema version {found[0][0]}, "
+                f"{root} has archive schema version {self.mark.schema_version}, "
                 f"newer than this code's {SCHEMA_VERSION}"
             )
+        self._snapshot: duckdb.DuckDBPyConnection | None = None
 
     @property
     def connection(self) -> duckdb.DuckDBPyConnection:
-        """The writer's connection: use it from the thread that writes."""
-        return self._con
+        """A connection showing everything written so far (renewed after each write)."""
+        if self._snapshot is None:
+            self._snapshot = snapshot(self.lake, self.mark)
+        return self._snapshot
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
-        """A connection to the same database for another thread of this process."""
-        return self._con.cursor()
+        """A new connection showing everything written so far, for another thread (close it)."""
+        return snapshot(self.lake, self.mark)
 
-    def write(self, items: Iterable[Item]) -> WriteResult:
-        """Insert records and dead letters in ONE transaction; rows already stored are skipped."""
+    def write(self, items: Iterable[Item], offsets: Mapping[str, int] | None = None) -> WriteResult:
+        """Store records and dead letters as ONE batch; `offsets` ("topic:partition" -> next
+        offset) are where a writer resumes once the batch is committed."""
         items = list(items)
+        seq = self.mark.seq + 1
         try:
             batch = _collect(items)
-            tables = self._tables(batch)
+            tables = self._tables(batch, seq)
         except (OverflowError, pa.ArrowInvalid):
             # A record with an integer beyond 64 bits passed validation: park it, keep the rest.
             batch = _collect(items, checked=True)
-            tables = self._tables(batch)
+            tables = self._tables(batch, seq)
         offered = {t: (len(batch.events) if t == RAW_EVENT else len(batch.rows[t])) for t in FACT_TABLES}
         inserted = dict.fromkeys(FACT_TABLES, 0)
-        con = self._con
-        con.begin()
-        try:
-            for table, data in tables.items():
-                view = f"_incoming_{table}"
-                con.register(view, data)
-                try:
-                    sql = f"INSERT INTO {table} BY NAME SELECT * FROM {view} ON CONFLICT DO NOTHING"
-                    inserted[table] = int(con.execute(sql).fetchall()[0][0])
-                    if table == RAW_EVENT:
-                        con.execute(_ACTIVITY_SQL.format(view=view))
-                finally:
-                    con.unregister(view)
-            con.commit()
-        except BaseException:
-            con.rollback()
-            raise
+        inserted.update({t: data.num_rows for t, data in tables.items() if t in inserted})
+        self.mark = self.lake.commit(tables, PARTITIONS, self.mark, SCHEMA_VERSION, offsets)
+        self._forget_snapshot()
         return WriteResult(offered, inserted)
 
-    def _tables(self, batch: _Batch) -> dict[str, pa.Table]:
+    def maintain(self, retain_s: Mapping[str, float], vacuum_hours: int, now: float | None = None) -> None:
+        """Drop hours past each table's retention, compact every table, vacuum; then a mark
+        with the new versions (the same rows, fewer files; or fewer rows after retention)."""
+        now = time.time() if now is None else now
+        versions = dict(self.mark.versions)
+        for table in self.mark.versions:
+            keep = retain_s.get(table)
+            if keep is not None and HOUR in PARTITIONS.get(table, ()):
+                self.lake.drop_before(table, HOUR, hour_of(now - keep))
+            self.lake.compact(table)
+            self.lake.vacuum(table, vacuum_hours)
+            versions[table] = self.lake.version(table)
+        if versions != self.mark.versions:
+            previous = replace(self.mark, versions=versions)
+            self.mark = self.lake.commit({}, PARTITIONS, previous, SCHEMA_VERSION)
+            self._forget_snapshot()
+
+    def _tables(self, batch: _Batch, seq: int) -> dict[str, pa.Table]:
         tables = {}
         if batch.events:
-            tables[RAW_EVENT] = self._arrow(RAW_EVENT, batch.event_columns())
+            columns = batch.event_columns()
+            tables[RAW_EVENT] = to_arrow(RAW_EVENT, columns, seq)
+            tables[RUN_ACTIVITY] = _activity(tables[RAW_EVENT], seq)
         for table, rows in batch.rows.items():
             if rows:
-                columns = zip(*rows, strict=True)
-                tables[table] = self._arrow(table, dict(zip(_COLUMNS[table], columns, strict=True)))
+                columns = {c: list(v) for c, v in zip(_COLUMNS[table], zip(*rows, strict=True), strict=True)}
+                tables[table] = to_arrow(table, columns, seq)
         return tables
 
-    def _arrow(self, table: str, columns: dict[str, Any]) -> pa.Table:
-        schema = self._arrow_schemas[table]
-        return pa.Table.from_arrays([pa.array(columns[f.name], type=f.type) for f in schema], schema=schema)
+    def _forget_snapshot(self) -> None:
+        if self._snapshot is not None:
+            self._snapshot.close()
+            self._snapshot = None
 
     def close(self) -> None:
-        """Close the connection; DuckDB checkpoints the WAL into the file on close."""
-        self._con.close()
+        self._forget_snapshot()
+        self._lock.release()
 
     def __enter__(self) -> Archive:
         return self
@@ -340,15 +346,11 @@ class Archive:
         self.close()
 
 
-_ACTIVITY_SQL = """
-INSERT INTO run_activity SELECT run_id, min(ts), max(ts) FROM {view} GROUP BY run_id
-ON CONFLICT (run_id) DO UPDATE
-SET first_ts = least(first_ts, excluded.first_ts), last_ts = greatest(last_ts, excluded.last_ts)
-"""
-
-
-def _quote(column: str) -> str:
-    return f'"{column}"'
+def _activity(events: pa.Table, seq: int) -> pa.Table:
+    """First and last event time of each run in the batch."""
+    grouped = events.group_by("run_id").aggregate([("ts", "min"), ("ts", "max")])
+    columns = {"run_id": grouped["run_id"], "first_ts": grouped["ts_min"], "last_ts": grouped["ts_max"]}
+    return to_arrow(RUN_ACTIVITY, {k: v.to_pylist() for k, v in columns.items()}, seq)
 
 
 # --------------------------------------------------------------------------- queries
@@ -357,25 +359,21 @@ Db = Archive | duckdb.DuckDBPyConnection | str | Path
 
 
 class _Reader:
-    """A connection for reading `db`: a cursor of an open archive/connection, or the file opened
-    read-only (falling back to the process's open instance, which DuckDB shares)."""
+    """A connection for reading `db`: a snapshot of an open archive, a connection as it is,
+    or the archive at a root read as of its newest batch (never blocked by its writer).
+    A root that is a single file is an archive from before the lake (a DuckDB file)."""
 
     def __init__(self, db: Db) -> None:
-        self._owned = False
+        self._owned = True
         if isinstance(db, Archive):
             self.con = db.cursor()
-            self._owned = True
         elif isinstance(db, duckdb.DuckDBPyConnection):
-            self.con = db
+            self.con, self._owned = db, False
+        elif not is_uri(db) and Path(db).is_file():
+            self.con = duckdb.connect(str(db), read_only=True)
         else:
-            path = Path(db)
-            if not path.exists():
-                raise FileNotFoundError(f"no archive at {path}")
-            try:
-                self.con = duckdb.connect(str(path), read_only=True)
-            except duckdb.ConnectionException:  # already open read-write in this process
-                self.con = duckdb.connect(str(path))
-            self._owned = True
+            lake = Lake.reading(db)
+            self.con = snapshot(lake, lake.mark())
 
     def __enter__(self) -> duckdb.DuckDBPyConnection:
         return self.con
@@ -383,6 +381,12 @@ class _Reader:
     def __exit__(self, *exc: object) -> None:
         if self._owned:
             self.con.close()
+
+
+def open_snapshot(db: str | Path, storage_options: dict[str, str] | None = None) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection on the archive at `db` as of its newest batch (ad-hoc SQL)."""
+    lake = Lake.reading(db, storage_options)
+    return snapshot(lake, lake.mark())
 
 
 _TIMELINE_SQL = """

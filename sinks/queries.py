@@ -1,9 +1,9 @@
 """Ready SQL for the operator's questions, over the archive's views (docs/queries.md).
 
 Each query is plain DuckDB SQL with no parameters, so that what the docs show is exactly
-what runs: ``duckdb -readonly .trainguard/trainguard.duckdb`` and paste, or
-``run_query(db, "goodput_by_day")``. docs/queries.md holds the same text (a test keeps the
-two identical); add a query here and there together.
+what runs: ``trainguard query goodput_by_day``, or ``run_query(db, "goodput_by_day")``.
+docs/queries.md holds the same text (a test keeps the two identical); add a query here and
+there together.
 
 Times are seconds since the epoch in the views; ``utc(ts)`` (a macro of the archive) shows
 one as a UTC timestamp.

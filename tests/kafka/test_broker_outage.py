@@ -222,7 +222,7 @@ def test_broker_down_for_30_s_under_load_loses_nothing_acknowledged(how: str, tm
         names = topic_names()
         proc, url = start_processor(bootstrap, POLICY, free_port(), tmp_path / "processor.log", env)
         stack.callback(stop, proc)
-        db = tmp_path / "archive.duckdb"
+        db = tmp_path / "archive"
         archive_cmd = [
             sys.executable,
             "-m",

@@ -235,10 +235,10 @@ def test_timeline_lists_every_interruption_with_its_cost_and_the_decisions_it_ca
 
 
 def test_timeline_is_the_archives_timeline_of_the_same_outputs(world: World, tmp_path: Path) -> None:
-    with Archive(tmp_path / "archive.duckdb") as store:
+    with Archive(tmp_path / "archive") as store:
         store.write(world.records)
     for run_id in ("run-api", "run-sdc", "run-down"):
-        rows = archive_timeline(tmp_path / "archive.duckdb", run_id)
+        rows = archive_timeline(tmp_path / "archive", run_id)
         entries = world.call("GET", f"/runs/{run_id}/timeline").body["interruptions"]
         assert len(entries) == len(rows) >= 1
         for entry, row in zip(entries, rows, strict=True):

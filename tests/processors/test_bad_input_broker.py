@@ -97,7 +97,7 @@ def mangle(rng: random.Random, event: dict[str, Any], run_id: str) -> tuple[dict
 def test_bad_records_at_volume_are_dead_lettered_and_nothing_good_is_lost(
     pipeline: Processor, tmp_path: Path
 ) -> None:
-    processor, db = pipeline, tmp_path / "archive.duckdb"
+    processor, db = pipeline, tmp_path / "archive"
     with archiving(processor, db):
         t0 = time.monotonic()
         acknowledged, expected_dead, garbage, stale_sent, good, run_id = produce_mixed(processor)

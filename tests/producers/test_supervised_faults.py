@@ -275,9 +275,9 @@ def test_a_rank_hung_in_the_step_is_detected_aborted_and_the_run_ends_bitwise(
     about = [d for d in derived if isinstance(d, Interruption | Quarantine | Page)]
     about += [c for c in commands if isinstance(c, Abort | QuarantineNode)]
     assert all(named_as_cause(r.reason.text) <= {2} for r in about), [r.reason.text for r in about]
-    with Archive(tmp_path / "archive.duckdb") as archive:
+    with Archive(tmp_path / "archive") as archive:
         archive.write([*derived, *commands])
-    (row,) = timeline(tmp_path / "archive.duckdb", run.run_id)
+    (row,) = timeline(tmp_path / "archive", run.run_id)
     assert (row["cause"], row["rank"], row["node"]) == ("hang", 2, "node-0001")
     assert {"abort", "quarantine", "quarantine_node"} <= set(row["decisions"])
     assert all(named_as_cause(text) <= {2} for text in [row["reason"], *row["decision_reasons"]]), row

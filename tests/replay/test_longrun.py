@@ -103,8 +103,8 @@ def test_independent_failures_at_the_normal_rate_page_almost_never(month_16k: Lo
     assert len(rules) <= 1 and set(rules) <= {"same_step"}
 
 
-def test_a_month_at_1k_ranks_stored_in_duckdb(tmp_path: Path) -> None:
-    db = tmp_path / "month.duckdb"
+def test_a_month_at_1k_ranks_stored_in_the_archive(tmp_path: Path) -> None:
+    db = tmp_path / "month"
     result = run_longrun(LongRun(run_id="m1k", world_size=1024, seed=7), CorePolicy(), archive=db)
     low, high = result.poisson_range()
     assert result.run.expected_interruptions() == pytest.approx(14.5, abs=0.1)

@@ -1,7 +1,9 @@
 """The archive writer SIGKILLed mid-batch and restarted (issue 7 scenario 4): the real
-broker, the real `trainguard archive` process, a real DuckDB file. Offsets are committed
-only after the rows are durable, and inserts are idempotent, so after the restart every
-event is stored exactly once: no duplicate row, no missing row."""
+broker, the real `trainguard archive` process, a real archive on disk. A batch is visible
+only once its mark is written, and a restarted writer rolls back what a killed one left
+unmarked and resumes from the mark's offsets, so every event is STORED exactly once (the
+files, not only the deduplicating views). Readers (`trainguard timeline`, a snapshot in
+this process) work all along, while the writer writes (issue 19 item 1)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import duckdb
 import pytest
 from confluent_kafka import Producer
 
@@ -20,6 +21,7 @@ from trainguard.kafka.lag import group_lag, wait_caught_up
 from trainguard.kafka.topics import TopicNames
 from trainguard.schemas import encode, encode_batch
 from trainguard.sinks.archive import archive_group, archived_topics
+from trainguard.sinks.archive_store import open_snapshot, summary
 
 from ..processors.streams import Job
 
@@ -47,16 +49,23 @@ def test_a_writer_killed_mid_batch_and_restarted_stores_every_event_once(
     assert producer.flush(30) == 0
     group, names = archive_group(topics), archived_topics(topics)
     total = group_lag(bootstrap, group, names)
-    db, log = tmp_path / "archive.duckdb", tmp_path / "archive.log"
+    db, log = tmp_path / "archive", tmp_path / "archive.log"
 
     writer = start_writer(bootstrap, topics, db, log)
     deadline = time.monotonic() + 60
     while (lag := group_lag(bootstrap, group, names)) == total:  # wait for its first commit
         assert time.monotonic() < deadline and writer.poll() is None, log.read_text()[-2000:]
         time.sleep(0.05)
+    seen_while_writing = summary(db)["raw_event"]  # another process reads while it writes
+    report = subprocess.run(
+        [sys.executable, "-m", "trainguard", "timeline", "--db", str(db)], capture_output=True, timeout=60
+    )
     writer.send_signal(signal.SIGKILL)  # mid-way: some batches committed, the rest in flight
     writer.wait(10)
     assert 0 < lag < total, (lag, total)
+    assert report.returncode == 0, report.stderr.decode()[-2000:]
+    assert b"no interruptions recorded" in report.stdout
+    assert 0 < seen_while_writing < len(events)
 
     writer = start_writer(bootstrap, topics, db, log)
     try:
@@ -64,8 +73,11 @@ def test_a_writer_killed_mid_batch_and_restarted_stores_every_event_once(
     finally:
         writer.terminate()
         writer.wait(30)
-    with duckdb.connect(str(db), read_only=True) as con:
-        stored = con.execute("SELECT count(*), count(DISTINCT event_id) FROM raw_event").fetchall()[0]
+    con = open_snapshot(db)
+    try:  # the files themselves, before the views' deduplication
+        stored = con.execute("SELECT count(*), count(DISTINCT event_id) FROM _lake_raw_event").fetchall()[0]
         ids = {row[0] for row in con.execute("SELECT event_id FROM raw_event").fetchall()}
+    finally:
+        con.close()
     assert stored == (len(events), len(events))  # no row twice...
     assert ids == {e.event_id for e in events}  # ...and none missing

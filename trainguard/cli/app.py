@@ -59,6 +59,16 @@ ReportFile = Annotated[
         "--output", callback=_report_file, help="Also write the report to this file (.txt, .md, or .html)."
     ),
 ]
+#: Where the archive writer writes and the reports read (a directory, or an object-store URI).
+DEFAULT_ARCHIVE = ".trainguard/archive"
+ArchiveRoot = Annotated[
+    str,
+    typer.Option(
+        "--db",
+        envvar="TRAINGUARD_ARCHIVE",
+        help="Archive root: a directory, or an object-store URI (s3://bucket/path).",
+    ),
+]
 ConnectTimeout = Annotated[
     float,
     typer.Option(

@@ -10,11 +10,14 @@ from typing import Annotated
 import typer
 
 from .app import (
+    DEFAULT_ARCHIVE,
+    ArchiveRoot,
     Bootstrap,
     ConnectTimeout,
     Prefix,
     app,
     console,
+    fail,
     master_secret,
     reach_broker,
     resolve_bootstrap,
@@ -77,18 +80,58 @@ def process(
 
 @app.command()
 def archive(
-    db: Annotated[Path, typer.Option(help="DuckDB file to write.")] = Path(".trainguard/trainguard.duckdb"),
+    db: ArchiveRoot = DEFAULT_ARCHIVE,
     bootstrap: Bootstrap = None,
     topic_prefix: Prefix = "",
     connect_timeout: ConnectTimeout = 15.0,
+    retain: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="TABLE=AGE: drop the hours of raw_event or dead_letter older than AGE (30d, 12h, "
+            "seconds); repeatable. Default: keep everything."
+        ),
+    ] = None,
+    maintain_every: Annotated[
+        float, typer.Option(help="Seconds between compaction, retention and vacuum passes.")
+    ] = 300.0,
 ) -> None:
-    """Archive every topic into DuckDB; offsets are committed only after rows are durable."""
+    """Archive every topic into Delta Lake tables that any number of readers query while it
+    writes; a killed writer resumes from its last batch, losing and repeating nothing."""
     from ..kafka.topics import topic_names
-    from ..sinks.archive import ArchiveWriter
+    from ..sinks.archive import ArchiveWriter, Maintenance
 
-    db.parent.mkdir(parents=True, exist_ok=True)
-    writer = ArchiveWriter(reach_broker(bootstrap, connect_timeout), topic_names(topic_prefix), db)
+    maintenance = Maintenance(every_s=maintain_every, retain_s=_retention(retain or []))
+    resolved = reach_broker(bootstrap, connect_timeout)
+    try:
+        writer = ArchiveWriter(resolved, topic_names(topic_prefix), db, maintenance=maintenance)
+    except RuntimeError as exc:  # another writer holds the root, or a newer schema
+        fail(str(exc))
     writer.run(stop_on_signals())
+    writer.close()
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
+
+
+def _retention(specs: list[str]) -> dict[str, float]:
+    """--retain TABLE=AGE options as {table: seconds}."""
+    from ..sinks.archive_schema import HOUR, PARTITIONS
+
+    retain = {}
+    for spec in specs:
+        table, _, age = spec.partition("=")
+        if HOUR not in PARTITIONS.get(table, ()):
+            hourly = ", ".join(t for t, parts in PARTITIONS.items() if HOUR in parts)
+            raise typer.BadParameter(f"{table!r}: retention applies to {hourly}", param_hint="--retain")
+        unit = _UNITS.get(age[-1:])
+        try:
+            seconds = float(age[:-1]) * unit if unit else float(age)
+        except ValueError:
+            raise typer.BadParameter(
+                f"{spec!r}: AGE is like 30d, 12h or seconds", param_hint="--retain"
+            ) from None
+        retain[table] = seconds
+    return retain
 
 
 @app.command()

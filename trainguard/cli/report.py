@@ -1,4 +1,4 @@
-"""Terminal reports read from the DuckDB archive, and the progress bar of long commands."""
+"""Terminal reports read from the archive, and the progress bar of long commands."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def _decisions(row: dict[str, Any]) -> str:
     return "\n".join(lines) or "-"
 
 
-def print_timeline(db: Path, run_id: str | None, console: Console, last: int | None = None) -> None:
+def print_timeline(db: str | Path, run_id: str | None, console: Console, last: int | None = None) -> None:
     """Every interruption (or the `last` ones) with its cost and the decisions it caused."""
     from ..sinks.archive_store import timeline
 
@@ -90,7 +90,7 @@ def print_timeline(db: Path, run_id: str | None, console: Console, last: int | N
         )
 
 
-def print_goodput(db: Path, run_id: str | None, console: Console) -> None:
+def print_goodput(db: str | Path, run_id: str | None, console: Console) -> None:
     """Each run's latest goodput breakdown per window (from GoodputReport events)."""
     from ..sinks.archive_store import goodput_breakdown
 

@@ -1,19 +1,20 @@
-"""Commands that read what a run did: its timeline and goodput from the DuckDB archive,
+"""Commands that read what a run did: its timeline and goodput from the archive, ad-hoc SQL,
 and a month-long simulated run through the policy core."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from .app import ReportFile, app, console, fail
+from .app import DEFAULT_ARCHIVE, ArchiveRoot, ReportFile, app, console, fail
 
 
-def _existing(db: Path) -> Path:
+def _existing(db: str) -> str:
     """`db` if there is an archive there; else one line and exit 2 (not a traceback)."""
-    if not db.exists():
+    if "://" not in db and not Path(db).exists():
         fail(f"no archive at {db}: pass --db, or run `trainguard archive --db {db}` first")
     return db
 
@@ -30,8 +31,8 @@ def longrun(
     step_s: Annotated[float, typer.Option(help="Seconds per training step.")] = 10.0,
     seed: Annotated[int, typer.Option(help="Random seed of the failure draws.")] = 0,
     policy: Annotated[str | None, typer.Option(help="Policy YAML; default: the seed's defaults.")] = None,
-    db: Annotated[Path, typer.Option(help="DuckDB archive the run's records and decisions go to.")] = Path(
-        ".trainguard/longrun.duckdb"
+    db: Annotated[str, typer.Option(help="Archive root the run's records and decisions go to.")] = (
+        ".trainguard/longrun"
     ),
     rows: Annotated[int, typer.Option(help="Timeline rows to print (the last ones; 0: all).")] = 20,
 ) -> None:
@@ -65,8 +66,8 @@ def longrun(
         step_s=step_s,
         seed=seed,
     )
-    if db.exists():
-        db.unlink()  # one run per file: the report reads it back
+    if Path(db).exists():
+        shutil.rmtree(db)  # one run per archive: the report reads it back
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"{days:g} days at {world_size:,} ranks", total=1.0)
         result = run_longrun(run, chosen, archive=db, progress=lambda f: bar.update(task, completed=f))
@@ -79,11 +80,11 @@ def longrun(
 
 @app.command()
 def timeline(
-    db: Annotated[Path, typer.Option(help="DuckDB archive.")] = Path(".trainguard/trainguard.duckdb"),
+    db: ArchiveRoot = DEFAULT_ARCHIVE,
     run: Annotated[str | None, typer.Option(help="Only this run_id.")] = None,
     output: ReportFile = None,
 ) -> None:
-    """Print every interruption: when, cause, node, cost (from the DuckDB archive)."""
+    """Print every interruption: when, cause, node, cost (from the archive)."""
     from .report import make_console, print_timeline, save_report
 
     _existing(db)
@@ -94,14 +95,61 @@ def timeline(
 
 @app.command()
 def goodput(
-    db: Annotated[Path, typer.Option(help="DuckDB archive.")] = Path(".trainguard/trainguard.duckdb"),
+    db: ArchiveRoot = DEFAULT_ARCHIVE,
     run: Annotated[str | None, typer.Option(help="Only this run_id.")] = None,
     output: ReportFile = None,
 ) -> None:
-    """Print each run's goodput breakdown over 1 h, 24 h and 7 d (from the DuckDB archive)."""
+    """Print each run's goodput breakdown over 1 h, 24 h and 7 d (from the archive)."""
     from .report import make_console, print_goodput, save_report
 
     _existing(db)
     console = make_console(record=output is not None)
     print_goodput(db, run, console)
     save_report(console, output)
+
+
+@app.command()
+def query(
+    sql: Annotated[
+        str, typer.Argument(help="SQL over the archive's tables and views, or a ready query's name.")
+    ],
+    db: ArchiveRoot = DEFAULT_ARCHIVE,
+    output_format: Annotated[
+        str, typer.Option("--format", help="table (the terminal), csv or json (one object per line).")
+    ] = "table",
+) -> None:
+    """Query the archive (a snapshot as of its newest batch: the writer may keep writing).
+    Ready queries: `trainguard query goodput_by_day` (docs/queries.md lists them)."""
+    import csv
+    import json
+    import sys
+
+    from rich.table import Table
+
+    from ..sinks.archive_store import query as run_sql
+    from ..sinks.queries import QUERIES
+
+    if output_format not in ("table", "csv", "json"):
+        raise typer.BadParameter(f"{output_format!r}: use table, csv or json", param_hint="--format")
+    _existing(db)
+    text = QUERIES[sql].sql if sql in QUERIES else sql
+    try:
+        rows = run_sql(db, text)
+    except Exception as exc:  # duckdb's errors name the problem in their first line
+        fail(str(exc).splitlines()[0])
+    if output_format == "json":
+        for row in rows:
+            sys.stdout.write(json.dumps(row, default=str) + "\n")
+        return
+    names = list(rows[0]) if rows else []
+    if output_format == "csv":
+        out = csv.writer(sys.stdout)
+        out.writerow(names)
+        out.writerows([row[n] for n in names] for row in rows)
+        return
+    from .report import make_console
+
+    table = Table(*names)
+    for row in rows:
+        table.add_row(*("" if row[n] is None else str(row[n]) for n in names))
+    make_console().print(table if rows else "no rows")

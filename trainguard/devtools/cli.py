@@ -81,7 +81,7 @@ def broker_status(data_dir: DataDir = None) -> None:
 
 def demo(
     scenario: Annotated[Path | None, typer.Option(help="Scenario YAML; default: the 64-rank demo.")] = None,
-    workdir: Annotated[Path, typer.Option(help="Where the demo's broker data and DuckDB file go.")] = Path(
+    workdir: Annotated[Path, typer.Option(help="Where the demo's broker data and archive go.")] = Path(
         ".trainguard/demo"
     ),
     metrics_port: Annotated[int, typer.Option(help="Prometheus /metrics port during the demo.")] = 9464,

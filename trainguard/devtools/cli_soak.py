@@ -28,7 +28,7 @@ def soak(
         str | None,
         typer.Option("--bootstrap", help="Kafka bootstrap servers; default: a local broker of its own."),
     ] = None,
-    workdir: Annotated[Path, typer.Option(help="Logs, the DuckDB archive (emptied first).")] = Path(
+    workdir: Annotated[Path, typer.Option(help="Logs, the archive (emptied first).")] = Path(
         ".trainguard/soak"
     ),
     report: Annotated[

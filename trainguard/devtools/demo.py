@@ -1,7 +1,7 @@
 """The live demo: every real part, end to end, on one machine.
 
 A local Kafka broker; the processor (a faust worker, in its own process) serving
-Prometheus metrics; the DuckDB archive writer; and a 64-rank simulated run with an
+Prometheus metrics; the archive writer; and a 64-rank simulated run with an
 injected crash and an injected hang whose actuator executes the processor's signed
 commands and acknowledges them. At the end: the timeline from DuckDB, the commands
 and their acks, and a check of every detection against the scenario's ground truth.
@@ -10,7 +10,9 @@ The exit status is 0 only if every injected fault was detected on the right rank
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -26,7 +28,7 @@ from ..replay.evaluate import EXPECTED, score
 from ..schemas import Derived, decode
 from ..schemas.auth import SECRET_FILE_ENV, load_master_secret, write_secret_file
 from ..schemas.codec import DERIVED
-from ..sinks.archive_store import Archive, timeline
+from ..sinks.archive_store import open_snapshot, timeline
 from .stack import PROCESSOR_GROUP, builtin_policy, local_stack
 
 
@@ -38,9 +40,8 @@ def run_demo(scenario_path: Path | None, workdir: Path, metrics_port: int, conso
     scenario = Scenario.load(scenario_path) if scenario_path else Scenario.builtin("demo")
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    db_path = workdir / "trainguard.duckdb"
-    for stale in (db_path, db_path.with_suffix(".duckdb.wal")):
-        stale.unlink(missing_ok=True)
+    db_path = workdir / "archive"
+    shutil.rmtree(db_path, ignore_errors=True)  # the demo's run only
     os.environ.setdefault(SECRET_FILE_ENV, str(write_secret_file(workdir / "secret")))
     secret = load_master_secret()
 
@@ -57,7 +58,9 @@ def run_demo(scenario_path: Path | None, workdir: Path, metrics_port: int, conso
             writer = ArchiveWriter(stack.bootstrap, stack.names, db_path)
             archiver = threading.Thread(target=writer.run, args=(stop_archive,), name="archive", daemon=True)
             archiver.start()
-            console.print(f"archive        DuckDB file [cyan]{db_path}[/]")
+            console.print(
+                f"archive        [cyan]{db_path}[/] (Delta Lake tables; read it while it is written)"
+            )
             console.print(
                 f"simulation     {scenario.world_size} ranks, {scenario.steps} steps of "
                 f"{scenario.step_time_s}s; injected: "
@@ -103,8 +106,7 @@ def run_demo(scenario_path: Path | None, workdir: Path, metrics_port: int, conso
 
     rows = timeline(db_path)
     console.print(timeline_table(rows))
-    with Archive(db_path) as archive:
-        con = archive.cursor()
+    with contextlib.closing(open_snapshot(db_path)) as con:
         acks = con.execute(
             "SELECT c.kind, a.status, count(*) FROM ack a JOIN command c USING (command_id) "
             "GROUP BY ALL ORDER BY ALL"
@@ -142,6 +144,6 @@ def run_demo(scenario_path: Path | None, workdir: Path, metrics_port: int, conso
         where = f"rank {alarm.rank} ({alarm.node}) at step {alarm.step}"
         console.print(f"  [yellow]unexpected {alarm.detector} {where}")
     ok = not scored.misses
-    console.print(f"\nDuckDB archive: [cyan]{db_path}[/] ({raw} raw events, {dead} dead letters)")
-    console.print(f"query it: trainguard timeline --db {db_path}")
+    console.print(f"\narchive: [cyan]{db_path}[/] ({raw} raw events, {dead} dead letters)")
+    console.print(f"query it: trainguard timeline --db {db_path}  (or trainguard query runs --db {db_path})")
     return 0 if ok else 1

@@ -8,7 +8,7 @@ stragglers and crashes. At the planned moments (trainguard/devtools/soak_plan.py
 the archive writer is SIGKILLed and restarted after a short delay, and ranks crash.
 At the end the load stops, the workers catch up and leave, the archive writer catches
 up and leaves, and replay/oracle.py checks each run against the log, its acks and the
-DuckDB archive.
+archive.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def run_soak(
     note: Note = lambda _: None,
     keep_topics: bool = False,
 ) -> SoakReport:
-    """The whole soak on `bootstrap` under `workdir` (logs, the DuckDB file)."""
+    """The whole soak on `bootstrap` under `workdir` (logs, the archive)."""
     started = time.monotonic()
     rng = random.Random(config.seed)
     plan = plan_kills(config, rng)
@@ -178,7 +178,7 @@ def run_soak(
     names = topic_names(prefix)
     policy = builtin_policy("demo")
     secret = secrets.token_hex(32)
-    db = workdir / "archive.duckdb"
+    db = workdir / "archive"
     slots = _slots(config, bootstrap, prefix, policy, secret, workdir, db)
     try:
         _start_all(slots)

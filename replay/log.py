@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from ..kafka.security import KafkaCredentials, client_config
 from ..kafka.topics import TopicNames
-from ..schemas import Command, Derived, decode
+from ..schemas import Command, Derived, ReasonCode, decode
 from ..schemas.codec import COMMANDS, DERIVED
 
 #: One telemetry record as the processor consumed it: (partition, offset, value).
@@ -39,6 +39,11 @@ class Recording:
     #: What the live processor published for the run, in publication order.
     derived: list[Derived] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
+    #: Commands an operator issued (the run API: reason code OPERATOR), in publication order.
+    #: They are the run's inputs, like its telemetry, not the core's decisions: a replay
+    #: shows them and compares the core's decisions without them. The core never issues
+    #: that code, so a core command under it would replay as an extra decision.
+    operator_commands: list[Command] = field(default_factory=list)
 
 
 def run_of_key(key: bytes | None) -> str:
@@ -120,5 +125,6 @@ def read_recording(
     for _, _, value in read_topic(bootstrap, names.commands, mine, credentials=credentials):
         command = decode(value, COMMANDS)
         if isinstance(command, Command):
-            recording.commands.append(command)
+            is_input = command.reason.code == ReasonCode.OPERATOR
+            (recording.operator_commands if is_input else recording.commands).append(command)
     return recording

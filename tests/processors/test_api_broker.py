@@ -21,7 +21,19 @@ from confluent_kafka import Producer
 
 from trainguard.devtools.stack import start_processor
 from trainguard.kafka.topics import TopicNames, delete_topics, ensure_topics, topic_names
-from trainguard.schemas import CheckpointNow, Command, ResumeFrom, auth, decode, encode, encode_batch
+from trainguard.processors.core.policy import load_policy
+from trainguard.replay.log import read_recording
+from trainguard.replay.replay import compare, decisions_of, replay, replayed_decisions
+from trainguard.schemas import (
+    CheckpointNow,
+    Command,
+    ReasonCode,
+    ResumeFrom,
+    auth,
+    decode,
+    encode,
+    encode_batch,
+)
 from trainguard.schemas.codec import COMMANDS
 
 from ..pipeline import free_port
@@ -221,3 +233,14 @@ def test_checkpoint_and_resume_put_signed_commands_on_the_commands_topic(live: L
         assert len(accepted(commands.settle())) == 4  # nothing for the refused request
     finally:
         commands.close()
+
+    # The operator's commands are the run's inputs: its replay still reproduces the processor.
+    recording = read_recording(live.bootstrap, live.names, live.run_id)
+    assert {c.command_id for c in recording.operator_commands} == (
+        {first["command_id"], named["command_id"], newest["command_id"]}
+    )  # the retried checkpoint is in the log twice, with one id
+    assert not any(c.reason.code == ReasonCode.OPERATOR for c in recording.commands)
+    comparison = compare(
+        decisions_of(recording), replayed_decisions(replay(recording, load_policy(str(POLICY))))
+    )
+    assert comparison.identical and comparison.recorded > 0, comparison.differences

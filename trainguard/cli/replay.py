@@ -66,6 +66,12 @@ def replay(
         f"{comparison.recorded}, replayed {comparison.replayed}, identical {comparison.matched}",
         markup=False,
     )
+    if recording.operator_commands:
+        inputs = recording.operator_commands
+        kinds = ", ".join(sorted({c.KIND for c in inputs}))
+        out.print(
+            f"operator commands (run API; inputs, not decisions): {len(inputs)} ({kinds})", markup=False
+        )
     if comparison.identical:
         out.print("[green]the replay reproduces every recorded decision, in order")
         return

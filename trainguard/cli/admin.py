@@ -131,3 +131,44 @@ def secret_init(
     from ..schemas.auth import write_secret_file
 
     print(write_secret_file(path))
+
+
+@app.command()
+def contract(
+    write: Annotated[
+        Path | None, typer.Option(help="Write the contract files into this folder (docs/contract).")
+    ] = None,
+    check: Annotated[
+        Path | None, typer.Option(help="Exit 1 naming each file of this folder that differs from the code.")
+    ] = None,
+) -> None:
+    """The streams' public contract, generated from the models: an AsyncAPI 3.0 document of
+    the topics, keys and headers, and a JSON Schema per record kind and version."""
+    from ..kafka.contract import rendered
+
+    files = rendered()
+    if write is None and check is None:
+        typer.echo(files["asyncapi.json"], nl=False)
+        return
+    if write is not None:
+        for name, text in files.items():
+            (write / name).parent.mkdir(parents=True, exist_ok=True)
+            (write / name).write_text(text)
+        console.print(f"wrote {len(files)} files to {write}", soft_wrap=True)
+    if check is not None:
+        stale = [
+            name
+            for name, text in files.items()
+            if not (check / name).is_file() or (check / name).read_text() != text
+        ]
+        extra = sorted(
+            str(p.relative_to(check)) for p in check.rglob("*.json") if str(p.relative_to(check)) not in files
+        )
+        for name in stale:
+            console.print(f"{check / name}: differs from the models", markup=False, soft_wrap=True)
+        for name in extra:
+            console.print(f"{check / name}: no such record kind any more", markup=False, soft_wrap=True)
+        if stale or extra:
+            console.print(f"regenerate: trainguard contract --write {check}", markup=False, soft_wrap=True)
+            raise typer.Exit(1)
+        console.print(f"{check}: {len(files)} files match the models", soft_wrap=True)

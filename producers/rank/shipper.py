@@ -40,8 +40,9 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -110,6 +111,20 @@ class ShipperStats:
         return self.submitted - self.delivered - self.dropped - self.failed
 
 
+class Outcome(StrEnum):
+    """What became of a submitted event (each event has exactly one, or is still in flight)."""
+
+    DELIVERED = "delivered"  # librdkafka acknowledged its record
+    DROPPED = "dropped"  # the bounded queue was full, or close() gave up on it
+    FAILED = "failed"  # librdkafka reported an error or a timeout
+
+
+#: Told the outcome of events, by event: for an oracle that must know which ids were
+#: acknowledged even when others were dropped. Called under the shipper's lock, from the
+#: training thread (a drop in submit) or the shipper's: keep it O(events), no I/O.
+OutcomeHook = Callable[[Outcome, Sequence[Envelope]], None]
+
+
 @dataclass(frozen=True, slots=True)
 class PackedRecord:
     """One Kafka record of telemetry: a node's events for one shard of the run."""
@@ -161,8 +176,10 @@ class TelemetryShipper:
         world_size: int,
         on_flush: Callable[[], None] | None = None,
         name: str = "",
+        on_outcome: OutcomeHook | None = None,
     ) -> None:
         self.config = config
+        self._on_outcome = on_outcome
         self.run_id = run_id
         self.world_size = world_size
         self.producer_id = f"{name or 'shipper'}-{uuid.uuid4().hex[:12]}"
@@ -199,8 +216,9 @@ class TelemetryShipper:
             if len(self._queue) + self._handed >= self.config.max_queued_events:
                 self.stats.dropped += 1
                 if not self._queue:
+                    self._tell(Outcome.DROPPED, [event])
                     return False
-                self._queue.popleft()
+                self._tell(Outcome.DROPPED, [self._queue.popleft()])
                 self._queue.append(event)
                 return False
             self._queue.append(event)
@@ -221,9 +239,16 @@ class TelemetryShipper:
             room = self.config.max_queued_events - len(self._queue) - self._handed
             keep = events[-room:] if room > 0 else []
             self.stats.dropped += len(events) - len(keep)
+            self._tell(Outcome.DROPPED, events[: len(events) - len(keep)])
             self._queue.extendleft(reversed(keep))
 
-    def _delivery(self, count: int) -> Callable[[KafkaError | None, Message], None]:
+    def _tell(self, outcome: Outcome, events: Sequence[Envelope]) -> None:
+        if self._on_outcome is not None and events:
+            self._on_outcome(outcome, events)
+
+    def _delivery(self, events: list[Envelope]) -> Callable[[KafkaError | None, Message], None]:
+        count = len(events)
+
         def done(err: KafkaError | None, _msg: Message) -> None:
             with self._lock:
                 self._handed -= count
@@ -231,6 +256,7 @@ class TelemetryShipper:
                     self.stats.delivered += count
                 else:
                     self.stats.failed += count
+                self._tell(Outcome.DELIVERED if err is None else Outcome.FAILED, events)
 
         return done
 
@@ -271,7 +297,7 @@ class TelemetryShipper:
                         key=record.key,
                         partition=telemetry_partition(self.run_id, record.shard, self._shards, partitions),
                         value=record.value,
-                        on_delivery=self._delivery(len(record.counted)),
+                        on_delivery=self._delivery(record.counted),
                     )
                 except BufferError:
                     # Copies to other shards of an event whose first copy was sent are
@@ -284,6 +310,7 @@ class TelemetryShipper:
                     with self._lock:
                         self.stats.failed += len(record.counted)
                         self._handed -= len(record.counted)
+                        self._tell(Outcome.FAILED, record.counted)
                     self._seq = record.seq + 1  # the gap in seq shows the loss downstream
                     continue
                 self._seq = record.seq + 1
@@ -337,6 +364,7 @@ class TelemetryShipper:
             self._producer.flush(0)
             with self._lock:
                 self.stats.dropped += len(self._queue)
+                self._tell(Outcome.DROPPED, list(self._queue))
                 self._queue.clear()
         return self.stats
 

@@ -28,7 +28,7 @@ from ...kafka.topics import TopicNames
 from ...schemas import Command, Envelope, auth
 from ...schemas.commands import COMMAND_KINDS
 from ...schemas.sharding import DEFAULT_SHARD_RANKS
-from ..rank.shipper import ShipperConfig, ShipperStats, TelemetryShipper
+from ..rank.shipper import OutcomeHook, ShipperConfig, ShipperStats, TelemetryShipper
 from .cluster import CommandRefused, FiredFault, LauncherNote, Phase, SimulatedCluster
 from .scenario import FaultTruth, Scenario
 
@@ -160,6 +160,7 @@ def run_simulation(
     lag_budget_s: float = 1.0,
     shard_ranks: int = DEFAULT_SHARD_RANKS,
     on_submit: Callable[[list[Envelope]], None] | None = None,
+    on_outcome: OutcomeHook | None = None,
 ) -> SimulationResult:
     """Run `scenario` in real time (times `speed`) until it finishes or `max_seconds` of
     wall clock pass. With a `secret` (the master command-signing secret), an actuator
@@ -167,7 +168,8 @@ def run_simulation(
     `kept_real_time` is True when no event reached the shipper more than
     `lag_budget_s` after its simulated moment. A run over `shard_ranks` ranks is shipped
     in shards (schemas/sharding.py). `on_submit` sees each tick's events as they are
-    handed to the shipper (a soak's record of what was sent, for the oracle)."""
+    handed to the shipper; `on_outcome` is told, by event, what the shipper did with each
+    (delivered, dropped, failed: a soak's record of what was acknowledged, for the oracle)."""
     if speed <= 0:
         raise ValueError(f"speed must be positive, got {speed}")
     wall_start = time.time()
@@ -182,7 +184,9 @@ def run_simulation(
         producer={"message.max.bytes": 8 * 1024 * 1024},
         shard_ranks=shard_ranks,
     )
-    shipper = TelemetryShipper(config, cluster.run_id, scenario.world_size, name="simulator")
+    shipper = TelemetryShipper(
+        config, cluster.run_id, scenario.world_size, name="simulator", on_outcome=on_outcome
+    )
     inbox = CommandInbox()
     actuator = None
     if secret is not None:

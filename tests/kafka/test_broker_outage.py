@@ -44,7 +44,7 @@ from trainguard.producers.rank.agent import NodeAgents, RankAgent
 from trainguard.producers.rank.shipper import ShipperConfig, ShipperStats, TelemetryShipper
 from trainguard.replay.log import read_recording
 from trainguard.replay.oracle import check
-from trainguard.schemas import RUN_LEVEL_RANK, Interruption, RankExit, RunStarted, decode_batch
+from trainguard.schemas import RUN_LEVEL_RANK, Envelope, Interruption, RankExit, RunStarted, decode_batch
 from trainguard.sinks.archive import archive_group, archived_topics
 
 from ..pipeline import free_port
@@ -75,8 +75,8 @@ class RecordingShipper(TelemetryShipper):
         self.max_held = 0
         super().__init__(*args, **kwargs)
 
-    def _delivery(self, count: int) -> Callable[[KafkaError | None, Message], None]:
-        count_it = super()._delivery(count)
+    def _delivery(self, events: list[Envelope]) -> Callable[[KafkaError | None, Message], None]:
+        count_it = super()._delivery(events)
 
         def done(err: KafkaError | None, msg: Message) -> None:
             count_it(err, msg)

@@ -1,10 +1,11 @@
 """The training step never waits for Kafka: with the broker gone, RankAgent.step()
-still returns in microseconds, and the shipper's counters account for every event."""
+still returns in microseconds, and the shipper accounts for every event, by id: each one
+submitted has exactly one outcome (delivered, dropped or failed)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ from trainguard.devtools.broker_jars import ensure_jars
 from trainguard.devtools.local_broker import LocalBroker
 from trainguard.kafka.topics import ensure_topics, topic_names
 from trainguard.producers.rank.agent import RankAgent
-from trainguard.producers.rank.shipper import ShipperConfig, TelemetryShipper
+from trainguard.producers.rank.shipper import Outcome, ShipperConfig, TelemetryShipper
+from trainguard.schemas import Envelope
 
 pytestmark = pytest.mark.broker
 
@@ -42,13 +44,20 @@ def test_step_never_blocks_when_the_broker_dies(tmp_path: Path) -> None:
             max_queued_events=1000,
             producer={"message.timeout.ms": 3000},
         )
-        shipper = TelemetryShipper(config, "run-stall", world_size=1, name="stall")
+        outcomes: dict[str, list[Outcome]] = {}
+
+        def told(outcome: Outcome, events: Sequence[Envelope]) -> None:
+            for event in events:
+                outcomes.setdefault(event.event_id, []).append(outcome)
+
+        shipper = TelemetryShipper(config, "run-stall", world_size=1, name="stall", on_outcome=told)
         agent = RankAgent(shipper, "run-stall", attempt=0, rank=0, node="node-0")
         for step in range(5):
             agent.step(step, compute_s=0.5, total_s=0.6, loss=1.0, grad_norm=0.1)
         shipper.flush_now()
         assert wait_for(lambda: shipper.stats.delivered == 10, 30), shipper.stats
         delivered_before = shipper.stats.delivered
+        first_ids = set(outcomes)
 
         broker.stop()
 
@@ -83,3 +92,9 @@ def test_step_never_blocks_when_the_broker_dies(tmp_path: Path) -> None:
     assert stats.delivered == delivered_before
     assert stats.dropped + stats.failed == stats.submitted - stats.delivered
     assert stats.in_flight == 0
+    # By id: every event has one outcome; the acknowledged ones are the first ten exactly.
+    assert len(outcomes) == stats.submitted and all(len(o) == 1 for o in outcomes.values())
+    by_outcome = {kind: {i for i, (o,) in outcomes.items() if o is kind} for kind in Outcome}
+    assert by_outcome[Outcome.DELIVERED] == first_ids and len(first_ids) == 10
+    assert len(by_outcome[Outcome.DROPPED]) == stats.dropped > 0
+    assert len(by_outcome[Outcome.FAILED]) == stats.failed

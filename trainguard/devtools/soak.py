@@ -20,17 +20,28 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..kafka.lag import wait_caught_up
 from ..kafka.topics import TopicNames, delete_topics, ensure_topics, partition_count, topic_names
 from ..processors.core.policy import load_policy
+from ..producers.rank.shipper import Outcome
 from ..producers.simulator.driver import SimulationResult, run_simulation
 from ..producers.simulator.scenario import Scenario, SlowFault
 from ..replay.log import read_recording, read_topic
-from ..replay.oracle import OracleReport, Verdict, check
+from ..replay.oracle import (
+    ARCHIVE,
+    EXECUTED_ONCE,
+    NOTHING_LOST,
+    ONE_DECISION,
+    RANK_ORDER,
+    REPLAY,
+    OracleReport,
+    Verdict,
+    check,
+)
 from ..replay.replay import decision_id, decisions_of
 from ..schemas import (
     Abort,
@@ -60,17 +71,17 @@ RECOVERY_GRACE_S = 45.0
 
 @dataclass
 class RunLoad:
-    """One simulated run on its own thread, and what its shipper was handed."""
+    """One simulated run on its own thread, and what its shipper did with each event, by id."""
 
     scenario: Scenario
     run_id: str
-    sent: list[str] = field(default_factory=list)
+    outcomes: dict[Outcome, set[str]] = field(default_factory=lambda: {o: set() for o in Outcome})
     start_ts: float = 0.0
     result: SimulationResult | None = None
     error: str = ""
 
-    def witness(self, events: list[Envelope]) -> None:
-        self.sent.extend(e.event_id for e in events)
+    def told(self, outcome: Outcome, events: Sequence[Envelope]) -> None:
+        self.outcomes[outcome].update(e.event_id for e in events)
 
 
 @dataclass(frozen=True)
@@ -279,7 +290,7 @@ def _start_load(
         try:
             load.result = run_simulation(
                 load.scenario, bootstrap, names, secret, speed=config.speed, max_seconds=config.duration_s,
-                run_id=load.run_id, start_ts=load.start_ts, on_submit=load.witness,
+                run_id=load.run_id, start_ts=load.start_ts, on_outcome=load.told,
             )  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - the report names it, and the run fails
             load.error = f"{load.run_id}: the simulation failed: {exc!r}"
@@ -372,16 +383,27 @@ def _judge(
     recording = read_recording(bootstrap, names, load.run_id)
     result = load.result
     stats = result.shipper if result is not None else None
-    # The shipper counts deliveries, not ids: when every event it was handed was
-    # delivered, the ids it was handed are exactly the acknowledged ones.
-    exact = stats is not None and stats.delivered == stats.submitted == len(load.sent)
-    acknowledged = set(load.sent) if exact else set()
-    report = check(recording, load_policy(str(policy)), acknowledged=acknowledged, acks=acks, archive=db)
+    # The shipper tells each event's outcome by id: "nothing lost" covers every acknowledged
+    # event even when others were dropped (a full buffer drops by design, and counts it).
+    acknowledged = load.outcomes[Outcome.DELIVERED]
+    told = {o.value: len(ids) for o, ids in load.outcomes.items()}
+    counted = {o.value: getattr(stats, o.value) for o in Outcome} if stats is not None else {}
+    accounted = stats is not None and told == counted and stats.in_flight == 0
     detail = (
-        f"{stats.delivered} of {stats.submitted} submitted events acknowledged "
-        f"({stats.dropped} dropped, {stats.failed} failed)" if stats is not None else load.error
+        f"{stats.delivered} of {stats.submitted} submitted events acknowledged, "
+        f"{stats.dropped} dropped, {stats.failed} failed; by id: {told}" if stats is not None else load.error
     )  # fmt: skip
-    report.verdicts.insert(0, Verdict("shipper accounting", exact, detail))
+    expect = {NOTHING_LOST, RANK_ORDER}
+    if result is not None and result.fired:
+        expect |= {ONE_DECISION, REPLAY, ARCHIVE}  # a fault makes decisions
+    if recording.commands:
+        expect.add(EXECUTED_ONCE)  # the ranks run the commands
+    report = check(
+        recording, load_policy(str(policy)), acknowledged=acknowledged, acks=acks, archive=db, expect=expect
+    )
+    report.verdicts.insert(
+        0, Verdict("shipper accounting", accounted, detail, stats.submitted if stats else 0)
+    )
     logged = {e.event_id for _, _, value in recording.records for e in decode_batch(value).events}
     ids = [decision_id(d) for d in decisions_of(recording)]
     faults: Counter[str] = Counter(f.kind for f in result.fired) if result is not None else Counter()

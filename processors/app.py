@@ -27,6 +27,7 @@ import faust
 from faust.types import TP, RecordMetadata
 
 from ..kafka.acl import PROCESSOR_APP
+from ..kafka.lag_metrics import ConsumerLagCollector
 from ..kafka.security import KafkaCredentials, resolve
 from ..kafka.topics import TopicNames, ensure_run_commands_topic, partition_count, topic_names
 from ..schemas import Command, Envelope, Tick, encode
@@ -355,6 +356,12 @@ def run_worker(settings: ProcessorSettings, loglevel: str = "warning") -> None:
     """Run the processor until SIGINT/SIGTERM (blocks)."""
     app, _, metrics = create_app(settings)
     if settings.metrics_port is not None:
+        # The lag of this worker's group on the telemetry topic (processors falling behind).
+        group, telemetry = f"{settings.topic_prefix}{settings.app_id}", settings.topics.telemetry
+        credentials = resolve(settings.credentials)
+        ConsumerLagCollector(
+            settings.bootstrap, group, [telemetry], "processor", credentials=credentials
+        ).start(metrics.registry)
         metrics.serve(settings.metrics_port, settings.metrics_addr)
     asyncio.set_event_loop(asyncio.new_event_loop())
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)

@@ -12,9 +12,19 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
 
-from ..schemas import Interruption, Page
+from ..schemas import Interruption, InterruptionCause, Page, RejectReason
+from ..schemas.commands import COMMAND_KINDS
 from ..schemas.events import PAGE_RULES
 from .core import CoreState, RunPhase, RunState, goodput, step_time_summary
 from .core.sdc_state import remember
@@ -27,6 +37,19 @@ OTHER_RULE = "other"
 #: Interruption and page ids remembered against double counting (a month at 16k ranks has
 #: ~233 interruptions; recent ids are what a redelivery re-derives).
 COUNTED_IDS = 65_536
+
+
+#: The snapshots counter's outcomes.
+SNAPSHOT_OUTCOMES = ("written", "failed")
+
+
+def with_runtime(registry: CollectorRegistry) -> CollectorRegistry:
+    """The process (CPU, memory, file descriptors), Python and GC metrics on `registry` (the
+    default registry has them; a custom one has not)."""
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
 
 
 def page_rule(rule: str) -> str:
@@ -162,6 +185,17 @@ class ProcessorMetrics:
         self.snapshot_bytes = Gauge(
             "trainguard_snapshot_bytes", "Size of the last state snapshot written.", registry=r
         )
+        # Every labelled counter has its series from the start, at 0: rate() and increase()
+        # over a series born at 1 miss the first event (the first dead letter would not alert).
+        for reason in RejectReason:
+            self.dead_letters.labels(reason=reason.value)
+        for cause in InterruptionCause:
+            self.interruptions.labels(cause=cause.value)
+        for kind in COMMAND_KINDS:
+            self.commands.labels(kind=kind.KIND)
+        for outcome in SNAPSHOT_OUTCOMES:
+            self.snapshots.labels(outcome=outcome)
+        with_runtime(r)
         self._per_run = (
             self.goodput,
             self.step_p50,

@@ -31,6 +31,7 @@ from trainguard.kafka.topics import TopicNames
 
 from ..schemas import Rejected, decode, decode_batch
 from ..schemas.codec import ACKS, COMMANDS, DERIVED
+from .archive_metrics import ArchiveMetrics
 from .archive_store import (
     Archive,
     DeadLetter,
@@ -155,6 +156,7 @@ class ArchiveWriter:
         *,
         storage_options: dict[str, str] | None = None,
         maintenance: Maintenance | None = None,
+        metrics: ArchiveMetrics | None = None,
         batch_size: int = 5000,
         max_events_per_write: int = 200_000,
         poll_timeout_s: float = 0.5,
@@ -167,6 +169,7 @@ class ArchiveWriter:
         self.poll_timeout_s = poll_timeout_s
         self.stats = WriterStats()
         self.maintenance = maintenance or Maintenance()
+        self.metrics = metrics or ArchiveMetrics()
         self._maintained_at = time.monotonic()
         self._next: dict[tuple[str, int], int] = {}  # next offset to read, per partition, as consumed
         self._uncommitted: dict[tuple[str, int], int] = {}  # stored, offset commit still to do
@@ -234,8 +237,18 @@ class ArchiveWriter:
     def _store(self, items: list[Item], ends: dict[tuple[str, int], int], records: int) -> None:
         """One transaction, then the offsets: never commit past what is durably written."""
         offsets = {f"{topic}:{part}": end for (topic, part), end in ends.items()}
-        self.stats.add(self.archive.write(items, offsets))
+        try:
+            result = self.archive.write(items, offsets)
+        except Exception:
+            self.metrics.errors.labels(stage="write").inc()
+            raise
+        self.stats.add(result)
         self.stats.consumed += records
+        for table, rows in result.inserted.items():
+            self.metrics.rows.labels(table=table).inc(rows)
+        self.metrics.records.inc(records)
+        self.metrics.batches.inc()
+        self.metrics.last_commit.set_to_current_time()
         self._next.update(ends)
         self._uncommitted.update(ends)
         self._commit()
@@ -252,6 +265,7 @@ class ArchiveWriter:
                 self._consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:
             self.stats.commit_failures += 1
+            self.metrics.errors.labels(stage="offset_commit").inc()
             log.warning("archive offset commit failed (will retry; re-reads are harmless): %s", exc)
             return False
         self._uncommitted.clear()  # committed, or no longer ours after a rebalance
@@ -273,9 +287,14 @@ class ArchiveWriter:
         """Compaction, retention and vacuum between two batches (the writer is the lake's only
         writer, so nothing else commits meanwhile)."""
         started = time.monotonic()
-        self.archive.maintain(self.maintenance.retain_s, self.maintenance.vacuum_hours)
+        try:
+            self.archive.maintain(self.maintenance.retain_s, self.maintenance.vacuum_hours)
+        except Exception:  # the rows are safe; the next pass tries again
+            self.metrics.errors.labels(stage="maintenance").inc()
+            log.exception("archive maintenance failed (the next pass retries)")
         self._maintained_at = time.monotonic()
         self.stats.maintenance_s += self._maintained_at - started
+        self.metrics.maintenance_seconds.inc(self._maintained_at - started)
 
     def run_until_caught_up(self, timeout_s: float = 60.0) -> WriterStats:
         """Archive up to the end offsets the topics have now; TimeoutError if that takes over timeout_s."""

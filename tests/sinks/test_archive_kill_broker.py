@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -23,15 +24,46 @@ from trainguard.schemas import encode, encode_batch
 from trainguard.sinks.archive import archive_group, archived_topics
 from trainguard.sinks.archive_store import open_snapshot, summary
 
+from ..pipeline import free_port
 from ..processors.streams import Job
+
+
+def _physical_rows(db: Path) -> int:
+    con = open_snapshot(db)
+    try:
+        return int(con.execute("SELECT count(*) FROM _lake_raw_event").fetchall()[0][0])
+    finally:
+        con.close()
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The writer's /metrics as {'name{labels}': value} (labels as Prometheus sorts them)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                text = response.read().decode()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "the writer's metrics did not come up"
+            time.sleep(0.2)
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
 
 pytestmark = pytest.mark.broker
 
 
-def start_writer(bootstrap: str, topics: TopicNames, db: Path, log: Path) -> subprocess.Popen[bytes]:
+def start_writer(
+    bootstrap: str, topics: TopicNames, db: Path, log: Path, metrics_port: int = 0
+) -> subprocess.Popen[bytes]:
     prefix = topics.telemetry.removesuffix("trainguard.telemetry")
     command = [sys.executable, "-m", "trainguard", "archive", "--db", str(db), "--bootstrap", bootstrap,
-               "--topic-prefix", prefix]  # fmt: skip
+               "--topic-prefix", prefix, "--metrics-port", str(metrics_port)]  # fmt: skip
     with log.open("ab") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
 
@@ -56,20 +88,35 @@ def test_a_writer_killed_mid_batch_and_restarted_stores_every_event_once(
     while (lag := group_lag(bootstrap, group, names)) == total:  # wait for its first commit
         assert time.monotonic() < deadline and writer.poll() is None, log.read_text()[-2000:]
         time.sleep(0.05)
-    seen_while_writing = summary(db)["raw_event"]  # another process reads while it writes
-    report = subprocess.run(
-        [sys.executable, "-m", "trainguard", "timeline", "--db", str(db)], capture_output=True, timeout=60
-    )
     writer.send_signal(signal.SIGKILL)  # mid-way: some batches committed, the rest in flight
     writer.wait(10)
     assert 0 < lag < total, (lag, total)
-    assert report.returncode == 0, report.stderr.decode()[-2000:]
-    assert b"no interruptions recorded" in report.stdout
-    assert 0 < seen_while_writing < len(events)
+    stored_before = _physical_rows(db)  # as of the killed writer's last mark
 
-    writer = start_writer(bootstrap, topics, db, log)
+    port = free_port()
+    writer = start_writer(bootstrap, topics, db, log, port)
     try:
+        # Other processes read while the restarted writer holds the archive and writes.
+        seen_while_writing = summary(db)["raw_event"]
+        report = subprocess.run(
+            [sys.executable, "-m", "trainguard", "timeline", "--db", str(db)], capture_output=True, timeout=60
+        )
+        assert report.returncode == 0, report.stderr.decode()[-2000:]
+        assert b"no interruptions recorded" in report.stdout
+        assert 0 < stored_before <= seen_while_writing <= len(events)
+        assert writer.poll() is None, log.read_text()[-2000:]
+
         assert wait_caught_up(bootstrap, group, names, 90), log.read_text()[-2000:]
+        # Its metrics (issue 19): what it stored, its last commit, its lag, its process.
+        metrics = scrape(port)
+        assert metrics['trainguard_archive_rows_total{table="raw_event"}'] == len(events) - stored_before
+        assert metrics['trainguard_archive_rows_total{table="command"}'] == 0  # there from the start
+        assert metrics['trainguard_archive_errors_total{stage="write"}'] == 0
+        assert time.time() - metrics["trainguard_archive_last_commit_timestamp_seconds"] < 120
+        assert metrics[f'trainguard_consumer_broker_up{{group="{group}",role="archive"}}'] == 1
+        lag_series = [k for k in metrics if k.startswith("trainguard_consumer_lag_records{")]
+        assert any(f'topic="{topics.telemetry}"' in k for k in lag_series), lag_series
+        assert metrics["process_resident_memory_bytes"] > 0
     finally:
         writer.terminate()
         writer.wait(30)

@@ -94,18 +94,27 @@ def archive(
     maintain_every: Annotated[
         float, typer.Option(help="Seconds between compaction, retention and vacuum passes.")
     ] = 300.0,
+    metrics_port: Annotated[int, typer.Option(help="Prometheus /metrics port (0: off).")] = 9465,
+    metrics_addr: Annotated[str, typer.Option(help="Address the metrics server binds.")] = "127.0.0.1",
 ) -> None:
     """Archive every topic into Delta Lake tables that any number of readers query while it
     writes; a killed writer resumes from its last batch, losing and repeating nothing."""
+    from ..kafka.lag_metrics import ConsumerLagCollector
     from ..kafka.topics import topic_names
-    from ..sinks.archive import ArchiveWriter, Maintenance
+    from ..sinks.archive import ArchiveWriter, Maintenance, archive_group, archived_topics
+    from ..sinks.archive_metrics import ArchiveMetrics
 
     maintenance = Maintenance(every_s=maintain_every, retain_s=_retention(retain or []))
     resolved = reach_broker(bootstrap, connect_timeout)
+    names, metrics = topic_names(topic_prefix), ArchiveMetrics()
     try:
-        writer = ArchiveWriter(resolved, topic_names(topic_prefix), db, maintenance=maintenance)
+        writer = ArchiveWriter(resolved, names, db, maintenance=maintenance, metrics=metrics)
     except RuntimeError as exc:  # another writer holds the root, or a newer schema
         fail(str(exc))
+    if metrics_port:
+        lag = ConsumerLagCollector(resolved, archive_group(names), archived_topics(names), "archive")
+        lag.start(metrics.registry)
+        metrics.serve(metrics_port, metrics_addr)
     writer.run(stop_on_signals())
     writer.close()
 

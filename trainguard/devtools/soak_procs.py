@@ -137,7 +137,7 @@ def archive_launcher(bootstrap: str, prefix: str, db: Path, env: dict[str, str])
 
     def launch(path: Path) -> tuple[subprocess.Popen[bytes], str | None]:
         command = [sys.executable, "-m", "trainguard", "archive", "--db", str(db),
-                   "--bootstrap", bootstrap, "--topic-prefix", prefix]  # fmt: skip
+                   "--bootstrap", bootstrap, "--topic-prefix", prefix, "--metrics-port", "0"]  # fmt: skip
         with path.open("wb") as out:
             proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env})
         return proc, None

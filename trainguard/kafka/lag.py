@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from .security import KafkaCredentials, client_config
 
@@ -28,12 +28,33 @@ def group_lag(
             for p in consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
         ]
         lag = 0
-        for tp in consumer.committed(partitions, timeout=timeout_s):
+        for tp in _committed(consumer, partitions, timeout_s):
             low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
             lag += high - (tp.offset if tp.offset >= 0 else low)
         return lag
     finally:
         consumer.close()
+
+
+#: The group coordinator moving, loading or not yet elected: it answers within moments.
+_COORDINATOR_BUSY = (
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+)
+
+
+def _committed(
+    consumer: Consumer, partitions: list[TopicPartition], timeout_s: float
+) -> list[TopicPartition]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return list(consumer.committed(partitions, timeout=timeout_s))
+        except KafkaException as exc:
+            if exc.args[0].code() not in _COORDINATOR_BUSY or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
 
 
 def wait_caught_up(

@@ -23,7 +23,7 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from ..schemas import Interruption, InterruptionCause, Page, RejectReason
+from ..schemas import Interruption, InterruptionCause, InterruptionRecovered, Page, RejectReason
 from ..schemas.commands import COMMAND_KINDS
 from ..schemas.events import PAGE_RULES
 from .core import CoreState, RunPhase, RunState, goodput, step_time_summary
@@ -103,6 +103,12 @@ class ProcessorMetrics:
             # Fine, so that a benchmark can read p50/p99 off them (bench/bench_live.py).
             buckets=(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75)
             + (1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
+            registry=r,
+        )
+        self.restart_seconds = Histogram(
+            "trainguard_restart_seconds",
+            "Seconds from an interruption's detection to the run's first step after it (the seed's R).",
+            buckets=(1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0),
             registry=r,
         )
         self.goodput = Gauge(
@@ -208,6 +214,7 @@ class ProcessorMetrics:
         #: Interruption and page ids counted, the newest COUNTED_IDS: a redelivery re-derives
         #: recent ids only, and a month-long processor must not keep every id it ever saw.
         self._counted: OrderedDict[str, None] = OrderedDict()
+        self._recovered: OrderedDict[str, None] = OrderedDict()  # the same, for restart seconds
         self._labelled: set[str] = set()
         #: Runs with page series (a page may come before its run's first refresh).
         self._paged_runs: set[str] = set()
@@ -225,6 +232,10 @@ class ProcessorMetrics:
                 self._counted, derived.interruption_id, COUNTED_IDS
             ):
                 self.interruptions.labels(cause=derived.cause.value).inc()
+            elif isinstance(derived, InterruptionRecovered) and remember(
+                self._recovered, derived.interruption_id, COUNTED_IDS
+            ):
+                self.restart_seconds.observe(derived.restart_s)
             elif isinstance(derived, Page) and remember(self._counted, derived.event_id, COUNTED_IDS):
                 self._page_series(derived.run_id)
                 self.pages.labels(run_id=derived.run_id, rule=page_rule(derived.rule)).inc()

@@ -7,7 +7,9 @@ import math
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
+
+from ..producers.checkpoint.location import local_checkpoint_dir
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -56,7 +58,19 @@ class _Body(BaseModel):
 
 
 class CheckpointSpec(_Body):
-    uri: str = Field(min_length=1, max_length=2000, description="Where the run's checkpoints go.")
+    uri: str = Field(
+        min_length=1,
+        max_length=2000,
+        description="Where the run's checkpoints go: a directory every host mounts, as a path or a "
+        "file:// URI (object-store URIs are refused: producers/checkpoint/location.py).",
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _a_directory(cls, uri: str) -> str:
+        local_checkpoint_dir(uri)  # LocationError (a ValueError) names the problem
+        return uri
+
     interval: Interval = Field(
         "auto", description='"auto": Young/Daly from measured C and MTBF (seed §6), or fixed seconds.'
     )

@@ -61,3 +61,24 @@ def test_an_unsupported_report_format_is_refused_and_nothing_is_written(tmp_path
     assert done.exit_code == 2, done.output
     assert ".pdf" in done.output and ".html" in done.output
     assert not report.exists()
+
+
+def test_an_object_store_checkpoint_dir_is_refused_in_one_line() -> None:
+    done = CliRunner().invoke(
+        app,
+        [
+            "launch",
+            "--nproc",
+            "2",
+            "--run-id",
+            "r1",
+            "--checkpoint-dir",
+            "s3://bucket/ckpt",
+            "--offline",
+            "--",
+            "train.py",
+        ],
+    )
+    assert done.exit_code == 2, done.output
+    lines = _lines(done.output)
+    assert len(lines) == 1 and "s3://bucket/ckpt" in lines[0] and "not supported yet" in lines[0], lines

@@ -417,6 +417,21 @@ def test_declaring_a_run_says_where_the_spec_differs_from_the_processors_policy(
     assert len(world.call("POST", "/runs", spec, policy=lenient).body["policy_differences"]) == 1
 
 
+def test_an_object_store_checkpoint_uri_is_refused_not_taken_for_a_local_path(world: World) -> None:
+    """s3://bucket/ckpt once became the launch line's local directory s3:/bucket/ckpt."""
+    for uri in ("s3://bucket/ckpt", "gs://bucket/ckpt", "file://relative/ckpt"):
+        response = world.call("POST", "/runs", {**SPEC, "checkpoint": {"uri": uri}})
+        assert response.status == 422, (uri, response.body)
+        (field,) = response.body["fields"]
+        assert field["field"] == "checkpoint.uri" and uri in field["reason"], field
+    assert (
+        "not supported yet"
+        in world.call("POST", "/runs", {**SPEC, "checkpoint": {"uri": "s3://b/c"}}).body["message"]
+    )
+    shared = world.call("POST", "/runs", {**SPEC, "checkpoint": {"uri": "/mnt/lustre/ckpt"}}).body["launch"]
+    assert shared[shared.index("--checkpoint-dir") + 1] == "/mnt/lustre/ckpt"
+
+
 def test_declaring_a_run_that_the_core_already_knows_says_so(world: World) -> None:
     run_id = world.call("POST", "/runs", SPEC, headers={**AUTH, "Idempotency-Key": "known"}).body["run_id"]
     world.feed(Job(run_id=run_id, world_size=4).start().steps(2).events)

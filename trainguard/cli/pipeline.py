@@ -119,6 +119,17 @@ def archive(
     writer.close()
 
 
+def _checkpoint_path(given: str) -> Path:
+    """A local or shared-filesystem checkpoint directory; an object-store URI is refused in
+    one line (Path would fold s3://b/c into the local path s3:/b/c)."""
+    from ..producers.checkpoint.location import LocationError, local_checkpoint_dir
+
+    try:
+        return local_checkpoint_dir(given).resolve()
+    except LocationError as exc:
+        fail(f"--checkpoint-dir {exc}")
+
+
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
 
 
@@ -190,8 +201,11 @@ def launch(
         typer.Argument(help="The rank program: train.py args (torchrun's form), or -- python train.py args."),
     ],
     checkpoint_dir: Annotated[
-        Path,
-        typer.Option(envvar="TRAINGUARD_CHECKPOINT_DIR", help="Validated checkpoints: DIR/step-N/VALIDATED."),
+        str,
+        typer.Option(
+            envvar="TRAINGUARD_CHECKPOINT_DIR",
+            help="Validated checkpoints: DIR/step-N/VALIDATED (a path every host mounts, or file://).",
+        ),
     ],
     nproc: Annotated[int, typer.Option(help="One host: world size (default: --nproc-per-node).")] = 0,
     run_id: Annotated[
@@ -345,7 +359,7 @@ def launch(
         spare=spare,
         restart=restart,  # type: ignore[arg-type]  # checked above
         warm_spares=warm_spares,
-        checkpoint_dir=checkpoint_dir.resolve(),
+        checkpoint_dir=_checkpoint_path(checkpoint_dir),
         spares=spares,
         nodes_per_rack=nodes_per_rack,
         max_restarts=max_restarts,

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..cli.report import timeline_table
+from ..cli.report import print_goodput, timeline_table
 from ..kafka.lag import wait_caught_up
 from ..kafka.topics import EVENTS
 from ..replay.evaluate import EXPECTED, score
@@ -106,6 +106,7 @@ def run_demo(scenario_path: Path | None, workdir: Path, metrics_port: int, conso
 
     rows = timeline(db_path)
     console.print(timeline_table(rows))
+    print_goodput(db_path, None, console)  # where the run's time went (its GoodputReports)
     with contextlib.closing(open_snapshot(db_path)) as con:
         acks = con.execute(
             "SELECT c.kind, a.status, count(*) FROM ack a JOIN command c USING (command_id) "
@@ -145,5 +146,5 @@ def run_demo(scenario_path: Path | None, workdir: Path, metrics_port: int, conso
         console.print(f"  [yellow]unexpected {alarm.detector} {where}")
     ok = not scored.misses
     console.print(f"\narchive: [cyan]{db_path}[/] ({raw} raw events, {dead} dead letters)")
-    console.print(f"query it: trainguard timeline --db {db_path}  (or trainguard query runs --db {db_path})")
+    console.print(f"query it: trainguard timeline --db {db_path}, trainguard goodput --db {db_path}")
     return 0 if ok else 1

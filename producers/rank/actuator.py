@@ -353,6 +353,7 @@ class Actuator:
         assert command is not None
         handler = self._handlers.get(type(command))
         acks = []
+        failures: dict[str, list[int]] = {}  # one log line per distinct error, not per rank
         for rank in decision.ranks:
             if handler is None:
                 self.stats.failed += 1
@@ -365,10 +366,11 @@ class Actuator:
                 except Exception as exc:
                     self.stats.failed += 1
                     status, detail = AckStatus.FAILED, f"{type(exc).__name__}: {exc}"
-                    log.warning(
-                        "actuator %s: %s on rank %d failed: %s", self.instance, command.KIND, rank, exc
-                    )
+                    failures.setdefault(str(exc), []).append(rank)
             acks.append(self._ack(command.command_id, command.KIND, command.attempt, rank, status, detail))
+        for error, ranks in failures.items():
+            shown = f"rank {ranks[0]}" if len(ranks) == 1 else f"{len(ranks)} ranks ({ranks[0]}..{ranks[-1]})"
+            log.warning("actuator %s: %s on %s failed: %s", self.instance, command.KIND, shown, error)
         return acks
 
     def _ack(

@@ -43,6 +43,7 @@ from .archive_schema import (
     HOUR,
     INTERRUPTION_DETECTED,
     INTERRUPTION_RECOVERED,
+    KEYS,
     PARTITIONS,
     RAW_EVENT,
     RUN_ACTIVITY,
@@ -259,7 +260,7 @@ class Archive:
         self.lake = Lake(root, storage_options)
         self._lock = WriterLock(root)
         try:
-            self.mark = self.lake.recover()
+            self.mark = self.lake.recover(KEYS)
         except BaseException:
             self._lock.release()
             raise

@@ -24,7 +24,7 @@ from __future__ import annotations
 import fcntl
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -112,13 +112,15 @@ class Lake:
                 return Mark(mark["seq"], mark["schema_version"], mark["versions"], mark["offsets"])
         raise RuntimeError(f"{self.uri(BATCHES)}: no batch mark in its last {_LOOK_BACK} commits")
 
-    def recover(self) -> Mark:
-        """Roll every table back to the newest mark: commits made after it belong to a batch
-        whose writer died before its mark, and their records will be read from Kafka again."""
+    def recover(self, tables: Iterable[str] = ()) -> Mark:
+        """Roll `tables` (and every table found under a local root) back to the newest mark:
+        commits made after it belong to a batch whose writer died before its mark, and their
+        records will be read from Kafka again."""
         mark = self.mark()
-        for name in self._table_names():
+        for name in sorted({*tables, *self._table_names()}):
             table = self._table(name)
-            assert table is not None
+            if table is None:
+                continue  # never written
             listed = mark.versions.get(name)
             if listed is None:
                 table.delete()  # created by the unfinished batch: empty it
@@ -128,7 +130,7 @@ class Lake:
 
     def _table_names(self) -> list[str]:
         if is_uri(self.root):
-            return []  # an object store lists no directories cheaply; recover() then trusts the mark
+            return []  # an object store lists no directories cheaply: the caller names its tables
         return sorted(
             p.name for p in Path(self.root).iterdir() if p.name != BATCHES and (p / "_delta_log").is_dir()
         )

@@ -52,7 +52,7 @@ from .archive_schema import (
     SUMMARY_RELATIONS,
 )
 from .archive_tables import hour_of, snapshot, to_arrow
-from .lake import Lake, WriterLock, is_uri
+from .lake import BATCHES, Lake, WriterLock, is_uri
 
 # --------------------------------------------------------------------------- items
 
@@ -318,6 +318,9 @@ class Archive:
             previous = replace(self.mark, versions=versions)
             self.mark = self.lake.commit({}, PARTITIONS, previous, SCHEMA_VERSION)
             self._forget_snapshot()
+        # The batch log gets a small file per batch too; readers read its commits, not its rows.
+        self.lake.compact(BATCHES)
+        self.lake.vacuum(BATCHES, vacuum_hours)
 
     def _tables(self, batch: _Batch, seq: int) -> dict[str, pa.Table]:
         tables = {}

@@ -87,6 +87,7 @@ def test_maintenance_compacts_and_drops_hours_past_retention_and_nothing_else(tm
         k: v for k, v in before.items() if k != "raw_event"
     }  # the other tables keep every row
     assert len(DeltaTable(str(root / "raw_event")).file_uris()) < files_before
+    assert len(DeltaTable(str(root / "_batches")).file_uris()) == 1  # the batch log compacted too
     with contextlib.closing(open_snapshot(root)) as con:
         (oldest,) = con.execute("SELECT min(ts) FROM raw_event").fetchall()[0]
     assert oldest >= T0 + 6 * 3600

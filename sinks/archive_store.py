@@ -303,9 +303,14 @@ class Archive:
         return WriteResult(offered, inserted)
 
     def maintain(self, retain_s: Mapping[str, float], vacuum_hours: int, now: float | None = None) -> None:
-        """Drop hours past each table's retention, compact every table, vacuum; then a mark
-        with the new versions (the same rows, fewer files; or fewer rows after retention)."""
+        """Drop hours past each table's retention, compact every table and the batch log,
+        vacuum; then a mark with the new versions (the same rows in fewer files, or fewer rows
+        after retention). The mark is always the batch log's newest commit: readers find it
+        at the log's tail however long the archive stays idle."""
         now = time.time() if now is None else now
+        # The batch log gets a small file per batch too; readers read its commits, not its rows.
+        self.lake.compact(BATCHES)
+        self.lake.vacuum(BATCHES, vacuum_hours)
         versions = dict(self.mark.versions)
         for table in self.mark.versions:
             keep = retain_s.get(table)
@@ -314,13 +319,11 @@ class Archive:
             self.lake.compact(table)
             self.lake.vacuum(table, vacuum_hours)
             versions[table] = self.lake.version(table)
-        if versions != self.mark.versions:
-            previous = replace(self.mark, versions=versions)
-            self.mark = self.lake.commit({}, PARTITIONS, previous, SCHEMA_VERSION)
+        if self.lake.exists():
+            self.mark = self.lake.commit(
+                {}, PARTITIONS, replace(self.mark, versions=versions), SCHEMA_VERSION
+            )
             self._forget_snapshot()
-        # The batch log gets a small file per batch too; readers read its commits, not its rows.
-        self.lake.compact(BATCHES)
-        self.lake.vacuum(BATCHES, vacuum_hours)
 
     def _tables(self, batch: _Batch, seq: int) -> dict[str, pa.Table]:
         tables = {}

@@ -7,6 +7,7 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from trainguard.cli import app
@@ -44,10 +45,16 @@ def test_an_unreachable_broker_is_named_in_one_line_and_the_command_exits() -> N
         assert took < 10, f"{command[0]} took {took:.1f} s to give up"
 
 
-def test_a_missing_archive_is_one_line(tmp_path: Path) -> None:
-    missing = tmp_path / "missing.duckdb"
-    for command in ("timeline", "goodput"):
-        done = CliRunner().invoke(app, [command, "--db", str(missing)])
+@pytest.mark.parametrize("where", ["missing", "empty-dir", "uri"])
+def test_a_missing_archive_is_one_line(tmp_path: Path, where: str) -> None:
+    missing: Path | str = tmp_path / "missing"
+    if where == "empty-dir":
+        missing.mkdir()  # type: ignore[union-attr]
+    elif where == "uri":
+        missing = f"file://{tmp_path}/nothing-here"
+    for command in ("timeline", "goodput", "query"):
+        args = [command, "runs"] if command == "query" else [command]
+        done = CliRunner().invoke(app, [*args, "--db", str(missing)])
         assert done.exit_code == 2, done.output
         assert _lines(done.output) == [
             f"no archive at {missing}: pass --db, or run `trainguard archive --db {missing}` first"

@@ -14,8 +14,13 @@ from .app import DEFAULT_ARCHIVE, ArchiveRoot, ReportFile, app, console, fail
 
 def _existing(db: str) -> str:
     """`db` if there is an archive there; else one line and exit 2 (not a traceback)."""
-    if "://" not in db and not Path(db).exists():
-        fail(f"no archive at {db}: pass --db, or run `trainguard archive --db {db}` first")
+    from ..sinks.lake import Lake
+
+    if "://" in db or not Path(db).is_file():  # a lake (a file is a DuckDB archive of before)
+        try:
+            Lake.reading(db)
+        except FileNotFoundError:
+            fail(f"no archive at {db}: pass --db, or run `trainguard archive --db {db}` first")
     return db
 
 

@@ -13,6 +13,11 @@ import pytest
 
 from trainguard.kafka.topics import TopicNames, delete_topics, ensure_topics, topic_names
 
+from .variants import SLOW_MODULES, slow_variants
+
+#: Not collected (not skipped) unless the slow variants are asked for (tests/variants.py).
+collect_ignore = [] if slow_variants() else SLOW_MODULES
+
 
 @pytest.fixture(scope="session")
 def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:

@@ -29,7 +29,7 @@ class Recorded:
     recording: Recording
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")  # one recording for test_replay and test_backtest
 def recorded(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
     log = tmp_path_factory.mktemp("processor") / "processor.log"
     with running_processor(bootstrap, POLICY, SECRET.decode(), log) as processor:

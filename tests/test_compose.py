@@ -165,6 +165,9 @@ class Container:
 
 @pytest.fixture
 def container(bootstrap: str, tmp_path: Path) -> Iterator[Container]:
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, text=True, check=False)
+    if probe.returncode != 0:  # a failure, not a skip: the services' container paths go unchecked
+        pytest.fail(f"`unshare -m` is needed for the read-only working directory: {probe.stderr.strip()}")
     for folder in ("app", "home", "data", "run/secrets"):
         (tmp_path / folder).mkdir(parents=True)
     for name, value in (("command_secret", SECRET), ("api_token", TOKEN)):

@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import orjson
 import pyarrow as pa
@@ -72,6 +72,9 @@ class Lake:
     def __init__(self, root: str | Path, storage_options: dict[str, str] | None = None) -> None:
         self.root = str(root).rstrip("/")
         self.storage_options = storage_options
+        #: The writer's tables, opened once: a write through an open table updates it in
+        #: place, where reopening replays the log since its checkpoint (~70 ms at 100 commits).
+        self._writing: dict[str, DeltaTable] = {}
         if not is_uri(self.root):
             Path(self.root).mkdir(parents=True, exist_ok=True)
 
@@ -81,7 +84,7 @@ class Lake:
         if not is_uri(root) and not Path(root).is_dir():
             raise FileNotFoundError(f"no archive at {root}")
         lake = cls.__new__(cls)
-        lake.root, lake.storage_options = str(root).rstrip("/"), storage_options
+        lake.root, lake.storage_options, lake._writing = str(root).rstrip("/"), storage_options, {}
         if not lake.exists():
             raise FileNotFoundError(f"no archive at {root} (no {BATCHES} table there)")
         return lake
@@ -94,6 +97,29 @@ class Lake:
             return DeltaTable(self.uri(table), version=version, storage_options=self.storage_options)
         except TableNotFoundError:
             return None
+
+    def _open(self, table: str) -> DeltaTable | None:
+        """The writer's handle on `table` (None until its first write); the writer's own
+        operations keep it current."""
+        if table not in self._writing:
+            opened = self._table(table)
+            if opened is None:
+                return None
+            self._writing[table] = opened
+        return self._writing[table]
+
+    def _append(self, table: str, data: pa.Table, **options: Any) -> int:
+        """Append `data` to `table` (created by its first append); the table's new version."""
+        opened = self._open(table)
+        if opened is None:
+            write_deltalake(
+                self.uri(table), data, mode="append", storage_options=self.storage_options, **options
+            )
+            opened = self._open(table)
+            assert opened is not None
+        else:
+            write_deltalake(opened, data, mode="append", **options)
+        return opened.version()
 
     def exists(self) -> bool:
         return self._table(BATCHES) is not None
@@ -118,7 +144,7 @@ class Lake:
         records will be read from Kafka again."""
         mark = self.mark()
         for name in sorted({*tables, *self._table_names()}):
-            table = self._table(name)
+            table = self._open(name)
             if table is None:
                 continue  # never written
             listed = mark.versions.get(name)
@@ -150,16 +176,7 @@ class Lake:
         for name, data in tables.items():
             if data.num_rows == 0:
                 continue
-            write_deltalake(
-                self.uri(name),
-                data,
-                mode="append",
-                partition_by=partition_by.get(name) or None,
-                storage_options=self.storage_options,
-            )
-            written = self._table(name)
-            assert written is not None
-            versions[name] = written.version()
+            versions[name] = self._append(name, data, partition_by=partition_by.get(name) or None)
             rows += data.num_rows
         mark = Mark(previous.seq + 1, schema_version, versions, {**previous.offsets, **(offsets or {})})
         row = {
@@ -176,17 +193,15 @@ class Lake:
             "versions": mark.versions,
             "offsets": mark.offsets,
         }
-        write_deltalake(
-            self.uri(BATCHES),
+        self._append(
+            BATCHES,
             pa.Table.from_pylist([row], schema=_MARK_SCHEMA),
-            mode="append",
-            storage_options=self.storage_options,
             commit_properties=CommitProperties(custom_metadata={_MARK_KEY: orjson.dumps(metadata).decode()}),
         )
         return mark
 
     def version(self, table: str) -> int:
-        opened = self._table(table)
+        opened = self._open(table)
         if opened is None:
             raise FileNotFoundError(f"no table {self.uri(table)}")
         return opened.version()
@@ -202,7 +217,7 @@ class Lake:
     def compact(self, table: str) -> int:
         """Merge the table's small files (each batch writes one per partition); the files it
         replaced stay for readers of older versions until :meth:`vacuum`. Returns files removed."""
-        opened = self._table(table)
+        opened = self._open(table)
         if opened is None:
             return 0
         return int(opened.optimize.compact()["numFilesRemoved"])
@@ -210,7 +225,7 @@ class Lake:
     def vacuum(self, table: str, retention_hours: int) -> int:
         """Delete files no version younger than `retention_hours` uses (readers hold a version
         for the length of one query; keep it above the longest query)."""
-        opened = self._table(table)
+        opened = self._open(table)
         if opened is None:
             return 0
         removed = opened.vacuum(retention_hours, dry_run=False, enforce_retention_duration=False)
@@ -219,7 +234,7 @@ class Lake:
     def drop_before(self, table: str, column: str, cutoff: str) -> int:
         """Retention: delete the rows of partitions whose `column` (an hour) sorts before
         `cutoff`; their files go at the next vacuum. Returns rows deleted."""
-        opened = self._table(table)
+        opened = self._open(table)
         if opened is None:
             return 0
         escaped = cutoff.replace("'", "''")

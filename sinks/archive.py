@@ -85,6 +85,11 @@ def _header(headers: Headers, name: str) -> str:
     return ""
 
 
+def offset_key(topic: str, partition: int) -> str:
+    """A partition's key in the archive's batch marks ("topic:partition")."""
+    return f"{topic}:{partition}"
+
+
 def _where(msg: Message) -> tuple[str, int, int]:
     topic, part, off = msg.topic(), msg.partition(), msg.offset()
     assert topic is not None and part is not None and off is not None, "a consumed record has a position"
@@ -196,7 +201,7 @@ class ArchiveWriter:
         the group's commit, which may lag it or belong to another archive)."""
         stored = self.archive.mark.offsets
         for tp in partitions:
-            at = stored.get(f"{tp.topic}:{tp.partition}")
+            at = stored.get(offset_key(tp.topic, tp.partition))
             if at is not None:
                 tp.offset = at
                 self._next[(tp.topic, tp.partition)] = at
@@ -236,7 +241,7 @@ class ArchiveWriter:
 
     def _store(self, items: list[Item], ends: dict[tuple[str, int], int], records: int) -> None:
         """One transaction, then the offsets: never commit past what is durably written."""
-        offsets = {f"{topic}:{part}": end for (topic, part), end in ends.items()}
+        offsets = {offset_key(topic, part): end for (topic, part), end in ends.items()}
         try:
             result = self.archive.write(items, offsets)
         except Exception:
@@ -326,9 +331,9 @@ class ArchiveWriter:
                 }
                 stored = self.archive.mark.offsets
                 archived = [
-                    TopicPartition(tp.topic, tp.partition, stored[f"{tp.topic}:{tp.partition}"])
+                    TopicPartition(tp.topic, tp.partition, stored[offset_key(tp.topic, tp.partition)])
                     for tp in parts
-                    if f"{tp.topic}:{tp.partition}" in stored
+                    if offset_key(tp.topic, tp.partition) in stored
                 ]
                 return ends, [*self._consumer.committed(parts, timeout=10), *archived]
             except KafkaException as exc:

@@ -379,8 +379,7 @@ class _Reader:
         elif not is_uri(db) and Path(db).is_file():
             self.con = duckdb.connect(str(db), read_only=True)
         else:
-            lake = Lake.reading(db)
-            self.con = snapshot(lake, lake.mark())
+            self.con = open_snapshot(db)
 
     def __enter__(self) -> duckdb.DuckDBPyConnection:
         return self.con

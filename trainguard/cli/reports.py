@@ -14,9 +14,9 @@ from .app import DEFAULT_ARCHIVE, ArchiveRoot, ReportFile, app, console, fail
 
 def _existing(db: str) -> str:
     """`db` if there is an archive there; else one line and exit 2 (not a traceback)."""
-    from ..sinks.lake import Lake
+    from ..sinks.lake import Lake, is_uri
 
-    if "://" in db or not Path(db).is_file():  # a lake (a file is a DuckDB archive of before)
+    if is_uri(db) or not Path(db).is_file():  # a lake (a file is a DuckDB archive of before)
         try:
             Lake.reading(db)
         except FileNotFoundError:
@@ -71,8 +71,10 @@ def longrun(
         step_s=step_s,
         seed=seed,
     )
-    if Path(db).exists():
+    if Path(db).is_dir():
         shutil.rmtree(db)  # one run per archive: the report reads it back
+    else:
+        Path(db).unlink(missing_ok=True)  # a DuckDB archive of before
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"{days:g} days at {world_size:,} ranks", total=1.0)
         result = run_longrun(run, chosen, archive=db, progress=lambda f: bar.update(task, completed=f))

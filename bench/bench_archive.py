@@ -10,7 +10,9 @@ The numbers, so that a slow result can be placed:
   bytes    the first root's size per event after compaction, and per day at the live rate
            of a 16,384-rank run (LIVE_16K_EVENTS_S);
   query    seconds for a reader's `SELECT kind, count(*) FROM raw_event GROUP BY kind` on it
-           (a snapshot; the views deduplicate by event_id).
+           (a snapshot; the views deduplicate by event_id);
+  batch    milliseconds per small batch (8 events) once 200 are stored: the commit cost a
+           writer pays on a quiet topic, where each poll is a batch (`--small-batches 0`: skip).
 
     python bench/bench_archive.py --bootstrap 127.0.0.1:9092 --events 1000000
 
@@ -125,6 +127,20 @@ def compacted_bytes(db: Path) -> int:
     return sum(f.stat().st_size for f in db.rglob("*") if f.is_file())
 
 
+def small_batch_ms(db: Path, count: int) -> float:
+    """Mean ms of Archive.write for the last 100 of `count` batches of 8 events (a node's
+    record of one step each, as on a quiet topic where every poll is a batch)."""
+    times = []
+    with Archive(db) as archive:
+        for raw in batches(Shape(8 * count, 8, 8, 1)):
+            events = decode_batch(raw).events
+            t0 = time.perf_counter()
+            archive.write(events)
+            times.append(time.perf_counter() - t0)
+    last = times[-100:]
+    return 1000 * sum(last) / len(last)
+
+
 def query_seconds(db: Path) -> float:
     t0 = time.perf_counter()
     with contextlib.closing(open_snapshot(db)) as con:
@@ -205,6 +221,7 @@ def main() -> None:
         "--steps-per-batch", type=int, default=8, help="steps per node batch (flush interval)"
     )
     parser.add_argument("--skip-kafka", action="store_true")
+    parser.add_argument("--small-batches", type=int, default=300, help="small batches to time (0: skip)")
     args = parser.parse_args()
     shape = Shape(args.events, args.ranks, args.ranks_per_node, args.steps_per_batch)
     with tempfile.TemporaryDirectory(prefix="bench-archive-") as tmp:
@@ -213,6 +230,7 @@ def main() -> None:
         decode_rate, insert_rate, events = bench_decode_and_insert(shape, work / "insert", 5000)
         query_s = query_seconds(work / "insert")
         per_event = compacted_bytes(work / "insert") / events
+        batch_ms = small_batch_ms(work / "small", args.small_batches) if args.small_batches else float("nan")
         kafka_rate = records_rate = float("nan")
         if not args.skip_kafka:
             with broker(args.bootstrap, work) as bootstrap:
@@ -220,9 +238,10 @@ def main() -> None:
     per_day_gib = per_event * LIVE_16K_EVENTS_S * 86_400 / 2**30
     columns = ["events", "events/record", "decode ev/s", "archive write ev/s", "Kafka→archive ev/s"]
     columns += ["records/s", "× 16k-rank live rate", "bytes/event", "GiB/day at 16k ranks", "query s"]
+    columns += ["ms per 8-event batch"]
     values = [f"{events:,}", str(shape.events_per_batch), f"{decode_rate:,.0f}", f"{insert_rate:,.0f}"]
     values += [f"{kafka_rate:,.0f}", f"{records_rate:,.0f}", f"{kafka_rate / LIVE_16K_EVENTS_S:.2f}"]
-    values += [f"{per_event:.0f}", f"{per_day_gib:,.0f}", f"{query_s:.2f}"]
+    values += [f"{per_event:.0f}", f"{per_day_gib:,.0f}", f"{query_s:.2f}", f"{batch_ms:.0f}"]
     print()
     print("| " + " | ".join(columns) + " |")
     print("|" + " ---: |" * len(columns))

@@ -65,7 +65,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from ..producers.checkpoint.location import local_checkpoint_dir
+from ..producers.checkpoint.location import checkpoint_location
 from ..schemas import (
     CheckpointNow,
     Command,
@@ -262,7 +262,7 @@ def _declare(ctx: ApiContext, request: ApiRequest, params: dict[str, str], body:
     suffix = _derived_uuid("run", key) if key is not None else _derived_uuid("run", request.request_id, "")
     run_id = f"{body.name}-{suffix[:12]}"
     digest = hashlib.sha256(body.model_dump_json().encode()).hexdigest()[:16]
-    directory = str(local_checkpoint_dir(body.checkpoint.uri))
+    directory = checkpoint_location(body.checkpoint.uri, need_package=False)
     launch = ["trainguard", "launch", "--run-id", run_id, "--nproc", str(body.world_size)]
     launch += ["--checkpoint-dir", directory, "--", *body.entrypoint]
     known = (run := ctx.state.runs.get(run_id)) is not None and run.coordinator

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
-from ..producers.checkpoint.location import local_checkpoint_dir
+from ..producers.checkpoint.location import checkpoint_location
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -61,14 +61,17 @@ class CheckpointSpec(_Body):
     uri: str = Field(
         min_length=1,
         max_length=2000,
-        description="Where the run's checkpoints go: a directory every host mounts, as a path or a "
-        "file:// URI (object-store URIs are refused: producers/checkpoint/location.py).",
+        description="Where the run's checkpoints go: a directory every host mounts (a path or a "
+        "file:// URI), or an object store's URL such as s3://bucket/ckpt "
+        "(producers/checkpoint/location.py).",
     )
 
     @field_validator("uri")
     @classmethod
     def _a_directory(cls, uri: str) -> str:
-        local_checkpoint_dir(uri)  # LocationError (a ValueError) names the problem
+        # LocationError (a ValueError) names the problem. The filesystem's package is
+        # checked where the ranks run (trainguard launch), not on the processor's host.
+        checkpoint_location(uri, need_package=False)
         return uri
 
     interval: Interval = Field(

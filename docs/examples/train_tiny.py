@@ -147,7 +147,7 @@ def main() -> None:
     # step s on the BATCH indices of its stream from s * BATCH: see `order` below)
     sup.batch_fn = lambda r, step: torch.tensor(sampler.indices(r, step * BATCH, BATCH))
     ckpt = CheckpointManager(  # trainguard
-        Path(os.environ["TRAINGUARD_CHECKPOINT_DIR"]),
+        os.environ["TRAINGUARD_CHECKPOINT_DIR"],  # a directory or a URL (s3://...)
         TrainState(model, optimizer, sampler),
         rank=rank,
         world_size=world,

@@ -1,7 +1,8 @@
 """The checkpoints under a root, as their directories and markers say (no torch here):
 which steps are committed (``MANIFEST.json``, written last), which are resumable
 (``VALIDATED`` and not ``REJECTED``: a rejection outranks an older validation), why one
-is not, and the retention of the newest validated ones.
+is not, and the retention of the newest validated ones. The root is a local directory or
+any fsspec location (storage.py).
 
 The launcher reads the same markers to choose the next attempt's resume step
 (producers/launcher/checkpoints.py).
@@ -9,45 +10,49 @@ The launcher reads the same markers to choose the next attempt's resume step
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
-from typing import Any
 
-from .validate import MANIFEST, REJECTED, VALIDATED
+from .storage import CheckpointStore
+
+MANIFEST = "MANIFEST.json"
+VALIDATED = "VALIDATED"
+REJECTED = "REJECTED"
 
 
 def step_dir_name(step: int) -> str:
     return f"step-{step:09d}"
 
 
-class CheckpointCatalog:
-    def __init__(self, root: Path) -> None:
-        self.root = root
+def step_of(name: str) -> int | None:
+    """The step a directory name holds (``step-000000123``), else None."""
+    if not name.startswith("step-"):
+        return None
+    try:
+        return int(name[5:])
+    except ValueError:
+        return None
 
-    def step_dir(self, step: int) -> Path:
-        return self.root / step_dir_name(step)
+
+class CheckpointCatalog:
+    def __init__(self, root: Path | str | CheckpointStore) -> None:
+        self.store = CheckpointStore.of(root)
+
+    def step_dir(self, step: int) -> CheckpointStore:
+        return self.store.child(step_dir_name(step))
 
     def step_dirs(self) -> list[int]:
         """Every step with a directory (committed or not), oldest first."""
-        steps = []
-        if self.root.is_dir():
-            for path in self.root.glob("step-*"):
-                try:
-                    steps.append(int(path.name[5:]))
-                except ValueError:
-                    continue
-        return sorted(steps)
+        return sorted(s for name in self.store.names() if (s := step_of(name)) is not None)
 
     def committed_steps(self) -> list[int]:
-        return [s for s in self.step_dirs() if (self.step_dir(s) / MANIFEST).is_file()]
+        return [s for s in self.step_dirs() if self.step_dir(s).exists(MANIFEST)]
 
     def validated_steps(self) -> list[int]:
         """Committed, ``VALIDATED`` and not ``REJECTED`` checkpoints, oldest first."""
         out = []
-        for step in self.committed_steps():
-            d = self.step_dir(step)
-            if (d / VALIDATED).is_file() and not (d / REJECTED).exists():
+        for step in self.step_dirs():
+            names = set(self.step_dir(step).names())
+            if {MANIFEST, VALIDATED} <= names and REJECTED not in names:
                 out.append(step)
         return out
 
@@ -58,12 +63,13 @@ class CheckpointCatalog:
     def rejection_reason(self, step: int) -> str | None:
         """Why a checkpoint is not resumable, or None when it is validated."""
         d = self.step_dir(step)
-        if not (d / MANIFEST).is_file():
+        names = set(d.names())
+        if MANIFEST not in names:
             return f"checkpoint step {step} does not exist (no manifest in {d})"
-        if (d / REJECTED).exists():
-            marker = _read_json(d / REJECTED)
+        if REJECTED in names:
+            marker = d.read_json(REJECTED) or {}
             return f"checkpoint step {step} was rejected: {marker.get('reason', 'unknown reason')}"
-        if not (d / VALIDATED).is_file():
+        if VALIDATED not in names:
             return f"checkpoint step {step} is not validated (yet)"
         return None
 
@@ -75,14 +81,4 @@ class CheckpointCatalog:
         oldest_kept = validated[-keep]
         for step in self.step_dirs():
             if step < oldest_kept:
-                shutil.rmtree(self.step_dir(step), ignore_errors=True)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    """A marker's json payload ({} when unreadable)."""
-    try:
-        with open(path) as f:
-            payload: dict[str, Any] = json.load(f)
-            return payload
-    except (OSError, ValueError):
-        return {}
+                self.store.remove(step_dir_name(step))

@@ -1,5 +1,6 @@
 """Writing one checkpoint to storage and committing it: every rank's shard through
-``torch.distributed.checkpoint`` (fsynced), then ``MANIFEST.json`` written LAST and
+``torch.distributed.checkpoint`` (fsynced locally, uploaded whole on an object store:
+storage.py), then ``MANIFEST.json`` written LAST and
 atomically by rank 0, with every file's sha256 and size: a directory without it is not a
 checkpoint, so a crash mid-write leaves nothing resumable.
 
@@ -13,33 +14,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
-from torch.distributed.checkpoint.storage import WriteResult
 
-from .validate import MANIFEST, REJECTED, VALIDATED, atomic_write_json, file_digest, model_norms
+from .storage import CheckpointStore
+from .validate import MANIFEST, REJECTED, VALIDATED, model_norms
 
 #: name -> {"sha256", "size"} of this rank's shard files.
 Shards = dict[str, dict[str, Any]]
-
-
-class _Writer(dcp.FileSystemWriter):
-    """DCP's filesystem writer with an injectable storage probe (raise to be unavailable)."""
-
-    def __init__(self, path: Path, hook: Callable[[], None] | None) -> None:
-        super().__init__(str(path), sync_files=True, overwrite=True)
-        self._hook = hook
-
-    def write_data(self, plan: SavePlan, planner: SavePlanner) -> torch.futures.Future[list[WriteResult]]:
-        if self._hook is not None:
-            self._hook()
-        return super().write_data(plan, planner)
 
 
 class ShardCommitter:
@@ -55,15 +40,17 @@ class ShardCommitter:
         self.group = group  # None: a single process (no collectives)
         self.storage_hook = storage_hook
 
-    def write(self, state: dict[str, Any], directory: Path, manifest: dict[str, Any]) -> Shards | str:
+    def write(
+        self, state: dict[str, Any], directory: CheckpointStore, manifest: dict[str, Any]
+    ) -> Shards | str:
         """Write `state` into `directory` and commit it with `manifest`'s fields (run id,
         step, ...) plus the files, the world size and the parameter norms. This rank's
         shards, or the reason it failed (the same on every rank)."""
         try:
             if self.rank == 0:
                 for stale in (MANIFEST, VALIDATED, REJECTED):  # a re-save of a step after a rollback
-                    (directory / stale).unlink(missing_ok=True)
-            writer = _Writer(directory, self.storage_hook)
+                    directory.remove(stale)
+            writer = directory.dcp_writer(self.storage_hook)
             if self.group is not None:
                 dcp.save({"app": state}, storage_writer=writer, process_group=self.group)
             else:
@@ -73,17 +60,18 @@ class ShardCommitter:
         mine: Shards | str
         try:
             mine = {
-                path.name: dict(zip(("sha256", "size"), file_digest(path), strict=True))
-                for path in sorted(directory.glob(f"__{self.rank}_*.distcp"))
+                name: dict(zip(("sha256", "size"), directory.digest(name), strict=True))
+                for name in directory.names()
+                if name.startswith(f"__{self.rank}_") and name.endswith(".distcp")
             }
-        except OSError as exc:
+        except Exception as exc:  # any store error: every rank must still reach the verdict
             mine = f"rank {self.rank} could not read back its shard: {exc}"
         parts = self.all_gather(mine)
         error: str | None = next((p for p in parts if isinstance(p, str)), None)
         if error is None and self.rank == 0:
             try:
                 self._commit(state, directory, parts, manifest)
-            except OSError as exc:
+            except Exception as exc:
                 error = f"manifest write failed: {exc}"
         if self.group is not None:
             verdict = [error]
@@ -102,7 +90,7 @@ class ShardCommitter:
         return out
 
     def _commit(
-        self, state: dict[str, Any], directory: Path, parts: list[Any], fields: dict[str, Any]
+        self, state: dict[str, Any], directory: CheckpointStore, parts: list[Any], fields: dict[str, Any]
     ) -> None:
         files: dict[str, dict[str, Any]] = {}
         ranks: dict[str, list[str]] = {}
@@ -110,7 +98,7 @@ class ShardCommitter:
             ranks[str(rank)] = sorted(part)
             for name, meta in part.items():
                 files[name] = {**meta, "rank": rank}
-        digest, size = file_digest(directory / ".metadata")
+        digest, size = directory.digest(".metadata")
         files[".metadata"] = {"sha256": digest, "size": size, "rank": 0}
         manifest = {
             "format": 1,
@@ -125,7 +113,7 @@ class ShardCommitter:
             "ranks": ranks,
             "param_norms": {name: list(v) for name, v in model_norms(state).items()},
         }
-        atomic_write_json(directory / MANIFEST, manifest)
+        directory.write_json(manifest, MANIFEST)
 
 
 def describe_failure(exc: BaseException) -> str:

@@ -3,7 +3,8 @@
 One :class:`CheckpointManager` per rank. ``save(step)`` copies the :class:`TrainState`
 into host memory (:class:`HostStager`) and returns: that copy is the blocking cost C.
 A background thread then writes it with ``torch.distributed.checkpoint`` (one file per
-rank, fsynced) and commits::
+rank, fsynced) and commits, under a local directory or any fsspec URL (s3://...,
+storage.py)::
 
     root/step-000000123/
         __0_0.distcp __1_0.distcp ... .metadata   every rank's shard (DCP)
@@ -67,6 +68,7 @@ from .catalog import CheckpointCatalog, step_dir_name
 from .commit import ShardCommitter, describe_failure
 from .host_stager import HostStager, state_nbytes
 from .peer_replica import PeerReplica, agree_restore, holder_of, load_into
+from .storage import CheckpointStore
 from .train_state import TrainState
 from .validate import (
     REJECTED,
@@ -144,7 +146,7 @@ class CheckpointManager:
 
     def __init__(
         self,
-        root: Path,
+        root: Path | str | CheckpointStore,
         state: TrainState,
         *,
         rank: int,
@@ -155,14 +157,14 @@ class CheckpointManager:
         max_pending: int = 2,
         process_group: dist.ProcessGroup | None = None,
         storage_hook: Callable[[], None] | None = None,
-        on_committed: Callable[[int, Path], None] | None = None,
+        on_committed: Callable[[int, CheckpointStore], None] | None = None,
         norm_band: NormBand | None = None,
         replica: PeerReplica | bool | None = None,
     ) -> None:
         if keep is not None and keep < 1:
             raise ValueError("keep must be at least 1")
-        self.root = Path(root)
-        self.catalog = CheckpointCatalog(self.root)
+        self.catalog = CheckpointCatalog(root)
+        self.root = self.catalog.store  # a local directory or any fsspec location (storage.py)
         self.state = state
         self.rank = rank
         self.world_size = world_size
@@ -217,7 +219,7 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ saving
 
-    def step_dir(self, step: int) -> Path:
+    def step_dir(self, step: int) -> CheckpointStore:
         return self.catalog.step_dir(step)
 
     def save(self, step: int, last_verified_step: int = -1) -> SaveHandle:
@@ -400,7 +402,7 @@ class CheckpointManager:
         re-verification is marked ``REJECTED`` (never chosen again, by this manager nor by
         the launcher) and reported; the next older validated one is tried. Returns (the
         step, "") or (None, every reason)."""
-        if step is not None and not (self.step_dir(step) / REJECTED).exists():
+        if step is not None and not self.step_dir(step).exists(REJECTED):
             reason = self.rejection_reason(step)  # absent or never validated
             if reason is not None:
                 return None, reason
@@ -474,7 +476,7 @@ class CheckpointManager:
             if chosen is None:
                 self._report_rejections(step, -1)
                 raise CheckpointError(why)
-            reader = dcp.FileSystemReader(str(self.step_dir(chosen)))
+            reader = self.step_dir(chosen).dcp_reader()
             try:
                 if self._dist:
                     dcp.load({"app": self.state}, storage_reader=reader, process_group=self._group)
@@ -517,7 +519,7 @@ class CheckpointManager:
             [tuple(h) for h in held],
             self.latest_validated(),
             holder=lambda j: holder_of(j, self.world_size, shift),
-            rejected=lambda s: (self.step_dir(s) / REJECTED).exists(),
+            rejected=lambda s: self.step_dir(s).exists(REJECTED),
         )
         return agreed if source == "memory" else None
 

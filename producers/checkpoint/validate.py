@@ -1,6 +1,7 @@
 """Checkpoint validation (seed §7 failure 4): is this checkpoint safe to resume from?
 
-A checkpoint directory ``step-000000123/`` exists only once its ``MANIFEST.json`` is in
+A checkpoint directory ``step-000000123/`` (local, or on any fsspec filesystem:
+storage.py) exists only once its ``MANIFEST.json`` is in
 place (written last, atomically, by :mod:`.manager`). :func:`validate` checks, in order:
 
 1. the manifest is present and readable;
@@ -25,10 +26,7 @@ moving. With no history (the first checkpoint) only finiteness is checked.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -39,6 +37,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from .catalog import MANIFEST, REJECTED, VALIDATED
+from .storage import CheckpointStore, atomic_write_json, file_digest
 
 __all__ = [
     "MANIFEST",
@@ -55,51 +56,21 @@ __all__ = [
     "write_marker",
 ]
 
-MANIFEST = "MANIFEST.json"
-VALIDATED = "VALIDATED"
-REJECTED = "REJECTED"
 
 #: A tensor's (norm, numel), by fully qualified parameter name.
 Norms = dict[str, tuple[float, int]]
 
 
-def file_digest(path: Path, chunk: int = 1 << 22) -> tuple[str, int]:
-    """sha256 hex digest and size of one file."""
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-            size += len(block)
-    return h.hexdigest(), size
+#: A checkpoint directory: a local path, a URL fsspec knows, or a store (storage.py).
+Location = Path | str | CheckpointStore
 
 
-def atomic_write_json(path: Path, payload: dict[str, Any]) -> None:
-    """Write-to-temp, fsync, ``os.replace``, fsync the directory: all or nothing."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def read_manifest(directory: Location) -> dict[str, Any] | None:
+    return CheckpointStore.of(directory).read_json(MANIFEST)
 
 
-def read_manifest(directory: Path) -> dict[str, Any] | None:
-    try:
-        with open(directory / MANIFEST) as f:
-            manifest: dict[str, Any] = json.load(f)
-            return manifest
-    except (OSError, ValueError):
-        return None
-
-
-def write_marker(directory: Path, ok: bool, payload: dict[str, Any]) -> None:
-    atomic_write_json(directory / (VALIDATED if ok else REJECTED), payload)
+def write_marker(directory: Location, ok: bool, payload: dict[str, Any]) -> None:
+    CheckpointStore.of(directory).write_json(payload, VALIDATED if ok else REJECTED)
 
 
 def model_norms(state: dict[str, Any]) -> Norms:
@@ -173,20 +144,20 @@ class ValidationResult:
     seconds: float = 0.0
 
 
-def verify_files(directory: Path, manifest: dict[str, Any]) -> str | None:
+def verify_files(directory: Location, manifest: dict[str, Any]) -> str | None:
     """None when every listed file is present with its size and digest, else the reason."""
+    store = CheckpointStore.of(directory)
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
         return "manifest lists no shard files"
     for name, meta in sorted(files.items()):
-        path = directory / name
-        if not path.is_file():
+        size = store.size(name)
+        if size is None:
             return f"missing shard {name}"
-        size = path.stat().st_size
         if size != meta["size"]:
             return f"shard {name} has {size} bytes, manifest says {meta['size']}"
     for name, meta in sorted(files.items()):
-        digest, _ = file_digest(directory / name)
+        digest, _ = store.digest(name)
         if digest != meta["sha256"]:
             return (
                 f"digest mismatch in shard {name}: sha256 {digest[:16]}..., manifest {meta['sha256'][:16]}..."
@@ -210,20 +181,21 @@ def _expected_shards(manifest: dict[str, Any]) -> str | None:
 _UNLOADED = object()
 
 
-def test_load(directory: Path) -> dict[str, Any]:
+def test_load(directory: Location) -> dict[str, Any]:
     """Load every stored item into fresh CPU memory, flat by key (raises on any failure).
 
     The template is built from DCP's ``.metadata``: an empty tensor of the recorded shape
     and dtype per tensor, a placeholder per serialized object; ``dcp.load`` fills both.
     """
-    reader = dcp.FileSystemReader(str(directory))
+    store = CheckpointStore.of(directory)
+    reader = store.dcp_reader()
     state: dict[str, Any] = {}
     for key, meta in reader.read_metadata().state_dict_metadata.items():
         if isinstance(meta, TensorStorageMetadata):
             state[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
         else:
             state[key] = _UNLOADED
-    dcp.load(state, storage_reader=dcp.FileSystemReader(str(directory)), no_dist=True)
+    dcp.load(state, storage_reader=store.dcp_reader(), no_dist=True)
     missing = [key for key, value in state.items() if value is _UNLOADED]
     if missing:
         raise ValueError(f"{len(missing)} items did not load, e.g. {missing[0]}")
@@ -234,11 +206,11 @@ def test_load(directory: Path) -> dict[str, Any]:
 test_load.__test__ = False  # type: ignore[attr-defined]
 
 
-def validate(directory: Path, *, norm_band: NormBand | None = None) -> ValidationResult:
+def validate(directory: Location, *, norm_band: NormBand | None = None) -> ValidationResult:
     """Validate one checkpoint directory; never raises (a failure is a result with a reason)."""
     t0 = time.perf_counter()
-    directory = Path(directory)
-    step = _step_of(directory)
+    directory = CheckpointStore.of(directory)
+    step = _step_of(directory.name)
 
     def fail(reason: str) -> ValidationResult:
         return ValidationResult(False, reason, step, seconds=time.perf_counter() - t0)
@@ -263,8 +235,8 @@ def validate(directory: Path, *, norm_band: NormBand | None = None) -> Validatio
     return ValidationResult(True, "ok", step, norms=norms, seconds=time.perf_counter() - t0)
 
 
-def _step_of(directory: Path) -> int:
+def _step_of(name: str) -> int:
     try:
-        return int(directory.name.rsplit("-", 1)[-1])
+        return int(name.rsplit("-", 1)[-1])
     except ValueError:
         return -1

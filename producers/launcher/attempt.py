@@ -43,6 +43,10 @@ from .rank_env import rank_env
 from .records import LaunchResult, RankEnd, RestartCause, RestartPhases, peer_lost_of
 from .world import World
 
+#: While an eviction waits for a newer checkpoint, the location is listed at most this
+#: often (the monitor loop runs every poll_s; on an object store each listing is requests).
+POLL_LISTING_S = 0.5
+
 log = logging.getLogger(__name__)
 
 #: How the attempt ended: "ok", "restart" (an interruption), "stopped".
@@ -279,7 +283,7 @@ class _Watch:
             if (
                 interruption is None
                 and evict is not None
-                and runner.resume.newest()
+                and runner.resume.newest(max_age_s=POLL_LISTING_S)
                 > (evict.evict_after_step if evict.evict_after_step is not None else -1)
             ):
                 request = evict

@@ -1,49 +1,51 @@
-"""The launcher's view of the checkpoint directory: which steps hold a validated
-checkpoint (``step-NNN/VALIDATED``) and which were rejected at load (``REJECTED``, which
-outranks VALIDATED, so a rejected checkpoint is never chosen again)."""
+"""The launcher's view of the checkpoint location (a directory or an fsspec URL): which
+steps hold a validated checkpoint (``step-NNN/VALIDATED``) and which were rejected at load
+(``REJECTED``, which outranks VALIDATED, so a rejected checkpoint is never chosen again)."""
 
 from __future__ import annotations
 
-import os
-import re
+import logging
 from pathlib import Path
 
-from .records import read_json
+from ..checkpoint.catalog import REJECTED, VALIDATED, step_of
+from ..checkpoint.location import LocationError
+from ..checkpoint.storage import CheckpointStore
 
-_STEP_DIR = re.compile(r"^step-(\d+)$")
-VALIDATED_MARKER = "VALIDATED"
-#: Written next to a checkpoint that failed verification (producers/checkpoint/validate.py):
-#: it outranks VALIDATED, so a checkpoint the ranks rejected at load is never chosen again.
-REJECTED_MARKER = "REJECTED"
+log = logging.getLogger(__name__)
 
 
-def _step_dirs(checkpoint_dir: Path) -> list[tuple[int, Path]]:
+def _step_dirs(location: Path | str) -> list[tuple[int, CheckpointStore]]:
+    """Every step directory and the names in it; [] when the location cannot be read."""
     try:
-        entries = list(os.scandir(checkpoint_dir))
-    except OSError:
+        store = CheckpointStore.of(location)
+        names = store.names()
+    except (OSError, LocationError) as exc:
+        log.warning("checkpoint location %s not listed: %s", location, exc)
         return []
-    found = [(m, entry) for entry in entries if (m := _STEP_DIR.match(entry.name)) is not None]
-    return sorted((int(m.group(1)), Path(entry.path)) for m, entry in found if entry.is_dir())
+    found = ((step, name) for name in names if (step := step_of(name)) is not None)
+    return sorted((step, store.child(name)) for step, name in found)
 
 
-def validated_steps(checkpoint_dir: Path) -> dict[int, float]:
+def validated_steps(location: Path | str) -> dict[int, float]:
     """Steps with a ``step-NNN/VALIDATED`` marker and no ``REJECTED`` one (a checkpoint the
     ranks rejected at load keeps its old VALIDATED marker), and each marker's mtime."""
     out: dict[int, float] = {}
-    for step, path in _step_dirs(checkpoint_dir):
-        if (path / REJECTED_MARKER).exists():
+    for step, directory in _step_dirs(location):
+        names = directory.names()
+        if VALIDATED not in names or REJECTED in names:
             continue
         try:
-            out[step] = (path / VALIDATED_MARKER).stat().st_mtime
+            out[step] = directory.mtime(VALIDATED)
         except OSError:
             continue
     return out
 
 
-def rejected_steps(checkpoint_dir: Path) -> dict[int, str]:
+def rejected_steps(location: Path | str) -> dict[int, str]:
     """Steps with a ``REJECTED`` marker, and each one's reason."""
     out: dict[int, str] = {}
-    for step, path in _step_dirs(checkpoint_dir):
-        if (path / REJECTED_MARKER).exists():
-            out[step] = str(read_json(path / REJECTED_MARKER).get("reason", "unknown reason"))
+    for step, directory in _step_dirs(location):
+        if REJECTED in directory.names():
+            marker = directory.read_json(REJECTED) or {}
+            out[step] = str(marker.get("reason", "unknown reason"))
     return out

@@ -81,7 +81,7 @@ class LauncherCommands:
         self.spares = spares
         self.clock = clock
         #: Across hosts, the run's quarantine list on shared storage (shared_quarantine.py).
-        self.shared = SharedQuarantine(config.checkpoint_dir) if config.rendezvous is not None else None
+        self.shared = SharedQuarantine(config.shared_dir) if config.rendezvous is not None else None
 
     def table(self) -> dict[type[Command], Handler]:
         """Every handler, journaled so that a relaunched launcher neither repeats nor loses one."""

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ...home import trainguard_home
+from ..checkpoint.location import is_url
 from .rendezvous import RendezvousSpec
 
 #: Test hook: ``point[:detail]`` makes the launcher SIGKILL itself there (:func:`kill_at`).
@@ -51,8 +53,9 @@ class LauncherConfig:
     #: Ranks of one modelled node (on one machine, a node is a group of ranks).
     ranks_per_node: int
     run_id: str
-    #: Where validated checkpoints live (root/step-000000123/VALIDATED).
-    checkpoint_dir: Path
+    #: Where validated checkpoints live (root/step-000000123/VALIDATED): a directory, or an
+    #: fsspec URL such as s3://bucket/ckpt (producers/checkpoint/location.py).
+    checkpoint_dir: Path | str
     #: Spare node names beyond the job's own nodes (what quarantine can swap in).
     spares: int = 2
     nodes_per_rack: int = 4
@@ -65,8 +68,10 @@ class LauncherConfig:
     #: After a crash: time the processor gets to decide (quarantine) before the respawn.
     decision_wait_s: float = 3.0
     poll_s: float = 0.05
-    #: Launcher files: attempt-N/rank-R.phases.json, restarts.jsonl (default: DIR/.trainguard).
+    #: Launcher files: attempt-N/rank-R.phases.json, restarts.jsonl (default: shared_dir).
     run_dir: Path | None = None
+    #: The launcher's state, a directory (--state-dir; see shared_dir).
+    state_dir: Path | None = None
     master_addr: str = "127.0.0.1"
     bootstrap: str = ""
     topic_prefix: str = ""
@@ -114,12 +119,24 @@ class LauncherConfig:
         return self.node_name or socket.gethostname()
 
     @property
+    def shared_dir(self) -> Path:
+        """The launcher's state: across hosts a directory every host mounts (beats, journals,
+        the quarantine list). --state-dir, else DIR/.trainguard beside the checkpoints; with an
+        object-store DIR, $TRAINGUARD_HOME/launch/RUN_ID (one host: the CLI requires
+        --state-dir across hosts)."""
+        if self.state_dir is not None:
+            return self.state_dir
+        if isinstance(self.checkpoint_dir, str) and is_url(self.checkpoint_dir):
+            return trainguard_home() / "launch" / self.run_id
+        return Path(self.checkpoint_dir) / ".trainguard"
+
+    @property
     def resolved_run_dir(self) -> Path:
         """The launcher's files. Across hosts each agent has its own under the shared
-        checkpoint directory (its journal must not be another host's)."""
+        directory (its journal must not be another host's)."""
         if self.run_dir is not None:
             return self.run_dir
-        base = self.checkpoint_dir / ".trainguard"
+        base = self.shared_dir
         return base / "hosts" / self.node if self.rendezvous is not None else base
 
 

@@ -1,6 +1,7 @@
 """Which hosts' agents are alive, seen through shared storage (docs/multihost.md).
 
-Every host agent beats: it rewrites ``<checkpoint_dir>/.trainguard/hosts/<node>/beat``
+Every host agent beats: it rewrites ``<shared dir>/hosts/<node>/beat`` (the launcher's
+shared directory, config.shared_dir: ``<checkpoint_dir>/.trainguard`` by default)
 with a counter, once a second, from a thread of its own. Another agent judges a host
 alive while it sees the counter change: a host whose counter stayed the same for
 ``stale_s`` seconds of the observer's own monotonic clock is gone. No timestamps are
@@ -28,15 +29,15 @@ log = logging.getLogger(__name__)
 BEAT_NAME = "beat"
 
 
-def hosts_dir(checkpoint_dir: Path) -> Path:
-    return checkpoint_dir / ".trainguard" / "hosts"
+def hosts_dir(shared_dir: Path) -> Path:
+    return shared_dir / "hosts"
 
 
 class HostBeat:
     """This host's beat: a counter rewritten every `interval_s` until stop()."""
 
-    def __init__(self, checkpoint_dir: Path, node: str, interval_s: float = 1.0) -> None:
-        self.path = hosts_dir(checkpoint_dir) / node / BEAT_NAME
+    def __init__(self, shared_dir: Path, node: str, interval_s: float = 1.0) -> None:
+        self.path = hosts_dir(shared_dir) / node / BEAT_NAME
         self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -68,8 +69,8 @@ class HostBeat:
 class Liveness:
     """The other hosts' beats as this agent sees them change."""
 
-    def __init__(self, checkpoint_dir: Path, clock: Callable[[], float] = time.monotonic) -> None:
-        self.dir = hosts_dir(checkpoint_dir)
+    def __init__(self, shared_dir: Path, clock: Callable[[], float] = time.monotonic) -> None:
+        self.dir = hosts_dir(shared_dir)
         self.clock = clock
         self._seen: dict[str, tuple[str, float]] = {}  # node -> (its counter, when it last changed)
 
@@ -91,12 +92,12 @@ class Liveness:
         return sorted(n for n in nodes if self._observe(n) >= stale_s)
 
 
-def newest_world(checkpoint_dir: Path) -> tuple[int, tuple[str, ...], bool]:
+def newest_world(shared_dir: Path) -> tuple[int, tuple[str, ...], bool]:
     """From every host's journal on shared storage: the newest attempt's number, its hosts,
     and whether it ended cleanly (the run is over); (-1, (), False) before any attempt."""
     worlds: dict[int, tuple[str, ...]] = {}
     clean: set[int] = set()
-    for journal in sorted(hosts_dir(checkpoint_dir).glob("*/launcher.actions.jsonl")):
+    for journal in sorted(hosts_dir(shared_dir).glob("*/launcher.actions.jsonl")):
         try:
             lines = journal.read_bytes().splitlines()
         except OSError:

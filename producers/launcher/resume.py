@@ -14,6 +14,7 @@ newer than S validated before the rollback (the suspect lineage) are never chose
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from .checkpoints import rejected_steps, validated_steps
@@ -27,15 +28,20 @@ class ResumeChoice:
         self.config = config
         self.state = state
         self.clock = clock
+        self._listed: tuple[float, dict[int, float]] | None = None  # (monotonic time, steps)
 
-    def eligible(self, ignore_rollbacks: bool = False) -> list[int]:
-        """The validated steps, less those a rollback barred (unless `ignore_rollbacks`)."""
-        steps = validated_steps(self.config.checkpoint_dir)
+    def eligible(self, ignore_rollbacks: bool = False, max_age_s: float = 0.0) -> list[int]:
+        """The validated steps, less those a rollback barred (unless `ignore_rollbacks`).
+        `max_age_s`: a listing that recent will do (a poll loop on an object store)."""
+        now = time.monotonic()
+        if self._listed is None or now - self._listed[0] > max_age_s:
+            self._listed = (now, validated_steps(self.config.checkpoint_dir))
+        steps = self._listed[1]
         rules = [] if ignore_rollbacks else list(self.state.rollbacks)
         return [s for s, mtime in steps.items() if all(s <= bound or mtime >= ts for bound, ts in rules)]
 
-    def newest(self) -> int:
-        return max(self.eligible(), default=-1)
+    def newest(self, max_age_s: float = 0.0) -> int:
+        return max(self.eligible(max_age_s=max_age_s), default=-1)
 
     def take(self, request: StopRequest) -> None:
         """Under the lock: the next attempt resumes from the named step (journaled: a

@@ -2,7 +2,7 @@
 
 The rendezvous store lives in one process; losing it must not lose which hosts are out.
 So every host's agent appends the quarantines it executes or decides to
-``<checkpoint_dir>/.trainguard/quarantine.jsonl`` (one JSON object a line, appended with
+``<shared dir>/quarantine.jsonl`` (config.shared_dir; one JSON object a line, appended with
 O_APPEND and fsynced, so concurrent agents never interleave a line), and reads the file
 before it joins a round: a host listed there does not rejoin the run. A ReleaseNode
 appends a release. The last record of a node wins.
@@ -20,8 +20,8 @@ FILE_NAME = "quarantine.jsonl"
 
 
 class SharedQuarantine:
-    def __init__(self, checkpoint_dir: Path) -> None:
-        self.path = checkpoint_dir / ".trainguard" / FILE_NAME
+    def __init__(self, shared_dir: Path) -> None:
+        self.path = shared_dir / FILE_NAME
 
     def add(self, node: str, reason: str, by: str) -> None:
         self._append({"node": node, "out": True, "reason": reason[:500], "by": by, "ts": time.time()})

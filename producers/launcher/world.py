@@ -146,9 +146,9 @@ class HostWorld:
     ) -> None:
         self.config, self.node, self.state, self.resume = config, node, state, resume
         self.rendezvous = rendezvous
-        self.shared = SharedQuarantine(config.checkpoint_dir)
+        self.shared = SharedQuarantine(config.shared_dir)
         self.reasons: dict[str, str] = {}
-        self.beat = HostBeat(config.checkpoint_dir, node).start()
+        self.beat = HostBeat(config.shared_dir, node).start()
         self.waiting_as_spare = config.spare
 
     def _learn(self, listed: dict[str, str]) -> None:
@@ -189,10 +189,10 @@ class HostWorld:
         """A spare (--spare) stays out of the rendezvous, where it would grow a world below
         MAX, until the run needs a host: one of the newest world's hosts stopped beating
         or is on the quarantine list. The run finished without it: NoWorld, status ok."""
-        live = Liveness(self.config.checkpoint_dir)
+        live = Liveness(self.config.shared_dir)
         log.info("%s waits as a spare for run %s", self.node, self.config.run_id)
         while not self.state.stop.wait(0.5):
-            attempt, nodes, finished = newest_world(self.config.checkpoint_dir)
+            attempt, nodes, finished = newest_world(self.config.shared_dir)
             if finished:
                 raise NoWorld(
                     f"spare {self.node} not needed: run {self.config.run_id} finished", False, status="ok"

@@ -70,22 +70,19 @@ def test_an_unsupported_report_format_is_refused_and_nothing_is_written(tmp_path
     assert not report.exists()
 
 
-def test_an_object_store_checkpoint_dir_is_refused_in_one_line() -> None:
+def test_a_checkpoint_location_no_rank_could_use_is_refused_in_one_line() -> None:
+    launch = ["launch", "--nproc", "2", "--run-id", "r1", "--offline", "--checkpoint-dir"]
+    done = CliRunner().invoke(app, [*launch, "memory://ckpt", "--", "train.py"])
+    assert done.exit_code == 2, done.output
+    lines = _lines(done.output)
+    assert len(lines) == 1 and "memory://ckpt" in lines[0] and "one process's memory" in lines[0], lines
+
+
+def test_across_hosts_an_object_store_needs_a_shared_state_dir() -> None:
+    hosts = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", "127.0.0.1:29999", "--rdzv-id", "r"]
     done = CliRunner().invoke(
-        app,
-        [
-            "launch",
-            "--nproc",
-            "2",
-            "--run-id",
-            "r1",
-            "--checkpoint-dir",
-            "s3://bucket/ckpt",
-            "--offline",
-            "--",
-            "train.py",
-        ],
+        app, ["launch", "--offline", *hosts, "--checkpoint-dir", "s3://bucket/ckpt", "--", "train.py"]
     )
     assert done.exit_code == 2, done.output
     lines = _lines(done.output)
-    assert len(lines) == 1 and "s3://bucket/ckpt" in lines[0] and "not supported yet" in lines[0], lines
+    assert len(lines) == 1 and "--state-dir must name a directory every host mounts" in lines[0], lines

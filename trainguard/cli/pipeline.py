@@ -119,15 +119,16 @@ def archive(
     writer.close()
 
 
-def _checkpoint_path(given: str) -> Path:
-    """A local or shared-filesystem checkpoint directory; an object-store URI is refused in
-    one line (Path would fold s3://b/c into the local path s3:/b/c)."""
-    from ..producers.checkpoint.location import LocationError, local_checkpoint_dir
+def _checkpoint_location(given: str) -> Path | str:
+    """A local or shared-filesystem checkpoint directory (absolute), or an fsspec URL whose
+    package is installed here; anything else is refused in one line."""
+    from ..producers.checkpoint.location import LocationError, checkpoint_location, is_url
 
     try:
-        return local_checkpoint_dir(given).resolve()
+        location = checkpoint_location(given)
     except LocationError as exc:
         fail(f"--checkpoint-dir {exc}")
+    return location if is_url(location) else Path(location).resolve()
 
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
@@ -204,9 +205,19 @@ def launch(
         str,
         typer.Option(
             envvar="TRAINGUARD_CHECKPOINT_DIR",
-            help="Validated checkpoints: DIR/step-N/VALIDATED (a path every host mounts, or file://).",
+            help="Validated checkpoints: DIR/step-N/VALIDATED. A path every host mounts (or file://), "
+            "or an object store's URL (s3://bucket/ckpt with trainguard[s3]; any fsspec URL).",
         ),
     ],
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="TRAINGUARD_STATE_DIR",
+            help="The launcher's files (journal, restart phases; across hosts the hosts' beats and "
+            "the quarantine list, so a directory every host mounts). Default: DIR/.trainguard; with "
+            "an object-store DIR, $TRAINGUARD_HOME/launch/RUN_ID on one host, required across hosts.",
+        ),
+    ] = None,
     nproc: Annotated[int, typer.Option(help="One host: world size (default: --nproc-per-node).")] = 0,
     run_id: Annotated[
         str, typer.Option(help="The run's id (commands are signed for it; default: --rdzv-id).")
@@ -348,6 +359,12 @@ def launch(
     except ValueError as exc:
         console.print(f"[red]{exc}", markup=False)
         raise typer.Exit(2) from None
+    location = _checkpoint_location(checkpoint_dir)
+    if isinstance(location, str) and rendezvous is not None and state_dir is None:
+        fail(
+            f"--checkpoint-dir {location} is an object store: across hosts, --state-dir must name a "
+            "directory every host mounts (the hosts' beats, journals and quarantine list live there)"
+        )
 
     config = LauncherConfig(
         command=rank_program(command),
@@ -359,7 +376,8 @@ def launch(
         spare=spare,
         restart=restart,  # type: ignore[arg-type]  # checked above
         warm_spares=warm_spares,
-        checkpoint_dir=_checkpoint_path(checkpoint_dir),
+        checkpoint_dir=location,
+        state_dir=state_dir.resolve() if state_dir is not None else None,
         spares=spares,
         nodes_per_rack=nodes_per_rack,
         max_restarts=max_restarts,

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from trainguard.producers.checkpoint.manager import CheckpointManager
+from trainguard.producers.checkpoint.storage import CheckpointStore
 from trainguard.producers.checkpoint.validate import (
     MANIFEST,
     REJECTED,
@@ -69,9 +70,9 @@ CASES: dict[str, tuple[Corruption | None, float, str]] = {
 def test_corrupt_checkpoint_is_rejected_and_never_resumed(tmp_path: Path, case: str) -> None:
     corrupt, scale, expected = CASES[case]
 
-    def after_commit(step: int, directory: Path) -> None:
+    def after_commit(step: int, directory: CheckpointStore) -> None:
         if step == 20 and corrupt is not None:
-            corrupt(directory)  # between the commit and the validation: what a dying rank leaves
+            corrupt(directory.local_dir)  # between the commit and the validation: what a dying rank leaves
 
     rec = Recorder()
     a = make_state(0)

@@ -16,7 +16,7 @@ from .hosts import EXAMPLE, environment
 
 
 def journal(ckpt: Path, node: str, *records: dict[str, object]) -> None:
-    path = hosts_dir(ckpt) / node / "launcher.actions.jsonl"
+    path = hosts_dir(ckpt / ".trainguard") / node / "launcher.actions.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as fh:
         for rec in records:
@@ -41,16 +41,17 @@ def test_a_host_is_gone_once_its_counter_stops_changing_on_the_observers_clock(t
 
 
 def test_the_newest_world_and_its_clean_end_come_from_every_hosts_journal(tmp_path: Path) -> None:
-    assert newest_world(tmp_path) == (-1, (), False)
+    assert newest_world(tmp_path / ".trainguard") == (-1, (), False)
     journal(tmp_path, "host-a", {"op": "attempt", "attempt": 0, "nodes": ["host-a", "host-b"]})
     journal(tmp_path, "host-b", {"op": "attempt", "attempt": 0, "nodes": ["host-a", "host-b"]})
     journal(tmp_path, "spare-1", {"op": "attempt", "attempt": 1, "nodes": ["host-a", "spare-1"]})
-    assert newest_world(tmp_path) == (1, ("host-a", "spare-1"), False)
+    assert newest_world(tmp_path / ".trainguard") == (1, ("host-a", "spare-1"), False)
     journal(tmp_path, "host-b", {"op": "ended", "attempt": 0, "end": "ok"})  # an older attempt's
-    assert newest_world(tmp_path)[2] is False
-    (hosts_dir(tmp_path) / "host-a" / "launcher.actions.jsonl").open("a").write('{"op": "ended", "att')
+    assert newest_world(tmp_path / ".trainguard")[2] is False
+    torn = hosts_dir(tmp_path / ".trainguard") / "host-a" / "launcher.actions.jsonl"
+    torn.open("a").write('{"op": "ended", "att')
     journal(tmp_path, "spare-1", {"op": "ended", "attempt": 1, "end": "ok"})
-    assert newest_world(tmp_path) == (1, ("host-a", "spare-1"), True)
+    assert newest_world(tmp_path / ".trainguard") == (1, ("host-a", "spare-1"), True)
 
 
 def test_a_spare_the_run_finished_without_ends_ok_and_joins_nothing(tmp_path: Path) -> None:
@@ -65,5 +66,5 @@ def test_a_spare_the_run_finished_without_ends_ok_and_joins_nothing(tmp_path: Pa
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "ok: spare spare-1 not needed: run spare-test finished" in done.stdout + done.stderr
-    assert not [r for r in map(json.loads, (hosts_dir(ckpt) / "spare-1" / "launcher.actions.jsonl").open())
-                if r.get("op") == "attempt"]  # fmt: skip
+    spare_journal = hosts_dir(ckpt / ".trainguard") / "spare-1" / "launcher.actions.jsonl"
+    assert not [r for r in map(json.loads, spare_journal.open()) if r.get("op") == "attempt"]

@@ -59,7 +59,7 @@ def test_with_no_spare_left_the_run_stops_naming_the_host_its_cause_and_the_miss
     came, instead of waiting forever."""
     ckpt = tmp_path / "ckpt"
     lost = "host lost: its agent left the rendezvous during attempt 3"
-    SharedQuarantine(ckpt).add("host-b", lost, by="host-c")
+    SharedQuarantine(ckpt / ".trainguard").add("host-b", lost, by="host-c")
     endpoint = f"127.0.0.1:{free_port()}"
     extra = ("--offline", "--rdzv-conf", "join_timeout=4")
     alone = agent("host-a", endpoint, ckpt, tmp_path, environment(160), extra=extra)

@@ -157,7 +157,7 @@ def test_a_lost_host_is_replaced_by_a_spare_named_by_the_processor_and_the_run_e
     agents: dict[str, subprocess.Popen[str]] = {}
     try:
         deadline = lose_host_b_with_a_spare_waiting(agents, start, ckpt, tmp_path, "--spare")  # MAX is 4
-        listed = SharedQuarantine(ckpt)
+        listed = SharedQuarantine(ckpt / ".trainguard")
         while "host-b" not in listed.nodes():  # the survivors found it lost: out of the run
             assert time.monotonic() < deadline, "host-b was never quarantined"
             time.sleep(0.1)

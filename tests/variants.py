@@ -16,7 +16,9 @@ ENV = "TRAINGUARD_SLOW_VARIANTS"
 #: Whole modules that only the benchmark runs: the suite covers what they show otherwise.
 #: test_rebalance_broker (90 s: two workers, one SIGKILLed mid-load and restarted): the
 #: chaos soak's CI case kills and restarts workers under load with the same oracle.
-SLOW_MODULES = ["processors/test_rebalance_broker.py"]
+#: test_multihost_hang_broker (70 s: a host lost, then a hang with no spare left): the
+#: suite covers the loss, the stop with no spare left and hangs named from the stacks apart.
+SLOW_MODULES = ["processors/test_rebalance_broker.py", "producers/launcher/test_multihost_hang_broker.py"]
 
 
 def slow_variants() -> bool:

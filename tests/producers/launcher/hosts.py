@@ -34,7 +34,7 @@ def environment(steps: int, **extra: str) -> dict[str, str]:
 def agent(
     node: str,
     endpoint: str,
-    ckpt: Path,
+    ckpt: Path | str,
     workdir: Path,
     env: dict[str, str],
     nnodes: str = "3:3",

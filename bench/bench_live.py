@@ -120,14 +120,22 @@ class Load:
     events: list[int]
 
 
-def generate(scenario: Scenario, seconds: int, run_id: str, flush_sim_s: int, shard_ranks: int) -> Load:
+def generate(
+    scenario: Scenario,
+    seconds: int,
+    run_id: str,
+    flush_sim_s: int,
+    shard_ranks: int,
+    columnar: bool = True,
+    id_prefix: str | None = None,
+) -> Load:
     """The scenario's telemetry for `seconds` simulated seconds (SimulatedCluster.advance
     every 0.5 s, as bench_core does), packed exactly as a shipper packs it
     (producers.shipper.pack: one record per (shard, node) per flush) with one flush every
     `flush_sim_s` simulated seconds: at --speed k, k simulated seconds are one wall second,
     the flush interval of a shipper with its default settings."""
     start = 1_000.0
-    cluster = SimulatedCluster(scenario, start, run_id=run_id)
+    cluster = SimulatedCluster(scenario, start, run_id=run_id, id_prefix=id_prefix)
     producer_id = f"bench-live-{uuid.uuid4().hex[:12]}"
     size = shard_size(scenario.world_size, shard_ranks)
     load = Load(run_id, scenario.world_size, shard_count(scenario.world_size, size), [], [])
@@ -139,7 +147,7 @@ def generate(scenario: Scenario, seconds: int, run_id: str, flush_sim_s: int, sh
         pending += events
         if (second + 1) % flush_sim_s == 0 or cluster.done or second == seconds - 1:
             window = second // flush_sim_s
-            for record in pack(pending, run_id, scenario.world_size, size, producer_id, seq):
+            for record in pack(pending, run_id, scenario.world_size, size, producer_id, seq, columnar):
                 load.records.append((window, record.shard, record.key, record.value))
                 seq = record.seq + 1
             pending = []

@@ -11,10 +11,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ..schemas import Command, Derived, Envelope, Rejection, decode_batch, encode
+from ..schemas import Command, Derived, Envelope, Rejection, encode
 from ..schemas.auth import run_key, sign
-from ..schemas.codec import RejectReason
+from ..schemas.codec import RejectReason, decode_parts
+from ..schemas.columnar import StepColumns, row, rows
 from .core import CorePolicy, CoreState, Output, step
+from .core.block import fold_block
 from .core.outputs import Forward, Reject
 from .core.state import state_key
 
@@ -39,6 +41,9 @@ class CoreDriver:
     policy: CorePolicy
     master_secret: bytes
     state: CoreState = field(default_factory=CoreState)
+    #: Fold a columnar block's quiet rows as columns (processors/core/block.py); False
+    #: folds every row one by one (the reference the block fold must equal).
+    columnar: bool = True
     _keys: dict[str, bytes] = field(default_factory=dict)
 
     def _registered_world_size(self, run_id: str) -> int | None:
@@ -51,33 +56,58 @@ class CoreDriver:
         return self._keys[run_id]
 
     def handle(self, value: bytes) -> DriverResult:
-        decoded = decode_batch(value, registered=self._registered_world_size)
-        result = DriverResult(rejections=list(decoded.rejections), events=len(decoded.events))
+        decoded = decode_parts(value, registered=self._registered_world_size)
+        result = DriverResult(rejections=list(decoded.rejections), events=decoded.events)
         header = decoded.header
         hint, shard, shard_ranks = (
             (None, 0, 0) if header is None else (header.world_size, header.shard, header.shard_ranks)
         )
-        # A batch holds one shard of one run (decode_batch rejects other runs' events):
+        # A batch holds one shard of one run (decode_parts rejects other runs' events):
         # count its duplicates once per batch, not per event.
-        keys = {state_key(event.run_id, shard) for event in decoded.events[:1]}
+        keys = {state_key(part.run_id, shard) for part in decoded.parts[:1]}
         result.state_key = next(iter(keys), None)
         before = self._duplicates(keys)
-        state, policy = self.state, self.policy
-        for event in decoded.events:
-            try:
-                _, outputs = step(state, event, policy, hint, shard, shard_ranks)
-            except Exception as exc:  # noqa: BLE001 - a core bug must not wedge the stream
-                # Parked with its reason, like bad input; the replay meets the same error at
-                # the same event, so live and replay still agree.
-                log.exception("the core failed on event %s of run %s", event.event_id, event.run_id)
-                result.rejections.append(
-                    Rejection(RejectReason.CORE_ERROR, f"{type(exc).__name__}: {exc}", encode(event))
-                )
-                continue
-            if outputs:
-                self._collect(outputs, result)
+        for part in decoded.parts:
+            if isinstance(part, StepColumns) and self.columnar:
+                self._fold_block(part, result, hint, shard, shard_ranks)
+            elif isinstance(part, StepColumns):
+                for event in rows(part):
+                    self._fold(event, result, hint, shard, shard_ranks)
+            else:
+                self._fold(part, result, hint, shard, shard_ranks)
         result.duplicates = self._duplicates(keys) - before
         return result
+
+    def _fold(
+        self, event: Envelope, result: DriverResult, hint: int | None, shard: int, shard_ranks: int
+    ) -> None:
+        try:
+            _, outputs = step(self.state, event, self.policy, hint, shard, shard_ranks)
+        except Exception as exc:  # noqa: BLE001 - a core bug must not wedge the stream
+            # Parked with its reason, like bad input; the replay meets the same error at
+            # the same event, so live and replay still agree.
+            log.exception("the core failed on event %s of run %s", event.event_id, event.run_id)
+            result.rejections.append(
+                Rejection(RejectReason.CORE_ERROR, f"{type(exc).__name__}: {exc}", encode(event))
+            )
+            return
+        if outputs:
+            self._collect(outputs, result)
+
+    def _fold_block(
+        self, block: StepColumns, result: DriverResult, hint: int | None, shard: int, shard_ranks: int
+    ) -> None:
+        """A columnar block: its quiet rows folded as columns, the others one by one
+        (processors/core/block.py), with the same state and outputs as its rows."""
+        key, runs = state_key(block.run_id, shard), self.state.runs
+        fold_block(
+            runs.get(key),
+            block,
+            self.policy,
+            hint,
+            lambda i: self._fold(row(block, i), result, hint, shard, shard_ranks),
+            lambda: runs.get(key),
+        )
 
     def _duplicates(self, keys: set[str]) -> int:
         runs = self.state.runs

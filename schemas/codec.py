@@ -22,8 +22,9 @@ import orjson
 from pydantic import Field, ValidationError
 
 from .base import Envelope, Record
+from .columnar import BlockError, StepColumns, StepTimings, columns_of, row, rows
 from .commands import COMMAND_KINDS, Ack
-from .events import DERIVED_KINDS, TELEMETRY_KINDS
+from .events import DERIVED_KINDS, TELEMETRY_KINDS, StepTiming
 
 #: One record's JSON may not exceed this (a 16,384-rank RunStarted is ~70 KB); a batch may hold many.
 MAX_RECORD_BYTES = 1024 * 1024
@@ -91,6 +92,9 @@ DERIVED: dict[str, type[Record]] = _registry(DERIVED_KINDS)
 COMMANDS: dict[str, type[Record]] = _registry(COMMAND_KINDS)
 ACKS: dict[str, type[Record]] = _registry([Ack])
 ALL: dict[str, type[Record]] = {**TELEMETRY, **DERIVED, **COMMANDS, **ACKS, "batch": Batch}
+#: What a telemetry batch's `records` may hold: any telemetry record, or a columnar block
+#: of step timings (schemas/columnar.py), which stands for its rows.
+BATCH_RECORDS: dict[str, type[Record]] = {**TELEMETRY, StepTimings.KIND: StepTimings}
 
 #: "kind/version" of every current telemetry class -> the class (decode_batch's fast path).
 _CURRENT_TELEMETRY: dict[str, type[Envelope]] = {
@@ -209,14 +213,44 @@ def check_rank(event: Envelope, world_size: int) -> None:
 @dataclass(frozen=True, slots=True)
 class DecodedBatch:
     header: Batch | None
+    #: Every valid event in the batch's order; a columnar block's rows stand in its place.
     events: list[Envelope]
     rejections: list[Rejection]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedParts:
+    """A batch as it came: events, and columnar blocks kept as columns (schemas/columnar.py)."""
+
+    header: Batch | None
+    parts: list[Envelope | StepColumns]
+    rejections: list[Rejection]
+
+    @property
+    def events(self) -> int:
+        return sum(len(p) if isinstance(p, StepColumns) else 1 for p in self.parts)
 
 
 def decode_batch(
     raw: bytes, world_size: int | None = None, registered: Callable[[str], int | None] | None = None
 ) -> DecodedBatch:
-    """Split a telemetry batch into valid events and rejections, each with its own reason.
+    """Split a telemetry batch into valid events and rejections, each with its own reason
+    (:func:`decode_parts`, with every columnar block's rows in its place)."""
+    decoded = decode_parts(raw, world_size, registered)
+    events: list[Envelope] = []
+    for part in decoded.parts:
+        if isinstance(part, StepColumns):
+            events += rows(part)
+        else:
+            events.append(part)
+    return DecodedBatch(decoded.header, events, decoded.rejections)
+
+
+def decode_parts(
+    raw: bytes, world_size: int | None = None, registered: Callable[[str], int | None] | None = None
+) -> DecodedParts:
+    """Split a telemetry batch into valid events (and blocks) and rejections, each with its
+    own reason.
 
     Ranks are checked against `world_size`, else the run's registered size from
     `registered(run_id)`, else the batch header's. A malformed header rejects the whole
@@ -231,16 +265,21 @@ def decode_batch(
             size = world_size if world_size is not None else registered and registered(event.run_id)
             if size:
                 check_rank(event, size)
-            return DecodedBatch(None, [event], [])
+            return DecodedParts(None, [event], [])
         header = decode_obj(obj, {"batch": Batch}, raw)
         assert isinstance(header, Batch)
     except Rejected as rej:
-        return DecodedBatch(None, [], [Rejection(rej.reason, rej.detail, raw)])
+        return DecodedParts(None, [], [Rejection(rej.reason, rej.detail, raw)])
     size = world_size or (registered and registered(header.run_id)) or header.world_size
     run_id = header.run_id
-    events: list[Envelope] = []
+    parts: list[Envelope | StepColumns] = []
     rejections: list[Rejection] = []
     for item in header.records:
+        if type(item) is dict and item.get("schema") == _STEP_TIMINGS:
+            block = _block(item, run_id, size, rejections)
+            if block is not None and len(block):
+                parts.append(block)
+            continue
         # Fast path (nearly every event): a current-version telemetry record that validates,
         # of this run, in range. Anything else takes decode_obj for its precise reason.
         if type(item) is dict:
@@ -253,7 +292,7 @@ def decode_batch(
                     pass
                 else:
                     if event.run_id == run_id and event.rank < size:
-                        events.append(event)
+                        parts.append(event)
                         continue
                 item = {"schema": schema, **item}
         try:
@@ -265,7 +304,39 @@ def decode_batch(
                     f"event of run {event.run_id} inside a batch of run {header.run_id}",
                 )
             check_rank(event, size)
-            events.append(event)
+            parts.append(event)
         except Rejected as rej:
             rejections.append(Rejection(rej.reason, rej.detail, orjson.dumps(item)))
-    return DecodedBatch(header, events, rejections)
+    return DecodedParts(header, parts, rejections)
+
+
+_STEP_TIMINGS = StepTimings.schema_name()
+
+
+def _block(item: dict[str, Any], run_id: str, size: int, rejections: list[Rejection]) -> StepColumns | None:
+    """A columnar block's valid rows; each bad row rejected alone, with the reason the row
+    format would give it (schemas/columnar.py), rows of another run or outside the world
+    too."""
+    try:
+        block: StepColumns = columns_of(item)
+    except BlockError as exc:
+        rejections.append(Rejection(RejectReason.INVALID_FIELDS, str(exc), orjson.dumps(item)))
+        return None
+    for bad in block.bad:
+        reason = RejectReason.NON_FINITE if bad.non_finite else RejectReason.INVALID_FIELDS
+        line = {"schema": StepTiming.schema_name(), **bad.row}
+        rejections.append(Rejection(reason, f"{_STEP_TIMINGS} row: {bad.error}", orjson.dumps(line)))
+    if block.run_id == run_id and (not len(block) or max(block.rank_list) < size):
+        return block
+    keep = []
+    for i in range(len(block)):
+        if block.run_id != run_id or block.rank_list[i] >= size:
+            event = row(block, i)
+            if event.run_id != run_id:
+                detail = f"event of run {event.run_id} inside a batch of run {run_id}"
+                rejections.append(Rejection(RejectReason.RUN_MISMATCH, detail, encode(event)))
+            else:
+                detail = rank_out_of_range(event, size)
+                rejections.append(Rejection(RejectReason.RANK_OUT_OF_RANGE, detail, encode(event)))
+        keep.append(block.run_id == run_id and block.rank_list[i] < size)
+    return block.take(keep)

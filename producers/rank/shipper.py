@@ -48,7 +48,8 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from ...kafka.security import KafkaCredentials, client_config
-from ...schemas import Envelope, encode, encode_batch
+from ...schemas import Envelope, StepTiming, encode, encode_batch
+from ...schemas.columnar import MIN_BLOCK_ROWS, encode_step_timings
 from ...schemas.sharding import (
     DEFAULT_SHARD_RANKS,
     route,
@@ -96,6 +97,9 @@ class ShipperConfig:
     producer: dict[str, Any] = field(default_factory=dict)
     #: The SASL principal on a secured broker; None: from the environment (trainguard/kafka/security.py).
     credentials: KafkaCredentials | None = None
+    #: A node's step timings of one record as one columnar block (schemas/columnar.py).
+    #: False for processors older than the block (upgrade the processors first).
+    columnar: bool = True
 
 
 @dataclass
@@ -139,10 +143,17 @@ class PackedRecord:
 
 
 def pack(
-    events: list[Envelope], run_id: str, world_size: int, size: int, producer_id: str, seq: int
+    events: list[Envelope],
+    run_id: str,
+    world_size: int,
+    size: int,
+    producer_id: str,
+    seq: int,
+    columnar: bool = True,
 ) -> list[PackedRecord]:
     """Group events into one record per (shard, node), numbered from `seq` (the
-    shipper's packing, also used by the benchmarks to pre-build a run's records)."""
+    shipper's packing, also used by the benchmarks to pre-build a run's records); with
+    `columnar`, a record's step timings are one block where the first of them was."""
     groups: dict[tuple[int, str], list[tuple[Envelope, bool]]] = {}
     for event in events:
         for n, shard in enumerate(route(event, world_size, size)):
@@ -158,10 +169,23 @@ def pack(
             shard=shard,
             shard_ranks=size,
         )
-        value = encode_batch(header, (encode(e) for e, _ in group))
+        value = encode_batch(header, _encoded([e for e, _ in group], columnar))
         counted = [e for e, primary in group if primary]
         records.append(PackedRecord(shard, seq + i, telemetry_key(run_id, shard), value, counted))
     return records
+
+
+def _encoded(events: list[Envelope], columnar: bool) -> list[bytes]:
+    timings = [e for e in events if type(e) is StepTiming] if columnar else []
+    if len(timings) < MIN_BLOCK_ROWS:
+        return [encode(e) for e in events]
+    out: list[bytes] = []
+    for event in events:
+        if type(event) is not StepTiming:
+            out.append(encode(event))
+        elif event is timings[0]:
+            out.append(encode_step_timings(timings))
+    return out
 
 
 class TelemetryShipper:
@@ -288,7 +312,13 @@ class TelemetryShipper:
             return  # events stay queued (bounded; overflow is dropped and counted)
         while events := self._take():
             records = pack(
-                events, self.run_id, self.world_size, self._shard_size, self.producer_id, self._seq
+                events,
+                self.run_id,
+                self.world_size,
+                self._shard_size,
+                self.producer_id,
+                self._seq,
+                self.config.columnar,
             )
             for i, record in enumerate(records):
                 try:

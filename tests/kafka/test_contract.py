@@ -21,7 +21,8 @@ from trainguard.cli import app
 from trainguard.kafka.contract import asyncapi, rendered, schema_file
 from trainguard.kafka.topics import TopicNames
 from trainguard.schemas import Ack, AckStatus, encode, encode_batch
-from trainguard.schemas.codec import ALL, DERIVED, TELEMETRY
+from trainguard.schemas.codec import ALL, BATCH_RECORDS, DERIVED, TELEMETRY
+from trainguard.schemas.columnar import encode_step_timings
 
 from ..schemas.test_codec import COMMAND_SAMPLES, SAMPLES, build
 
@@ -30,7 +31,7 @@ CONTRACT = ROOT / "docs" / "contract"
 
 
 def _validator(kind: str) -> jsonschema.Draft202012Validator:
-    schema = json.loads((CONTRACT / schema_file(ALL[kind])).read_text())
+    schema = json.loads((CONTRACT / schema_file({**ALL, **BATCH_RECORDS}[kind])).read_text())
     return jsonschema.Draft202012Validator(schema)
 
 
@@ -78,11 +79,16 @@ def test_an_ack_and_a_batch_of_telemetry_validate() -> None:
     )  # fmt: skip
     _validator("ack").validate(orjson.loads(encode(ack)))
     records = [encode(build(kind)) for kind in sorted(SAMPLES) if kind in TELEMETRY]
+    timing = build("step_timing")
+    records.append(encode_step_timings([timing, timing.model_copy(update={"event_id": "e-2", "rank": 6})]))
     header = dict(run_id="run-a", node="node-001", world_size=64, producer_id="p", seq=0)
     batch = orjson.loads(encode_batch(header, records))
     _validator("batch").validate(batch)
     for record in batch["records"]:
         _validator(record["schema"].split("/")[0]).validate(record)
+    assert batch["records"][-1]["schema"] == "step_timings/1"
+    block = {**batch["records"][-1], "rank": [5, "six"]}
+    assert not _validator("step_timings").is_valid(block)
 
 
 @pytest.mark.broker

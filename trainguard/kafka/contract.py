@@ -16,7 +16,7 @@ from typing import Any
 from trainguard import __version__
 
 from ..schemas import Record
-from ..schemas.codec import ACKS, COMMANDS, DERIVED, TELEMETRY, UPCASTERS, Batch, RejectReason
+from ..schemas.codec import ACKS, BATCH_RECORDS, COMMANDS, DERIVED, UPCASTERS, Batch, RejectReason
 from . import topics
 
 SCHEMA_DIR = "schemas"
@@ -56,7 +56,7 @@ def json_schemas() -> dict[str, dict[str, Any]]:
     """Every record kind's schema, by its file name under docs/contract/."""
     classes: list[type[Record]] = [
         Batch,
-        *TELEMETRY.values(),
+        *BATCH_RECORDS.values(),
         *DERIVED.values(),
         *COMMANDS.values(),
         *ACKS.values(),
@@ -112,9 +112,9 @@ def asyncapi() -> dict[str, Any]:
 
     telemetry = _messages({"batch": Batch}, _TELEMETRY_KEY)
     telemetry["batch"]["summary"] += (
-        " Its `records` are telemetry records, each one of: " + ", ".join(sorted(TELEMETRY)) + "."
+        " Its `records` are telemetry records, each one of: " + ", ".join(sorted(BATCH_RECORDS)) + "."
     )
-    telemetry_records = _messages(TELEMETRY, _TELEMETRY_KEY)
+    telemetry_records = _messages(BATCH_RECORDS, _TELEMETRY_KEY)
     derived = _messages(DERIVED, _RUN_KEY)
     commands = _messages(COMMANDS, _RUN_KEY)
     acks = _messages(ACKS, _RUN_KEY)

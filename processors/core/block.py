@@ -1,0 +1,176 @@
+"""Folding a columnar block of step timings (schemas/columnar.py) into the core, with
+exactly the state and the outputs of folding its rows one by one with
+:func:`~.engine.step` (issue 20).
+
+Most step timings of a training run change state and decide nothing: a rank reports a
+step the job already reached, its step is still waiting for other ranks, no clock passes
+a report or a check. Such a row is *quiet*, and its effects are a handful of assignments:
+the dedupe window, the run's and the rank's clocks, the rank's last step and times, the
+goodput clock, the failure-rate exposure, and the straggler detector's per-step buffers.
+A block is folded as runs of quiet rows applied directly (no event object, no dispatch)
+and the rows that are not quiet, each handed to ``step`` as a StepTiming, in order.
+
+A row is quiet only when all of these hold (anything else, or any doubt, is not quiet):
+the run is known, training, on its coordinator, with no hang, crash or deferred eviction
+pending and no interruption open; the row is of the run's attempt, a rank inside the
+world that the run has seen, an event id not seen; its step is no newer than the job's
+and is waiting in the straggler detector, which has not seen this rank for it; and the
+row neither completes that step, nor moves the goodput clock to a report, nor the
+exposure to a failure-rate check. Pure like the rest of the core: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ...schemas.columnar import StepColumns
+from .goodput import advance
+from .state import RunPhase
+
+if TYPE_CHECKING:
+    from .policy import CorePolicy
+    from .state import RunState
+
+
+def fold_block(
+    run: RunState | None,
+    block: StepColumns,
+    policy: CorePolicy,
+    world_size_hint: int | None,
+    one: Callable[[int], None],
+    lookup: Callable[[], RunState | None],
+) -> None:
+    """Fold every row of `block`: quiet rows here, the others through `one(i)` (which
+    folds row i with ``step``); `lookup` finds the run again after a row that may have
+    created or changed it."""
+    i, n = 0, len(block)
+    while i < n:
+        j = _quiet_until(run, block, i, policy, world_size_hint) if run is not None else i
+        if j > i:
+            assert run is not None
+            _apply(run, block, i, j, policy)
+        if j < n:
+            one(j)
+            run = lookup()
+        i = j + 1
+
+
+def _steady(run: RunState) -> bool:
+    """The run is in the state where quiet rows exist at all."""
+    stragglers, owned = run.straggler, run.owned()
+    first, expected = (0, None) if owned is None else (owned.start, owned.stop)
+    return (
+        run.coordinator
+        and run.phase == RunPhase.TRAINING
+        and run.pending_hang is None
+        and run.pending_crash is None
+        and run.open_interruption is None
+        and not run.eviction.deferred
+        and run.goodput.clock is not None
+        and run.goodput.last_report_ts is not None
+        and run.baseline.start_ts is not None
+        and run.baseline.world_size == run.world_size
+        and stragglers.attempt == run.attempt
+        and stragglers.expected == expected
+        and stragglers.first == first
+    )
+
+
+def _quiet_until(
+    run: RunState, block: StepColumns, i: int, policy: CorePolicy, world_size_hint: int | None
+) -> int:
+    """The end of the run of quiet rows that starts at row i (i when row i is not quiet)."""
+    if not _steady(run):
+        return i
+    size = run.world_size or world_size_hint
+    if not size:
+        return i
+    stragglers, ranks, seen = run.straggler, run.ranks, run.seen
+    pending, missing = stragglers.pending, stragglers.missing
+    # The same comparisons, written the same way, as goodput.reports and baseline.on_time.
+    last_report, every = run.goodput.last_report_ts, policy.goodput.report_every_s
+    check_at = run.baseline.checked_end_ts + policy.baseline.check_every_s
+    clock, end = run.goodput.clock, run.baseline.end_ts
+    if clock - last_report >= every or not end < check_at:  # type: ignore[operator]
+        return i  # the next event reports or checks, whatever it is
+    job_step, attempt = run.job_step, run.attempt
+    newest, through, capacity = stragglers.newest_step, stragglers.evaluated_through, stragglers.capacity
+    first, expected = stragglers.first, stragglers.expected
+    if expected is not None:
+        capacity = min(capacity, expected)  # the detector counts ranks past it as out of range
+    ids, attempts, rank_of, step_of, ts_of = (
+        block.event_id, block.attempt_list, block.rank_list, block.step_list, block.ts_list,
+    )  # fmt: skip
+    taken: set[str] = set()
+    reported: set[tuple[int, int]] = set()
+    need: dict[int, int] = {}
+    j, n = i, len(block)
+    while j < n:
+        event_id, rank, step, ts = ids[j], rank_of[j], step_of[j], ts_of[j]
+        if attempts[j] != attempt or not first <= rank < size or rank >= capacity or rank not in ranks:
+            break
+        if event_id in seen or event_id in taken or not through < step <= min(job_step, newest):
+            break
+        waiting = pending.get(step)
+        if waiting is None or waiting.seen[rank] or (rank, step) in reported:
+            break
+        left = need.get(step, waiting.need) - (rank not in missing)
+        if left <= 0:
+            break  # this row completes its step: the detector evaluates it
+        if ts > clock:  # type: ignore[operator]
+            clock = ts
+            if clock - last_report >= every:  # type: ignore[operator]
+                break
+        if ts > end:
+            end = ts
+            if end >= check_at:
+                break
+        need[step] = left
+        taken.add(event_id)
+        reported.add((rank, step))
+        j += 1
+    return j
+
+
+def _apply(run: RunState, block: StepColumns, i: int, j: int, policy: CorePolicy) -> None:
+    """Rows i..j-1, all quiet: what ``step`` would do with each of them, in order."""
+    seen, window = run.seen, policy.dedupe_window
+    stragglers, baseline, goodput = run.straggler, run.baseline, run.goodput
+    pending, missing, nodes = stragglers.pending, stragglers.missing, stragglers.nodes
+    node = block.node
+    for k in range(i, j):
+        event_id, rank, step, ts = block.event_id[k], block.rank_list[k], block.step_list[k], block.ts_list[k]
+        compute, total = block.compute_list[k], block.total_list[k]
+        seen[event_id] = None
+        if len(seen) > window:
+            seen.popitem(last=False)
+        if run.first_ts is None or ts < run.first_ts:
+            run.first_ts = ts
+        if ts > run.last_ts:
+            run.last_ts = ts
+        if ts > goodput.clock:  # type: ignore[operator]
+            advance(goodput, ts, False, policy.goodput)
+        state = run.ranks[rank]
+        if ts > state.last_seen_ts:
+            state.last_seen_ts = ts
+        if step > state.last_step:
+            state.last_step = step
+        if state.progress_ts is None or ts > state.progress_ts:
+            state.progress_ts = ts
+        state.compute_s, state.total_s = compute, total
+        waiting = pending[step]
+        waiting.seen[rank] = 1
+        waiting.values[rank] = compute
+        waiting.stamps[rank] = ts
+        waiting.ids[rank] = event_id
+        waiting.count += 1
+        if rank not in missing:
+            waiting.need -= 1
+        if nodes[rank] != node:
+            nodes[rank] = node
+        if baseline.start_ts is None or ts < baseline.start_ts:
+            baseline.start_ts = ts
+        if ts > baseline.end_ts:
+            baseline.end_ts = ts
+        baseline.world_size = run.world_size

@@ -1,0 +1,237 @@
+"""Columnar telemetry (issue 20): a node's step timings of one flush as ONE record of
+columns instead of one JSON object per rank and step, decoded in a handful of numpy calls.
+
+On the wire, inside a telemetry batch's ``records`` (schemas/codec.py)::
+
+    {"schema": "step_timings/1", "run_id": "...", "node": "node-0007",
+     "event_id": ["a1-17", "a1-18", ...], "attempt": [0, 0, ...], "rank": [56, 57, ...],
+     "step": [812, 812, ...], "ts": [...], "compute_s": [...], "total_s": [...]}
+
+Row i is exactly the StepTiming ``{event_id[i], run_id, attempt[i], rank[i], node,
+step[i], ts[i], compute_s[i], total_s[i]}``: every event keeps its identity (its id, so
+deduplication stays exact), a bad row is rejected alone with the reason the row format
+would give it (it is validated as a StepTiming to word it), and :func:`rows` turns a block
+back into the row format, which is what every consumer that folds events one by one
+reads. The row format itself still decodes: logs written before this record replay as
+they are.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import orjson
+from pydantic import Field, ValidationError
+
+from .base import NO_STEP, Record
+from .events import StepTiming
+
+#: The per-row columns, in the order a row lists its fields.
+COLUMNS = ("event_id", "attempt", "rank", "step", "ts", "compute_s", "total_s")
+#: Fewer step timings than this in one node's flush stay in the row format.
+MIN_BLOCK_ROWS = 2
+
+
+class StepTimings(Record):
+    """A node's step timings, one column per field (module docstring)."""
+
+    KIND: ClassVar[str] = "step_timings"
+    VERSION: ClassVar[int] = 1
+
+    run_id: str = Field(min_length=1, max_length=128)
+    node: str = Field(max_length=128)
+    event_id: list[str] = Field(max_length=1_000_000, description="Each row's event id.")
+    attempt: list[int] = Field(max_length=1_000_000)
+    rank: list[int] = Field(max_length=1_000_000)
+    step: list[int] = Field(max_length=1_000_000)
+    ts: list[float] = Field(max_length=1_000_000, description="Emitter clock, Unix seconds.")
+    compute_s: list[float] = Field(max_length=1_000_000, description="Before the collective.")
+    total_s: list[float] = Field(max_length=1_000_000)
+
+
+@dataclass(frozen=True, slots=True)
+class BadRow:
+    """A row that the row format would reject: its event as a dict (the dead letter's
+    bytes) and the StepTiming validation error that says why."""
+
+    row: dict[str, Any]
+    error: str
+    non_finite: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StepColumns:
+    """A block's valid rows, column by column (row order kept), and its rejected rows."""
+
+    run_id: str
+    node: str
+    event_id: list[str]
+    attempt_list: list[int]
+    rank_list: list[int]
+    step_list: list[int]
+    ts_list: list[float]
+    compute_list: list[float]
+    total_list: list[float]
+    bad: list[BadRow]
+
+    def __len__(self) -> int:
+        return len(self.event_id)
+
+    def take(self, keep: list[bool]) -> StepColumns:
+        """The rows where `keep` is true."""
+
+        def kept(column: list[Any]) -> list[Any]:
+            return [value for value, good in zip(column, keep, strict=True) if good]
+
+        return StepColumns(
+            self.run_id,
+            self.node,
+            kept(self.event_id),
+            kept(self.attempt_list),
+            kept(self.rank_list),
+            kept(self.step_list),
+            kept(self.ts_list),
+            kept(self.compute_list),
+            kept(self.total_list),
+            self.bad,
+        )
+
+
+def encode_step_timings(events: Sequence[StepTiming]) -> bytes:
+    """One block of the events (all of one run and node), in their order."""
+    first = events[0]
+    columns: dict[str, list[Any]] = {name: [getattr(e, name) for e in events] for name in COLUMNS}
+    return orjson.dumps(
+        {"schema": StepTimings.schema_name(), "run_id": first.run_id, "node": first.node, **columns}
+    )
+
+
+class BlockError(ValueError):
+    """A block whose shape is wrong (not a per-row problem): rejected whole."""
+
+
+def columns_of(obj: dict[str, Any]) -> StepColumns:
+    """Validate a parsed block: its header and shape (BlockError), then every row; rows
+    that fail are set apart with their reason, the others kept as arrays. The common row
+    (numbers of the right kinds, in range) is checked in bulk; any other is validated as a
+    StepTiming, so a row is accepted or refused exactly as in the row format (which, for
+    instance, reads a rank of "3" as 3)."""
+    run_id, node = obj.get("run_id"), obj.get("node")
+    if (
+        not isinstance(run_id, str)
+        or not 0 < len(run_id) <= 128
+        or not isinstance(node, str)
+        or len(node) > 128
+    ):
+        raise BlockError("step_timings/1: run_id and node must be strings (1-128 and 0-128 characters)")
+    unknown = set(obj) - {"schema", "run_id", "node", *COLUMNS}
+    if unknown:
+        raise BlockError(f"step_timings/1: unknown fields {sorted(unknown)}")
+    raw: list[list[Any]] = [column for name in COLUMNS if isinstance(column := obj.get(name), list)]
+    if len(raw) != len(COLUMNS):
+        raise BlockError(f"step_timings/1: every one of {list(COLUMNS)} must be a list")
+    n = len(raw[0])
+    if any(len(column) != n for column in raw):
+        raise BlockError("step_timings/1: the columns have different lengths")
+    if _common_columns(raw):  # nearly every block: checked a column at a time, at C speed
+        ids, attempts, ranks, steps, ts, compute, total = raw
+        ts_f, compute_f, total_f = (list(map(float, column)) for column in (ts, compute, total))
+        return StepColumns(run_id, node, list(ids), attempts, ranks, steps, ts_f, compute_f, total_f, [])
+    out: tuple[list[Any], ...] = ([], [], [], [], [], [], [])
+    bad: list[BadRow] = []
+    for i, values in enumerate(zip(*raw, strict=True)):
+        if not _common(*values):  # the model decides: accepted or refused as a row would be
+            found = _validated_row(obj, i)
+            if isinstance(found, BadRow):
+                bad.append(found)
+                continue
+            values = tuple(getattr(found, name) for name in COLUMNS)
+        for column, value in zip(out, values, strict=True):
+            column.append(value)
+    ids, attempts, ranks, steps, ts, compute, total = out
+    ts_f, compute_f, total_f = (
+        [float(v) for v in column] for column in (ts, compute, total)
+    )  # an int is a float
+    return StepColumns(run_id, node, ids, attempts, ranks, steps, ts_f, compute_f, total_f, bad)
+
+
+def _common_columns(raw: list[list[Any]]) -> bool:
+    """Every row is common (see :func:`_common`), judged column by column."""
+    ids, attempts, ranks, steps, *floats = raw
+    if not ids:
+        return True
+    if set(map(type, ids)) != {str} or min(map(len, ids)) < 1 or max(map(len, ids)) > 200:
+        return False
+    for column, low in ((attempts, 0), (ranks, 0), (steps, NO_STEP)):
+        if set(map(type, column)) != {int} or min(column) < low or max(column) >= _INT_LIMIT:
+            return False
+    for column in floats:
+        if set(map(type, column)) != {float} or min(column) < 0.0 or not all(map(math.isfinite, column)):
+            return False  # (an int here is legal: the row by row path takes it)
+    return True
+
+
+#: Python ints the row format keeps as they are (pydantic's int is 64-bit).
+_INT_LIMIT = 2**63
+
+
+def _common(event_id: Any, attempt: Any, rank: Any, step: Any, ts: Any, compute: Any, total: Any) -> bool:
+    """The common row: the right types, in range (checked here in one pass; any other row
+    goes through the model)."""
+    return (
+        type(event_id) is str
+        and 0 < len(event_id) <= 200
+        and type(attempt) is int
+        and type(rank) is int
+        and type(step) is int
+        and 0 <= attempt < _INT_LIMIT
+        and 0 <= rank < _INT_LIMIT
+        and NO_STEP <= step < _INT_LIMIT
+        and _finite_non_negative(ts)
+        and _finite_non_negative(compute)
+        and _finite_non_negative(total)
+    )
+
+
+def _finite_non_negative(value: Any) -> bool:
+    return (type(value) is float and 0.0 <= value < math.inf) or (type(value) is int and 0 <= value < 2**53)
+
+
+def _validated_row(obj: dict[str, Any], i: int) -> StepTiming | BadRow:
+    """Row i as the row format reads it: the StepTiming, or why it is refused."""
+    row = {"run_id": obj["run_id"], "node": obj["node"], **{name: obj[name][i] for name in COLUMNS}}
+    try:
+        return StepTiming.model_validate(row)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
+        detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors[:5])
+        return BadRow(row, detail, any(e["type"] == "finite_number" for e in errors))
+
+
+def row(block: StepColumns, i: int) -> StepTiming:
+    """Row i in the row format (its values are validated already; the model's own
+    validator is still the cheapest way to build one: model_construct is slower)."""
+    return _VALIDATE(
+        {
+            "event_id": block.event_id[i],
+            "run_id": block.run_id,
+            "attempt": block.attempt_list[i],
+            "rank": block.rank_list[i],
+            "node": block.node,
+            "step": block.step_list[i],
+            "ts": block.ts_list[i],
+            "compute_s": block.compute_list[i],
+            "total_s": block.total_list[i],
+        }
+    )
+
+
+def rows(block: StepColumns) -> list[StepTiming]:
+    """The block's valid rows in the row format, in order."""
+    return [row(block, i) for i in range(len(block))]
+
+
+_VALIDATE = StepTiming.__pydantic_validator__.validate_python

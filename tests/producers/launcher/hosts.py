@@ -55,6 +55,20 @@ def agent(
     return subprocess.Popen(command, env=env, cwd=workdir, stdout=out, stderr=subprocess.STDOUT, text=True)
 
 
+def clean_run(workdir: Path, nproc: int, steps: int, run_id: str) -> Path:
+    """An uninterrupted offline run of the example on one host (2 ranks per modelled
+    node): the weights a faulted run of the same world must end with. Its checkpoint
+    directory (the final weights are under its .trainguard/)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "trainguard", "launch", "--offline", "--nproc", str(nproc),
+         "--ranks-per-node", "2", "--run-id", run_id, "--checkpoint-dir", str(workdir / "ckpt"),
+         str(EXAMPLE)],
+        env=environment(steps), cwd=workdir, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return workdir / "ckpt"
+
+
 def kill_tree(proc: subprocess.Popen[str]) -> None:
     """The whole host gone: its agent and every rank it started (they run in sessions of
     their own), at once."""

@@ -18,7 +18,7 @@ from trainguard.producers.launcher.config import free_port
 from trainguard.producers.launcher.shared_quarantine import SharedQuarantine
 
 from ..s3_server import S3
-from .hosts import EXAMPLE, agent, environment, log_tail
+from .hosts import EXAMPLE, agent, clean_run, environment, log_tail
 
 torch = pytest.importorskip("torch")
 
@@ -83,14 +83,8 @@ def test_across_hosts_checkpoints_in_a_bucket_and_the_shared_state_in_state_dir(
     from the newest validated checkpoint in the bucket, and the run ends with the weights
     of an uninterrupted run of the same world kept in a directory."""
     steps = 60
-    clean = tmp_path / "clean"
-    clean.mkdir()
-    done = subprocess.run(
-        [sys.executable, "-m", "trainguard", "launch", "--offline", "--nproc", "4", "--ranks-per-node", "2",
-         "--run-id", "bucket-clean", "--checkpoint-dir", str(clean / "ckpt"), str(EXAMPLE)],
-        env=environment(steps), cwd=clean, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (tmp_path / "clean").mkdir()
+    clean_ckpt = clean_run(tmp_path / "clean", 4, steps, "bucket-clean")
 
     bucket, shared = f"{s3.bucket()}/run", tmp_path / "shared"
     endpoint, env = f"127.0.0.1:{free_port()}", environment(steps, TRAINGUARD_EXAMPLE_FAULT="kill:3:45:0")
@@ -111,7 +105,7 @@ def test_across_hosts_checkpoints_in_a_bucket_and_the_shared_state_in_state_dir(
     listed = {p.rsplit("/", 1)[-1] for p in bucket_fs.ls(bucket, detail=False)}
     assert f"step-{steps - 1:09d}" in listed and ".trainguard" not in listed
 
-    (expected,) = list((clean / "ckpt").glob(".trainguard/**/final.pt"))
+    (expected,) = list(clean_ckpt.glob(".trainguard/**/final.pt"))
     (resumed,) = list(shared.glob("**/final.pt"))
     want, got = torch.load(expected), torch.load(resumed)
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -45,7 +44,7 @@ from trainguard.schemas.codec import COMMANDS, DERIVED, decode_batch
 
 from ...pipeline import Processor, running_processor
 from ..test_inprocess_restart import assert_same_tensors
-from .hosts import EXAMPLE, agent, attempted, environment, journal, kill_tree, log_tail
+from .hosts import agent, attempted, clean_run, environment, journal, kill_tree, log_tail
 
 torch = pytest.importorskip("torch")
 
@@ -72,14 +71,7 @@ def pipeline(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An uninterrupted run of the same world (6 ranks, 2 per node) on one host: its run
     dir holds the final weights and optimizer state a faulted run must end with."""
-    workdir = tmp_path_factory.mktemp("clean")
-    done = subprocess.run(
-        [sys.executable, "-m", "trainguard", "launch", "--offline", "--nproc", "6", "--ranks-per-node", "2",
-         "--run-id", "multihost-clean", "--checkpoint-dir", str(workdir / "ckpt"), str(EXAMPLE)],
-        env=environment(STEPS), cwd=workdir, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    return workdir / "ckpt"
+    return clean_run(tmp_path_factory.mktemp("clean"), 6, STEPS, "multihost-clean")
 
 
 def final_state(ckpt: Path) -> tuple[Any, Any]:

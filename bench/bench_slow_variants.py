@@ -3,7 +3,7 @@ minutes on 2 cores (tests/variants.py): the broker stopped with SIGTERM for 30 s
 load, a processor worker recovering from a snapshot behind its commit, a whole node of 4
 ranks restoring from its peers, the chaos soak's 75 s of three runs, and two workers
 sharing six runs with one SIGKILLed and restarted, a host lost and then a hang with no
-spare left (whole modules).
+spare left, two hosts checkpointing to a bucket (whole modules).
 
     .venv/bin/python bench/bench_slow_variants.py            # every test, slow cases included
     .venv/bin/python bench/bench_slow_variants.py -k sigterm  # extra arguments go to pytest
@@ -27,6 +27,7 @@ MODULES = [
     "tests/devtools/test_soak_broker.py",
     "tests/processors/test_rebalance_broker.py",  # whole modules (tests/variants.py: SLOW_MODULES)
     "tests/producers/launcher/test_multihost_hang_broker.py",
+    "tests/producers/launcher/test_multihost_bucket.py",
 ]
 
 

@@ -18,7 +18,13 @@ ENV = "TRAINGUARD_SLOW_VARIANTS"
 #: chaos soak's CI case kills and restarts workers under load with the same oracle.
 #: test_multihost_hang_broker (70 s: a host lost, then a hang with no spare left): the
 #: suite covers the loss, the stop with no spare left and hangs named from the stacks apart.
-SLOW_MODULES = ["processors/test_rebalance_broker.py", "producers/launcher/test_multihost_hang_broker.py"]
+#: test_multihost_bucket (45 s: two hosts checkpointing to a bucket): the suite covers the
+#: bucket under launch on one host and the state directory's files across hosts.
+SLOW_MODULES = [
+    "processors/test_rebalance_broker.py",
+    "producers/launcher/test_multihost_hang_broker.py",
+    "producers/launcher/test_multihost_bucket.py",
+]
 
 
 def slow_variants() -> bool:

@@ -119,7 +119,8 @@ def burst_p_value(state: BaselineState, now: float, policy: BaselinePolicy, give
 # --------------------------------------------------------------------------- driving
 
 
-def _observe(state: BaselineState, run: RunState, ts: float) -> None:
+def observe(state: BaselineState, run: RunState, ts: float) -> None:
+    """Exposure up to `ts` (every event of the run; also the block fold's)."""
     if state.start_ts is None or ts < state.start_ts:
         state.start_ts = ts
     if ts > state.end_ts:
@@ -131,7 +132,7 @@ def on_time(state: BaselineState, run: RunState, event: Envelope, policy: Baseli
     """Advance exposure to `event.ts` (call on every event of the run). Publishes only when
     the estimate moved by more than `publish_change_fraction` since the last publication."""
     world_size = state.world_size
-    _observe(state, run, event.ts)
+    observe(state, run, event.ts)
     if state.end_ts < state.checked_end_ts + policy.check_every_s and run.world_size == world_size:
         return []  # the estimate moves with exposure only: checking every event is waste
     state.checked_end_ts = state.end_ts
@@ -145,7 +146,7 @@ def on_interruption(
     state: BaselineState, run: RunState, interruption: Interruption, policy: BaselinePolicy
 ) -> list[MtbfUpdate]:
     """Count an interruption (once per interruption_id) and publish the new estimate."""
-    _observe(state, run, interruption.ts)
+    observe(state, run, interruption.ts)
     if interruption.interruption_id in state.counted:
         return []
     state.counted.add(interruption.interruption_id)

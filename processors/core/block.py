@@ -25,8 +25,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ...schemas.columnar import StepColumns
+from .baseline import observe
 from .goodput import advance
 from .state import RunPhase
+from .straggler import record
 
 if TYPE_CHECKING:
     from .policy import CorePolicy
@@ -137,11 +139,9 @@ def _apply(run: RunState, block: StepColumns, i: int, j: int, policy: CorePolicy
     """Rows i..j-1, all quiet: what ``step`` would do with each of them, in order."""
     seen, window = run.seen, policy.dedupe_window
     stragglers, baseline, goodput = run.straggler, run.baseline, run.goodput
-    pending, missing, nodes = stragglers.pending, stragglers.missing, stragglers.nodes
-    node = block.node
+    pending, node = stragglers.pending, block.node
     for k in range(i, j):
         event_id, rank, step, ts = block.event_id[k], block.rank_list[k], block.step_list[k], block.ts_list[k]
-        compute, total = block.compute_list[k], block.total_list[k]
         seen[event_id] = None
         if len(seen) > window:
             seen.popitem(last=False)
@@ -154,23 +154,6 @@ def _apply(run: RunState, block: StepColumns, i: int, j: int, policy: CorePolicy
         state = run.ranks[rank]
         if ts > state.last_seen_ts:
             state.last_seen_ts = ts
-        if step > state.last_step:
-            state.last_step = step
-        if state.progress_ts is None or ts > state.progress_ts:
-            state.progress_ts = ts
-        state.compute_s, state.total_s = compute, total
-        waiting = pending[step]
-        waiting.seen[rank] = 1
-        waiting.values[rank] = compute
-        waiting.stamps[rank] = ts
-        waiting.ids[rank] = event_id
-        waiting.count += 1
-        if rank not in missing:
-            waiting.need -= 1
-        if nodes[rank] != node:
-            nodes[rank] = node
-        if baseline.start_ts is None or ts < baseline.start_ts:
-            baseline.start_ts = ts
-        if ts > baseline.end_ts:
-            baseline.end_ts = ts
-        baseline.world_size = run.world_size
+        state.note_step(step, ts, block.compute_list[k], block.total_list[k])
+        record(stragglers, pending[step], rank, block.compute_list[k], ts, event_id, node)
+        observe(baseline, run, ts)

@@ -437,11 +437,7 @@ def _undeclared_restart(run: RunState, event: Envelope) -> Interruption:
 
 
 def _on_step(run: RunState, rank: RankState, event: StepTiming) -> list[Output]:
-    if event.step > rank.last_step:
-        rank.last_step = event.step
-    if rank.progress_ts is None or event.ts > rank.progress_ts:
-        rank.progress_ts = event.ts
-    rank.compute_s, rank.total_s = event.compute_s, event.total_s
+    rank.note_step(event.step, event.ts, event.compute_s, event.total_s)
     outputs: list[Output] = []
     if event.step > run.job_step:
         run.job_step = event.step

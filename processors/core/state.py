@@ -62,6 +62,14 @@ class RankState:
     #: A non-coordinator shard: the phase last forwarded to shard 0 in this stall.
     forwarded_phase: str = ""
 
+    def note_step(self, step: int, ts: float, compute_s: float, total_s: float) -> None:
+        """A step timing of this rank: its newest step, its progress, its latest times."""
+        if step > self.last_step:
+            self.last_step = step
+        if self.progress_ts is None or ts > self.progress_ts:
+            self.progress_ts = ts
+        self.compute_s, self.total_s = compute_s, total_s
+
 
 @dataclass
 class PendingHang:

@@ -105,15 +105,7 @@ def observe_step(
             pending.values[rank], pending.stamps[rank] = event.compute_s, event.ts
             pending.ids[rank] = event.event_id
         return []
-    pending.seen[rank] = 1
-    pending.values[rank] = event.compute_s
-    pending.stamps[rank] = event.ts
-    pending.ids[rank] = event.event_id
-    pending.count += 1
-    if rank not in state.missing:
-        pending.need -= 1
-    if state.nodes[rank] != event.node:
-        state.nodes[rank] = event.node
+    record(state, pending, rank, event.compute_s, event.ts, event.event_id, event.node)
     if pending.need > 0 and not drain:
         return []
     outputs: list[Derived] = []
@@ -128,6 +120,21 @@ def observe_step(
         if on_step is not None:
             on_step(oldest, np.frombuffer(ready.values), ready.count, event)
     return outputs
+
+
+def record(
+    state: StragglerState, pending: _Pending, rank: int, compute_s: float, ts: float, event_id: str, node: str
+) -> None:
+    """A rank's first report of a pending step (also the block fold's: processors/core/block.py)."""
+    pending.seen[rank] = 1
+    pending.values[rank] = compute_s
+    pending.stamps[rank] = ts
+    pending.ids[rank] = event_id
+    pending.count += 1
+    if rank not in state.missing:
+        pending.need -= 1
+    if state.nodes[rank] != node:
+        state.nodes[rank] = node
 
 
 # --------------------------------------------------------------------------- internals

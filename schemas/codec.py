@@ -205,6 +205,11 @@ def rank_out_of_range(event: Envelope, world_size: int) -> str:
     return f"rank {event.rank} is outside world size {world_size} of run {event.run_id}"
 
 
+def run_mismatch(event: Envelope, batch_run_id: str) -> str:
+    """The dead letter's detail for an event inside another run's batch."""
+    return f"event of run {event.run_id} inside a batch of run {batch_run_id}"
+
+
 def check_rank(event: Envelope, world_size: int) -> None:
     if event.rank >= world_size:
         raise Rejected(RejectReason.RANK_OUT_OF_RANGE, rank_out_of_range(event, world_size))
@@ -299,10 +304,7 @@ def decode_parts(
             event = decode_obj(item, TELEMETRY)
             assert isinstance(event, Envelope)
             if event.run_id != header.run_id:
-                raise Rejected(
-                    RejectReason.RUN_MISMATCH,
-                    f"event of run {event.run_id} inside a batch of run {header.run_id}",
-                )
+                raise Rejected(RejectReason.RUN_MISMATCH, run_mismatch(event, header.run_id))
             check_rank(event, size)
             parts.append(event)
         except Rejected as rej:
@@ -322,21 +324,22 @@ def _block(item: dict[str, Any], run_id: str, size: int, rejections: list[Reject
     except BlockError as exc:
         rejections.append(Rejection(RejectReason.INVALID_FIELDS, str(exc), orjson.dumps(item)))
         return None
-    for bad in block.bad:
-        reason = RejectReason.NON_FINITE if bad.non_finite else RejectReason.INVALID_FIELDS
-        line = {"schema": StepTiming.schema_name(), **bad.row}
-        rejections.append(Rejection(reason, f"{_STEP_TIMINGS} row: {bad.error}", orjson.dumps(line)))
-    if block.run_id == run_id and (not len(block) or max(block.rank_list) < size):
+    for line in block.bad:  # worded by the one decoder, as a step_timing/1 record would be
+        record = {"schema": StepTiming.schema_name(), **line}
+        try:
+            decode_obj(record, TELEMETRY)
+        except Rejected as rej:
+            rejections.append(Rejection(rej.reason, rej.detail, orjson.dumps(record)))
+    keep = [block.run_id == run_id and rank < size for rank in block.rank_list]
+    if all(keep):
         return block
-    keep = []
-    for i in range(len(block)):
-        if block.run_id != run_id or block.rank_list[i] >= size:
-            event = row(block, i)
-            if event.run_id != run_id:
-                detail = f"event of run {event.run_id} inside a batch of run {run_id}"
-                rejections.append(Rejection(RejectReason.RUN_MISMATCH, detail, encode(event)))
-            else:
-                detail = rank_out_of_range(event, size)
-                rejections.append(Rejection(RejectReason.RANK_OUT_OF_RANGE, detail, encode(event)))
-        keep.append(block.run_id == run_id and block.rank_list[i] < size)
+    for i in (i for i, good in enumerate(keep) if not good):
+        event = row(block, i)
+        if event.run_id != run_id:
+            rejections.append(
+                Rejection(RejectReason.RUN_MISMATCH, run_mismatch(event, run_id), encode(event))
+            )
+        else:
+            detail = rank_out_of_range(event, size)
+            rejections.append(Rejection(RejectReason.RANK_OUT_OF_RANGE, detail, encode(event)))
     return block.take(keep)

@@ -1,5 +1,6 @@
 """Columnar telemetry (issue 20): a node's step timings of one flush as ONE record of
-columns instead of one JSON object per rank and step, decoded in a handful of numpy calls.
+columns instead of one JSON object per rank and step, its columns checked a column at a
+time and folded by the core without an event object per row (processors/core/block.py).
 
 On the wire, inside a telemetry batch's ``records`` (schemas/codec.py)::
 
@@ -10,7 +11,7 @@ On the wire, inside a telemetry batch's ``records`` (schemas/codec.py)::
 Row i is exactly the StepTiming ``{event_id[i], run_id, attempt[i], rank[i], node,
 step[i], ts[i], compute_s[i], total_s[i]}``: every event keeps its identity (its id, so
 deduplication stays exact), a bad row is rejected alone with the reason the row format
-would give it (it is validated as a StepTiming to word it), and :func:`rows` turns a block
+would give it (schemas/codec.py words it as for a step_timing/1 record), and :func:`rows` turns a block
 back into the row format, which is what every consumer that folds events one by one
 reads. The row format itself still decodes: logs written before this record replay as
 they are.
@@ -53,18 +54,9 @@ class StepTimings(Record):
 
 
 @dataclass(frozen=True, slots=True)
-class BadRow:
-    """A row that the row format would reject: its event as a dict (the dead letter's
-    bytes) and the StepTiming validation error that says why."""
-
-    row: dict[str, Any]
-    error: str
-    non_finite: bool = False
-
-
-@dataclass(frozen=True, slots=True)
 class StepColumns:
-    """A block's valid rows, column by column (row order kept), and its rejected rows."""
+    """A block's valid rows, column by column (row order kept), and the rows the row format
+    would refuse (each as its step_timing/1 body: schemas/codec.py words the reason)."""
 
     run_id: str
     node: str
@@ -75,7 +67,7 @@ class StepColumns:
     ts_list: list[float]
     compute_list: list[float]
     total_list: list[float]
-    bad: list[BadRow]
+    bad: list[dict[str, Any]]
 
     def __len__(self) -> int:
         return len(self.event_id)
@@ -115,10 +107,10 @@ class BlockError(ValueError):
 
 def columns_of(obj: dict[str, Any]) -> StepColumns:
     """Validate a parsed block: its header and shape (BlockError), then every row; rows
-    that fail are set apart with their reason, the others kept as arrays. The common row
-    (numbers of the right kinds, in range) is checked in bulk; any other is validated as a
-    StepTiming, so a row is accepted or refused exactly as in the row format (which, for
-    instance, reads a rank of "3" as 3)."""
+    the model refuses are set apart, the others kept as columns. A block of common rows
+    (numbers of the right kinds, in range) is checked a column at a time; any other block
+    is read row by row through the StepTiming model, so a row is accepted or refused
+    exactly as in the row format (which, for instance, reads a rank of "3" as 3)."""
     run_id, node = obj.get("run_id"), obj.get("node")
     if (
         not isinstance(run_id, str)
@@ -137,29 +129,31 @@ def columns_of(obj: dict[str, Any]) -> StepColumns:
     if any(len(column) != n for column in raw):
         raise BlockError("step_timings/1: the columns have different lengths")
     if _common_columns(raw):  # nearly every block: checked a column at a time, at C speed
-        ids, attempts, ranks, steps, ts, compute, total = raw
-        ts_f, compute_f, total_f = (list(map(float, column)) for column in (ts, compute, total))
-        return StepColumns(run_id, node, list(ids), attempts, ranks, steps, ts_f, compute_f, total_f, [])
+        ids, attempts, ranks, steps, ts, compute, total = raw  # the parsed lists, kept as they are
+        return StepColumns(run_id, node, ids, attempts, ranks, steps, ts, compute, total, [])
     out: tuple[list[Any], ...] = ([], [], [], [], [], [], [])
-    bad: list[BadRow] = []
-    for i, values in enumerate(zip(*raw, strict=True)):
-        if not _common(*values):  # the model decides: accepted or refused as a row would be
-            found = _validated_row(obj, i)
-            if isinstance(found, BadRow):
-                bad.append(found)
-                continue
-            values = tuple(getattr(found, name) for name in COLUMNS)
-        for column, value in zip(out, values, strict=True):
-            column.append(value)
+    bad: list[dict[str, Any]] = []
+    for i in range(n):  # a block with an uncommon row: the model reads each row, as the row format does
+        line = {"run_id": run_id, "node": node, **{name: obj[name][i] for name in COLUMNS}}
+        try:
+            found = StepTiming.model_validate(line)
+        except ValidationError:
+            bad.append(line)
+            continue
+        for column, name in zip(out, COLUMNS, strict=True):
+            column.append(getattr(found, name))
     ids, attempts, ranks, steps, ts, compute, total = out
-    ts_f, compute_f, total_f = (
-        [float(v) for v in column] for column in (ts, compute, total)
-    )  # an int is a float
-    return StepColumns(run_id, node, ids, attempts, ranks, steps, ts_f, compute_f, total_f, bad)
+    return StepColumns(run_id, node, ids, attempts, ranks, steps, ts, compute, total, bad)
+
+
+#: Python ints the row format keeps as they are (pydantic's int is 64-bit).
+_INT_LIMIT = 2**63
 
 
 def _common_columns(raw: list[list[Any]]) -> bool:
-    """Every row is common (see :func:`_common`), judged column by column."""
+    """Every row is common: the right types, in range (ints as ints, floats as finite,
+    non-negative floats), judged a column at a time. A block with any other row is read
+    row by row through the model."""
     ids, attempts, ranks, steps, *floats = raw
     if not ids:
         return True
@@ -170,45 +164,8 @@ def _common_columns(raw: list[list[Any]]) -> bool:
             return False
     for column in floats:
         if set(map(type, column)) != {float} or min(column) < 0.0 or not all(map(math.isfinite, column)):
-            return False  # (an int here is legal: the row by row path takes it)
+            return False  # (an int here is legal: the row by row path reads it)
     return True
-
-
-#: Python ints the row format keeps as they are (pydantic's int is 64-bit).
-_INT_LIMIT = 2**63
-
-
-def _common(event_id: Any, attempt: Any, rank: Any, step: Any, ts: Any, compute: Any, total: Any) -> bool:
-    """The common row: the right types, in range (checked here in one pass; any other row
-    goes through the model)."""
-    return (
-        type(event_id) is str
-        and 0 < len(event_id) <= 200
-        and type(attempt) is int
-        and type(rank) is int
-        and type(step) is int
-        and 0 <= attempt < _INT_LIMIT
-        and 0 <= rank < _INT_LIMIT
-        and NO_STEP <= step < _INT_LIMIT
-        and _finite_non_negative(ts)
-        and _finite_non_negative(compute)
-        and _finite_non_negative(total)
-    )
-
-
-def _finite_non_negative(value: Any) -> bool:
-    return (type(value) is float and 0.0 <= value < math.inf) or (type(value) is int and 0 <= value < 2**53)
-
-
-def _validated_row(obj: dict[str, Any], i: int) -> StepTiming | BadRow:
-    """Row i as the row format reads it: the StepTiming, or why it is refused."""
-    row = {"run_id": obj["run_id"], "node": obj["node"], **{name: obj[name][i] for name in COLUMNS}}
-    try:
-        return StepTiming.model_validate(row)
-    except ValidationError as exc:
-        errors = exc.errors(include_url=False, include_input=False)
-        detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors[:5])
-        return BadRow(row, detail, any(e["type"] == "finite_number" for e in errors))
 
 
 def row(block: StepColumns, i: int) -> StepTiming:

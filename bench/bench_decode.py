@@ -12,13 +12,16 @@ columnar block (schemas/columnar.py) and with one JSON object per event, then
     .venv/bin/python bench/bench_decode.py --sim-seconds 20 --flush-sim-s 1
 
 Both packings come from the same simulated events; the core's outputs from the two are
-compared (they must be identical) and the row is appended to stdout as markdown.
+compared (they must be identical) and the row is appended to stdout as markdown. This
+machine's speed drifts by up to a third within minutes, so the variants run interleaved,
+`--rounds` times in a rotating order, and each reports its median round.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -61,23 +64,35 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--scenario", default=str(SCENARIO))
     parser.add_argument("--sim-seconds", type=int, default=40)
     parser.add_argument("--flush-sim-s", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is reported")
     args = parser.parse_args(argv)
     scenario = Scenario.load(args.scenario)
-    rows, results = [], {}
     variants = (("blocks, folded as columns", True, True), ("blocks, folded row by row", True, False),
                 ("rows", False, False))  # fmt: skip
-    for name, packed, columnar in variants:
-        load = generate(
+    loads = {
+        packed: generate(
             scenario, args.sim_seconds, "bench-decode", args.flush_sim_s, DEFAULT_SHARD_RANKS, packed, "bench"
         )
-        values = [value for _, _, _, value in load.records]
-        events = sum(load.events)
-        decode_rate, fold_rate, outputs = measure(values, events, columnar)
-        results[name] = outputs
+        for packed in (True, False)
+    }
+    rates: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in variants}
+    results: dict[str, list[bytes]] = {}
+    for round_ in range(args.rounds):
+        for name, packed, columnar in variants[round_ % 3 :] + variants[: round_ % 3]:
+            values = [value for _, _, _, value in loads[packed].records]
+            decode_rate, fold_rate, outputs = measure(values, sum(loads[packed].events), columnar)
+            rates[name].append((decode_rate, fold_rate))
+            results[name] = outputs
+    rows = []
+    for name, packed, _ in variants:
+        values = [value for _, _, _, value in loads[packed].records]
+        events = sum(loads[packed].events)
+        decode_rate = statistics.median(r[0] for r in rates[name])
+        fold_rate = statistics.median(r[1] for r in rates[name])
         rows.append(
             f"| {name} | {scenario.world_size} | {args.flush_sim_s} | {len(values):,} | {events:,} "
             f"| {sum(map(len, values)) / events:.1f} | {decode_rate:,.0f} | {fold_rate:,.0f} "
-            f"| {len(outputs)} |"
+            f"| {len(results[name])} |"
         )
     print(HEADER)
     print("\n".join(rows))

@@ -61,7 +61,6 @@ import argparse
 import itertools
 import math
 import os
-import resource
 import secrets
 import shlex
 import signal
@@ -76,6 +75,8 @@ from pathlib import Path
 
 import psutil
 from confluent_kafka import KafkaError, Message, Producer
+from raw_consume import cpu_s as cpu_s_self
+from raw_consume import faust_consume, high_watermarks, raw_consume
 
 from trainguard.devtools.broker_config import free_ports
 from trainguard.devtools.stack import (
@@ -100,9 +101,11 @@ RECORD_LATENCY = "trainguard_record_latency_seconds"
 DECISION_LATENCY = "trainguard_decision_latency_seconds"
 HEADER = (
     "| mode | ranks | workers | speed | wall s | events | records | produced ev/s | processed ev/s "
-    "| x real time | processor CPU % | max lag records | record latency p50/p99 s | decisions "
+    "| x real time | raw consume ev/s | of raw | faust consume ev/s | of faust | processor CPU % "
+    "| max lag records "
+    "| record latency p50/p99 s | decisions "
     "| decision latency p50/p99 s | delivery errors |\n"
-    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|"
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|"
 )
 
 
@@ -306,11 +309,6 @@ def cpu_s(proc: psutil.Process) -> float:
     return float(times.user + times.system)
 
 
-def self_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def buckets(metrics: dict[str, float], name: str) -> dict[float, float]:
     """Cumulative bucket counts of histogram `name` by upper bound (+Inf included)."""
     prefix = f'{name}_bucket{{le="'
@@ -432,10 +430,11 @@ def measure(
     if not wait_warm(workers, len(warmup), timeout_s=180):
         raise RuntimeError(f"the processors did not take the warm-up:\n{stack.processor_log_tail()}")
 
+    starts = high_watermarks(stack.bootstrap, stack.names.telemetry)
     sampler = Sampler(workers)
     before_each = workers.scrape_each()
     before = workers.scrape()
-    t0, proc0, broker0, self0 = time.monotonic(), workers.cpu_s(), cpu_s(broker), self_cpu_s()
+    t0, proc0, broker0, self0 = time.monotonic(), workers.cpu_s(), cpu_s(broker), cpu_s_self()
     sampler.start()
     if args.drain:
         produce_all(sender, load, measured)
@@ -443,7 +442,7 @@ def measure(
         produce_paced(sender, load, measured, flush, args.speed)
     t_produced = time.monotonic()
     at_end = workers.scrape()
-    proc_end, broker_end, self_end = workers.cpu_s(), cpu_s(broker), self_cpu_s()
+    proc_end, broker_end, self_end = workers.cpu_s(), cpu_s(broker), cpu_s_self()
     errors = sender.flush(60)  # undelivered
     errors += sender.errors
     del sender  # librdkafka's client goes before the broker does
@@ -452,6 +451,8 @@ def measure(
     after_each = workers.scrape_each()
     after = workers.scrape()
     workers.check_alive()
+    raw = raw_consume(stack.bootstrap, stack.names.telemetry, starts, len(measured))
+    framework = faust_consume(stack.bootstrap, stack.names.telemetry)
 
     produce_s = t_produced - t0
     samples = sampler.samples
@@ -488,6 +489,24 @@ def measure(
     for prefix in ("trainguard_commands_total", "trainguard_interruptions_total", "trainguard_dead_letters"):
         for name, count in delta(before, after, prefix).items():
             print(f"# {name} +{count:g}", file=sys.stderr)
+    raw_rate = events / raw["wall_s"]
+    print(
+        f"# raw consume of the same {raw['records']:,.0f} records (aiokafka, one process, nothing decoded): "
+        f"{raw['wall_s']:.2f} s, {raw_rate:,.0f} events/s = {raw_rate / real_rate:.0f}x real time, "
+        f"CPU {100 * raw['cpu_s'] / raw['wall_s']:.0f}%; the processors reach {rate / raw_rate:.1%} of it",
+        file=sys.stderr,
+    )
+    per_record = events / len(measured)
+    faust_rate = per_record * framework["records"] / framework["wall_s"]
+    print(
+        f"# faust consume (a no-op agent, one process): {framework['records']:,.0f} records in "
+        f"{framework['wall_s']:.2f} s = {1e6 * framework['wall_s'] / framework['records']:.0f} us a record, "
+        f"{faust_rate:,.0f} events/s at {per_record:.1f} events a record = "
+        f"{faust_rate / real_rate:.0f}x real time, "
+        f"CPU {100 * framework['cpu_s'] / framework['wall_s']:.0f}%; "
+        f"the processors reach {rate / faust_rate:.1%} of it",
+        file=sys.stderr,
+    )
     verdict = f"# targets: x real time {rate / real_rate:.1f}"
     if not args.drain:
         p99 = quantile(before, after, RECORD_LATENCY, 0.99)
@@ -498,6 +517,8 @@ def measure(
         f"| {'drain' if args.drain else 'paced'} | {load.world_size} | {len(workers.all)} "
         f"| {'max' if args.drain else f'{args.speed:g}'} | {wall_s:.1f} | {events:,} | {len(measured):,} "
         f"| {events / produce_s:,.0f} | {rate:,.0f} | {rate / real_rate:.1f} "
+        f"| {raw_rate:,.0f} ({raw_rate / real_rate:.0f}x) | {rate / raw_rate:.1%} "
+        f"| {faust_rate:,.0f} ({faust_rate / real_rate:.0f}x) | {rate / faust_rate:.1%} "
         f"| {100 * proc_cpu_s / wall:.0f} | {max_lag:,} | {record_lat} | {decisions:,.0f} "
         f"| {decision_lat} | {errors} |"
     )

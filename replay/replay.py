@@ -26,6 +26,7 @@ from ..processors.core.goodput import Breakdown
 from ..processors.core.goodput import total as goodput_total
 from ..processors.driver import CoreDriver
 from ..schemas import Command, Derived, Record
+from ..schemas.codec import DecodedParts
 from .log import Recording
 
 #: The key a replay signs with when it is not given the run's secret (signatures are
@@ -60,14 +61,25 @@ def replay(
     policy: CorePolicy,
     secret: bytes = REPLAY_SECRET,
     progress: Callable[[int, int], None] | None = None,
+    columnar: bool = True,
+    decoded: list[DecodedParts] | None = None,
 ) -> Replayed:
-    """Fold every telemetry record of `recording` into a fresh core under `policy`."""
-    driver = CoreDriver(policy, secret)
+    """Fold every telemetry record of `recording` into a fresh core under `policy`
+    (`columnar` False: columnar blocks row by row, the reference the block fold equals).
+    `decoded`: the records as an earlier replay of the same log decoded them (each used
+    where this core would decode it the same, CoreDriver.decoded_still_valid); an empty
+    list is filled, so that a backtest decodes its log once for all its policies."""
+    driver = CoreDriver(policy, secret, columnar=columnar)
     out = Replayed()
     total = len(recording.records)
+    fill = decoded is not None and not decoded
     t0 = time.perf_counter()
     for i, (_, _, value) in enumerate(recording.records, 1):
-        result = driver.handle(value)
+        if fill or decoded is None or not driver.decoded_still_valid(parts := decoded[i - 1]):
+            parts = driver.decode(value)
+            if fill:
+                decoded.append(parts)  # type: ignore[union-attr]
+        result = driver.fold(parts)
         out.records += 1
         out.events += result.events
         out.duplicates += result.duplicates

@@ -12,7 +12,15 @@ from trainguard.devtools.stack import builtin_policy
 from trainguard.processors.core.policy import CorePolicy, load_policy, parse_policy
 from trainguard.replay.log import Recording
 from trainguard.replay.replay import compare, decisions_of, replay, replayed_decisions
-from trainguard.schemas import Abort, Interruption, Reason, ReasonCode, RunRingCheck, StragglerFlagged
+from trainguard.schemas import (
+    Abort,
+    Interruption,
+    Reason,
+    ReasonCode,
+    RunRingCheck,
+    StragglerFlagged,
+    encode,
+)
 
 from .conftest import Recorded
 
@@ -34,6 +42,32 @@ def test_replaying_a_recorded_run_with_its_policy_reproduces_every_decision(reco
     assert comparison.identical, comparison.differences[:10]
     assert comparison.matched == comparison.recorded == comparison.replayed > 20
     assert replayed.events > 10_000 and replayed.rejections == 0
+
+
+@pytest.mark.broker
+def test_the_recorded_runs_blocks_folded_row_by_row_decide_the_same(recorded: Recorded) -> None:
+    """Issue 20: the per-event and the columnar paths decide identically on a recorded run
+    (its step timings came as columnar blocks, processors/core/block.py)."""
+    recording = recorded.recording
+    assert sum(b'"step_timings/1"' in value for _, _, value in recording.records) > 100
+    policy = load_policy(str(POLICY))
+    columns, rows = replay(recording, policy), replay(recording, policy, columnar=False)
+    assert rows.events == columns.events > 10_000
+    assert [encode(d) for d in replayed_decisions(rows)] == [encode(d) for d in replayed_decisions(columns)]
+
+
+@pytest.mark.broker
+def test_a_log_decoded_once_replays_under_another_policy_as_decoded_anew(recorded: Recorded) -> None:
+    """A backtest decodes its log once (the baseline's replay fills `decoded`); a policy
+    replayed from those parts decides exactly as from the bytes."""
+    recording, decoded = recorded.recording, []
+    replay(recording, load_policy(str(POLICY)), decoded=decoded)
+    assert len(decoded) == len(recording.records)
+    strict = parse_policy({"version": 1, "hang": {"min_samples": 20, "floor_s": 2.0, "stack_collect_s": 5.0},
+                           "straggler": {"consecutive_steps": 50}})  # fmt: skip
+    again = replayed_decisions(replay(recording, strict, decoded=decoded))
+    anew = replayed_decisions(replay(recording, strict))
+    assert [encode(d) for d in again] == [encode(d) for d in anew] and anew
 
 
 @pytest.mark.broker

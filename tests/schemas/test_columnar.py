@@ -24,6 +24,7 @@ from trainguard.schemas import Envelope, RejectReason, StepTiming, decode_batch,
 from trainguard.schemas.columnar import encode_step_timings
 
 from ..processors.streams import Job
+from ..variants import with_slow
 
 SECRET = b"columnar-test-secret-0123456789ab"
 
@@ -129,9 +130,9 @@ def test_a_block_of_another_run_is_rejected_row_by_row() -> None:
 
 
 def fold(scenario: Scenario, packed: bool = True, columnar: bool = True) -> tuple[list[bytes], CoreState]:
-    """Every derived event and command the core decides from the run's records, and the
-    state it ends in: step timings `packed` as blocks or not, blocks folded as columns
-    (`columnar`) or row by row."""
+    """Every derived event, command and dead letter the core makes of the run's records,
+    and the state it ends in: step timings `packed` as blocks or not, blocks folded as
+    columns (`columnar`) or row by row."""
     cluster = SimulatedCluster(scenario, 1_000.0, run_id="columnar-run", id_prefix="sim")
     driver, out, seq, t = CoreDriver(CorePolicy(), SECRET, columnar=columnar), [], 0, 1_000.0
     while not cluster.done:
@@ -140,9 +141,14 @@ def fold(scenario: Scenario, packed: bool = True, columnar: bool = True) -> tupl
         for record in pack(events, "columnar-run", scenario.world_size, 4096, "p", seq, packed):
             seq = record.seq + 1
             result = driver.handle(record.value)
-            assert not result.rejections
             out += [encode(o) for o in (*result.derived, *result.commands)]
+            out += [f"{r.reason}: {r.detail}".encode() + r.raw for r in result.rejections]
     return out, driver.state
+
+
+#: Work memory, not state: the straggler detector's evaluation buffers (np.empty, so what
+#: lies past the part an evaluation used is whatever the allocator gave).
+WORK = {"scratch"}
 
 
 def same(a: Any, b: Any, where: str = "state") -> None:
@@ -150,7 +156,8 @@ def same(a: Any, b: Any, where: str = "state") -> None:
     if dataclasses.is_dataclass(a) and not isinstance(a, type):
         assert type(a) is type(b), where
         for f in dataclasses.fields(a):
-            same(getattr(a, f.name), getattr(b, f.name), f"{where}.{f.name}")
+            if f.name not in WORK:
+                same(getattr(a, f.name), getattr(b, f.name), f"{where}.{f.name}")
     elif isinstance(a, dict):
         assert list(a) == list(b), f"{where}: keys differ"
         for key in a:
@@ -172,14 +179,24 @@ def same(a: Any, b: Any, where: str = "state") -> None:
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
-@pytest.mark.parametrize("name", ["straggler-thermal", "hang-allreduce", "sdc-bitflip", "data-fault-repeat"])
+#: Issue 20: the whole labelled library folds the same both ways. The suite runs four of
+#: its scenarios (a straggler, a hang, an SDC, a repeated crash); the others, up to 16,384
+#: ranks and 2.2 M events, are slow variants (tests/variants.py: ~10 minutes).
+SUITE = ["straggler-thermal", "hang-allreduce", "sdc-bitflip", "data-fault-repeat"]
+
+
+SLOW = [pytest.param(n, marks=pytest.mark.timeout(1800)) for n in Scenario.library() if n not in SUITE]
+
+
+@pytest.mark.parametrize("name", with_slow([pytest.param(n) for n in SUITE], SLOW))
 def test_the_core_folds_a_block_as_it_folds_its_rows(name: str) -> None:
-    """Blocks fold their quiet rows as columns (processors/core/block.py): the decisions and
-    the whole state after the run are those of the same rows folded one by one."""
+    """Blocks fold their quiet rows as columns (processors/core/block.py): the decisions,
+    the dead letters and the whole state after the run are those of the same rows folded
+    one by one."""
     scenario = Scenario.builtin(name)
     (as_columns, columns_state), (as_rows, rows_state) = fold(scenario), fold(scenario, columnar=False)
     assert as_columns == as_rows
-    assert as_columns  # it decided something
+    assert as_columns or not scenario.faults  # a fault scenario decided something
     same(columns_state, rows_state)
 
 

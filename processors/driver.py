@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..schemas import Command, Derived, Envelope, Rejection, encode
 from ..schemas.auth import run_key, sign
-from ..schemas.codec import RejectReason, decode_parts
+from ..schemas.codec import DecodedParts, RejectReason, decode_parts
 from ..schemas.columnar import StepColumns, row, rows
 from .core import CorePolicy, CoreState, Output, step
 from .core.block import fold_block
@@ -56,7 +56,24 @@ class CoreDriver:
         return self._keys[run_id]
 
     def handle(self, value: bytes) -> DriverResult:
-        decoded = decode_parts(value, registered=self._registered_world_size)
+        return self.fold(self.decode(value))
+
+    def decode(self, value: bytes) -> DecodedParts:
+        """One telemetry record decoded against this core's knowledge of its run (the
+        run's registered world size bounds its ranks)."""
+        return decode_parts(value, registered=self._registered_world_size)
+
+    def decoded_still_valid(self, decoded: DecodedParts) -> bool:
+        """`decoded`, made by another core at the same point of the same log, is what
+        this core would decode: both know the run with the same world size. A backtest
+        decodes a log once for all its policies (replay/backtest.py)."""
+        header = decoded.header
+        if header is None:
+            return False  # a lone event is checked against its own run: decode it again
+        return self._registered_world_size(header.run_id) == decoded.registered
+
+    def fold(self, decoded: DecodedParts) -> DriverResult:
+        """Fold a decoded record into the core (parts are read, never changed)."""
         result = DriverResult(rejections=list(decoded.rejections), events=decoded.events)
         header = decoded.header
         hint, shard, shard_ranks = (

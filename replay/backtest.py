@@ -34,8 +34,8 @@ from ..schemas import (
     Rollback,
     StragglerCleared,
     StragglerFlagged,
-    decode_batch,
 )
+from ..schemas.codec import DecodedParts, events_of
 from . import cost_model
 from .cost_model import RunFacts
 from .log import Recording
@@ -93,10 +93,6 @@ class Backtest:
     @property
     def baseline(self) -> PolicyRun:
         return self.runs[0]
-
-
-def telemetry_events(recording: Recording) -> list[Envelope]:
-    return [e for _, _, value in recording.records for e in decode_batch(value).events]
 
 
 def acts_of(replayed: Replayed) -> dict[Key, Act]:
@@ -226,13 +222,14 @@ def backtest(
     if not policies:
         raise ValueError("backtest needs at least one policy")
     runs = []
+    decoded: list[DecodedParts] = []  # the log decoded once, by the baseline's replay
     for name, policy in policies:
         step: Callable[[int, int], None] | None = None
         if progress is not None:
             step = lambda done, total, name=name: progress(name, done, total)  # noqa: E731
-        runs.append(PolicyRun(name, policy, replay(recording, policy, progress=step)))
+        runs.append(PolicyRun(name, policy, replay(recording, policy, progress=step, decoded=decoded)))
     base = runs[0]
-    events = telemetry_events(recording)
+    events = [event for parts in decoded for event in events_of(parts)]
     mtbf = [d.mtbf_s for d in base.replayed.derived if isinstance(d, MtbfUpdate)]
     recovered = [d for d in base.replayed.derived if isinstance(d, InterruptionRecovered)]
     facts = cost_model.measure(

@@ -230,6 +230,8 @@ class DecodedParts:
     header: Batch | None
     parts: list[Envelope | StepColumns]
     rejections: list[Rejection]
+    #: The run's world size the decoder was told (`registered`), if it asked.
+    registered: int | None = None
 
     @property
     def events(self) -> int:
@@ -242,13 +244,18 @@ def decode_batch(
     """Split a telemetry batch into valid events and rejections, each with its own reason
     (:func:`decode_parts`, with every columnar block's rows in its place)."""
     decoded = decode_parts(raw, world_size, registered)
+    return DecodedBatch(decoded.header, events_of(decoded), decoded.rejections)
+
+
+def events_of(decoded: DecodedParts) -> list[Envelope]:
+    """A decoded batch's events in order, its columnar blocks row by row."""
     events: list[Envelope] = []
     for part in decoded.parts:
         if isinstance(part, StepColumns):
             events += rows(part)
         else:
             events.append(part)
-    return DecodedBatch(decoded.header, events, decoded.rejections)
+    return events
 
 
 def decode_parts(
@@ -275,7 +282,8 @@ def decode_parts(
         assert isinstance(header, Batch)
     except Rejected as rej:
         return DecodedParts(None, [], [Rejection(rej.reason, rej.detail, raw)])
-    size = world_size or (registered and registered(header.run_id)) or header.world_size
+    known = registered(header.run_id) if registered is not None else None
+    size = world_size or known or header.world_size
     run_id = header.run_id
     parts: list[Envelope | StepColumns] = []
     rejections: list[Rejection] = []
@@ -309,7 +317,7 @@ def decode_parts(
             parts.append(event)
         except Rejected as rej:
             rejections.append(Rejection(rej.reason, rej.detail, orjson.dumps(item)))
-    return DecodedParts(header, parts, rejections)
+    return DecodedParts(header, parts, rejections, known)
 
 
 _STEP_TIMINGS = StepTimings.schema_name()

@@ -13,15 +13,25 @@ from ..checkpoint.storage import CheckpointStore
 
 log = logging.getLogger(__name__)
 
+#: Locations that could not be listed, with the error last logged: the launcher polls (an
+#: eviction waiting for a newer checkpoint lists every 0.5 s), so an outage is logged once
+#: per distinct error, and its end once.
+_unlisted: dict[str, str] = {}
+
 
 def _step_dirs(location: Path | str) -> list[tuple[int, CheckpointStore]]:
     """Every step directory and the names in it; [] when the location cannot be read."""
+    key = str(location)
     try:
         store = CheckpointStore.of(location)
         names = store.names()
     except (OSError, LocationError) as exc:
-        log.warning("checkpoint location %s not listed: %s", location, exc)
+        if _unlisted.get(key) != str(exc):
+            log.warning("checkpoint location %s not listed: %s (logged again if the error changes)", key, exc)
+            _unlisted[key] = str(exc)
         return []
+    if _unlisted.pop(key, None) is not None:
+        log.info("checkpoint location %s listed again", key)
     found = ((step, name) for name in names if (step := step_of(name)) is not None)
     return sorted((step, store.child(name)) for step, name in found)
 

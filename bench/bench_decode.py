@@ -75,18 +75,18 @@ def main(argv: list[str]) -> int:
         )
         for packed in (True, False)
     }
+    values_of = {packed: [value for _, _, _, value in load.records] for packed, load in loads.items()}
+    events_of = {packed: sum(load.events) for packed, load in loads.items()}
     rates: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in variants}
     results: dict[str, list[bytes]] = {}
     for round_ in range(args.rounds):
         for name, packed, columnar in variants[round_ % 3 :] + variants[: round_ % 3]:
-            values = [value for _, _, _, value in loads[packed].records]
-            decode_rate, fold_rate, outputs = measure(values, sum(loads[packed].events), columnar)
+            decode_rate, fold_rate, outputs = measure(values_of[packed], events_of[packed], columnar)
             rates[name].append((decode_rate, fold_rate))
             results[name] = outputs
     rows = []
     for name, packed, _ in variants:
-        values = [value for _, _, _, value in loads[packed].records]
-        events = sum(loads[packed].events)
+        values, events = values_of[packed], events_of[packed]
         decode_rate = statistics.median(r[0] for r in rates[name])
         fold_rate = statistics.median(r[1] for r in rates[name])
         rows.append(

@@ -75,10 +75,10 @@ def replay(
     fill = decoded is not None and not decoded
     t0 = time.perf_counter()
     for i, (_, _, value) in enumerate(recording.records, 1):
-        if fill or decoded is None or not driver.decoded_still_valid(parts := decoded[i - 1]):
-            parts = driver.decode(value)
-            if fill:
-                decoded.append(parts)  # type: ignore[union-attr]
+        cached = decoded[i - 1] if decoded is not None and not fill else None
+        parts = cached if cached is not None and driver.decoded_still_valid(cached) else driver.decode(value)
+        if fill:
+            decoded.append(parts)  # type: ignore[union-attr]
         result = driver.fold(parts)
         out.records += 1
         out.events += result.events

@@ -413,8 +413,14 @@ def _timeline(ctx: ApiContext, request: ApiRequest, params: dict[str, str], body
                 node=i.node,
                 rank=i.rank,
                 step=i.step,
-                lost_steps=i.lost_steps,
-                last_checkpoint_step=i.last_checkpoint_step,
+                # the restart's own count where it has one (a checkpoint validated after
+                # the crash, or rejected at resume, moves it)
+                lost_steps=i.lost_steps if done is None or done.lost_steps is None else done.lost_steps,
+                last_checkpoint_step=(
+                    i.last_checkpoint_step
+                    if done is None or done.resumed_from_step is None
+                    else done.resumed_from_step
+                ),
                 restart_seconds=done.restart_s if done else None,
                 resumed_attempt=done.resumed_attempt if done else None,
                 lost_seconds=done.lost_s if done else None,

@@ -326,10 +326,11 @@ def _lost(
     by_id: dict[str, Derived] = {o.event_id: o for o in outputs if isinstance(o, Derived)}
     recovered = {o.interruption_id: o for o in outputs if isinstance(o, InterruptionRecovered)}
     interruptions = {o.interruption_id: o for o in outputs if isinstance(o, Interruption)}
-    per_step = [
-        recovered[iid].lost_s / i.lost_steps
+    per_step = [  # the steps lost_s counts: the restart's own, else the detection's
+        done.lost_s / steps
         for iid, i in interruptions.items()
-        if i.lost_steps and iid in recovered
+        if (done := recovered.get(iid)) is not None
+        and (steps := i.lost_steps if done.lost_steps is None else done.lost_steps)
     ]
     step_s = statistics.median(per_step) if per_step else 0.0
     lost: dict[str, float] = {}

@@ -500,6 +500,13 @@ class InterruptionRecovered(Derived):
         "completed step: process start, checkpoint load, process-group init, first step).",
     )
     lost_s: float = Field(default=0.0, ge=0, description="Work re-done: lost steps x the median step time.")
+    # The restart's own count, which the Interruption's (the newest validated checkpoint the
+    # processor knew at detection) can miss: a validation may land after the crash, or the
+    # checkpoint fail its verification at resume. None in records written before.
+    lost_steps: int | None = Field(default=None, ge=0, description="Steps re-done after the resume.")
+    resumed_from_step: int | None = Field(
+        default=None, ge=-1, description="The checkpoint the restart resumed from (-1: none)."
+    )
     world_size: int = Field(default=0, ge=0)
     gpu_hours: float = Field(
         default=0.0, ge=0, description="Cost: world_size x (detect + restart + lost seconds) / 3600."

@@ -235,11 +235,16 @@ VIEW_DDL: tuple[str, ...] = (
     FROM run_activity_batches
     GROUP BY run_id""",
     # Cost and restart phases come from the recovered record's payload (processors/core:
-    # InterruptionRecovered): NULL until the run has recovered.
+    # InterruptionRecovered): NULL until the run has recovered. Its lost steps and the
+    # checkpoint resumed from are the restart's own, when it says (a validation that landed
+    # after the crash moves both); the detection's count until then.
     """
     CREATE OR REPLACE VIEW interruption AS
     SELECT d.run_id, d.interruption_id, d."at", d.detected_by, d.cause, d.node_id, d.rank,
-           d.lost_steps, d.last_checkpoint_step, r.restart_seconds, r.resumed_attempt,
+           coalesce(CAST(e.payload->>'lost_steps' AS BIGINT), d.lost_steps) AS lost_steps,
+           coalesce(CAST(e.payload->>'resumed_from_step' AS BIGINT), d.last_checkpoint_step)
+               AS last_checkpoint_step,
+           r.restart_seconds, r.resumed_attempt,
            d.reason_code, d.reason_text, d.attempt,
            CAST(e.payload->>'lost_s' AS DOUBLE)               AS lost_seconds,
            CAST(e.payload->>'gpu_hours' AS DOUBLE)            AS gpu_hours,

@@ -175,6 +175,8 @@ def step(
         outputs += node_tests.on_result(run.paging, event, policy.release_on_self_test_pass)
     elif isinstance(event, CheckpointRejected):
         outputs += resume.on_rejected(run, event)
+        if event.attempt == run.attempt and run.phase == RunPhase.STARTING:
+            _resumes_from(run, run.resumed_from_step)
     if run.pending_hang is not None:
         open_window(run.pending_hang, event, run.last_ts)
         outputs += _maybe_conclude_hang(run, event.ts, policy)
@@ -380,7 +382,10 @@ def _on_run_started(run: RunState, event: RunStarted, policy: CorePolicy) -> lis
     run.racks = dict(event.racks)
     group_slowdown.on_run_started(run.groups, run, event, policy.group_slowdown)
     if event.attempt > run.attempt or run.phase == RunPhase.STARTING and not run.ranks:
+        restart = event.attempt > run.attempt
         outputs += _begin_attempt(run, event, resumed_from_step=event.resumed_from_step)
+        if restart:  # after: an undeclared restart's interruption is declared by _begin_attempt
+            _resumes_from(run, event.resumed_from_step)
     return outputs
 
 
@@ -482,6 +487,8 @@ def _recovered(run: RunState, opened: OpenInterruption, event: StepTiming) -> In
         resumed_attempt=run.attempt,
         phases=phases,
         lost_s=lost_s,
+        lost_steps=opened.lost_steps,
+        resumed_from_step=opened.checkpoint_step,
         world_size=world,
         gpu_hours=world * cost_s / 3600,
     )
@@ -600,6 +607,7 @@ def _roll_back(run: RunState, found: SdcMismatch, found_now: list[SdcMismatch]) 
     lost = max(0, completed_step(run) - target.checkpoint_step)
     if run.open_interruption is not None:
         run.open_interruption.lost_steps = lost
+        run.open_interruption.checkpoint_step = target.checkpoint_step
     update = {"lost_steps": lost, "last_checkpoint_step": target.checkpoint_step, "node": found.node}
     return [interruption.model_copy(update=update), *decided]
 
@@ -679,12 +687,15 @@ def _interruption(
     the newest any rank completed; its lost steps, those after the checkpoint it resumes from."""
     checkpoint = max(run.last_validated_step, run.resumed_from_step)
     completed = completed_step(run)
-    lost = max(0, completed - checkpoint if checkpoint >= 0 else completed + 1)
+    lost = lost_steps(completed, checkpoint)
     event_id = derived_id("interruption", cause_id)
     run.pending_crash = None  # whatever ended the attempt, the wait for a culprit is over
     run.move_to(RunPhase.INTERRUPTED)
     run.interruptions += 1
-    run.open_interruption = OpenInterruption(event_id, event_id, at, detect_s, lost)
+    step_s = statistics.median(run.step_times) if run.step_times else 0.0
+    run.open_interruption = OpenInterruption(
+        event_id, event_id, at, detect_s, lost, step=completed, checkpoint_step=checkpoint, step_s=step_s
+    )
     return Interruption(
         event_id=event_id,
         run_id=run.run_id,
@@ -701,6 +712,24 @@ def _interruption(
         lost_steps=lost,
         last_checkpoint_step=checkpoint,
     )
+
+
+def lost_steps(completed: int, checkpoint: int) -> int:
+    """The steps re-done after resuming from `checkpoint` (-1: none, start over)."""
+    return max(0, completed - checkpoint if checkpoint >= 0 else completed + 1)
+
+
+def _resumes_from(run: RunState, checkpoint: int) -> None:
+    """The open interruption's restart resumes from `checkpoint` (the launcher's choice, or
+    the one left after a rejection): its lost work is counted back to it, not to the newest
+    validated checkpoint the core knew at detection (a validation can land after the crash
+    that ends its attempt), so that the recovery and the goodput charge what was re-done."""
+    opened = run.open_interruption
+    if opened is None or opened.step < 0 or checkpoint == opened.checkpoint_step:
+        return
+    lost = lost_steps(opened.step, checkpoint)
+    accounting.recharge_lost(run.goodput, opened.detected_ts, opened.step_s, opened.lost_steps, lost)
+    opened.lost_steps, opened.checkpoint_step = lost, checkpoint
 
 
 def completed_step(run: RunState) -> int:

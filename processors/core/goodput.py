@@ -171,14 +171,24 @@ def on_interruption(state: GoodputState, interruption: Interruption, step_times:
     state.counted.add(interruption.interruption_id)
     step_s = statistics.median(step_times) if step_times else 0.0
     _add(state, interruption.ts, Minute(interruptions=1))
-    # The lost work was done in the minutes before the interruption: charge it there.
-    start = interruption.ts - interruption.lost_steps * step_s
-    t = start
-    while t < interruption.ts:
+    _charge_lost(state, interruption.ts, interruption.lost_steps * step_s)
+
+
+def recharge_lost(state: GoodputState, interruption_ts: float, step_s: float, was: int, now: int) -> None:
+    """The restart resumed from another checkpoint than the one counted at detection: `now`
+    steps were re-done, not `was`. The difference moves out of (or into) the same minutes."""
+    _charge_lost(state, interruption_ts, was * step_s, sign=-1.0)
+    _charge_lost(state, interruption_ts, now * step_s)
+
+
+def _charge_lost(state: GoodputState, until_ts: float, seconds: float, sign: float = 1.0) -> None:
+    """The lost work was done in the minutes before the interruption: charge it there."""
+    t = until_ts - seconds
+    while t < until_ts:
         key = int(t // _MINUTE)
-        until = min(interruption.ts, (key + 1) * _MINUTE)
-        _add(state, key * _MINUTE, Minute(lost=until - t))
-        t = until
+        end = min(until_ts, (key + 1) * _MINUTE)
+        _add(state, key * _MINUTE, Minute(lost=sign * (end - t)))
+        t = end
 
 
 def on_checkpoint(state: GoodputState, event: CheckpointWritten) -> None:

@@ -107,6 +107,13 @@ class OpenInterruption:
     lost_steps: int = 0
     #: ts of the next attempt's launch (its RunStarted), when seen.
     launched_ts: float | None = None
+    #: The newest step completed when it was declared, the checkpoint its lost steps count
+    #: back to (the newest validated one known then: the restart may resume from a newer
+    #: one, validated after the crash, or an older one, if that fails verification), and
+    #: the median step time its lost work was charged at.
+    step: int = -1
+    checkpoint_step: int = -1
+    step_s: float = 0.0
 
 
 @dataclass

@@ -98,14 +98,20 @@ class Job:
             if self.checkpoint_every and self.step % self.checkpoint_every == 0 and self.step > 0:
                 if self.checkpoint_blocking_s > 0:
                     self.checkpoint_written(self.checkpoint_blocking_s * self._rng.lognormvariate(0, 0.1))
-                self.events.append(
-                    CheckpointValidated(
-                        **self._env(-1),
-                        checkpoint_step=self.step,
-                        uri=f"mem://{self.run_id}/{self.step}",
-                        last_verified_step=self.step,
-                    )
-                )
+                self.validated(self.step)
+        return self
+
+    def validated(self, step: int) -> Job:
+        """Checkpoint `step` reported validated now (with the steps: at once; called alone,
+        late, as a validation that finishes after later steps, or after a crash)."""
+        self.events.append(
+            CheckpointValidated(
+                **self._env(-1),
+                checkpoint_step=step,
+                uri=f"mem://{self.run_id}/{step}",
+                last_verified_step=step,
+            )
+        )
         return self
 
     def checkpoint_written(self, blocking_s: float, rank: int = 0) -> Job:

@@ -4,6 +4,8 @@ rank completed, even when the survivors' last StepTimings have not arrived yet."
 
 from __future__ import annotations
 
+import pytest
+
 from trainguard.processors.core import CorePolicy, HangPolicy, run_all
 from trainguard.schemas import (
     CheckpointRejected,
@@ -126,3 +128,38 @@ def test_lost_steps_reach_the_recovery_record() -> None:
     _, outputs = run_all(job.events, POLICY)
     (recovered,) = [o for o in outputs if isinstance(o, InterruptionRecovered)]
     assert "16 steps" in recovered.reason.text
+
+
+def test_a_checkpoint_validated_after_the_crash_moves_the_restarts_lost_work() -> None:
+    """Checkpoint 30's validation lands after rank 3's crash (rank 0 flushed it as the
+    attempt ended): the interruption counts back to 20, the newest validated it knew; the
+    launcher resumes from 30. The recovery, and the goodput, count the 6 steps re-done."""
+    job = Job(world_size=4, checkpoint_every=0).start().steps(21).validated(20).steps(16)
+    job.exit(3, signal=9)
+    job.validated(30)
+    job.restart(resumed_from_step=30).steps(2)
+    state, outputs = run_all(job.events, POLICY)
+    (crash,) = [o for o in outputs if isinstance(o, Interruption)]
+    assert (crash.step, crash.last_checkpoint_step, crash.lost_steps) == (36, 20, 16)
+    (recovered,) = [o for o in outputs if isinstance(o, InterruptionRecovered)]
+    assert (recovered.resumed_from_step, recovered.lost_steps) == (30, 6)
+    assert "6 steps" in recovered.reason.text
+    assert recovered.lost_s == pytest.approx(6 * job.step_s)
+    assert state.runs["run-test"].goodput.totals.lost == pytest.approx(6 * job.step_s)
+
+
+def test_a_checkpoint_rejected_at_resume_moves_the_restarts_lost_work_back() -> None:
+    """Told to resume from 30, rank 0 finds it corrupt and resumes from 20: the crash
+    after step 34 re-does 14 steps, not the 4 counted at detection."""
+    job = Job(world_size=4).start().steps(35)
+    job.exit(3, signal=9)
+    job.restart(resumed_from_step=30)
+    rejected(job, 30, 20, "digest mismatch in shard __0_0.distcp")
+    job.step = 20
+    job.steps(2)
+    state, outputs = run_all(job.events, POLICY)
+    (crash,) = [o for o in outputs if isinstance(o, Interruption)]
+    assert (crash.step, crash.last_checkpoint_step, crash.lost_steps) == (34, 30, 4)
+    (recovered,) = [o for o in outputs if isinstance(o, InterruptionRecovered)]
+    assert (recovered.resumed_from_step, recovered.lost_steps) == (20, 14)
+    assert state.runs["run-test"].goodput.totals.lost == pytest.approx(14 * job.step_s)

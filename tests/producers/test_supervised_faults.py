@@ -59,6 +59,7 @@ from trainguard.schemas import (
     HangDetected,
     Interruption,
     InterruptionCause,
+    InterruptionRecovered,
     NodeSelfTestResult,
     Page,
     Quarantine,
@@ -203,11 +204,14 @@ def assert_bitwise(run: Run, clean: Run) -> None:
 
 
 def assert_lost_work_exact(
-    pipeline: Processor, run: Run, interruption: Interruption, killed_before: int
+    pipeline: Processor, run: Run, derived: list[Derived], interruption: Interruption, killed_before: int
 ) -> None:
     """The interruption's last completed step is the newest any rank completed (the max
     step in the ranks' telemetry of that attempt: the survivors flushed theirs before they
-    exited), and its lost steps are exactly those after the checkpoint it resumes from."""
+    exited), and its recovery's lost steps are exactly those after the checkpoint the
+    restart resumed from. The interruption itself counts back to the newest checkpoint
+    validated when it was detected: the same, or an older one when the next validation
+    landed after the crash (rank 0's report of it still in its shipper)."""
     steps = [
         e.step
         for e in telemetry(pipeline, run.run_id)
@@ -216,7 +220,14 @@ def assert_lost_work_exact(
     assert interruption.step == max(steps) == killed_before - 1
     assert interruption.lost_steps == interruption.step - interruption.last_checkpoint_step
     (restart,) = run.restarts()
-    assert interruption.last_checkpoint_step == restart["resumed_from_step"]
+    resumed = restart["resumed_from_step"]
+    assert interruption.last_checkpoint_step <= resumed
+    (recovered,) = [
+        d
+        for d in derived
+        if isinstance(d, InterruptionRecovered) and d.interruption_id == interruption.interruption_id
+    ]
+    assert (recovered.resumed_from_step, recovered.lost_steps) == (resumed, interruption.step - resumed)
 
 
 def test_the_uninterrupted_run_is_never_interrupted(pipeline: Processor, clean: Run) -> None:
@@ -240,7 +251,7 @@ def test_sigkill_of_one_rank_restarts_and_ends_bitwise(
     (crash,) = [d for d in derived if isinstance(d, Interruption)]
     assert (crash.cause, crash.rank) == (InterruptionCause.CRASH, 3)
     assert [c.node for c in commands if isinstance(c, QuarantineNode)] == [crash.node]
-    assert_lost_work_exact(pipeline, run, crash, killed_before=57)
+    assert_lost_work_exact(pipeline, run, derived, crash, killed_before=57)
     assert_bitwise(run, clean)
 
 
@@ -260,7 +271,7 @@ def test_a_rank_hung_in_the_step_is_detected_aborted_and_the_run_ends_bitwise(
     (detected,) = [d for d in derived if isinstance(d, HangDetected)]
     (hang,) = [d for d in derived if isinstance(d, Interruption)]
     assert (hang.cause, hang.rank, hang.node) == (InterruptionCause.HANG, 2, "node-0001")  # its odd stack
-    assert_lost_work_exact(pipeline, run, hang, killed_before=64)
+    assert_lost_work_exact(pipeline, run, derived, hang, killed_before=64)
     assert hang.reason.code == ReasonCode.ODD_STACK and named_as_cause(hang.reason.text) == {2}
     (abort,) = [c for c in commands if isinstance(c, Abort)]
     assert abort.command_id == restart["command_id"]

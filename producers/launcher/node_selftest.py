@@ -175,7 +175,7 @@ def worker(environ: Mapping[str, str], tests: Sequence[str]) -> list[CheckResult
     node = environ.get("TRAINGUARD_NODE", "")
     knob = wrong_device_from_env(environ)
     if knob is not None and knob.strikes(node, local_rank):
-        install_wrong_device(knob.bias)  # a fire drill: this device computes wrong answers
+        install_wrong_device(knob.bias, knob.delay_s)  # a fire drill: this device computes wrong answers
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
         device: Any = torch.device("cuda", torch.cuda.current_device())

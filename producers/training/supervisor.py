@@ -389,8 +389,8 @@ class Supervisor:
         self._scope = scope
         self.cadence.begin(scope.step, time.monotonic())
         if self.wrong_device is not None and scope.step >= self.wrong_device.from_step:
-            log.warning("rank %d: injected wrong device from step %d", self.rank, scope.step)
-            install_wrong_device(self.wrong_device.bias)  # the chaos knob (device_fault.py)
+            log.warning("rank %d: injected faulty device from step %d", self.rank, scope.step)
+            install_wrong_device(self.wrong_device.bias, self.wrong_device.delay_s)  # chaos (device_fault.py)
             self.wrong_device = None
         with self.control.lock:
             self.control.current_step = scope.step

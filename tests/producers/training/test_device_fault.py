@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from trainguard.producers.training.device_fault import (
@@ -39,3 +41,23 @@ def test_products_are_wrong_the_same_way_every_time_until_uninstalled() -> None:
     finally:
         uninstall_wrong_device()
     assert torch.equal(torch.mm(a, b), right)
+
+
+def test_a_slow_device_computes_right_after_its_delay() -> None:
+    spec = "node=node-0001,local_rank=0,from_step=20,delay_s=0.02"
+    fault = wrong_device_from_env({"TRAINGUARD_INJECT_SLOW_DEVICE": spec})
+    assert fault == WrongDevice("node-0001", 0, 20, bias=0.0, delay_s=0.02)
+    with pytest.raises(ValueError, match="delay_s=SECONDS"):
+        wrong_device_from_env({"TRAINGUARD_INJECT_SLOW_DEVICE": "node=node-0001,local_rank=0"})
+    with pytest.raises(ValueError, match="both set"):
+        wrong_device_from_env({"TRAINGUARD_INJECT_SLOW_DEVICE": spec, "TRAINGUARD_INJECT_WRONG_DEVICE": spec})
+    a = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    right = torch.mm(a, a.T)
+    install_wrong_device(fault.bias, fault.delay_s)
+    try:
+        started = time.perf_counter()
+        slow = torch.mm(a, a.T)
+        waited = time.perf_counter() - started
+    finally:
+        uninstall_wrong_device()
+    assert torch.equal(slow, right) and waited >= 0.02

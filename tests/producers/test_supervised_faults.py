@@ -30,7 +30,6 @@ In the crash and hang runs the interruption's lost steps are exact (issue 15 ite
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -39,22 +38,16 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from trainguard.devtools.stack import PROCESSOR_GROUP
-from trainguard.kafka.lag import wait_caught_up
-from trainguard.replay.log import read_topic
 from trainguard.schemas import (
     Abort,
     CheckpointFailed,
     CheckpointRejected,
     CheckpointValidated,
-    Command,
     Derived,
-    Envelope,
     EvictRank,
     HangDetected,
     Interruption,
@@ -75,12 +68,11 @@ from trainguard.schemas import (
     StepTiming,
     StragglerDiagnosed,
     StragglerFlagged,
-    decode,
 )
-from trainguard.schemas.codec import COMMANDS, DERIVED, decode_batch
 from trainguard.sinks.archive_store import Archive, timeline
 
 from ..pipeline import Processor, running_processor
+from .supervised_runs import Run, decisions, telemetry
 
 torch = pytest.importorskip("torch")
 
@@ -92,27 +84,6 @@ POLICY = Path(__file__).with_name("supervised_policy.yaml")
 SECRET = "supervised-faults-test-secret-0123456789"
 STEPS = 220
 CHECKPOINT_EVERY = 10
-
-
-@dataclass
-class Run:
-    run_id: str
-    done: subprocess.CompletedProcess[str]
-    ckpt: Path
-
-    def restarts(self) -> list[dict[str, object]]:
-        path = self.ckpt / ".trainguard" / "restarts.jsonl"
-        return [json.loads(line) for line in path.open()] if path.exists() else []
-
-    def weights(self) -> dict[str, torch.Tensor]:
-        final: dict[str, torch.Tensor] = torch.load(self.ckpt / ".trainguard" / "final.pt")
-        return final
-
-    def validated(self, step: int) -> bool:
-        return (self.ckpt / f"step-{step:09d}" / "VALIDATED").exists()
-
-    def explain(self) -> str:
-        return self.done.stdout[-3000:] + self.done.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -168,25 +139,6 @@ def launch(
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
     return Run(run_id, subprocess.CompletedProcess(command, proc.returncode, out, err), ckpt)
-
-
-def decisions(pipeline: Processor, run_id: str) -> tuple[list[Derived], list[Command]]:
-    """The processor's derived events and commands for one run: all of them, the run is
-    over and the processor has committed (so published the outputs of) every record."""
-    group = pipeline.prefix + PROCESSOR_GROUP
-    assert wait_caught_up(pipeline.bootstrap, group, [pipeline.names.telemetry], 60)
-    found: list[list[Envelope]] = []
-    for topic, kinds in ((pipeline.names.events, DERIVED), (pipeline.names.commands, COMMANDS)):
-        values = [value for _, _, value in read_topic(pipeline.bootstrap, topic)]
-        found.append([r for r in (decode(v, kinds) for v in values) if r.run_id == run_id])
-    derived = [d for d in found[0] if isinstance(d, Derived)]
-    commands = [c for c in found[1] if isinstance(c, Command)]
-    return derived, commands
-
-
-def telemetry(pipeline: Processor, run_id: str) -> list[Envelope]:
-    records = read_topic(pipeline.bootstrap, pipeline.names.telemetry)
-    return [e for _, _, value in records for e in decode_batch(value).events if e.run_id == run_id]
 
 
 @pytest.fixture(scope="module")

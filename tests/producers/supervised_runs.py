@@ -1,0 +1,61 @@
+"""What the end-to-end tests of supervised jobs read back from a run: the launcher's files
+(restarts, final weights, validated checkpoints) and the pipeline's records (telemetry,
+derived events and commands). Used by test_supervised_faults.py (the hand-written DDP
+loop) and test_lightning_launch.py (the Lightning callback)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from trainguard.devtools.stack import PROCESSOR_GROUP
+from trainguard.kafka.lag import wait_caught_up
+from trainguard.replay.log import read_topic
+from trainguard.schemas import Command, Derived, Envelope, decode
+from trainguard.schemas.codec import COMMANDS, DERIVED, decode_batch
+
+from ..pipeline import Processor
+
+
+@dataclass
+class Run:
+    run_id: str
+    done: subprocess.CompletedProcess[str]
+    ckpt: Path
+
+    def restarts(self) -> list[dict[str, object]]:
+        path = self.ckpt / ".trainguard" / "restarts.jsonl"
+        return [json.loads(line) for line in path.open()] if path.exists() else []
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        final: dict[str, torch.Tensor] = torch.load(self.ckpt / ".trainguard" / "final.pt")
+        return final
+
+    def validated(self, step: int) -> bool:
+        return (self.ckpt / f"step-{step:09d}" / "VALIDATED").exists()
+
+    def explain(self) -> str:
+        return self.done.stdout[-3000:] + self.done.stderr[-3000:]
+
+
+def decisions(pipeline: Processor, run_id: str) -> tuple[list[Derived], list[Command]]:
+    """The processor's derived events and commands for one run: all of them, the run is
+    over and the processor has committed (so published the outputs of) every record."""
+    group = pipeline.prefix + PROCESSOR_GROUP
+    assert wait_caught_up(pipeline.bootstrap, group, [pipeline.names.telemetry], 60)
+    found: list[list[Envelope]] = []
+    for topic, kinds in ((pipeline.names.events, DERIVED), (pipeline.names.commands, COMMANDS)):
+        values = [value for _, _, value in read_topic(pipeline.bootstrap, topic)]
+        found.append([r for r in (decode(v, kinds) for v in values) if r.run_id == run_id])
+    derived = [d for d in found[0] if isinstance(d, Derived)]
+    commands = [c for c in found[1] if isinstance(c, Command)]
+    return derived, commands
+
+
+def telemetry(pipeline: Processor, run_id: str) -> list[Envelope]:
+    records = read_topic(pipeline.bootstrap, pipeline.names.telemetry)
+    return [e for _, _, value in records for e in decode_batch(value).events if e.run_id == run_id]

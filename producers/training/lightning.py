@@ -112,6 +112,8 @@ class TrainguardCallback(pl.Callback):
         self.sup.replay_fn = lambda batch: self._replay(pl_module, batch)
         self.sup.batch_fn = self.batch_fn
         self._wrap_step(optimizer)
+        if self.sup.skip_batches:
+            self._pass_over(trainer, pl_module, self.sup)
         if self.checkpoint_dir is None:
             log.warning("trainguard: no checkpoint directory (%s unset): no checkpoints", ENV_CHECKPOINT_DIR)
             return
@@ -153,6 +155,26 @@ class TrainguardCallback(pl.Callback):
             extra[f"lr_scheduler{i}"] = config.scheduler
         return extra
 
+    @staticmethod
+    def _pass_over(trainer: pl.Trainer, pl_module: pl.LightningModule, sup: Supervisor) -> None:
+        """The launcher's skip list (TRAINGUARD_SKIP_BATCHES: a step that failed on every
+        node): the batch of such a step is drawn and not trained on, on every rank alike
+        (``training_step`` returns None, which Lightning takes as nothing to step)."""
+        inner = pl_module.training_step
+
+        def training_step(*args: Any, **kwargs: Any) -> Any:
+            if trainer.global_step in sup.skip_batches:
+                sup.counters.skipped_batches += 1
+                log.warning(
+                    "rank %d: batch of step %d skipped (the launcher's skip list)",
+                    sup.rank,
+                    trainer.global_step,
+                )
+                return None
+            return inner(*args, **kwargs)
+
+        pl_module.training_step = training_step  # type: ignore[method-assign]
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The loader's iterator exists (Lightning made it in setup_data): a resumed fit
         drops the batches its epoch had already trained, then takes back its RNG states."""
@@ -188,6 +210,8 @@ class TrainguardCallback(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         assert self.sup is not None
+        if trainer.global_step in self.sup.skip_batches:  # passed over (_pass_over): not a step
+            return
         self._scope = self.sup.step(trainer.global_step, batch)
         self._scope.__enter__()
 
@@ -206,7 +230,9 @@ class TrainguardCallback(pl.Callback):
                 with torch.enable_grad():
                     loss = closure()
             scope.compute_done()  # DDP: its comm hook marked it already
-            if scope.check(loss if loss is not None else 0.0):
+            if loss is None:  # training_step returned None: nothing to step (a skipped batch)
+                return None
+            if scope.check(loss):
                 step(**kwargs)
             return loss
 

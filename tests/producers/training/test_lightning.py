@@ -88,10 +88,16 @@ def snapshot(trainer: Any) -> dict[str, Any]:
 
 
 def fit(
-    tmp: Path, ckpt: Path, monkeypatch: pytest.MonkeyPatch, resume: int = -1, **commands: Any
+    tmp: Path,
+    ckpt: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    resume: int = -1,
+    skip_batches: str = "",
+    **commands: Any,
 ) -> tuple[Tiny, TrainguardCallback, MemorySink, Commands]:
     monkeypatch.setenv("TRAINGUARD_RUN_ID", "lightning-test")
     monkeypatch.setenv("TRAINGUARD_RESUME_STEP", str(resume))
+    monkeypatch.setenv("TRAINGUARD_SKIP_BATCHES", skip_batches)
     sink = MemorySink()
     tg = TrainguardCallback(
         checkpoint_dir=str(ckpt), checkpoint_every_steps=1, sink=sink, run_dir=tmp / "run"
@@ -170,3 +176,18 @@ def test_a_commanded_self_check_replays_the_step_through_training_step(
     (result,) = sink.of(SdcSelfCheck)
     assert result.step == 9 and result.passed
     assert same_weights(module, uninterrupted[0])  # the replay changed nothing of the run
+
+
+def test_a_batch_on_the_launchers_skip_list_is_drawn_and_not_trained_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRAINGUARD_SKIP_BATCHES (a step that failed on every node): its batch is passed over,
+    as Supervisor.steps does in a hand-written loop, and the fit goes on."""
+    # Commands(skip=5) snapshots around step 5 (its commanded skip is never reached: no scope)
+    _, tg, sink, cmds = fit(tmp_path, tmp_path / "ckpt", monkeypatch, skip_batches="5", skip=5)
+    assert [e.step for e in sink.of(StepTiming)] == [s for s in range(BATCHES_PER_EPOCH * EPOCHS) if s != 5]
+    before, after = cmds.before_skip, cmds.after_skip
+    assert before and after
+    assert all(torch.equal(before["model"][k], after["model"][k]) for k in before["model"])
+    for key, moments in before["moments"].items():
+        assert all(torch.equal(t, after["moments"][key][n]) for n, t in moments.items())

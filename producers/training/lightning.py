@@ -27,11 +27,12 @@ Lightning's hooks:
   schedulers, the RNG states of each rank and Lightning's fit loop (epoch, batch and
   optimizer-step counters), so that the loops resume where they stopped;
 - resume: with TRAINGUARD_RESUME_STEP set (the launcher's newest validated step), the
-  callback loads that checkpoint at ``on_fit_start`` (the user names nothing). A plain
-  DataLoader restarts its epoch from the first batch, so the callback draws and drops the
-  batches the epoch had already trained (it logs how many: the cost of a loader without
-  state), then puts back the RNG states, after the loader's iterator drew its seed, so the
-  run goes on bitwise as if never stopped.
+  callback loads that checkpoint at ``on_fit_start`` (the user names nothing). The loader
+  restarts its epoch from the first batch, so the callback draws and drops the batches the
+  epoch had already trained (it logs how many: the cost of reaching the position by
+  reading; a StatefulDataLoader's own state is not used yet, it is drawn the same way),
+  then puts back the RNG states, after the loader's iterator drew its seed, so the run goes
+  on bitwise as if never stopped.
 
 Limits (said rather than guessed): one optimizer, automatic optimization,
 ``accumulate_grad_batches=1`` (refused otherwise, with the reason); data loaders with
@@ -193,7 +194,7 @@ class TrainguardCallback(pl.Callback):
             restore_rng(rng)
             iter(fetcher)
             return
-        if done > 0 and fetcher is not None and not _resumable_loader(loop):
+        if done > 0 and fetcher is not None:
             epoch: int = loop.epoch_progress.current.processed  # type: ignore[attr-defined]
             assert loop._combined_loader is not None
             for loader in loop._combined_loader.flattened:  # as Lightning will, before the first batch
@@ -310,14 +311,6 @@ def sampler_batch_fn(trainer: pl.Trainer) -> ring_check.BatchFn | None:
         return trainer.strategy.batch_to_device(collate([dataset[i] for i in indices]))
 
     return batch_of
-
-
-def _resumable_loader(loop: Any) -> bool:
-    """Lightning restores a loader with its own state (a StatefulDataLoader) itself."""
-    combined = loop._combined_loader
-    return combined is not None and all(
-        hasattr(dl, "state_dict") and hasattr(dl, "load_state_dict") for dl in combined.flattened
-    )
 
 
 def _set_sampler_epoch(loader: object, epoch: int) -> None:

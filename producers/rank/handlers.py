@@ -240,7 +240,7 @@ class RankHandlers:
         terminate: Callable[[int], None] = os._exit,
         grace_s: float = 1.0,
         flush_s: float = 3.0,
-        can_self_check: Callable[[], bool] = lambda: True,
+        can_self_check: Callable[[], str | None] = lambda: None,
         can_ring_check: Callable[[], str | None] = lambda: None,
         can_cross_check: Callable[[RunCrossRankCheck], str | None] = lambda _command: None,
     ) -> None:
@@ -251,6 +251,7 @@ class RankHandlers:
         self.terminate = terminate
         self.grace_s = grace_s
         self.flush_s = flush_s
+        #: Why this rank cannot run a self-check (None: it can).
         self.can_self_check = can_self_check
         #: Why this rank cannot run a ring check (None: it can).
         self.can_ring_check = can_ring_check
@@ -299,8 +300,8 @@ class RankHandlers:
         return f"update of step {command.step} will be skipped"
 
     def run_self_check(self, command: RunSelfCheck, rank: int) -> str:
-        if not self.can_self_check():
-            raise RuntimeError("no replay function registered (Supervisor.replay_fn)")
+        if (missing := self.can_self_check()) is not None:
+            raise RuntimeError(missing)
         with self.control.lock:
             first = max(command.step, self.control.current_step + 1)
             self.control.self_checks_due.append(first)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from . import inprocess
 
@@ -56,9 +57,15 @@ def _params(params: Iterable[torch.Tensor] | torch.nn.Module) -> list[torch.Tens
     return list(params)
 
 
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor: a sharded (DTensor, FSDP) one's local shard."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def tensor_bytes(t: torch.Tensor) -> bytes:
-    """The raw bytes of a tensor, on the host (any dtype, bf16 and fp8 included)."""
-    flat = t.detach().contiguous().reshape(-1)
+    """The raw bytes of a tensor (of this rank's shard, for a DTensor), on the host (any
+    dtype, bf16 and fp8 included)."""
+    flat = local(t).detach().contiguous().reshape(-1)
     if flat.device.type != "cpu":
         flat = flat.cpu()
     return flat.view(torch.uint8).numpy().tobytes()
@@ -83,6 +90,9 @@ def grad_norm(params: Iterable[torch.Tensor] | torch.nn.Module) -> float:
     grads = [p.grad.detach() for p in _params(params) if p.grad is not None]
     if not grads:
         return 0.0
+    if any(isinstance(g, DTensor) for g in grads):  # sharded (FSDP): every rank gets the whole norm
+        total = torch.nn.utils.get_total_norm(grads, 2.0)
+        return float(total.full_tensor() if isinstance(total, DTensor) else total)
     norms = torch.stack(
         [torch.linalg.vector_norm(g, 2.0, dtype=torch.float32).to(grads[0].device) for g in grads]
     )

@@ -50,6 +50,15 @@ def is_ddp(model: Any) -> bool:
     return isinstance(model, torch.nn.parallel.DistributedDataParallel)
 
 
+def is_sharded(model: Any) -> bool:
+    """An FSDP model (``fully_shard``, or the older FullyShardedDataParallel wrapper)."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+    return isinstance(model, torch.nn.Module) and any(
+        isinstance(m, FSDPModule | FullyShardedDataParallel) for m in model.modules()
+    )
+
+
 class Step(Protocol):
     """What a check reads of the step that just ended (the supervisor's StepScope)."""
 
@@ -84,9 +93,18 @@ class ReplayChecks:
         self.host = host
 
     # ------------------------------------------------------------------ can this rank run them
-    def hooks_missing(self) -> str | None:
+    def self_check_missing(self) -> str | None:
         if self.host.replay_fn is None:
             return "no replay function registered (Supervisor.replay_fn)"
+        if is_sharded(self.host.model):
+            # Its forward all-gathers the parameters: a replay on the commanded rank alone
+            # would wait in that collective for ranks that never join.
+            return "the model is sharded (FSDP): a replay on one rank would hang in its all-gather"
+        return None
+
+    def hooks_missing(self) -> str | None:
+        if (missing := self.self_check_missing()) is not None:
+            return missing
         if self.host.batch_fn is None:
             return "no batch function registered (Supervisor.batch_fn(rank, step))"
         return None
@@ -112,8 +130,9 @@ class ReplayChecks:
     # ------------------------------------------------------------------ the checks
     def self_check(self, scope: Step) -> None:
         host = self.host
-        if host.replay_fn is None or scope.batch is None:
-            log.warning("rank %d: self-check due at step %d but no replay_fn or batch", host.rank, scope.step)
+        missing = self.self_check_missing() or ("no batch" if scope.batch is None else None)
+        if missing is not None or host.replay_fn is None:
+            log.warning("rank %d: self-check due at step %d not run: %s", host.rank, scope.step, missing)
             return
         result = grad_checks.self_check(
             host.replay_fn,

@@ -251,7 +251,7 @@ class Supervisor:
             terminate=terminate,
             grace_s=self.config.exit_grace_s,
             flush_s=self.config.exit_flush_s,
-            can_self_check=lambda: self.replay_fn is not None,
+            can_self_check=self.checks.self_check_missing,
             can_ring_check=self.checks.ring_check_missing,
             can_cross_check=self.checks.cross_check_refusal,
         )

@@ -1,0 +1,136 @@
+"""A loop with an FSDP model (``fully_shard``), 2 real gloo ranks on CPU, supervised like a
+DDP one (issue 21 item 3, first part): every rank reports the whole gradient norm (the
+invariant is judged on the same number everywhere, from sharded gradients), a sharded DCP
+checkpoint is written, validated and resumed bitwise, and a self-check, whose replay would
+all-gather the parameters on one rank alone and hang, is refused with the reason."""
+
+from __future__ import annotations
+
+import copy
+import os
+import queue
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainguard.producers.rank.agent import MemorySink
+from trainguard.schemas import Reason, ReasonCode, RunSelfCheck, StepStats
+
+torch = pytest.importorskip("torch")
+
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+from torch.distributed.fsdp import fully_shard  # noqa: E402
+
+from trainguard.producers.checkpoint.manager import CheckpointManager  # noqa: E402
+from trainguard.producers.checkpoint.train_state import TrainState  # noqa: E402
+from trainguard.producers.training.supervisor import Supervisor  # noqa: E402
+
+STEPS = 6
+SAVED = 2
+
+
+def batch(rank: int, step: int) -> tuple[Any, Any]:
+    g = torch.Generator().manual_seed(100 * step + rank)
+    x = torch.randn(8, 16, generator=g)
+    return x, x.sum(1, keepdim=True).sin()
+
+
+def train(sup: Supervisor, net: Any, opt: Any, rank: int, steps: range) -> None:
+    for step in steps:
+        x, y = batch(rank, step)
+        with sup.step(step, x) as s:
+            loss = torch.nn.functional.mse_loss(net(x), y)
+            loss.backward()
+            s.compute_done()
+            if s.check(loss):
+                opt.step()
+            opt.zero_grad()
+        if step == SAVED and sup.checkpoint is not None:
+            sup.checkpoint.save(step).wait()
+
+
+def shards(net: Any) -> bytes:
+    return b"".join(p.to_local().detach().numpy().tobytes() for p in net.parameters())
+
+
+def _rank(rank: int, port: int, ckpt: str, out: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    reference = copy.deepcopy(net)  # unsharded, the same initial weights
+    for layer in (net[0], net[2], net):
+        fully_shard(layer)
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+    sink = MemorySink()
+    sup = Supervisor(
+        "run-fsdp", rank=rank, world_size=2, sink=sink, model=net, optimizer=opt, gpu_reader=None
+    )
+    sup.replay_fn = lambda b: net(b).square().mean().backward()
+    ckpt_manager = CheckpointManager(ckpt, TrainState(net, opt), rank=rank, world_size=2, run_id="run-fsdp")
+    sup.checkpoint = None  # saved by the loop at step SAVED
+    refused = ""
+    try:
+        command = RunSelfCheck(
+            command_id="c1", run_id="run-fsdp", attempt=0, issued_ts=0.0, step=1,
+            reason=Reason(code=ReasonCode.SDC_CHECK_SCHEDULED, text="the policy's periodic self-check"),
+        )  # fmt: skip
+        sup.handlers.run_self_check(command, rank)
+    except RuntimeError as exc:
+        refused = str(exc)
+    sup.checkpoint = ckpt_manager  # type: ignore[assignment]
+    train(sup, net, opt, rank, range(STEPS))
+    first = shards(net)
+    ckpt_manager.wait_validated()
+    resumed = ckpt_manager.load(SAVED)
+    sup.checkpoint = None
+    train(sup, net, opt, rank, range(SAVED + 1, STEPS))
+    again = shards(net)
+    # The whole gradient at step 0: the mean of both ranks' batches' gradients, unsharded.
+    for r in range(2):
+        x, y = batch(r, 0)
+        (torch.nn.functional.mse_loss(reference(x), y) / 2).backward()
+    expected = float(torch.nn.utils.get_total_norm([p.grad for p in reference.parameters()]))
+    norms = [e.grad_norm for e in sink.of(StepStats)]
+    out.put((rank, refused, first == again, resumed, norms[0], expected, norms))
+    ckpt_manager.close()
+    sup.close()
+    dist.destroy_process_group()
+
+
+def test_an_fsdp_loop_is_supervised_checkpointed_and_resumed_bitwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[3]))  # spawned ranks import this
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [ctx.Process(target=_rank, args=(r, port, str(tmp_path / "ckpt"), out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results: dict[int, tuple[Any, ...]] = {}
+    deadline = time.monotonic() + 120
+    while len(results) < 2:
+        assert time.monotonic() < deadline, "ranks did not report"
+        assert all(p.exitcode in (None, 0) for p in procs), [p.exitcode for p in procs]
+        try:
+            rank, *rest = out.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        results[rank] = tuple(rest)
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    for rank in (0, 1):
+        refused, bitwise, resumed, norm, expected, _ = results[rank]
+        assert "sharded (FSDP)" in refused
+        assert bitwise and resumed == SAVED
+        assert norm == pytest.approx(expected, rel=1e-5)
+    assert results[0][5] == results[1][5]  # every rank judged the same whole norm, every step
+    assert (tmp_path / "ckpt" / f"step-{SAVED:09d}" / "VALIDATED").exists()

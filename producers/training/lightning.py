@@ -58,6 +58,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from ..checkpoint.manager import CheckpointManager
 from ..checkpoint.train_state import TrainState, capture_rng, restore_rng
 from . import ring_check
+from .config import ENV_RUN_ID
 from .step_scope import StepScope
 from .supervisor import Supervisor
 
@@ -102,6 +103,12 @@ class TrainguardCallback(pl.Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """After Lightning wrapped the model (DDP) and built the optimizer, before any batch."""
         optimizer = self._only_optimizer(trainer)
+        if not (os.environ.get(ENV_RUN_ID) or os.environ.get("TORCHELASTIC_RUN_ID")):
+            log.warning(
+                "trainguard: no run id (%s; not under trainguard launch or torchrun): not supervised",
+                ENV_RUN_ID,
+            )
+            return
         model = trainer.strategy.model
         assert model is not None
         self.sup = Supervisor.from_env(
@@ -210,8 +217,9 @@ class TrainguardCallback(pl.Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        assert self.sup is not None
-        if trainer.global_step in self.sup.skip_batches:  # passed over (_pass_over): not a step
+        if (
+            self.sup is None or trainer.global_step in self.sup.skip_batches
+        ):  # passed over (_pass_over): not a step
             return
         self._scope = self.sup.step(trainer.global_step, batch)
         self._scope.__enter__()

@@ -191,3 +191,24 @@ def test_a_batch_on_the_launchers_skip_list_is_drawn_and_not_trained_on(
     assert all(torch.equal(before["model"][k], after["model"][k]) for k in before["model"])
     for key, moments in before["moments"].items():
         assert all(torch.equal(t, after["moments"][key][n]) for n, t in moments.items())
+
+
+def test_outside_a_launcher_the_fit_runs_unsupervised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python train.py` with the callback in place and no run id: a warning, and the fit."""
+    for name in ("TRAINGUARD_RUN_ID", "TORCHELASTIC_RUN_ID", "TRAINGUARD_RESUME_STEP"):
+        monkeypatch.delenv(name, raising=False)
+    tg = TrainguardCallback(checkpoint_dir=str(tmp_path / "ckpt"))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=3,
+        callbacks=[tg],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(Tiny(), train_dataloaders=loader())
+    assert trainer.global_step == 3 and tg.sup is None and not (tmp_path / "ckpt").exists()

@@ -34,6 +34,11 @@ Lightning's hooks:
   then puts back the RNG states, after the loader's iterator drew its seed, so the run goes
   on bitwise as if never stopped.
 
+SIGTERM (the launcher's teardown) ends a rank the supervisor's way (ship what is queued,
+exit): Lightning's own handler, set after ``on_fit_start``, is replaced at
+``on_train_start``; it runs a broadcast inside the handler, which raises when the peers are
+already gone, and the launcher's requested stop then read as ranks dying of a lost peer.
+
 Limits (said rather than guessed): one optimizer, automatic optimization,
 ``accumulate_grad_batches=1`` (refused otherwise, with the reason); data loaders with
 ``num_workers=0``, or whose workers draw no randomness of their own (the dropped batches
@@ -186,6 +191,9 @@ class TrainguardCallback(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The loader's iterator exists (Lightning made it in setup_data): a resumed fit
         drops the batches its epoch had already trained, then takes back its RNG states."""
+        if self.sup is not None:
+            # Lightning set its SIGTERM handler after on_fit_start: the launcher's stop is ours.
+            self.sup.take_sigterm()
         if self.sup is not None and self.sup.batch_fn is None:
             self.sup.batch_fn = sampler_batch_fn(trainer)
         if self._rng_after_resume is None:

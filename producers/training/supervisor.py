@@ -292,13 +292,8 @@ class Supervisor:
         # An uncaught error says whether a peer was lost (peer_loss.py): noted for the launcher.
         self._previous_excepthook = sys.excepthook
         sys.excepthook = self._note_uncaught
-        if (
-            self.shipper is not None
-            and threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-        ):
-            signal.signal(signal.SIGTERM, self._exit_on_sigterm)
-            self._sigterm_installed = True
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self.take_sigterm()
         restartable = inprocess.current()
         if restartable is not None:  # the attempt may end in this process (inprocess.py)
             restartable.on_restart(self._end_attempt)
@@ -479,6 +474,14 @@ class Supervisor:
             self.agent.phase = "checkpoint"
             self.checkpoint.save(scope.step)
             self.checkpoint_saved(scope.step)
+
+    def take_sigterm(self) -> None:
+        """SIGTERM (the launcher's teardown) ends this rank the supervisor's way, replacing a
+        framework's handler (Lightning's runs a collective inside it: with peers gone it
+        raises, and the launcher's requested stop would read as a lost peer)."""
+        if self.shipper is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._exit_on_sigterm)
+            self._sigterm_installed = True
 
     def _exit_on_sigterm(self, signum: int, frame: object) -> None:
         """SIGTERM (the launcher's teardown): ship what is queued, bounded by exit_flush_s,

@@ -604,7 +604,7 @@ def _roll_back(run: RunState, found: SdcMismatch, found_now: list[SdcMismatch]) 
         culprit=found.rank,
         reason=target.reason,
     )
-    lost = max(0, completed_step(run) - target.checkpoint_step)
+    lost = lost_steps(completed_step(run), target.checkpoint_step)
     if run.open_interruption is not None:
         run.open_interruption.lost_steps = lost
         run.open_interruption.checkpoint_step = target.checkpoint_step

@@ -58,6 +58,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from lightning_fabric.utilities.data import _set_sampler_epoch  # what Lightning's fit loop calls
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ..checkpoint.manager import CheckpointManager
@@ -102,7 +103,6 @@ class TrainguardCallback(pl.Callback):
         self.dropped_batches = 0
         self._scope: StepScope | None = None
         self._rng_after_resume: dict[str, Any] | None = None
-        self._optimizer_step: Callable[..., Any] | None = None
 
     # ------------------------------------------------------------------ set-up
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -194,8 +194,8 @@ class TrainguardCallback(pl.Callback):
         if self.sup is not None:
             # Lightning set its SIGTERM handler after on_fit_start: the launcher's stop is ours.
             self.sup.take_sigterm()
-        if self.sup is not None and self.sup.batch_fn is None:
-            self.sup.batch_fn = sampler_batch_fn(trainer)
+            if self.sup.batch_fn is None:
+                self.sup.batch_fn = sampler_batch_fn(trainer)
         if self._rng_after_resume is None:
             return
         rng, self._rng_after_resume = self._rng_after_resume, None
@@ -225,10 +225,8 @@ class TrainguardCallback(pl.Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if (
-            self.sup is None or trainer.global_step in self.sup.skip_batches
-        ):  # passed over (_pass_over): not a step
-            return
+        if self.sup is None or trainer.global_step in self.sup.skip_batches:
+            return  # unsupervised, or a batch passed over (_pass_over): not a step
         self._scope = self.sup.step(trainer.global_step, batch)
         self._scope.__enter__()
 
@@ -236,12 +234,11 @@ class TrainguardCallback(pl.Callback):
         """Lightning calls ``optimizer.step(closure)``, the closure running the forward and
         backward: run it, end the compute, and step only if the ranks agree to apply."""
         step = optimizer.step
-        self._optimizer_step = step
 
         def supervised_step(closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
             scope = self._scope
             if scope is None:  # outside a supervised step (a user's own call)
-                return step(closure, **kwargs) if closure is not None else step(**kwargs)
+                return step(closure, **kwargs)
             loss = None
             if closure is not None:
                 with torch.enable_grad():
@@ -292,8 +289,8 @@ class TrainguardCallback(pl.Callback):
             checkpoints.close()  # the pending saves finish and validate
         sup, self.sup = self.sup, None
         if sup is not None:
-            if self._optimizer_step is not None and sup.optimizer is not None:
-                del sup.optimizer.step  # the instance's wrapper: back to the class's step
+            if sup.optimizer is not None:  # the instance's wrapper (_wrap_step): back to the class's step
+                vars(sup.optimizer).pop("step", None)
             sup.close(exit_code=exit_code, error=error)
 
 
@@ -327,20 +324,6 @@ def sampler_batch_fn(trainer: pl.Trainer) -> ring_check.BatchFn | None:
         return trainer.strategy.batch_to_device(collate([dataset[i] for i in indices]))
 
     return batch_of
-
-
-def _set_sampler_epoch(loader: object, epoch: int) -> None:
-    """``set_epoch`` on the loader's sampler(s), as Lightning's fit loop does at an epoch's
-    start (a DistributedSampler shuffles by epoch)."""
-    samplers = {id(s): s for s in (getattr(loader, "sampler", None), _batch_sampler_sampler(loader)) if s}
-    for sampler in samplers.values():
-        set_epoch = getattr(sampler, "set_epoch", None)
-        if callable(set_epoch):
-            set_epoch(epoch)
-
-
-def _batch_sampler_sampler(loader: object) -> object | None:
-    return getattr(getattr(loader, "batch_sampler", None), "sampler", None)
 
 
 @contextmanager

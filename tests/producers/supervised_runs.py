@@ -6,6 +6,7 @@ loop) and test_lightning_launch.py (the Lightning callback)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,3 +60,26 @@ def decisions(pipeline: Processor, run_id: str) -> tuple[list[Derived], list[Com
 def telemetry(pipeline: Processor, run_id: str) -> list[Envelope]:
     records = read_topic(pipeline.bootstrap, pipeline.names.telemetry)
     return [e for _, _, value in records for e in decode_batch(value).events if e.run_id == run_id]
+
+
+def assert_bitwise(run: Run, clean: Run) -> None:
+    expected, got = clean.weights(), run.weights()
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[name], got[name]) for name in expected), "weights diverged"
+
+
+def launch_env(secret: str, steps: int, checkpoint_every: int) -> dict[str, str]:
+    """The environment of a supervised example's launch: this test's secret, one thread a
+    rank, the example's length and checkpoint cadence, and no fault or chaos knob inherited."""
+    env = {**os.environ, "TRAINGUARD_SECRET": secret, "OMP_NUM_THREADS": "1"}
+    env |= {"TRAIN_STEPS": str(steps), "TRAIN_CHECKPOINT_EVERY": str(checkpoint_every)}
+    # A tiny step takes ~15 ms: ship and beat often enough for decisions to land in time.
+    env |= {"TRAINGUARD_FLUSH_INTERVAL_S": "0.25", "TRAINGUARD_HEARTBEAT_INTERVAL_S": "1"}
+    for name in (
+        "TRAINGUARD_SECRET_FILE",
+        "TRAINGUARD_EXAMPLE_FAULT",
+        "TRAINGUARD_INJECT_WRONG_DEVICE",
+        "TRAINGUARD_INJECT_SLOW_DEVICE",
+    ):
+        env.pop(name, None)
+    return env

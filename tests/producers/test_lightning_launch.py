@@ -39,7 +39,7 @@ from trainguard.schemas import (
 )
 
 from ..pipeline import Processor, running_processor
-from .supervised_runs import Run, decisions, telemetry
+from .supervised_runs import Run, assert_bitwise, decisions, launch_env, telemetry
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("pytorch_lightning")
@@ -72,12 +72,7 @@ def launch(
     run_id = f"lit-{uuid.uuid4().hex[:8]}"
     workdir.mkdir(parents=True, exist_ok=True)
     ckpt = workdir / "ckpt"
-    env = {**os.environ, "TRAINGUARD_SECRET": SECRET, "OMP_NUM_THREADS": "1"}
-    env |= {"TRAIN_STEPS": str(STEPS), "TRAIN_CHECKPOINT_EVERY": str(CHECKPOINT_EVERY)}
-    env |= {"TRAINGUARD_FLUSH_INTERVAL_S": "0.25", "TRAINGUARD_HEARTBEAT_INTERVAL_S": "1"}
-    for name in ("TRAINGUARD_SECRET_FILE", "TRAINGUARD_INJECT_WRONG_DEVICE", "TRAINGUARD_INJECT_SLOW_DEVICE"):
-        env.pop(name, None)
-    env |= env_extra or {}
+    env = launch_env(SECRET, STEPS, CHECKPOINT_EVERY) | (env_extra or {})
     command = [
         sys.executable, "-m", "trainguard", "launch", "--nproc", "4", "--ranks-per-node", "2",
         "--run-id", run_id, "--checkpoint-dir", str(ckpt),
@@ -173,6 +168,4 @@ def test_a_slow_rank_is_flagged_and_evicted_and_after_a_sigkill_the_fit_ends_bit
         if isinstance(d, InterruptionRecovered) and d.interruption_id == crash.interruption_id
     ]
     assert (recovered.resumed_from_step, recovered.lost_steps) == (resumed, crash.step - resumed)
-    expected, got = clean.weights(), run.weights()
-    assert expected.keys() == got.keys()
-    assert all(torch.equal(expected[name], got[name]) for name in expected), "weights diverged"
+    assert_bitwise(run, clean)

@@ -30,7 +30,6 @@ In the crash and hang runs the interruption's lost steps are exact (issue 15 ite
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -72,7 +71,7 @@ from trainguard.schemas import (
 from trainguard.sinks.archive_store import Archive, timeline
 
 from ..pipeline import Processor, running_processor
-from .supervised_runs import Run, decisions, telemetry
+from .supervised_runs import Run, assert_bitwise, decisions, launch_env, telemetry
 
 torch = pytest.importorskip("torch")
 
@@ -109,13 +108,7 @@ def launch(
     run_id = run_id or f"tiny-{uuid.uuid4().hex[:8]}"
     workdir.mkdir(parents=True, exist_ok=True)
     ckpt = workdir / "ckpt"
-    env = {**os.environ, "TRAINGUARD_SECRET": SECRET, "OMP_NUM_THREADS": "1"}
-    env |= {"TRAIN_STEPS": str(STEPS), "TRAIN_CHECKPOINT_EVERY": str(CHECKPOINT_EVERY)}
-    # A tiny step takes ~15 ms: ship and beat often enough for decisions to land in time.
-    env |= {"TRAINGUARD_FLUSH_INTERVAL_S": "0.25", "TRAINGUARD_HEARTBEAT_INTERVAL_S": "1"}
-    env.pop("TRAINGUARD_SECRET_FILE", None)
-    env.pop("TRAINGUARD_EXAMPLE_FAULT", None)
-    env.pop("TRAINGUARD_INJECT_WRONG_DEVICE", None)
+    env = launch_env(SECRET, STEPS, CHECKPOINT_EVERY)
     if fault:
         env["TRAINGUARD_EXAMPLE_FAULT"] = fault
     env |= env_extra or {}
@@ -147,12 +140,6 @@ def clean(pipeline: Processor, tmp_path_factory: pytest.TempPathFactory) -> Run:
     run = launch(pipeline, tmp_path_factory.mktemp("clean"))
     assert run.done.returncode == 0, run.explain()
     return run
-
-
-def assert_bitwise(run: Run, clean: Run) -> None:
-    expected, got = clean.weights(), run.weights()
-    assert expected.keys() == got.keys()
-    assert all(torch.equal(expected[name], got[name]) for name in expected), "weights diverged"
 
 
 def assert_lost_work_exact(

@@ -4,9 +4,10 @@ Every rank skips the update if one does (its own NaN loss, a grad spike, a SkipU
 reached it first), checkpoints if one wants to, runs a ring check once every rank holds
 it, and joins a cross check once every rank it names holds it. A CheckpointNow, the
 interval or a RunRingCheck reaches each rank at its own step; a checkpoint is collective
-and a ring check compares weights, so all ranks must act at the same step. One tensor of
-(verdict code, checkpoint wanted, the oldest pending ring check's codes, the cross
-check's slots) carries all of it: no extra collective.
+and a ring check compares weights, so all ranks must act at the same step; so must a
+sharded model's self-check, whose replay all-gathers (:mod:`.fsdp`). One tensor of
+(verdict code, checkpoint wanted, a self-check offered, the oldest pending ring check's
+codes, the cross check's slots) carries all of it: no extra collective.
 """
 
 from __future__ import annotations
@@ -30,18 +31,21 @@ def agree(
     rank: int,
     device: Callable[[], torch.device],
     enabled: bool = True,
-) -> tuple[Verdict, bool, int | None, int | None]:
+    self_check: bool = False,
+) -> tuple[Verdict, bool, int | None, int | None, bool | None]:
     """(the verdict, checkpoint now, the ring check to run at this step's end, the cross
-    check to run). The ring check: -1 none; None no agreement ran, so each rank runs its
-    own at its first step >= the command's. The cross check: the key, 0 none, None no
-    agreement ran. No agreement runs without torch.distributed, in a world of one, or
-    when not `enabled` (SupervisorConfig.agree_on_skip); `device` says where the
-    collective's tensor lives (NCCL needs a CUDA one)."""
+        check to run). The ring check: -1 none; None no agreement ran, so each rank runs its
+        own at its first step >= the command's. The cross check: the key, 0 none, None no
+        agreement ran; and whether every rank replays a self-check at this step's end, because
+    `self_check` was offered by one (a sharded model's, :mod:`.fsdp`; None: no agreement
+    ran). No agreement runs without torch.distributed, in a world of one, or
+        when not `enabled` (SupervisorConfig.agree_on_skip); `device` says where the
+        collective's tensor lives (NCCL needs a CUDA one)."""
     dist = torch.distributed
     if not (enabled and dist.is_available() and dist.is_initialized()):
-        return verdict, wants_checkpoint, None, None
+        return verdict, wants_checkpoint, None, None, None
     if dist.get_world_size() < 2:
-        return verdict, wants_checkpoint, None, None
+        return verdict, wants_checkpoint, None, None, None
     pending = control.oldest_ring_check()
     head, expired = control.cross_check_head(control.current_step)
     for check in expired:
@@ -49,6 +53,7 @@ def agree(
     mine = [
         _CODES[verdict],
         int(wants_checkpoint),
+        int(self_check),
         *ring_check.agreement_codes(pending),
         *cross_check.agreement_codes(head, rank),
     ]
@@ -56,7 +61,7 @@ def agree(
     work = dist.all_reduce(codes, op=dist.ReduceOp.MAX, async_op=True)
     assert work is not None
     inprocess.wait(work)  # work.wait(), unless the launcher ends the attempt meanwhile
-    worst, checkpoint, *rest = (int(v) for v in codes.tolist())
+    worst, checkpoint, replay, *rest = (int(v) for v in codes.tolist())
     ring = ring_check.agreed(rest[:3])
     if ring.stale is not None and ring.stale == pending:
         dropped = control.take_ring_check(ring.stale)
@@ -64,5 +69,5 @@ def agree(
     due = -1 if ring.run is None else ring.run
     cross = cross_check.agreed(rest[3:]) or 0
     if verdict is not Verdict.APPLY or worst == 0:
-        return verdict, bool(checkpoint), due, cross
-    return Verdict.PEER, bool(checkpoint), due, cross
+        return verdict, bool(checkpoint), due, cross, bool(replay)
+    return Verdict.PEER, bool(checkpoint), due, cross, bool(replay)

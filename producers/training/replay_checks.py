@@ -5,7 +5,9 @@ ask for them reach the rank through its handlers (producers/rank/handlers.py).
 Self-check (:mod:`.grad_checks`): when a RunSelfCheck command names this rank, at the
 first step at or after its step the scope's batch is replayed twice by ``replay_fn``
 after the update, and the two gradient digests are reported. The replay must not run a
-collective: under DDP call the unwrapped ``model.module``.
+collective: under DDP call the unwrapped ``model.module``. A sharded (FSDP) model's
+replay all-gathers, so every rank replays at the step the ranks agree on (:mod:`.fsdp`);
+ring and cross-rank checks are refused for it.
 
 Ring cross-rank check (:mod:`.ring_check`): when a RunRingCheck arrives, every rank
 recomputes its own microbatch and its ring neighbour's with the weights of the same step,
@@ -40,7 +42,7 @@ import torch
 from ...schemas import RunCrossRankCheck
 from ..rank.agent import RankAgent
 from ..rank.handlers import RankControl
-from . import cross_check, grad_checks, ring_check
+from . import cross_check, fsdp, grad_checks, ring_check
 from .config import SupervisorCounters
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,8 @@ class Step(Protocol):
     microbatch_id: str
     ring_check_due: int | None
     cross_check_due: int | None
+    self_check_mine: bool
+    self_check_due: bool | None
 
 
 class CheckHost(Protocol):
@@ -96,15 +100,15 @@ class ReplayChecks:
     def self_check_missing(self) -> str | None:
         if self.host.replay_fn is None:
             return "no replay function registered (Supervisor.replay_fn)"
-        if is_sharded(self.host.model):
-            # Its forward all-gathers the parameters: a replay on the commanded rank alone
-            # would wait in that collective for ranks that never join.
-            return "the model is sharded (FSDP): a replay on one rank would hang in its all-gather"
         return None
 
     def hooks_missing(self) -> str | None:
         if (missing := self.self_check_missing()) is not None:
             return missing
+        if is_sharded(self.host.model):
+            # Each recomputation's forward all-gathers the parameters, and ranks recompute
+            # different (rank, step) batches: not run on sharded models yet.
+            return "the model is sharded (FSDP): ring and cross-rank recomputations are not supported"
         if self.host.batch_fn is None:
             return "no batch function registered (Supervisor.batch_fn(rank, step))"
         return None
@@ -128,20 +132,62 @@ class ReplayChecks:
         return module
 
     # ------------------------------------------------------------------ the checks
-    def self_check(self, scope: Step) -> None:
+    def offer_self_check(self, scope: Step) -> bool:
+        """At check(), before the agreement: a sharded model's rank takes its due self-check
+        now, and offers it to the agreement (every rank must replay; :mod:`.fsdp`)."""
+        if is_sharded(self.host.model):
+            scope.self_check_mine = self.host.control.take_self_check(scope.step)
+        return scope.self_check_mine
+
+    def end_of_step(self, scope: Step) -> None:
+        """Run the self-check due at the end of this step, if any."""
+        host = self.host
+        if not is_sharded(host.model):
+            if host.control.take_self_check(scope.step):
+                self.self_check(scope)
+            return
+        if scope.self_check_due is None:  # no agreement ran (a world of one, or no check())
+            mine = scope.self_check_mine or host.control.take_self_check(scope.step)
+            alone = not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1)
+            if mine and alone:
+                self.self_check(scope)
+            elif mine:
+                log.warning("rank %d: self-check at step %d dropped: a sharded model's replay needs "
+                            "every rank, agreed in check()", host.rank, scope.step)  # fmt: skip
+            return
+        if scope.self_check_due:  # every rank replays (the forward all-gathers)
+            self.self_check(scope, report=scope.self_check_mine)
+
+    def self_check(self, scope: Step, report: bool = True) -> None:
+        """Replay the step's batch twice and digest the gradients; `report`: send the
+        result (a mismatch is always sent)."""
         host = self.host
         missing = self.self_check_missing() or ("no batch" if scope.batch is None else None)
         if missing is not None or host.replay_fn is None:
             log.warning("rank %d: self-check due at step %d not run: %s", host.rank, scope.step, missing)
             return
-        result = grad_checks.self_check(
-            host.replay_fn,
-            scope.batch,
-            host.params,
-            scope.step,
-            scope.microbatch_id,
-            module=self.replay_module(),
-        )
+        if is_sharded(host.model) and host.model is not None:
+            with fsdp.unsynced(host.model):  # each rank digests its own unreduced gradients
+                result = grad_checks.self_check(
+                    host.replay_fn,
+                    scope.batch,
+                    fsdp.unsharded_params(host.model),
+                    scope.step,
+                    scope.microbatch_id,
+                    module=host.model,
+                )
+        else:
+            result = grad_checks.self_check(
+                host.replay_fn,
+                scope.batch,
+                host.params,
+                scope.step,
+                scope.microbatch_id,
+                module=self.replay_module(),
+            )
+        if not report and result.passed:
+            log.info("rank %d step %d: self-check (joined) %s", host.rank, scope.step, result.passed)
+            return
         host.self_check_results.append(result)
         host.counters.self_checks += 1
         if not result.passed:

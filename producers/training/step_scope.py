@@ -53,6 +53,10 @@ class StepScope:
         #: The key of the cross check agreed to run at this step's end (0: none; None: no
         #: agreement ran, so a pending one is dropped).
         self.cross_check_due: int | None = None
+        #: A sharded model (:mod:`.fsdp`): this rank took a self-check at check(), and
+        #: whether the ranks agreed to replay at this step's end (None: no agreement ran).
+        self.self_check_mine = False
+        self.self_check_due: bool | None = None
         self._start: Any = None
         self._compute: Any = None
 
@@ -62,11 +66,13 @@ class StepScope:
         self.sup.agent.phase = "forward"
         return self
 
-    def compute_done(self) -> None:
+    def compute_done(self, excluding_s: float = 0.0) -> None:
         """Mark the end of this rank's compute, before any gradient collective. Under an
-        instrumented DDP model the comm hook has marked it already; this is then a no-op."""
+        instrumented DDP or FSDP model the hooks have marked it already; this is then a
+        no-op. `excluding_s` (host clock only): seconds waited in collectives before it
+        (FSDP's forward all-gathers, :mod:`.fsdp`), left out of the compute time."""
         if self._compute is None:
-            self._compute = self.sup._marks.mark()
+            self._compute = self.sup._marks.mark() - excluding_s if excluding_s else self.sup._marks.mark()
             self.sup.agent.phase = "allreduce"
 
     def check(self, loss: torch.Tensor | float, grad_norm: torch.Tensor | float | None = None) -> bool:

@@ -97,7 +97,7 @@ from ..rank.actuator import Actuator
 from ..rank.agent import EventSink, MemorySink, NodeAgents, RankAgent
 from ..rank.handlers import CheckpointManager, RankControl, RankHandlers
 from ..rank.shipper import ShipperConfig, TelemetryShipper
-from . import cross_check, grad_checks, inprocess, ring_check
+from . import cross_check, fsdp, grad_checks, inprocess, ring_check
 from .agreement import agree
 from .config import (
     ENV_BOOTSTRAP,
@@ -283,6 +283,8 @@ class Supervisor:
 
         if self.config.instrument_ddp and model is not None and is_ddp(model):
             self.instrument_ddp(model)
+        elif self.config.instrument_ddp and model is not None:
+            fsdp.instrument(self, model)  # FSDP (fully_shard): none without an FSDP module
 
         self._sigterm_installed = False
         self._exit_flush_started = False
@@ -404,13 +406,14 @@ class Supervisor:
         scope.loss, scope.grad_norm = loss_f, norm
         verdict = self._local_verdict(scope.step, loss_f, norm)
         wants_checkpoint = self._wants_checkpoint(scope.step)
-        verdict, due, scope.ring_check_due, scope.cross_check_due = agree(
+        verdict, due, scope.ring_check_due, scope.cross_check_due, scope.self_check_due = agree(
             self.control,
             verdict,
             wants_checkpoint,
             self.rank,
             self.collective_device,
             self.config.agree_on_skip,
+            self_check=self.checks.offer_self_check(scope),
         )
         scope.checkpoint_due, self._agreed = due, (scope.step, due)
         scope.verdict = verdict
@@ -463,8 +466,7 @@ class Supervisor:
         self.progress.write(scope.step)
         if scope.verdict is None:  # the loop did not call check(): assume it applied
             self.control.record_decision(scope.step, True)
-        if self.control.take_self_check(scope.step):
-            self.checks.self_check(scope)
+        self.checks.end_of_step(scope)
         self.checks.ring_check(scope)
         self.checks.cross_check(scope)
         due = scope.checkpoint_due  # None: check() was not called, so nothing was agreed

@@ -14,8 +14,8 @@ is the whole scope. It keeps DDP's overlap of communication with backward (unlik
 ``no_sync()`` plus an explicit all-reduce). A user with a comm hook of their own passes it
 as `inner`. On CUDA the stamps are CUDA events (host time only says when kernels were
 queued); they are resolved a step or two later without waiting, so the StepTiming of a
-step may be sent after the next one starts. FSDP: not instrumented yet; call
-``compute_done()`` before the step's first collective.
+step may be sent after the next one starts. FSDP (``fully_shard``) has no comm
+hook: :mod:`.fsdp` measures the forward less its all-gather waits, on the host clock.
 """
 
 from __future__ import annotations

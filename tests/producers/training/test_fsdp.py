@@ -1,8 +1,11 @@
 """A loop with an FSDP model (``fully_shard``), 2 real gloo ranks on CPU, supervised like a
-DDP one (issue 21 item 3, first part): every rank reports the whole gradient norm (the
-invariant is judged on the same number everywhere, from sharded gradients), a sharded DCP
-checkpoint is written, validated and resumed bitwise, and a self-check, whose replay would
-all-gather the parameters on one rank alone and hang, is refused with the reason."""
+DDP one (issue 21 item 3): every rank reports the whole gradient norm (the invariant is
+judged on the same number everywhere, from sharded gradients), a sharded DCP checkpoint
+is written, validated and resumed bitwise; a self-check commanded to rank 0 alone runs on
+both ranks at the agreed step (the replay all-gathers), rank 0 reports it passed, and the
+run goes on bitwise as without it; a ring check is refused with the reason; and a rank
+whose matrix products are slowed reports the larger compute time, its peer's waits in the
+forward all-gathers left out."""
 
 from __future__ import annotations
 
@@ -17,7 +20,15 @@ from typing import Any
 import pytest
 
 from trainguard.producers.rank.agent import MemorySink
-from trainguard.schemas import Reason, ReasonCode, RunSelfCheck, StepStats
+from trainguard.schemas import (
+    Reason,
+    ReasonCode,
+    RunRingCheck,
+    RunSelfCheck,
+    SdcSelfCheck,
+    StepStats,
+    StepTiming,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -27,6 +38,7 @@ from torch.distributed.fsdp import fully_shard  # noqa: E402
 
 from trainguard.producers.checkpoint.manager import CheckpointManager  # noqa: E402
 from trainguard.producers.checkpoint.train_state import TrainState  # noqa: E402
+from trainguard.producers.training.device_fault import install_wrong_device, uninstall_wrong_device  # noqa: E402
 from trainguard.producers.training.supervisor import Supervisor  # noqa: E402
 
 STEPS = 6
@@ -73,13 +85,19 @@ def _rank(rank: int, port: int, ckpt: str, out: Any) -> None:
     sup.replay_fn = lambda b: net(b).square().mean().backward()
     ckpt_manager = CheckpointManager(ckpt, TrainState(net, opt), rank=rank, world_size=2, run_id="run-fsdp")
     sup.checkpoint = None  # saved by the loop at step SAVED
+    reason = Reason(code=ReasonCode.SDC_CHECK_SCHEDULED, text="the policy's periodic self-check")
+    if rank == 0:  # the command names rank 0 only; both ranks must replay (the all-gathers)
+        command = RunSelfCheck(
+            command_id="c1", run_id="run-fsdp", attempt=0, issued_ts=0.0, step=4, reason=reason
+        )
+        sup.handlers.run_self_check(command, rank)
     refused = ""
     try:
-        command = RunSelfCheck(
-            command_id="c1", run_id="run-fsdp", attempt=0, issued_ts=0.0, step=1,
-            reason=Reason(code=ReasonCode.SDC_CHECK_SCHEDULED, text="the policy's periodic self-check"),
+        ring = RunRingCheck(
+            command_id="c2", run_id="run-fsdp", attempt=0, issued_ts=0.0, step=1, check_id="k", offset=1,
+            reason=reason,
         )  # fmt: skip
-        sup.handlers.run_self_check(command, rank)
+        sup.handlers.run_ring_check(ring, rank)
     except RuntimeError as exc:
         refused = str(exc)
     sup.checkpoint = ckpt_manager  # type: ignore[assignment]
@@ -96,7 +114,14 @@ def _rank(rank: int, port: int, ckpt: str, out: Any) -> None:
         (torch.nn.functional.mse_loss(reference(x), y) / 2).backward()
     expected = float(torch.nn.utils.get_total_norm([p.grad for p in reference.parameters()]))
     norms = [e.grad_norm for e in sink.of(StepStats)]
-    out.put((rank, refused, first == again, resumed, norms[0], expected, norms))
+    checks = [(e.step, e.digest_first == e.digest_second) for e in sink.of(SdcSelfCheck)]
+    if rank == 1:  # a slow device: every matrix product waits 50 ms (two per forward)
+        install_wrong_device(0.0, delay_s=0.05)
+    train(sup, net, opt, rank, range(STEPS, STEPS + 3))
+    uninstall_wrong_device()
+    sup._drain(block=True)
+    compute = [e.compute_s for e in sink.of(StepTiming) if e.step >= STEPS]
+    out.put((rank, refused, first == again, resumed, norms[0], expected, norms, checks, compute))
     ckpt_manager.close()
     sup.close()
     dist.destroy_process_group()
@@ -128,9 +153,12 @@ def test_an_fsdp_loop_is_supervised_checkpointed_and_resumed_bitwise(
         p.join(30)
         assert p.exitcode == 0
     for rank in (0, 1):
-        refused, bitwise, resumed, norm, expected, _ = results[rank]
+        refused, bitwise, resumed, norm, expected, _, _, _ = results[rank]
         assert "sharded (FSDP)" in refused
         assert bitwise and resumed == SAVED
         assert norm == pytest.approx(expected, rel=1e-5)
+    assert results[0][6] == [(4, True)] and results[1][6] == []  # rank 0 reports; rank 1 only joined
+    slow, fast = min(results[1][7]), max(results[0][7])
+    assert slow >= 0.1 and fast < 0.05, (results[0][7], results[1][7])  # rank 0's waits left out
     assert results[0][5] == results[1][5]  # every rank judged the same whole norm, every step
     assert (tmp_path / "ckpt" / f"step-{SAVED:09d}" / "VALIDATED").exists()

@@ -10,11 +10,12 @@ TRAINGUARD_* variables, and restarts it from the newest validated checkpoint):
 The lines marked `# trainguard` are all a user adds to an ordinary FSDP loop, the same as
 for DDP. What the supervisor does differently for a sharded model
 (trainguard/producers/training/fsdp.py): the compute time is the forward less its
-parameter all-gathers (FSDP has no comm hook); a commanded self-check is replayed by every
-rank at the step they agree on (the forward all-gathers), each digesting its own
-unreduced gradients; ring and cross-rank checks are refused (the reason goes back in the
-command's ack). The checkpoint is a sharded DCP one: each rank writes and validates its
-own shards, and a restart loads them back into the sharded model.
+parameter all-gathers (FSDP has no comm hook); a commanded self-check and a ring cross-rank
+check are replayed by every rank at the step they agree on (the forward all-gathers),
+each reading its own unreduced gradients; the three-rank cross check (a ring edge's
+bisection) is refused (the reason goes back in the command's ack). The checkpoint is a
+sharded DCP one: each rank writes and validates its own shards, and a restart loads them
+back into the sharded model.
 
 The data and the model are deterministic (fixed seeds), so a run that was interrupted and
 resumed ends with exactly the weights of an uninterrupted one: the final weights,
@@ -60,6 +61,9 @@ def main() -> None:
     every = int(EVERY) if EVERY else None
     sup = Supervisor.from_env(model=model, optimizer=optimizer, checkpoint_every_steps=every)  # trainguard
     sup.replay_fn = lambda batch: loss_of(batch).backward()  # trainguard: the self-check replay (every rank)
+    # trainguard: any rank's batch at a step, for the ring cross-rank check (rank r trains
+    # step s on the BATCH indices of its stream from s * BATCH: see `order` below)
+    sup.batch_fn = lambda r, step: torch.tensor(sampler.indices(r, step * BATCH, BATCH))
     ckpt = CheckpointManager(  # trainguard: sharded DCP checkpoints, validated per shard
         os.environ["TRAINGUARD_CHECKPOINT_DIR"],
         TrainState(model, optimizer, sampler),

@@ -18,7 +18,10 @@ backward reduces only its own gradients: a run with a self-check continues bitwi
 one without (tests/producers/training/test_fsdp.py). The commanded rank reports the
 result (SdcSelfCheck); another rank reports its own only on a mismatch (evidence is not
 dropped). Without the agreement (no ``check()``, ``agree_on_skip=False``) the check is
-dropped with a warning unless the world is one rank.
+dropped with a warning unless the world is one rank. A ring cross-rank check is
+replayed the same way (every rank recomputes at the step agreed for it, its own batch and
+its neighbour's, from its own unreduced gradients); a three-rank cross check, which only
+the named ranks recompute, is refused.
 
 Compute time. FSDP2 has no communication hook, and its collectives sit all along the
 step: each module's forward starts by all-gathering its parameters, and the backward

@@ -7,7 +7,8 @@ first step at or after its step the scope's batch is replayed twice by ``replay_
 after the update, and the two gradient digests are reported. The replay must not run a
 collective: under DDP call the unwrapped ``model.module``. A sharded (FSDP) model's
 replay all-gathers, so every rank replays at the step the ranks agree on (:mod:`.fsdp`);
-ring and cross-rank checks are refused for it.
+its ring checks run as any (every rank recomputes at the agreed step), each rank reading
+its own unreduced gradients; three-rank cross checks are refused for it.
 
 Ring cross-rank check (:mod:`.ring_check`): when a RunRingCheck arrives, every rank
 recomputes its own microbatch and its ring neighbour's with the weights of the same step,
@@ -33,8 +34,9 @@ A check never ends training: the user's hooks failing is logged and the check no
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import torch
@@ -105,10 +107,6 @@ class ReplayChecks:
     def hooks_missing(self) -> str | None:
         if (missing := self.self_check_missing()) is not None:
             return missing
-        if is_sharded(self.host.model):
-            # Each recomputation's forward all-gathers the parameters, and ranks recompute
-            # different (rank, step) batches: not run on sharded models yet.
-            return "the model is sharded (FSDP): ring and cross-rank recomputations are not supported"
         if self.host.batch_fn is None:
             return "no batch function registered (Supervisor.batch_fn(rank, step))"
         return None
@@ -121,7 +119,23 @@ class ReplayChecks:
         return None
 
     def cross_check_refusal(self, command: RunCrossRankCheck) -> str | None:
+        if is_sharded(self.host.model):
+            # Only the three named ranks recompute, and each forward all-gathers: the others
+            # would have to replay too. Not supported yet.
+            return "the model is sharded (FSDP): a three-rank cross check would hang in its all-gathers"
         return self.hooks_missing() or cross_check.refusal(command, self.host.world_size)
+
+    @contextlib.contextmanager
+    def replaying(self) -> Iterator[tuple[list[torch.Tensor], torch.nn.Module | None]]:
+        """The parameters whose gradients a replay reads, and the module whose buffers it
+        restores. A sharded model's: its unsharded parameters, the reduce-scatter off, so
+        each rank reads its own unreduced gradients (:mod:`.fsdp`)."""
+        model = self.host.model
+        if model is not None and is_sharded(model):
+            with fsdp.unsynced(model):
+                yield fsdp.unsharded_params(model), model
+        else:
+            yield self.host.params, self.replay_module()
 
     def replay_module(self) -> torch.nn.Module | None:
         """The model the replays run on: DDP's inner module (a replay runs no collective)."""
@@ -166,24 +180,9 @@ class ReplayChecks:
         if missing is not None or host.replay_fn is None:
             log.warning("rank %d: self-check due at step %d not run: %s", host.rank, scope.step, missing)
             return
-        if is_sharded(host.model) and host.model is not None:
-            with fsdp.unsynced(host.model):  # each rank digests its own unreduced gradients
-                result = grad_checks.self_check(
-                    host.replay_fn,
-                    scope.batch,
-                    fsdp.unsharded_params(host.model),
-                    scope.step,
-                    scope.microbatch_id,
-                    module=host.model,
-                )
-        else:
+        with self.replaying() as (params, module):
             result = grad_checks.self_check(
-                host.replay_fn,
-                scope.batch,
-                host.params,
-                scope.step,
-                scope.microbatch_id,
-                module=self.replay_module(),
+                host.replay_fn, scope.batch, params, scope.step, scope.microbatch_id, module=module
             )
         if not report and result.passed:
             log.info("rank %d step %d: self-check (joined) %s", host.rank, scope.step, result.passed)
@@ -207,18 +206,23 @@ class ReplayChecks:
         if taken is None or host.replay_fn is None or host.batch_fn is None:
             return
         check_id, offset = taken
+        if scope.ring_check_due is None and is_sharded(host.model):
+            log.warning("rank %d: ring check %s dropped: a sharded model's replays need every "
+                        "rank at the step agreed in check()", host.rank, check_id)  # fmt: skip
+            return
         try:
-            result = ring_check.ring_check(
-                host.replay_fn,
-                host.batch_fn,
-                host.params,
-                rank=host.rank,
-                world_size=host.world_size,
-                step=scope.step,
-                check_id=check_id,
-                offset=offset,
-                module=self.replay_module(),
-            )
+            with self.replaying() as (params, module):
+                result = ring_check.ring_check(
+                    host.replay_fn,
+                    host.batch_fn,
+                    params,
+                    rank=host.rank,
+                    world_size=host.world_size,
+                    step=scope.step,
+                    check_id=check_id,
+                    offset=offset,
+                    module=module,
+                )
         except Exception:  # the user's hooks: never end training over a check
             log.exception("rank %d step %d: ring check %s not run", host.rank, scope.step, check_id)
             return

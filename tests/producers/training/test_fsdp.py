@@ -4,9 +4,11 @@ judged on the same number everywhere, from sharded gradients), a sharded DCP che
 is written, validated and resumed bitwise; a self-check commanded to rank 0 alone runs on
 both ranks at the agreed step (the replay all-gathers), rank 0 reports it passed (each rank
 digests its own unreduced gradients, so rank 1's flaky replay does not reach it), rank 1
-reports its own mismatch, and the run goes on bitwise as without the check; a ring check
-is refused with the reason; and a rank whose matrix products are slowed reports the
-larger compute time, its peer's waits in the forward all-gathers left out."""
+reports its own mismatch; a ring check runs on every rank at the agreed step, each
+recomputation of a neighbour's batch equal to the neighbour's own, bitwise; the run goes
+on bitwise as without the checks; a three-rank cross check is refused with the reason;
+and a rank whose matrix products are slowed reports the larger compute time, its peer's
+waits in the forward all-gathers left out."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import os
 import queue
 import socket
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,8 @@ from trainguard.producers.rank.agent import MemorySink
 from trainguard.schemas import (
     Reason,
     ReasonCode,
+    RingCheck,
+    RunCrossRankCheck,
     RunRingCheck,
     RunSelfCheck,
     SdcSelfCheck,
@@ -83,14 +88,16 @@ def _rank(rank: int, port: int, ckpt: str, out: Any) -> None:
     sup = Supervisor(
         "run-fsdp", rank=rank, world_size=2, sink=sink, model=net, optimizer=opt, gpu_reader=None
     )
-    replays = [0]
+    replays: Counter[int] = Counter()
 
-    def replay(b: Any) -> None:  # rank 1's device is flaky: its second replay computes differently
-        replays[0] += 1
-        flaky = 1.001 if rank == 1 and replays[0] == 2 else 1.0
+    def replay(b: Any) -> None:  # rank 1's device is flaky: its second self-check replay differs
+        step = sup.control.current_step
+        replays[step] += 1
+        flaky = 1.001 if rank == 1 and step == 4 and replays[step] == 2 else 1.0
         (net(b).square().mean() * flaky).backward()
 
     sup.replay_fn = replay
+    sup.batch_fn = lambda r, step: batch(r, step)[0]
     ckpt_manager = CheckpointManager(ckpt, TrainState(net, opt), rank=rank, world_size=2, run_id="run-fsdp")
     sup.checkpoint = None  # saved by the loop at step SAVED
     reason = Reason(code=ReasonCode.SDC_CHECK_SCHEDULED, text="the policy's periodic self-check")
@@ -99,13 +106,18 @@ def _rank(rank: int, port: int, ckpt: str, out: Any) -> None:
             command_id="c1", run_id="run-fsdp", attempt=0, issued_ts=0.0, step=4, reason=reason
         )
         sup.handlers.run_self_check(command, rank)
+    ring = RunRingCheck(
+        command_id="c2", run_id="run-fsdp", attempt=0, issued_ts=0.0, step=3, check_id="k", offset=1,
+        reason=reason,
+    )  # fmt: skip
+    sup.handlers.run_ring_check(ring, rank)  # every rank holds it before the first step
     refused = ""
     try:
-        ring = RunRingCheck(
-            command_id="c2", run_id="run-fsdp", attempt=0, issued_ts=0.0, step=1, check_id="k", offset=1,
-            reason=reason,
+        cross = RunCrossRankCheck(
+            command_id="c3", run_id="run-fsdp", attempt=0, issued_ts=0.0, step=3, microbatch_id="m",
+            batch_rank=0, ranks=[0, 1], reason=reason,
         )  # fmt: skip
-        sup.handlers.run_ring_check(ring, rank)
+        sup.handlers.run_cross_rank_check(cross, rank)
     except RuntimeError as exc:
         refused = str(exc)
     sup.checkpoint = ckpt_manager  # type: ignore[assignment]
@@ -123,13 +135,14 @@ def _rank(rank: int, port: int, ckpt: str, out: Any) -> None:
     expected = float(torch.nn.utils.get_total_norm([p.grad for p in reference.parameters()]))
     norms = [e.grad_norm for e in sink.of(StepStats)]
     checks = [(e.step, e.digest_first == e.digest_second) for e in sink.of(SdcSelfCheck)]
+    rings = [(e.step, e.own_value, e.peer_rank, e.peer_value) for e in sink.of(RingCheck)]
     if rank == 1:  # a slow device: every matrix product waits 50 ms (two per forward)
         install_wrong_device(0.0, delay_s=0.05)
     train(sup, net, opt, rank, range(STEPS, STEPS + 3))
     uninstall_wrong_device()
     sup._drain(block=True)
     compute = [e.compute_s for e in sink.of(StepTiming) if e.step >= STEPS]
-    out.put((rank, refused, first == again, resumed, norms[0], expected, norms, checks, compute))
+    out.put((rank, refused, first == again, resumed, norms[0], expected, norms, checks, compute, rings))
     ckpt_manager.close()
     sup.close()
     dist.destroy_process_group()
@@ -161,8 +174,8 @@ def test_an_fsdp_loop_is_supervised_checkpointed_and_resumed_bitwise(
         p.join(30)
         assert p.exitcode == 0
     for rank in (0, 1):
-        refused, bitwise, resumed, norm, expected, _, _, _ = results[rank]
-        assert "sharded (FSDP)" in refused
+        refused, bitwise, resumed, norm, expected, _, _, _, _ = results[rank]
+        assert "sharded (FSDP)" in refused  # the three-rank cross check
         assert bitwise and resumed == SAVED
         assert norm == pytest.approx(expected, rel=1e-5)
     # Rank 0 (commanded) passes: it digests its own unreduced gradients, which rank 1's flaky
@@ -170,5 +183,12 @@ def test_an_fsdp_loop_is_supervised_checkpointed_and_resumed_bitwise(
     assert results[0][6] == [(4, True)] and results[1][6] == [(4, False)]
     slow, fast = min(results[1][7]), max(results[0][7])
     assert slow >= 0.1 and fast < 0.05, (results[0][7], results[1][7])  # rank 0's waits left out
+    # The ring check, at the first step both ranks held it (its command's step is not a
+    # floor: the core sends it for a step passed): each rank's recomputation of its neighbour's batch (with
+    # the gathered weights, its own unreduced gradients) equals the neighbour's own, bitwise.
+    ((step0, own0, peer0, theirs0),) = results[0][8]
+    ((step1, own1, peer1, theirs1),) = results[1][8]
+    assert (step0, peer0, step1, peer1) == (0, 1, 0, 0)
+    assert theirs0 == own1 and theirs1 == own0 and own0 != own1
     assert results[0][5] == results[1][5]  # every rank judged the same whole norm, every step
     assert (tmp_path / "ckpt" / f"step-{SAVED:09d}" / "VALIDATED").exists()

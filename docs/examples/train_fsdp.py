@@ -12,8 +12,8 @@ for DDP. What the supervisor does differently for a sharded model
 (trainguard/producers/training/fsdp.py): the compute time is the forward less its
 parameter all-gathers (FSDP has no comm hook); a commanded self-check and a ring cross-rank
 check are replayed by every rank at the step they agree on (the forward all-gathers),
-each reading its own unreduced gradients; the three-rank cross check (a ring edge's
-bisection) is refused (the reason goes back in the command's ack). The checkpoint is a
+each reading its own unreduced gradients (in a three-rank cross check, a ring edge's
+bisection, the ranks it does not name replay a batch of their own). The checkpoint is a
 sharded DCP one: each rank writes and validates its own shards, and a restart loads them
 back into the sharded model.
 

@@ -20,8 +20,9 @@ result (SdcSelfCheck); another rank reports its own only on a mismatch (evidence
 dropped). Without the agreement (no ``check()``, ``agree_on_skip=False``) the check is
 dropped with a warning unless the world is one rank. A ring cross-rank check is
 replayed the same way (every rank recomputes at the step agreed for it, its own batch and
-its neighbour's, from its own unreduced gradients); a three-rank cross check, which only
-the named ranks recompute, is refused.
+its neighbour's, from its own unreduced gradients); so is a three-rank cross check, whose
+ranks not named replay a batch of their own (value discarded), so that the named ranks'
+all-gathers complete.
 
 Compute time. FSDP2 has no communication hook, and its collectives sit all along the
 step: each module's forward starts by all-gathering its parameters, and the backward

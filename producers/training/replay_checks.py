@@ -8,7 +8,8 @@ after the update, and the two gradient digests are reported. The replay must not
 collective: under DDP call the unwrapped ``model.module``. A sharded (FSDP) model's
 replay all-gathers, so every rank replays at the step the ranks agree on (:mod:`.fsdp`);
 its ring checks run as any (every rank recomputes at the agreed step), each rank reading
-its own unreduced gradients; three-rank cross checks are refused for it.
+its own unreduced gradients; in a cross check the ranks it does not name replay a batch
+of their own too (value discarded), so that the named ranks' all-gathers have every rank.
 
 Ring cross-rank check (:mod:`.ring_check`): when a RunRingCheck arrives, every rank
 recomputes its own microbatch and its ring neighbour's with the weights of the same step,
@@ -119,10 +120,6 @@ class ReplayChecks:
         return None
 
     def cross_check_refusal(self, command: RunCrossRankCheck) -> str | None:
-        if is_sharded(self.host.model):
-            # Only the three named ranks recompute, and each forward all-gathers: the others
-            # would have to replay too. Not supported yet.
-            return "the model is sharded (FSDP): a three-rank cross check would hang in its all-gathers"
         return self.hooks_missing() or cross_check.refusal(command, self.host.world_size)
 
     @contextlib.contextmanager
@@ -241,6 +238,8 @@ class ReplayChecks:
         if scope.cross_check_due == 0:
             return
         check = control.take_cross_check(scope.cross_check_due)
+        if check is None and is_sharded(host.model):  # the named ranks' forwards all-gather
+            self._join_replay(scope)
         result = cross_check.gather(check, host.rank, scope.step, self._recompute_of, self._sum_over_ranks)
         host.counters.cross_check_s += result.seconds
         if check is None:  # it names other ranks: this one only joined the all-reduce
@@ -255,10 +254,25 @@ class ReplayChecks:
         host = self.host
         if host.replay_fn is None or host.batch_fn is None:
             raise RuntimeError(self.hooks_missing())
-        value = ring_check.recompute(
-            host.replay_fn, host.batch_fn(rank, step), host.params, self.replay_module()
-        )
+        with self.replaying() as (params, module):
+            value = ring_check.recompute(host.replay_fn, host.batch_fn(rank, step), params, module)
         return ring_check.reportable(value)
+
+    def _join_replay(self, scope: Step) -> None:
+        """A sharded model's rank that a cross check does not name replays one batch of its
+        own, value discarded, so that the named ranks' all-gathers have every rank."""
+        host = self.host
+        replay_fn, batch_fn, batch = host.replay_fn, host.batch_fn, scope.batch
+        if replay_fn is None or (batch is None and batch_fn is None):
+            log.warning("rank %d: cannot join a cross check's replays: %s", host.rank, self.hooks_missing())
+            return
+        try:
+            if batch is None and batch_fn is not None:
+                batch = batch_fn(host.rank, scope.step)
+            with self.replaying() as (params, module):
+                ring_check.recompute(replay_fn, batch, params, module)
+        except Exception:  # the user's hooks: never end training over a check
+            log.exception("rank %d step %d: joining a cross check's replays failed", host.rank, scope.step)
 
     def _sum_over_ranks(self, values: list[float]) -> list[float]:
         dist = torch.distributed

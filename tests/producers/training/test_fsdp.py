@@ -6,9 +6,9 @@ both ranks at the agreed step (the replay all-gathers), rank 0 reports it passed
 digests its own unreduced gradients, so rank 1's flaky replay does not reach it), rank 1
 reports its own mismatch; a ring check runs on every rank at the agreed step, each
 recomputation of a neighbour's batch equal to the neighbour's own, bitwise; the run goes
-on bitwise as without the checks; a three-rank cross check is refused with the reason;
-and a rank whose matrix products are slowed reports the larger compute time, its peer's
-waits in the forward all-gathers left out."""
+on bitwise as without the checks; and a rank whose matrix products are slowed reports the
+larger compute time, its peer's waits in the forward all-gathers left out. On 3 ranks, a
+cross check naming two of them runs, the third joining its all-gathers."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import pytest
 
 from trainguard.producers.rank.agent import MemorySink
 from trainguard.schemas import (
+    CrossRankCheck,
     Reason,
     ReasonCode,
     RingCheck,
@@ -75,7 +76,7 @@ def shards(net: Any) -> bytes:
     return b"".join(p.to_local().detach().numpy().tobytes() for p in net.parameters())
 
 
-def _rank(rank: int, port: int, ckpt: str, out: Any) -> None:
+def _rank(rank: int, world: int, port: int, ckpt: str, out: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.manual_seed(0)
@@ -111,15 +112,6 @@ def _rank(rank: int, port: int, ckpt: str, out: Any) -> None:
         reason=reason,
     )  # fmt: skip
     sup.handlers.run_ring_check(ring, rank)  # every rank holds it before the first step
-    refused = ""
-    try:
-        cross = RunCrossRankCheck(
-            command_id="c3", run_id="run-fsdp", attempt=0, issued_ts=0.0, step=3, microbatch_id="m",
-            batch_rank=0, ranks=[0, 1], reason=reason,
-        )  # fmt: skip
-        sup.handlers.run_cross_rank_check(cross, rank)
-    except RuntimeError as exc:
-        refused = str(exc)
     sup.checkpoint = ckpt_manager  # type: ignore[assignment]
     train(sup, net, opt, rank, range(STEPS))
     first = shards(net)
@@ -142,27 +134,25 @@ def _rank(rank: int, port: int, ckpt: str, out: Any) -> None:
     uninstall_wrong_device()
     sup._drain(block=True)
     compute = [e.compute_s for e in sink.of(StepTiming) if e.step >= STEPS]
-    out.put((rank, refused, first == again, resumed, norms[0], expected, norms, checks, compute, rings))
+    out.put((rank, first == again, resumed, norms[0], expected, norms, checks, compute, rings))
     ckpt_manager.close()
     sup.close()
     dist.destroy_process_group()
 
 
-def test_an_fsdp_loop_is_supervised_checkpointed_and_resumed_bitwise(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[3]))  # spawned ranks import this
+def spawn(target: Any, world: int, *args: Any) -> dict[int, tuple[Any, ...]]:
+    """Run `target(rank, world, port, *args, out)` on `world` spawned gloo ranks; what each put."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [ctx.Process(target=_rank, args=(r, port, str(tmp_path / "ckpt"), out)) for r in range(2)]
+    procs = [ctx.Process(target=target, args=(r, world, port, *args, out)) for r in range(world)]
     for p in procs:
         p.start()
     results: dict[int, tuple[Any, ...]] = {}
     deadline = time.monotonic() + 120
-    while len(results) < 2:
+    while len(results) < world:
         assert time.monotonic() < deadline, "ranks did not report"
         assert all(p.exitcode in (None, 0) for p in procs), [p.exitcode for p in procs]
         try:
@@ -173,22 +163,71 @@ def test_an_fsdp_loop_is_supervised_checkpointed_and_resumed_bitwise(
     for p in procs:
         p.join(30)
         assert p.exitcode == 0
+    return results
+
+
+def test_an_fsdp_loop_is_supervised_checkpointed_and_resumed_bitwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[3]))  # spawned ranks import this
+    results = spawn(_rank, 2, str(tmp_path / "ckpt"))
     for rank in (0, 1):
-        refused, bitwise, resumed, norm, expected, _, _, _, _ = results[rank]
-        assert "sharded (FSDP)" in refused  # the three-rank cross check
+        bitwise, resumed, norm, expected, _, _, _, _ = results[rank]
         assert bitwise and resumed == SAVED
         assert norm == pytest.approx(expected, rel=1e-5)
     # Rank 0 (commanded) passes: it digests its own unreduced gradients, which rank 1's flaky
     # device never reaches; rank 1, not commanded, reports because its replays disagree.
-    assert results[0][6] == [(4, True)] and results[1][6] == [(4, False)]
-    slow, fast = min(results[1][7]), max(results[0][7])
-    assert slow >= 0.1 and fast < 0.05, (results[0][7], results[1][7])  # rank 0's waits left out
+    assert results[0][5] == [(4, True)] and results[1][5] == [(4, False)]
+    slow, fast = min(results[1][6]), max(results[0][6])
+    assert slow >= 0.1 and fast < 0.05, (results[0][6], results[1][6])  # rank 0's waits left out
     # The ring check, at the first step both ranks held it (its command's step is not a
-    # floor: the core sends it for a step passed): each rank's recomputation of its neighbour's batch (with
-    # the gathered weights, its own unreduced gradients) equals the neighbour's own, bitwise.
-    ((step0, own0, peer0, theirs0),) = results[0][8]
-    ((step1, own1, peer1, theirs1),) = results[1][8]
+    # floor: the core sends it for a step passed): each rank's recomputation of its
+    # neighbour's batch (the gathered weights, its own unreduced gradients) equals the
+    # neighbour's own, bitwise.
+    ((step0, own0, peer0, theirs0),) = results[0][7]
+    ((step1, own1, peer1, theirs1),) = results[1][7]
     assert (step0, peer0, step1, peer1) == (0, 1, 0, 0)
     assert theirs0 == own1 and theirs1 == own0 and own0 != own1
-    assert results[0][5] == results[1][5]  # every rank judged the same whole norm, every step
+    assert results[0][4] == results[1][4]  # every rank judged the same whole norm, every step
     assert (tmp_path / "ckpt" / f"step-{SAVED:09d}" / "VALIDATED").exists()
+
+
+def _cross(rank: int, world: int, port: int, out: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    for layer in (net[0], net[2], net):
+        fully_shard(layer)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    sink = MemorySink()
+    sup = Supervisor(
+        "run-x", rank=rank, world_size=world, sink=sink, model=net, optimizer=opt, gpu_reader=None
+    )
+    sup.replay_fn = lambda b: net(b).square().mean().backward()
+    sup.batch_fn = lambda r, step: batch(r, step)[0]
+    if rank in (0, 1):  # the command reaches the ranks it names; rank 2 only joins
+        reason = Reason(code=ReasonCode.CROSS_RANK_MISMATCH, text="bisect the edge 1 -> 2")
+        cross = RunCrossRankCheck(
+            command_id="c3", run_id="run-x", attempt=0, issued_ts=0.0, step=0, microbatch_id="step-0/rank-2",
+            batch_rank=2, ranks=[0, 1], reason=reason,
+        )  # fmt: skip
+        sup.handlers.run_cross_rank_check(cross, rank)
+    train(sup, net, opt, rank, range(3))
+    values = [(e.step, e.ranks, e.values) for e in sink.of(CrossRankCheck)]
+    out.put((rank, values))
+    sup.close()
+    dist.destroy_process_group()
+
+
+def test_an_fsdp_cross_check_names_two_ranks_and_the_third_joins_its_all_gathers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ranks 0 and 1 recompute rank 2's batch; rank 2, not named, replays a batch of its own
+    (value discarded) so that their forwards' all-gathers complete; rank 0 reports both
+    values, equal bitwise."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[3]))
+    results = spawn(_cross, 3)
+    ((step, ranks, values),) = results[0][0]
+    assert (step, ranks) == (0, [0, 1]) and values[0] == values[1] and values[0] > 0
+    assert results[1] == ([],) and results[2] == ([],)

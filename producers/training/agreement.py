@@ -34,13 +34,13 @@ def agree(
     self_check: bool = False,
 ) -> tuple[Verdict, bool, int | None, int | None, bool | None]:
     """(the verdict, checkpoint now, the ring check to run at this step's end, the cross
-        check to run). The ring check: -1 none; None no agreement ran, so each rank runs its
-        own at its first step >= the command's. The cross check: the key, 0 none, None no
-        agreement ran; and whether every rank replays a self-check at this step's end, because
-    `self_check` was offered by one (a sharded model's, :mod:`.fsdp`; None: no agreement
-    ran). No agreement runs without torch.distributed, in a world of one, or
-        when not `enabled` (SupervisorConfig.agree_on_skip); `device` says where the
-        collective's tensor lives (NCCL needs a CUDA one)."""
+    check to run, the self-check replay). The ring check: -1 none; None no agreement ran,
+    so each rank runs its own at its first step >= the command's. The cross check: the
+    key, 0 none, None no agreement ran. The self-check replay: True when a rank offered
+    `self_check` (a sharded model's, whose replay every rank joins: :mod:`.fsdp`), None
+    when no agreement ran. No agreement runs without torch.distributed, in a world of one,
+    or when not `enabled` (SupervisorConfig.agree_on_skip); `device` says where the
+    collective's tensor lives (NCCL needs a CUDA one)."""
     dist = torch.distributed
     if not (enabled and dist.is_available() and dist.is_initialized()):
         return verdict, wants_checkpoint, None, None, None

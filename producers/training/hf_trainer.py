@@ -197,7 +197,7 @@ class TrainguardCallback(TrainerCallback):
             self._close(exit_code=1, error=error)
             raise
         finally:
-            if self._marker is not None:
+            if self._marker is not None:  # removed at on_train_begin, unless train() failed before
                 shutil.rmtree(self._marker, ignore_errors=True)
                 self._marker = None
         self._close(exit_code=0)
@@ -274,6 +274,8 @@ class TrainguardCallback(TrainerCallback):
             self.sup.batch_fn = shard_batch_fn(
                 args.gradient_accumulation_steps, kwargs.get("train_dataloader")
             )
+        if self._marker is not None:  # the Trainer has read its TrainerState: only the name is used now
+            shutil.rmtree(self._marker, ignore_errors=True)
         if self.resumed_from >= 0:
             log.info(
                 "trainguard: resumed from step %d (global step %d)", self.resumed_from, state.global_step

@@ -286,3 +286,17 @@ def test_the_ring_checks_batch_function_names_the_batches_each_step_trained(
         assert len(theirs) == len(batches) == ACCUMULATE
         for got, fed in zip(theirs, batches, strict=True):
             assert got.keys() == fed.keys() and all(torch.equal(got[k], fed[k]) for k in got)
+
+
+def test_fp16_with_a_grad_scaler_is_refused_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A skipped update would skip the scaler's step after clipping had unscaled the
+    gradients: refused when the Trainer is built, naming it, rather than half-supervised."""
+    monkeypatch.setenv("TRAINGUARD_RUN_ID", "hf-trainer-test")
+    args = TrainingArguments(
+        output_dir=str(tmp_path), use_cpu=True, max_steps=2, report_to=[], save_strategy="no"
+    )
+    args.fp16 = True  # as on a GPU (the CPU's arguments refuse it themselves)
+    with pytest.raises(ValueError, match="fp16 with a GradScaler"):
+        Trainer(model=tiny_llama(), args=args, train_dataset=Tokens(12, 1), callbacks=[TrainguardCallback()])

@@ -1,13 +1,18 @@
 """What the end-to-end tests of supervised jobs read back from a run: the launcher's files
 (restarts, final weights, validated checkpoints) and the pipeline's records (telemetry,
-derived events and commands). Used by test_supervised_faults.py (the hand-written DDP
-loop) and test_lightning_launch.py (the Lightning callback)."""
+derived events and commands), and a launch of an example with a SIGKILL from outside. Used
+by test_supervised_faults.py (the hand-written DDP loop), test_lightning_launch.py and
+test_hf_trainer_launch.py (the callbacks)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
+import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,3 +88,62 @@ def launch_env(secret: str, steps: int, checkpoint_every: int) -> dict[str, str]
     ):
         env.pop(name, None)
     return env
+
+
+def launch_example(
+    pipeline: Processor,
+    workdir: Path,
+    example: Path,
+    env: dict[str, str],
+    kill: tuple[int, int, int] | None = None,
+) -> Run:
+    """One `trainguard launch` of an example script on 4 ranks (2 a node, a spare node's
+    worth of restarts); `kill` = (rank, attempt, step): SIGKILL that rank of that attempt
+    once it has completed that step."""
+    run_id = f"{example.stem}-{uuid.uuid4().hex[:8]}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    ckpt = workdir / "ckpt"
+    command = [
+        sys.executable, "-m", "trainguard", "launch", "--nproc", "4", "--ranks-per-node", "2",
+        "--run-id", run_id, "--checkpoint-dir", str(ckpt),
+        "--bootstrap", pipeline.bootstrap, "--topic-prefix", pipeline.prefix,
+        "--max-restarts", "2", "--decision-wait-s", "2", "--grace-s", "5", "--self-test", "off",
+        "--", sys.executable, str(example),
+    ]  # fmt: skip
+    with subprocess.Popen(
+        command, env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        if kill is not None:
+            rank, attempt, step = kill
+            deadline = time.monotonic() + 300
+            while proc.poll() is None and time.monotonic() < deadline:
+                if progress(ckpt, rank, attempt) >= step:
+                    os.kill(rank_pid(run_id, example, rank, attempt), signal.SIGKILL)
+                    break
+                time.sleep(0.02)
+        out, err = proc.communicate(timeout=400)
+    return Run(run_id, subprocess.CompletedProcess(command, proc.returncode, out, err), ckpt)
+
+
+def progress(ckpt: Path, rank: int, attempt: int = 0) -> int:
+    """The newest step the rank completed (the launcher's progress file), -1 before any."""
+    try:
+        return int((ckpt / ".trainguard" / f"attempt-{attempt}" / f"rank-{rank}.progress").read_text())
+    except (OSError, ValueError):
+        return -1
+
+
+def rank_pid(run_id: str, example: Path, rank: int, attempt: int = 0) -> int:
+    """The pid of the run's rank process, found by its environment (as an operator would)."""
+    want = {f"TRAINGUARD_RUN_ID={run_id}", f"RANK={rank}", f"TRAINGUARD_ATTEMPT={attempt}"}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = set((entry / "environ").read_bytes().decode(errors="replace").split("\0"))
+            cmdline = (entry / "cmdline").read_text(errors="replace")
+        except OSError:
+            continue
+        if want <= environ and example.name in cmdline:
+            return int(entry.name)
+    raise LookupError(f"no process for rank {rank} of {run_id}")

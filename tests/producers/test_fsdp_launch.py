@@ -17,12 +17,6 @@ CPU under `trainguard launch`, supervised through the real broker by a real proc
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,7 +34,7 @@ from trainguard.schemas import (
 )
 
 from ..pipeline import Processor, running_processor
-from .supervised_runs import Run, assert_bitwise, decisions, launch_env, telemetry
+from .supervised_runs import Run, assert_bitwise, decisions, launch_env, launch_example, telemetry
 
 torch = pytest.importorskip("torch")
 
@@ -67,57 +61,8 @@ def launch(
     env_extra: dict[str, str] | None = None,
     kill: tuple[int, int, int] | None = None,
 ) -> Run:
-    """One `trainguard launch` of the example; `kill` = (rank, attempt, step): SIGKILL that
-    rank of that attempt once it has completed that step."""
-    run_id = f"fsdp-{uuid.uuid4().hex[:8]}"
-    workdir.mkdir(parents=True, exist_ok=True)
-    ckpt = workdir / "ckpt"
     env = launch_env(SECRET, STEPS, CHECKPOINT_EVERY) | (env_extra or {})
-    command = [
-        sys.executable, "-m", "trainguard", "launch", "--nproc", "4", "--ranks-per-node", "2",
-        "--run-id", run_id, "--checkpoint-dir", str(ckpt),
-        "--bootstrap", pipeline.bootstrap, "--topic-prefix", pipeline.prefix,
-        "--max-restarts", "2", "--decision-wait-s", "2", "--grace-s", "5", "--self-test", "off",
-        "--", sys.executable, str(EXAMPLE),
-    ]  # fmt: skip
-    with subprocess.Popen(
-        command, env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    ) as proc:
-        if kill is not None:
-            rank, attempt, step = kill
-            deadline = time.monotonic() + 300
-            while proc.poll() is None and time.monotonic() < deadline:
-                if progress(ckpt, rank, attempt) >= step:
-                    os.kill(rank_pid(run_id, rank, attempt), signal.SIGKILL)
-                    break
-                time.sleep(0.02)
-        out, err = proc.communicate(timeout=400)
-    return Run(run_id, subprocess.CompletedProcess(command, proc.returncode, out, err), ckpt)
-
-
-def progress(ckpt: Path, rank: int, attempt: int = 0) -> int:
-    """The newest step the rank completed (the launcher's progress file), -1 before any."""
-    try:
-        return int((ckpt / ".trainguard" / f"attempt-{attempt}" / f"rank-{rank}.progress").read_text())
-    except (OSError, ValueError):
-        return -1
-
-
-def rank_pid(run_id: str, rank: int, attempt: int = 0) -> int:
-    """The pid of the run's rank process, found by its environment (as an operator would)."""
-    want = {f"TRAINGUARD_RUN_ID={run_id}", f"RANK={rank}", f"TRAINGUARD_ATTEMPT={attempt}"}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = set((entry / "environ").read_bytes().decode(errors="replace").split("\0"))
-        except OSError:
-            continue
-        if want <= environ and "docs/examples/train_fsdp.py" in (entry / "cmdline").read_text(
-            errors="replace"
-        ):
-            return int(entry.name)
-    raise LookupError(f"no process for rank {rank} of {run_id}")
+    return launch_example(pipeline, workdir, EXAMPLE, env, kill)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,8 @@ minutes on 2 cores (tests/variants.py): the broker stopped with SIGTERM for 30 s
 load, a processor worker recovering from a snapshot behind its commit, a whole node of 4
 ranks restoring from its peers, the chaos soak's 75 s of three runs, and two workers
 sharing six runs with one SIGKILLed and restarted, a host lost and then a hang with no
-spare left, two hosts checkpointing to a bucket (whole modules), and the columnar fold
+spare left, two hosts checkpointing to a bucket, the hand-written loop's straggler (whole
+modules), and the columnar fold
 against the per-event fold on every scenario of the labelled library (up to 16,384 ranks;
 ~17 minutes of the total).
 
@@ -30,6 +31,7 @@ MODULES = [
     "tests/processors/test_rebalance_broker.py",  # whole modules (tests/variants.py: SLOW_MODULES)
     "tests/producers/launcher/test_multihost_hang_broker.py",
     "tests/producers/launcher/test_multihost_bucket.py",
+    "tests/producers/test_supervised_straggler.py",
     "tests/schemas/test_columnar.py",
 ]
 

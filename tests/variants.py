@@ -20,10 +20,13 @@ ENV = "TRAINGUARD_SLOW_VARIANTS"
 #: suite covers the loss, the stop with no spare left and hangs named from the stacks apart.
 #: test_multihost_bucket (45 s: two hosts checkpointing to a bucket): the suite covers the
 #: bucket under launch on one host and the state directory's files across hosts.
+#: test_supervised_straggler (40 s: the hand-written loop's straggler flagged, diagnosed and
+#: evicted): test_frameworks_launch does the same for Lightning, the HF Trainer and FSDP.
 SLOW_MODULES = [
     "processors/test_rebalance_broker.py",
     "producers/launcher/test_multihost_hang_broker.py",
     "producers/launcher/test_multihost_bucket.py",
+    "producers/test_supervised_straggler.py",
 ]
 
 

@@ -1,8 +1,8 @@
 """What the end-to-end tests of supervised jobs read back from a run: the launcher's files
 (restarts, final weights, validated checkpoints) and the pipeline's records (telemetry,
 derived events and commands), and a launch of an example with a SIGKILL from outside. Used
-by test_supervised_faults.py (the hand-written DDP loop), test_lightning_launch.py and
-test_hf_trainer_launch.py (the callbacks)."""
+by test_supervised_faults.py (the hand-written DDP loop) and test_frameworks_launch.py
+(Lightning, the HF Trainer, FSDP)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ epoch's last step and a step the Trainer evaluated at (the save waits for the ev
 RNG draw); a commanded skip leaves model and optimizer untouched; a commanded self-check
 replays the step's micro-batches through compute_loss; the launcher's skip list passes a
 batch over. The multi-rank path (gloo, the launcher, a SIGKILL) is
-tests/producers/test_hf_trainer_launch.py."""
+tests/producers/test_frameworks_launch.py."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 MemorySink): a resumed fit ends bitwise where an uninterrupted one does, from a step in
 the middle of an epoch and from an epoch's last step; a commanded skip leaves the model
 and the optimizer untouched; a commanded self-check replays through training_step.
-The multi-rank path (gloo, the launcher, a SIGKILL) is tests/producers/test_lightning_launch.py."""
+The multi-rank path (gloo, the launcher, a SIGKILL) is tests/producers/test_frameworks_launch.py."""
 
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ load, a processor worker recovering from a snapshot behind its commit, a whole n
 ranks restoring from its peers, the chaos soak's 75 s of three runs, and two workers
 sharing six runs with one SIGKILLed and restarted, a host lost and then a hang with no
 spare left, two hosts checkpointing to a bucket, the hand-written loop's straggler (whole
-modules), and the columnar fold
+modules), the README example's SIGKILL and the in-process restart across hosts (one test
+each), and the columnar fold
 against the per-event fold on every scenario of the labelled library (up to 16,384 ranks;
 ~17 minutes of the total).
 
@@ -32,6 +33,8 @@ MODULES = [
     "tests/producers/launcher/test_multihost_hang_broker.py",
     "tests/producers/launcher/test_multihost_bucket.py",
     "tests/producers/test_supervised_straggler.py",
+    "tests/producers/test_supervised_faults.py",  # the README example's SIGKILL (one test)
+    "tests/producers/launcher/test_multihost_broker.py",  # in-process across hosts (one test)
     "tests/schemas/test_columnar.py",
 ]
 

@@ -263,8 +263,17 @@ class HostRendezvous:
         return value
 
     def nodes_waiting(self) -> int:
-        """Hosts waiting to join below MAX (a spare at MAX waits in the redundancy list)."""
-        return int(self.handler.num_nodes_waiting())
+        """Hosts waiting to join below MAX (a spare at MAX waits in the redundancy list).
+        0 when the store cannot be reached: its host ended (the run is over there, and this
+        host's ranks end with it) or died (this host's ranks fail their collectives). Either
+        way the attempt's own end decides; this poll is only a chance to grow the world."""
+        from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+        try:
+            return int(self.handler.num_nodes_waiting())
+        except RendezvousConnectionError:
+            log.debug("rendezvous: the store is unreachable; no host counted as waiting", exc_info=True)
+            return 0
 
     def close(self) -> None:
         """This host leaves for good (the run ended, or it was quarantined)."""

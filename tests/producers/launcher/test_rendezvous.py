@@ -19,6 +19,7 @@ import pytest
 from trainguard.devtools.broker_config import port_open
 from trainguard.producers.launcher.config import free_port
 from trainguard.producers.launcher.rendezvous import (
+    HostRendezvous,
     Proposal,
     RendezvousSpec,
     WorldPlan,
@@ -185,3 +186,31 @@ def test_the_shared_quarantine_list_keeps_the_last_word_per_host_and_skips_a_tor
     with listed.path.open("ab") as fh:
         fh.write(b'{"node": "host-d", "out": tr')  # a writer killed mid-line
     assert SharedQuarantine(tmp_path).nodes() == {"host-b": "host lost"}
+
+
+def test_a_store_gone_at_the_end_of_a_run_counts_no_host_waiting() -> None:
+    """The store's host ends its run first (its launcher exits, the store with it) while
+    another host's launcher still polls for hosts waiting to join: torch raises, and that
+    host's finished run once exited 1 (seen in test_multihost_broker). The poll is only a
+    chance to grow the world; the attempt's own end decides."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+    port = free_port("127.0.0.1")
+    server = dist.TCPStore(
+        "127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5)
+    )
+    host = HostRendezvous(RendezvousSpec(f"127.0.0.1:{port}", "store-gone", 1, 2), 1)
+    assert host.nodes_waiting() == 0
+    del server  # the store's host is gone
+    deadline = time.monotonic() + 30
+    while True:  # torch answers from its last state for a moment, then asks the store
+        try:
+            host.handler.num_nodes_waiting()
+        except RendezvousConnectionError:
+            break
+        assert time.monotonic() < deadline, "the store's loss never reached the rendezvous"
+        time.sleep(0.2)
+    assert host.nodes_waiting() == 0

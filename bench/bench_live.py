@@ -39,6 +39,11 @@ Reported (one markdown row; notes on stderr):
                     ceiling when it does not); drain, the saturated window
   x real time       processed ev/s / the scenario's real-time event rate (paced: at most
                     `speed`; the processor's ceiling shows only when it falls behind)
+  raw consume       the same records read again by aiokafka alone (bench/raw_consume.py),
+                    nothing decoded: this machine's client limit
+  no-op faust       the same records through a faust agent that does nothing
+                    (bench/faust_consume.py) on the processor's transport
+                    (processors/eager_delivery.py); stderr also gives faust's own
   processor CPU %   of one core, over the same window (psutil)
   max lag records   consumer group lag of trainguard-processor on the telemetry topic,
                     sampled every second (committed offsets: faust commits every 1 s or
@@ -101,7 +106,7 @@ RECORD_LATENCY = "trainguard_record_latency_seconds"
 DECISION_LATENCY = "trainguard_decision_latency_seconds"
 HEADER = (
     "| mode | ranks | workers | speed | wall s | events | records | produced ev/s | processed ev/s "
-    "| x real time | raw consume ev/s | of raw | faust consume ev/s | of faust | processor CPU % "
+    "| x real time | raw consume ev/s | of raw | no-op faust ev/s | of no-op faust | processor CPU % "
     "| max lag records "
     "| record latency p50/p99 s | decisions "
     "| decision latency p50/p99 s | delivery errors |\n"
@@ -452,7 +457,8 @@ def measure(
     after = workers.scrape()
     workers.check_alive()
     raw = raw_consume(stack.bootstrap, stack.names.telemetry, starts, len(measured))
-    framework = faust_consume(stack.bootstrap, stack.names.telemetry)
+    framework = faust_consume(stack.bootstrap, stack.names.telemetry, "stock")
+    eager = faust_consume(stack.bootstrap, stack.names.telemetry, "eager")
 
     produce_s = t_produced - t0
     samples = sampler.samples
@@ -497,16 +503,17 @@ def measure(
         file=sys.stderr,
     )
     per_record = events / len(measured)
-    faust_rate = per_record * framework["records"] / framework["wall_s"]
-    print(
-        f"# faust consume (a no-op agent, one process): {framework['records']:,.0f} records in "
-        f"{framework['wall_s']:.2f} s = {1e6 * framework['wall_s'] / framework['records']:.0f} us a record, "
-        f"{faust_rate:,.0f} events/s at {per_record:.1f} events a record = "
-        f"{faust_rate / real_rate:.0f}x real time, "
-        f"CPU {100 * framework['cpu_s'] / framework['wall_s']:.0f}%; "
-        f"the processors reach {rate / faust_rate:.1%} of it",
-        file=sys.stderr,
-    )
+    for name, result in (("faust's transport", framework), ("the processor's eager transport", eager)):
+        faust_rate = per_record * result["records"] / result["wall_s"]
+        print(
+            f"# faust consume (a no-op agent, one process, {name}): {result['records']:,.0f} records in "
+            f"{result['wall_s']:.2f} s = {1e6 * result['wall_s'] / result['records']:.0f} us a record, "
+            f"{faust_rate:,.0f} events/s at {per_record:.1f} events a record = "
+            f"{faust_rate / real_rate:.0f}x real time, "
+            f"CPU {100 * result['cpu_s'] / result['wall_s']:.0f}%; "
+            f"the processors reach {rate / faust_rate:.1%} of it",
+            file=sys.stderr,
+        )
     verdict = f"# targets: x real time {rate / real_rate:.1f}"
     if not args.drain:
         p99 = quantile(before, after, RECORD_LATENCY, 0.99)

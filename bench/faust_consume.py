@@ -4,7 +4,11 @@ telemetry records through an agent that does nothing with them. Between the raw 
 (bench/raw_consume.py: aiokafka alone) and the processor, it shows what the stream
 framework costs per record on this machine.
 
-    .venv/bin/python bench/faust_consume.py BOOTSTRAP TOPIC RECORDS OUT
+    .venv/bin/python bench/faust_consume.py BOOTSTRAP TOPIC RECORDS OUT [stock|eager]
+
+`eager` gives the app the processor's transport (processors/eager_delivery.py: a record
+delivered without faust's four tasks when nothing can race it); `stock` (the default) is
+faust's own.
 
 Reads the topic from its start until RECORDS records have come through, then writes one
 JSON object to the file OUT (faust takes stdout over): records, wall_s (first record to
@@ -25,12 +29,15 @@ from pathlib import Path
 import faust
 from raw_consume import FETCH_BYTES, cpu_s
 
+from trainguard.processors import eager_delivery
+
 #: As processors/app.py sets it.
 BUFFER = 16384
 
 
 def main(argv: list[str]) -> int:
     bootstrap, topic_name, total, out = argv[0], argv[1], int(argv[2]), Path(argv[3])
+    transport = argv[4] if len(argv) > 4 else "stock"
     app = faust.App(
         f"faust-consume-{uuid.uuid4().hex[:8]}",
         broker=f"kafka://{bootstrap}",
@@ -42,6 +49,10 @@ def main(argv: list[str]) -> int:
         consumer_max_fetch_size=FETCH_BYTES,
         stream_buffer_maxsize=BUFFER,
     )
+    if transport == "eager":
+        eager_delivery.install(app)
+    elif transport != "stock":
+        raise SystemExit(f"transport: stock or eager, not {transport!r}")
     topic = app.topic(
         topic_name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
     )

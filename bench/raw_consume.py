@@ -97,14 +97,15 @@ def raw_consume(bootstrap: str, topic: str, starts: dict[int, int], records: int
     return result
 
 
-def faust_consume(bootstrap: str, topic: str) -> dict[str, float]:
+def faust_consume(bootstrap: str, topic: str, transport: str = "stock") -> dict[str, float]:
     """The faust-consume baseline (bench/faust_consume.py): every record of the topic
-    through a faust agent that does nothing, in its own process."""
+    through a faust agent that does nothing, in its own process, on faust's own transport
+    (`stock`) or the processor's (`eager`)."""
     records = sum(high_watermarks(bootstrap, topic).values())
     script = Path(__file__).with_name("faust_consume.py")
     with tempfile.TemporaryDirectory(prefix="faust-consume-") as tmp:
         out = Path(tmp) / "result.json"
-        command = [sys.executable, str(script), bootstrap, topic, str(records), str(out)]
+        command = [sys.executable, str(script), bootstrap, topic, str(records), str(out), transport]
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
         if not out.exists():
             raise RuntimeError(f"the faust consume failed ({done.returncode}):\n{done.stderr[-3000:]}")

@@ -32,7 +32,7 @@ from ..kafka.security import KafkaCredentials, resolve
 from ..kafka.topics import TopicNames, ensure_run_commands_topic, partition_count, topic_names
 from ..schemas import Command, Envelope, Tick, encode
 from ..schemas.sharding import telemetry_key, telemetry_partition
-from . import api_web
+from . import api_web, eager_delivery
 from .api import ApiContext, RunsView
 from .core import CorePolicy
 from .driver import CoreDriver, DriverResult
@@ -112,6 +112,7 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
         consumer_max_fetch_size=8 * 1024 * 1024,
         stream_buffer_maxsize=16384,
     )
+    eager_delivery.install(app)  # before the first topic: a record reaches its stream without tasks
     names = settings.topics
 
     def raw_topic(name: str) -> faust.TopicT:
@@ -334,7 +335,7 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
 
     @app.timer(interval=settings.metrics_refresh_s)
     async def refresh_metrics() -> None:
-        metrics.refresh(driver.state)
+        metrics.refresh(driver.state, time.monotonic())
 
     if view is not None:
 

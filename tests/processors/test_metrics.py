@@ -36,6 +36,8 @@ class Worker:
         self.metrics = ProcessorMetrics(keep_finished=keep_finished)
         self.results: list[DriverResult] = []
         self._seq = itertools.count()
+        #: The worker's monotonic clock at each refresh (None: every gauge every time).
+        self.now: float | None = None
 
     def feed(self, events: Iterable[Envelope], world_size: int, shard_ranks: int = 0) -> None:
         """Ships `events` as the rank side does: batches of one shard of one run, in order."""
@@ -60,7 +62,7 @@ class Worker:
         assert result.rejections == []
         self.results.append(result)
         self.metrics.observe(result)
-        self.metrics.refresh(self.driver.state)
+        self.metrics.refresh(self.driver.state, self.now)
 
     def value(self, name: str, **labels: str) -> float | None:
         return self.metrics.registry.get_sample_value(name, labels)
@@ -145,6 +147,28 @@ def test_a_flagged_straggler_shows_in_the_gauges_and_leaves_with_its_attempt() -
     worker.feed(job.events, job.world_size)
     assert worker.driver.state.runs["run-slow"].straggler.flagged  # still held by the detector
     assert worker.value("trainguard_stragglers", run_id="run-slow") == 0
+
+
+def test_the_step_time_gauges_follow_the_slow_rank_at_their_own_cadence() -> None:
+    """The pass over every rank runs every rank_summary_every_s of the worker's clock; the
+    other gauges at every refresh."""
+    job = SyncJob(run_id="run-slow", slow=[Slow(rank=13, factor=1.3, from_step=20)]).start()
+    worker = Worker(CorePolicy())
+    metrics = worker.metrics = ProcessorMetrics(rank_summary_every_s=5.0)
+    worker.feed(job.steps(10).events, job.world_size)
+    state = worker.driver.state
+    metrics.refresh(state, now=100.0)
+    fast_p50 = worker.value("trainguard_step_time_p50_seconds", run_id="run-slow")
+    assert fast_p50 is not None and fast_p50 > 0
+    job.events.clear()
+    worker.now = 104.9
+    worker.feed(job.steps(20).events, job.world_size)  # rank 13 now 30% slower
+    assert worker.value("trainguard_slowest_rank", run_id="run-slow") != 13  # not yet refreshed
+    assert worker.value("trainguard_world_size", run_id="run-slow") == 64  # refreshed every time
+    metrics.refresh(state, now=105.0)
+    assert worker.value("trainguard_slowest_rank", run_id="run-slow") == 13
+    worst = worker.value("trainguard_step_time_max_seconds", run_id="run-slow")
+    assert worst is not None and worst > fast_p50
 
 
 def test_a_sharded_run_counts_the_stragglers_of_every_shard_under_its_run_id_alone() -> None:

@@ -8,7 +8,8 @@ reports its own mismatch; a ring check runs on every rank at the agreed step, ea
 recomputation of a neighbour's batch equal to the neighbour's own, bitwise; the run goes
 on bitwise as without the checks; and a rank whose matrix products are slowed reports the
 larger compute time, its peer's waits in the forward all-gathers left out. On 3 ranks, a
-cross check naming two of them runs, the third joining its all-gathers."""
+cross check naming two of them runs, the third joining its all-gathers. After a restart that
+rebuilt every rank's model, a replaced rank gets its shards back from its peer's memory."""
 
 from __future__ import annotations
 
@@ -231,3 +232,87 @@ def test_an_fsdp_cross_check_names_two_ranks_and_the_third_joins_its_all_gathers
     ((step, ranks, values),) = results[0][0]
     assert (step, ranks) == (0, [0, 1]) and values[0] == values[1] and values[0] > 0
     assert results[1] == ([],) and results[2] == ([],)
+
+
+def _state_bytes(net: Any, opt: Any) -> bytes:
+    """This rank's shards of the parameters and of the optimizer's moments."""
+    moments = [t.to_local() if hasattr(t, "to_local") else t for s in opt.state.values() for t in s.values()]
+    return shards(net) + b"".join(t.detach().numpy().tobytes() for t in moments)
+
+
+def _sharded(seed: int) -> tuple[Any, Any]:
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    for layer in (net[0], net[2], net):
+        fully_shard(layer)
+    return net, torch.optim.AdamW(net.parameters(), lr=0.01)
+
+
+def _replica(rank: int, world: int, port: int, ckpt: str, out: Any) -> None:
+    from trainguard.producers.checkpoint.peer_replica import PeerReplica
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # Made once, by every rank together (new_group is a collective): a replaced rank's
+    # manager and replica are built again on them, as the DDP test does.
+    ckpt_group, peer_group = dist.new_group(backend="gloo"), dist.new_group(backend="gloo")
+
+    def manager(net: Any, opt: Any, replica: PeerReplica) -> CheckpointManager:
+        state = TrainState(net, opt, rank=rank)
+        return CheckpointManager(
+            ckpt,
+            state,
+            rank=rank,
+            world_size=world,
+            run_id="run-fsdp",
+            process_group=ckpt_group,
+            replica=replica,
+        )
+
+    def steps(net: Any, opt: Any, span: range) -> None:
+        for step in span:
+            x, y = batch(rank, step)
+            torch.nn.functional.mse_loss(net(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+
+    net, opt = _sharded(0)
+    replica = PeerReplica(rank, world, run_id="run-fsdp", process_group=peer_group)
+    mgr = manager(net, opt, replica)
+    steps(net, opt, range(3))
+    mgr.save(2)
+    mgr.wait_validated()
+    saved = _state_bytes(net, opt)
+    steps(net, opt, range(3, 5))  # the run went on past the snapshot
+    went_on = shards(net)
+    dist.barrier()
+    # The restart rebuilds the model on every rank (fully_shard, other initial weights);
+    # rank 1's process is replaced: its host memory, and so its replica, are gone.
+    mgr.close()
+    net, opt = _sharded(1)
+    if rank == 1:
+        replica.close()
+        replica = PeerReplica(rank, world, run_id="run-fsdp", process_group=peer_group)
+    mgr = manager(net, opt, replica)
+    assert mgr.load() == 2
+    restored = _state_bytes(net, opt)
+    source = mgr.last_restore
+    steps(net, opt, range(3, 5))  # and the run goes on from the restored shards
+    out.put((rank, restored == saved, source, shards(net) == went_on))
+    mgr.close()
+    replica.close()
+    dist.destroy_process_group()
+
+
+def test_a_replaced_fsdp_rank_gets_its_shards_back_from_its_peers_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The in-process restart's peer replica with a sharded model: each rank's copy holds its
+    own shards (a DTensor travels as its local shard); after a restart that rebuilt every
+    rank's model, rank 1 (replaced: no host copies) gets its parameter and moment shards back
+    from rank 0's memory, rank 0 from its own, bitwise, and the steps after it end where
+    they had before the failure."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[3]))
+    results = spawn(_replica, 2, str(tmp_path / "ckpt"))
+    assert results[0] == (True, (2, "own"), True)
+    assert results[1] == (True, (2, "peer"), True)

@@ -4,10 +4,12 @@
 
 Records a run through the live pipeline (a local broker, the processor, the simulator's
 healthy-1k scenario with a crash and a thermal straggler added, at `--speed` for
-`--seconds` of wall clock), then, with the pipeline idle: reads the recording back from
-the topics, replays it through the policy core under the policy it ran with (and checks
-the decisions are identical), and backtests it under that policy and one other. Prints
-events/s and x real time (the recorded run's own duration over the replay's wall time).
+`--seconds` of wall clock) and archives the topics (sinks/archive.py), then, with the
+pipeline idle: reads the recording back from the topics and from the archive (both must
+give the same records), replays the archived one through the policy core under the
+policy it ran with (and checks the decisions are identical), and backtests it under that
+policy and one other. Prints events/s and x real time (the recorded run's own duration
+over each stage's wall time).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from trainguard.processors.core.policy import load_policy, parse_policy
 from trainguard.producers.simulator.driver import run_simulation
 from trainguard.producers.simulator.scenario import Scenario
 from trainguard.replay.backtest import backtest
-from trainguard.replay.log import read_recording
+from trainguard.replay.log import read_archived_recording, read_recording
 from trainguard.replay.replay import compare, decisions_of, replay, replayed_decisions
+from trainguard.sinks.archive import ArchiveWriter
 
 SECRET = uuid.uuid4().hex.encode() * 2
 
@@ -67,8 +70,15 @@ def main() -> None:
         )
         time.sleep(5)  # let the processor publish its last decisions
         t0 = time.perf_counter()
-        recording = read_recording(stack.bootstrap, stack.names, run_id)
+        from_kafka = read_recording(stack.bootstrap, stack.names, run_id)
         read_s = time.perf_counter() - t0
+        archive = args.workdir / f"archive-{run_id}"
+        with ArchiveWriter(stack.bootstrap, stack.names, archive, group_id=f"archive-{run_id}") as writer:
+            writer.run_until_caught_up(timeout_s=600)
+    t0 = time.perf_counter()
+    recording = read_archived_recording(archive, stack.names, run_id)
+    archive_read_s = time.perf_counter() - t0
+    assert recording.records == from_kafka.records, "the archive's log differs from the topic's"
     policy = load_policy(str(policy_path))
     replayed = replay(recording, policy)
     comparison = compare(decisions_of(recording), replayed_decisions(replayed))
@@ -86,6 +96,8 @@ def main() -> None:
     print(
         f"| read back from Kafka | {read_s:.2f} | {replayed.events / read_s:,.0f} | {run_s / read_s:,.0f} |"
     )
+    print(f"| read back from the archive | {archive_read_s:.2f} | {replayed.events / archive_read_s:,.0f} | "
+          f"{run_s / archive_read_s:,.0f} |")  # fmt: skip
     print(f"| replay (one policy) | {replayed.seconds:.2f} | {replayed.events_per_s:,.0f} | "
           f"{run_s / replayed.seconds:,.0f} |")  # fmt: skip
     print(f"| backtest (two policies, priced) | {backtest_s:.2f} | {2 * replayed.events / backtest_s:,.0f} | "

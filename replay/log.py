@@ -1,5 +1,6 @@
-"""A recorded run, read back from the Kafka log: its telemetry records in the order the
-processor consumed them, and the decisions the live processor published for it.
+"""A recorded run, read back from the Kafka log (or from the archive, which keeps the same
+log): its telemetry records in the order the processor consumed them, and the decisions
+the live processor published for it.
 
 Order is what makes a replay exact. A run's records (every shard's, and the ticks and
 forwards the processor itself wrote into the log) sit on the telemetry topic's
@@ -17,6 +18,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
@@ -24,6 +26,10 @@ from ..kafka.security import KafkaCredentials, client_config
 from ..kafka.topics import TopicNames
 from ..schemas import Command, Derived, ReasonCode, decode
 from ..schemas.codec import COMMANDS, DERIVED
+from ..schemas.sharding import run_of_key
+
+if TYPE_CHECKING:
+    from ..sinks.archive_store import Db
 
 #: One telemetry record as the processor consumed it: (partition, offset, value).
 Record = tuple[int, int, bytes]
@@ -44,11 +50,6 @@ class Recording:
     #: shows them and compares the core's decisions without them. The core never issues
     #: that code, so a core command under it would replay as an extra decision.
     operator_commands: list[Command] = field(default_factory=list)
-
-
-def run_of_key(key: bytes | None) -> str:
-    """The run id of a telemetry record key (`run` or `run#shard`, schemas/sharding.py)."""
-    return (key or b"").decode(errors="replace").partition("#")[0]
 
 
 def read_topic(
@@ -127,4 +128,38 @@ def read_recording(
         if isinstance(command, Command):
             is_input = command.reason.code == ReasonCode.OPERATOR
             (recording.operator_commands if is_input else recording.commands).append(command)
+    return recording
+
+
+_ARCHIVED_RECORDS = """
+SELECT kafka_partition, kafka_offset, value FROM telemetry_log
+WHERE run_id = $run_id ORDER BY kafka_partition, kafka_offset"""
+_ARCHIVED_DERIVED = """
+SELECT payload FROM raw_event
+WHERE run_id = $run_id AND topic = $topic ORDER BY kafka_partition, kafka_offset"""
+_ARCHIVED_COMMANDS = """
+SELECT payload FROM command WHERE run_id = $run_id ORDER BY kafka_partition, kafka_offset"""
+
+
+def read_archived_recording(db: Db, names: TopicNames, run_id: str) -> Recording:
+    """The run as the archive holds it (sinks/archive_schema.py): its telemetry records
+    verbatim from telemetry_log, in the order read_recording gives (partition after
+    partition, offsets in order), the decisions from raw_event and command. For runs the
+    archive writer has stored; a run not yet archived is read from Kafka. The archive keeps
+    each decision once (the live log may hold one twice; replays compare ids once)."""
+    from ..sinks.archive_store import Reader  # DuckDB and Arrow: only for archive reads
+
+    with Reader(db) as con:
+        params = {"run_id": run_id}
+        records = [(p, o, bytes(v)) for p, o, v in con.execute(_ARCHIVED_RECORDS, params).fetchall()]
+        recording = Recording(run_id, records)
+        for (payload,) in con.execute(_ARCHIVED_DERIVED, {**params, "topic": names.events}).fetchall():
+            record = decode(payload.encode(), DERIVED)  # the processor's own output, as archived
+            if isinstance(record, Derived):
+                recording.derived.append(record)
+        for (payload,) in con.execute(_ARCHIVED_COMMANDS, params).fetchall():
+            command = decode(payload.encode(), COMMANDS)
+            if isinstance(command, Command):
+                is_input = command.reason.code == ReasonCode.OPERATOR
+                (recording.operator_commands if is_input else recording.commands).append(command)
     return recording

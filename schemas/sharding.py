@@ -83,3 +83,8 @@ def telemetry_partition(run_id: str, shard: int, shards: int, partitions: int) -
 def telemetry_key(run_id: str, shard: int) -> bytes:
     """The record key: the run id, with the shard for shards past the first."""
     return run_id.encode() if shard == 0 else f"{run_id}#{shard}".encode()
+
+
+def run_of_key(key: bytes | None) -> str:
+    """The run id of a telemetry record key (`run` or `run#shard`, telemetry_key)."""
+    return (key or b"").decode(errors="replace").partition("#")[0]

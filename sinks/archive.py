@@ -31,12 +31,14 @@ from trainguard.kafka.topics import TopicNames
 
 from ..schemas import Rejected, decode, decode_batch
 from ..schemas.codec import ACKS, COMMANDS, DERIVED
+from ..schemas.sharding import run_of_key
 from .archive_metrics import ArchiveMetrics
 from .archive_store import (
     Archive,
     DeadLetter,
     Item,
     Located,
+    Logged,
     WriteResult,
     goodput_breakdown,
     summary,
@@ -44,8 +46,8 @@ from .archive_store import (
 )
 
 __all__ = [
-    "Archive", "ArchiveWriter", "DeadLetter", "Item", "Located", "Role", "WriteResult", "WriterStats",
-    "decode_message", "goodput_breakdown", "summary", "timeline",
+    "Archive", "ArchiveWriter", "DeadLetter", "Item", "Located", "Logged", "Role", "WriteResult",
+    "WriterStats", "decode_message", "goodput_breakdown", "summary", "timeline",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -108,7 +110,9 @@ def decode_message(role: Role, msg: Message) -> list[Item]:
         return [DeadLetter(position, topic, reason, _header(msg.headers(), "detail"), raw, ts)]
     if role is Role.TELEMETRY:
         decoded = decode_batch(raw)
-        items: list[Item] = [Located(decoded.events, topic, part, off)] if decoded.events else []
+        items: list[Item] = [Logged(run_of_key(msg.key()), part, off, ts, raw)]  # as consumed: for replays
+        if decoded.events:
+            items.append(Located(decoded.events, topic, part, off))
         whole = decoded.header is None and not decoded.events
         for i, rej in enumerate(decoded.rejections):
             ident = position if whole else f"{position}:{i}"

@@ -27,7 +27,8 @@ Views are created by every reader: adding or changing one needs no version bump.
 from __future__ import annotations
 
 #: Version of this schema; an archive written by a newer version is refused.
-SCHEMA_VERSION = 1
+#: 2: telemetry_log (an older writer would leave replays from the archive short).
+SCHEMA_VERSION = 2
 
 #: Tables written by Archive.write (append-only; readers deduplicate by KEYS).
 RAW_EVENT = "raw_event"
@@ -38,6 +39,7 @@ INTERRUPTION_RECOVERED = "interruption_recovered"
 COMMAND = "command"
 ACK = "ack"
 DEAD_LETTER = "dead_letter"
+TELEMETRY_LOG = "telemetry_log"
 
 #: Each table's key: readers see the first row stored of each key (a record stored twice,
 #: produced twice, or handed to Archive.write twice shows once). None: every row counts.
@@ -50,6 +52,7 @@ KEYS: dict[str, tuple[str, ...] | None] = {
     COMMAND: ("command_id",),
     ACK: ("command_id", "rank", "status"),
     DEAD_LETTER: ("id",),
+    TELEMETRY_LOG: ("kafka_partition", "kafka_offset"),
 }
 
 #: Each table's partitions in the lake: the bulk by run and UTC hour (so that a run's
@@ -64,9 +67,10 @@ PARTITIONS: dict[str, list[str]] = {
     COMMAND: ["run_id"],
     ACK: ["run_id"],
     DEAD_LETTER: [HOUR],
+    TELEMETRY_LOG: ["run_id", HOUR],
 }
 #: Each table's time column, which gives the hour partition.
-HOUR_OF = {RAW_EVENT: "ts", DEAD_LETTER: "ts"}
+HOUR_OF = {RAW_EVENT: "ts", DEAD_LETTER: "ts", TELEMETRY_LOG: "ts"}
 
 #: Everything `summary()` counts: the tables above plus the views people query.
 SUMMARY_RELATIONS = (
@@ -219,6 +223,20 @@ TABLE_DDL: tuple[str, ...] = (
         detail VARCHAR NOT NULL,
         raw    BLOB    NOT NULL,
         ts     DOUBLE  NOT NULL     -- Kafka record timestamp
+    )""",
+    # The telemetry topic's records verbatim, as the processor consumed them (a node's batch,
+    # its columnar blocks, the processor's own ticks and forwards, bad records too): what a
+    # replay folds, in (kafka_partition, kafka_offset) order (replay/log.py). raw_event cannot
+    # stand in: it keeps an event once however often the log holds it (a forward repeats
+    # events on shard 0's partition) and not its place inside its record.
+    """
+    CREATE TABLE IF NOT EXISTS telemetry_log (
+        run_id          VARCHAR NOT NULL,  -- the record key's run ('' when none)
+        kafka_partition INTEGER NOT NULL,
+        kafka_offset    BIGINT  NOT NULL,
+        ts              DOUBLE  NOT NULL,  -- Kafka record timestamp
+        value           BLOB    NOT NULL,
+        PRIMARY KEY (kafka_partition, kafka_offset)
     )""",
 )
 

@@ -50,6 +50,7 @@ from .archive_schema import (
     RUN_ATTEMPT,
     SCHEMA_VERSION,
     SUMMARY_RELATIONS,
+    TELEMETRY_LOG,
 )
 from .archive_tables import hour_of, snapshot, to_arrow
 from .lake import BATCHES, Lake, WriterLock, is_uri
@@ -79,8 +80,20 @@ class DeadLetter:
     ts: float
 
 
-#: What Archive.write takes: a bare record (tests, tools), records read from Kafka, or a dead letter.
-Item: TypeAlias = Record | Located | DeadLetter
+@dataclass(frozen=True, slots=True)
+class Logged:
+    """A telemetry record's bytes, kept verbatim for replays (telemetry_log)."""
+
+    run_id: str
+    partition: int
+    offset: int
+    ts: float
+    value: bytes
+
+
+#: What Archive.write takes: a bare record (tests, tools), records read from Kafka, a
+#: telemetry record's bytes, or a dead letter.
+Item: TypeAlias = Record | Located | Logged | DeadLetter
 
 # Columns each write fills, in the order of the row tuples built below; their types come from
 # the DDL (read back from the database). run_activity is filled in SQL from the incoming events.
@@ -109,6 +122,7 @@ _COLUMNS: dict[str, tuple[str, ...]] = {
         "kafka_partition", "kafka_offset",
     ),
     DEAD_LETTER: ("id", "topic", "reason", "detail", "raw", "ts"),
+    TELEMETRY_LOG: ("run_id", "kafka_partition", "kafka_offset", "ts", "value"),
 }  # fmt: skip
 
 #: Tables whose rows are facts (counted as written or duplicate).
@@ -213,6 +227,9 @@ def _collect(items: Iterable[Item], checked: bool = False) -> _Batch:
     for item in items:
         if isinstance(item, DeadLetter):
             dead.append((item.id, item.topic, item.reason, item.detail, item.raw, item.ts))
+            continue
+        if isinstance(item, Logged):
+            batch.rows[TELEMETRY_LOG].append((item.run_id, item.partition, item.offset, item.ts, item.value))
             continue
         if isinstance(item, Located):
             records, topic, part, off = item.records, item.topic, item.partition, item.offset
@@ -365,7 +382,7 @@ def _activity(events: pa.Table, seq: int) -> pa.Table:
 Db = Archive | duckdb.DuckDBPyConnection | str | Path
 
 
-class _Reader:
+class Reader:
     """A connection for reading `db`: a snapshot of an open archive, a connection as it is,
     or the archive at a root read as of its newest batch (never blocked by its writer).
     A root that is a single file is an archive from before the lake (a DuckDB file)."""
@@ -408,7 +425,7 @@ ORDER BY "at", interruption_id
 
 def query(db: Db, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every row of one SQL statement on the archive, as dicts keyed by column name."""
-    with _Reader(db) as con:
+    with Reader(db) as con:
         result = con.execute(sql, params)
         names = [d[0] for d in result.description]
         return [dict(zip(names, row, strict=True)) for row in result.fetchall()]
@@ -440,7 +457,7 @@ def goodput_breakdown(db: Db, run_id: str | None = None) -> list[dict[str, Any]]
 
 def summary(db: Db) -> dict[str, int]:
     """Row counts of the archive's tables and main views."""
-    with _Reader(db) as con:
+    with Reader(db) as con:
         return {
             name: int(con.execute(f"SELECT count(*) FROM {name}").fetchall()[0][0])
             for name in SUMMARY_RELATIONS

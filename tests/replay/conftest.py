@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,7 @@ from trainguard.producers.simulator.driver import run_simulation
 from trainguard.producers.simulator.scenario import Scenario
 from trainguard.replay.log import Recording, read_recording
 from trainguard.replay.replay import decisions_of
+from trainguard.sinks.archive import ArchiveWriter
 
 from ..pipeline import running_processor
 
@@ -27,6 +29,8 @@ class Recorded:
     bootstrap: str
     names: TopicNames
     recording: Recording
+    #: The topics as the archive writer stored them (sinks/archive.py), caught up.
+    archive: Path
 
 
 @pytest.fixture(scope="package")  # one recording for test_replay and test_backtest
@@ -44,4 +48,7 @@ def recorded(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             if len(decisions_of(recording)) == len(decisions_of(read_recording(bootstrap, names, run_id))):
                 break
             recording = read_recording(bootstrap, names, run_id)
-        yield Recorded(bootstrap, names, recording)
+        archive = tmp_path_factory.mktemp("archive") / "lake"
+        with ArchiveWriter(bootstrap, names, archive, group_id=f"archive-{run_id}") as writer:
+            writer.run_until_caught_up(timeout_s=120)
+        yield Recorded(bootstrap, names, recording, archive)

@@ -148,9 +148,13 @@ def test_the_cli_prints_the_table_and_writes_the_report(
     assert "reproduces every recorded decision" in out.output
     out = CliRunner().invoke(app, ["replay", *args, "--policy", str(strict_policy)])
     assert out.exit_code == 1 and "straggler_flagged" in out.output
+    # The backtest reads the run from the archive: no broker named.
+    archived = [*args[:2], "--topic-prefix", prefix, "--archive", str(recorded.archive)]
     report = tmp_path / "bt"
-    out = CliRunner().invoke(app, ["backtest", *args, "--policy", str(builtin_policy("demo")),
+    out = CliRunner().invoke(app, ["backtest", *archived, "--policy", str(builtin_policy("demo")),
                                    "--policy", str(strict_policy), "--report", str(report)])  # fmt: skip
     assert out.exit_code == 0, out.output
     assert "strict against demo" in out.output and "evict" in out.output
     assert (report / "report.md").exists() and all((report / name).exists() for name in CHARTS)
+    out = CliRunner().invoke(app, ["replay", "--run-id", "no-such-run", "--archive", str(recorded.archive)])
+    assert out.exit_code == 2 and "no telemetry of run no-such-run in the archive" in out.output

@@ -10,8 +10,8 @@ import pytest
 
 from trainguard.devtools.stack import builtin_policy
 from trainguard.processors.core.policy import CorePolicy, load_policy, parse_policy
-from trainguard.replay.log import Recording
-from trainguard.replay.replay import compare, decisions_of, replay, replayed_decisions
+from trainguard.replay.log import Recording, read_archived_recording
+from trainguard.replay.replay import compare, decisions_of, replay, replayed_decisions, unique
 from trainguard.schemas import (
     Abort,
     Interruption,
@@ -54,6 +54,22 @@ def test_the_recorded_runs_blocks_folded_row_by_row_decide_the_same(recorded: Re
     columns, rows = replay(recording, policy), replay(recording, policy, columnar=False)
     assert rows.events == columns.events > 10_000
     assert [encode(d) for d in replayed_decisions(rows)] == [encode(d) for d in replayed_decisions(columns)]
+
+
+@pytest.mark.broker
+def test_the_archive_keeps_the_log_and_a_replay_from_it_is_identical(recorded: Recorded) -> None:
+    """Issue 20: the archive keeps the telemetry records as the processor consumed them
+    (telemetry_log) and the decisions (raw_event, command): read back from it, the run is the
+    one read from Kafka, record for record, and replays to the live decisions exactly."""
+    recording = recorded.recording
+    archived = read_archived_recording(recorded.archive, recorded.names, recording.run_id)
+    assert archived.records == recording.records  # every record's place and bytes
+    for mine, theirs in ((archived.derived, recording.derived), (archived.commands, recording.commands)):
+        assert [encode(d) for d in mine] == [encode(d) for d in unique(theirs)]
+    replayed = replay(archived, load_policy(str(POLICY)))
+    comparison = compare(decisions_of(archived), replayed_decisions(replayed))
+    assert comparison.identical and comparison.matched > 20, comparison.differences[:10]
+    assert read_archived_recording(recorded.archive, recorded.names, "no-such-run").records == []
 
 
 @pytest.mark.broker

@@ -1,5 +1,6 @@
 """`trainguard replay` and `trainguard backtest`: a recorded run read back from the Kafka
-topics and driven through the policy core (registered in trainguard/cli/__init__.py)."""
+topics (or from the archive: `--archive`) and driven through the policy core (registered
+in trainguard/cli/__init__.py)."""
 
 from __future__ import annotations
 
@@ -16,23 +17,34 @@ if TYPE_CHECKING:
     from ..replay.log import Recording
 
 RunId = Annotated[str, typer.Option("--run-id", help="The recorded run.")]
+FromArchive = Annotated[
+    str | None,
+    typer.Option(
+        "--archive",
+        help="Read the run from this archive (a directory or object-store URI written by "
+        "`trainguard archive`) instead of the Kafka topics.",
+    ),
+]
 
 
-def _recording(bootstrap: str | None, topic_prefix: str, run_id: str) -> Recording:
+def _recording(bootstrap: str | None, topic_prefix: str, run_id: str, archive: str | None) -> Recording:
     from ..kafka.topics import topic_names
-    from ..replay.log import read_recording
+    from ..replay.log import read_archived_recording, read_recording
 
-    with progress_bar() as update:
-        recording = read_recording(
-            reach_broker(bootstrap),
-            topic_names(topic_prefix),
-            run_id,
-            lambda d, t: update("reading", d, t),
-        )
+    names = topic_names(topic_prefix)
+    if archive is not None:
+        recording = read_archived_recording(archive, names, run_id)
+        where = f"archive {archive}"
+    else:
+        with progress_bar() as update:
+            recording = read_recording(
+                reach_broker(bootstrap), names, run_id, lambda d, t: update("reading", d, t)
+            )
+        where = "telemetry topic"
     if not recording.records:
         from .report import make_console
 
-        make_console().print(f"[red]no telemetry of run {run_id} on the telemetry topic")
+        make_console().print(f"[red]no telemetry of run {run_id} in the {where}", markup=False)
         raise typer.Exit(2)
     return recording
 
@@ -46,16 +58,18 @@ def replay(
     bootstrap: Bootstrap = None,
     topic_prefix: Prefix = "",
     rows: Annotated[int, typer.Option(help="Differences to print.")] = 20,
+    archive: FromArchive = None,
 ) -> None:
-    """Drive the policy core with a recorded run's telemetry (read back from Kafka, in the
-    order the processor consumed it) and compare its decisions with the live processor's,
-    event for event. Exit 0 when they are identical, 1 when some differ."""
+    """Drive the policy core with a recorded run's telemetry (read back from Kafka, or from
+    the archive with --archive, in the order the processor consumed it) and compare its
+    decisions with the live processor's, event for event. Exit 0 when they are identical,
+    1 when some differ."""
     from ..processors.core.policy import load_policy
     from ..replay.replay import compare, decisions_of, replay, replayed_decisions
     from .report import make_console
 
     out = make_console()
-    recording = _recording(bootstrap, topic_prefix, run_id)
+    recording = _recording(bootstrap, topic_prefix, run_id, archive)
     with progress_bar() as update:
         core_policy = load_policy(str(policy) if policy else None)
         replayed = replay(recording, core_policy, progress=lambda d, t: update("replaying", d, t))
@@ -95,6 +109,7 @@ def backtest(
     report: Annotated[Path, typer.Option(help="Where report.md and its PNG charts go.")] = Path(
         ".trainguard/backtest"
     ),
+    archive: FromArchive = None,
 ) -> None:
     """Replay a recorded run under several policies: the decisions that differ from the
     baseline's, when each acts, its modelled cost or saving (replay/cost_model.py), and
@@ -108,7 +123,7 @@ def backtest(
     policies = [(path.stem, load_policy(str(path))) for path in policy]
     if len({name for name, _ in policies}) < len(policies):
         policies = [(f"{i}:{name}", p) for i, (name, p) in enumerate(policies)]
-    recording = _recording(bootstrap, topic_prefix, run_id)
+    recording = _recording(bootstrap, topic_prefix, run_id, archive)
     with progress_bar() as update:
         result = backtest(recording, policies, progress=update)
     summary = Table(*SUMMARY_HEADER, title=f"backtest of run {run_id}")

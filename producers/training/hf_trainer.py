@@ -178,6 +178,7 @@ class TrainguardCallback(TrainerCallback):
     def _train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
         """``trainer.train``: resume from trainguard's checkpoint on a restart, and end the
         attempt the supervisor's way (the Trainer has no exception hook)."""
+        self.resumed_from = -1
         if self._resume_step >= 0:
             if resume_from_checkpoint not in (None, False):
                 log.warning(
@@ -200,6 +201,7 @@ class TrainguardCallback(TrainerCallback):
             if self._marker is not None:  # removed at on_train_begin, unless train() failed before
                 shutil.rmtree(self._marker, ignore_errors=True)
                 self._marker = None
+            self._resume_step = -1  # the launcher's step is the attempt's first train()'s only
         self._close(exit_code=0)
         return result
 

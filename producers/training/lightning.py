@@ -103,11 +103,14 @@ class TrainguardCallback(pl.Callback):
         self.dropped_batches = 0
         self._scope: StepScope | None = None
         self._rng_after_resume: dict[str, Any] | None = None
+        self._fitted = False
 
     # ------------------------------------------------------------------ set-up
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """After Lightning wrapped the model (DDP) and built the optimizer, before any batch."""
         optimizer = self._only_optimizer(trainer)
+        self.resumed_from, self.dropped_batches = -1, 0
+        first_fit, self._fitted = not self._fitted, True
         if not (os.environ.get(ENV_RUN_ID) or os.environ.get("TORCHELASTIC_RUN_ID")):
             log.warning(
                 "trainguard: no run id (%s; not under trainguard launch or torchrun): not supervised",
@@ -140,7 +143,8 @@ class TrainguardCallback(pl.Callback):
             reporter=self.sup.agent,
         )
         self.sup.checkpoint = self.checkpoints  # it saves at the end of a step when one is due
-        resume = int(os.environ.get(ENV_RESUME_STEP, "-1"))
+        # The launcher's step is for the attempt's first fit: a later one trains on, never rewound.
+        resume = int(os.environ.get(ENV_RESUME_STEP, "-1")) if first_fit else -1
         if resume >= 0:
             self.resumed_from = self.checkpoints.load(resume)  # validated checkpoints only
             # The RNG states go back after the loader's iterator drew its seed (on_train_start).

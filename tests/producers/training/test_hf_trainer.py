@@ -188,6 +188,26 @@ def test_a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does(
     assert same_weights(trainer, whole)
 
 
+def test_a_second_train_in_the_same_process_does_not_resume_again(
+    uninterrupted: tuple[Trainer, Path, MemorySink], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launcher's resume step is for the attempt's first ``train()``: a later one trains
+    on from the weights it has, as the Trainer does, never rewound to the checkpoint."""
+    _, saved, _ = uninterrupted
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(saved, ckpt)
+    resume = STEPS_PER_EPOCH + 4
+    trainer, tg, sink, _ = train(tmp_path, ckpt, monkeypatch, resume=resume)
+    assert tg.resumed_from == resume
+    before = snapshot(trainer)["model"]
+    sink.events.clear()
+    trainer.train()
+    assert tg.resumed_from == -1
+    assert [e.step for e in sink.of(StepTiming)] == list(range(STEPS))  # the Trainer's own fresh loop
+    after = snapshot(trainer)["model"]
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # it trained on
+
+
 def test_a_commanded_skip_leaves_model_and_optimizer_untouched(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -119,6 +119,11 @@ def fit(
     return module, tg, sink, cmds
 
 
+def same_weights_as(module: nn.Module, weights: dict[str, Any]) -> bool:
+    state = module.state_dict()
+    return state.keys() == weights.keys() and all(torch.equal(state[k], weights[k]) for k in state)
+
+
 def same_weights(a: nn.Module, b: nn.Module) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
@@ -153,6 +158,29 @@ def test_a_resumed_fit_ends_bitwise_where_the_uninterrupted_one_does(
     assert tg.dropped_batches == (resume + 1) % BATCHES_PER_EPOCH
     assert [e.step for e in sink.of(StepTiming)] == list(range(resume + 1, BATCHES_PER_EPOCH * EPOCHS))
     assert same_weights(module, whole)
+
+
+def test_a_second_fit_in_the_same_process_does_not_resume_again(
+    uninterrupted: tuple[Tiny, Path, MemorySink], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launcher's resume step is for the attempt's first fit: a second Trainer fitting
+    the module with the same callback trains on from its weights, never rewound."""
+    _, saved, _ = uninterrupted
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(saved, ckpt)
+    resume = BATCHES_PER_EPOCH + 5
+    module, tg, sink, _ = fit(tmp_path, ckpt, monkeypatch, resume=resume)
+    assert tg.resumed_from == resume
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    sink.events.clear()
+    again = pl.Trainer(
+        accelerator="cpu", devices=1, max_epochs=1, callbacks=[tg], logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    again.fit(module, train_dataloaders=loader())
+    assert tg.resumed_from == -1 and tg.dropped_batches == 0
+    assert [e.step for e in sink.of(StepTiming)] == list(range(BATCHES_PER_EPOCH))
+    assert not same_weights_as(module, before)  # it trained on from where the first fit ended
 
 
 def test_a_commanded_skip_leaves_model_and_optimizer_untouched(

@@ -23,7 +23,7 @@ from trainguard.processors.snapshot import (
 )
 from trainguard.schemas import encode
 
-from .straggler_streams import Slow, SyncJob
+from .straggler_streams import HealthFault, Slow, SyncJob
 
 SECRET = b"snapshot-test-secret-0123456789"
 KEY = snapshot_key(SECRET)
@@ -64,6 +64,29 @@ def test_a_core_restored_from_a_snapshot_decides_what_the_uninterrupted_core_dec
     assert (restored.partition, restored.offset) == (0, cut)
     second = CoreDriver(CorePolicy(), SECRET, state=CoreState(runs=restored.runs))
     assert before + decisions(second, records[cut:]) == expected
+
+
+def test_a_snapshot_keeps_the_dedupe_window_and_the_gpu_readings_exactly() -> None:
+    """The two parts a snapshot writes in its own form (issue 20: JSON, not pickled item by
+    item) come back equal: the dedupe window in its order (the oldest id is evicted first),
+    each GPU's recent readings with their window's length, and the run's other state."""
+    job = SyncJob(run_id="run-snap", world_size=16, ranks_per_node=4, nodes_per_rack=2).start()
+    for _ in range(6):
+        job.steps(5).health([HealthFault("thermal", rank=3), HealthFault("link", node=job.node(9))])
+    driver = CoreDriver(CorePolicy(), SECRET)
+    decisions(driver, [encode(e) for e in job.events])
+    run = driver.state.runs["run-snap"]
+    assert run.health.readings and len(run.seen) > 100
+    restored = decode_snapshot(encode_snapshot(Snapshot("telemetry", 0, 1, 1.0, driver.state.runs), KEY), KEY)
+    again = restored.runs["run-snap"]
+    assert list(again.seen) == list(run.seen) and type(again.seen) is type(run.seen)
+    assert again.health.readings == run.health.readings
+    for node, gpus in run.health.readings.items():
+        for rank, recent in gpus.items():
+            assert again.health.readings[node][rank].maxlen == recent.maxlen
+            assert all(type(r) is type(recent[0]) for r in again.health.readings[node][rank])
+    assert pickle.dumps(again.ranks) == pickle.dumps(run.ranks)
+    assert pickle.dumps(again.straggler) == pickle.dumps(run.straggler)
 
 
 def snapshot_bytes() -> bytes:

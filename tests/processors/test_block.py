@@ -1,0 +1,56 @@
+"""A record's columnar blocks (processors/core/block.py) and quiet heartbeats
+(processors/core/quiet.py) fold to exactly the state and outputs of its events folded one
+by one by ``step``, record by record along a simulated run with a thermal straggler that is
+flagged, diagnosed and evicted: not only at the run's end (tests/schemas/test_columnar.py),
+where a later event can hide a clock that an earlier one set wrong."""
+
+from __future__ import annotations
+
+import copy
+
+from trainguard.processors.core import CorePolicy
+from trainguard.processors.driver import CoreDriver
+from trainguard.producers.rank.shipper import pack
+from trainguard.producers.simulator.cluster import SimulatedCluster
+from trainguard.producers.simulator.scenario import Scenario
+from trainguard.schemas import encode
+from trainguard.schemas.columnar import StepColumns
+
+from ..schemas.test_columnar import same
+
+SECRET = b"block-test-secret-0123456789abcdef"
+#: Records checked both ways (each check copies the core's state twice).
+CHECKS = 120
+
+
+def test_every_checked_record_folds_as_its_events_do_one_by_one() -> None:
+    scenario = Scenario.builtin("straggler-thermal")
+    policy = CorePolicy(dedupe_window=4096)  # a small window: the copies stay cheap
+    cluster = SimulatedCluster(scenario, 1_000.0, run_id="block-run", id_prefix="sim")
+    driver = CoreDriver(policy, SECRET)
+    records: list[bytes] = []
+    seq, t = 0, 1_000.0
+    while not cluster.done:
+        t += 1.0
+        for record in pack(cluster.advance(t), "block-run", scenario.world_size, 4096, "p", seq, True):
+            seq = record.seq + 1
+            records.append(record.value)
+    # Every record that decides something is checked, and a sample of the quiet ones.
+    first = CoreDriver(policy, SECRET)
+    deciding = {i for i, value in enumerate(records) if (r := first.handle(value)).derived or r.commands}
+    every = max(1, len(records) // CHECKS)
+    checked = decided = 0
+    for i, value in enumerate(records):
+        decoded = driver.decode(value)
+        if (i % every == 0 or i in deciding) and any(isinstance(p, StepColumns) for p in decoded.parts):
+            columns = CoreDriver(policy, SECRET, state=copy.deepcopy(driver.state))
+            one_by_one = CoreDriver(policy, SECRET, state=copy.deepcopy(driver.state), columnar=False)
+            a, b = columns.fold(decoded), one_by_one.fold(decoded)
+            outputs = [encode(o) for o in (*a.derived, *a.commands)]
+            assert outputs == [encode(o) for o in (*b.derived, *b.commands)], f"record {i}"
+            assert (a.events, a.duplicates, a.forwards) == (b.events, b.duplicates, b.forwards)
+            same(columns.state, one_by_one.state, f"after record {i}")
+            checked += 1
+            decided += bool(outputs)
+        driver.fold(decoded)
+    assert checked >= CHECKS // 2 and decided >= 3, (checked, decided)  # flag, diagnosis, eviction...

@@ -11,14 +11,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ..schemas import Command, Derived, Envelope, Heartbeat, Rejection, encode
+from ..schemas import Command, Derived, Envelope, Rejection, encode
 from ..schemas.auth import run_key, sign
 from ..schemas.codec import DecodedParts, RejectReason, decode_parts
 from ..schemas.columnar import StepColumns, row, rows
 from .core import CorePolicy, CoreState, Output, step
 from .core.block import fold_block
 from .core.outputs import Forward, Reject
-from .core.quiet import fold_quiet_heartbeat
 from .core.state import state_key
 
 log = logging.getLogger("trainguard.processor")
@@ -42,9 +41,8 @@ class CoreDriver:
     policy: CorePolicy
     master_secret: bytes
     state: CoreState = field(default_factory=CoreState)
-    #: Fold a columnar block's quiet rows as columns (processors/core/block.py) and quiet
-    #: heartbeats without the dispatcher (processors/core/quiet.py); False folds every
-    #: event with step (the reference both must equal).
+    #: Fold a columnar block's quiet rows as columns (processors/core/block.py); False
+    #: folds every row one by one (the reference the block fold must equal).
     columnar: bool = True
     _keys: dict[str, bytes] = field(default_factory=dict)
 
@@ -86,19 +84,12 @@ class CoreDriver:
         keys = {state_key(part.run_id, shard) for part in decoded.parts[:1]}
         result.state_key = next(iter(keys), None)
         before = self._duplicates(keys)
-        runs, key = self.state.runs, result.state_key or ""  # every part's run (and shard)
         for part in decoded.parts:
             if isinstance(part, StepColumns) and self.columnar:
                 self._fold_block(part, result, hint, shard, shard_ranks)
             elif isinstance(part, StepColumns):
                 for event in rows(part):
                     self._fold(event, result, hint, shard, shard_ranks)
-            elif (
-                self.columnar
-                and type(part) is Heartbeat
-                and fold_quiet_heartbeat(runs.get(key), part, self.policy, hint)
-            ):
-                continue
             else:
                 self._fold(part, result, hint, shard, shard_ranks)
         result.duplicates = self._duplicates(keys) - before

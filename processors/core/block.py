@@ -58,7 +58,7 @@ def fold_block(
         i = j + 1
 
 
-def steady(run: RunState) -> bool:
+def _steady(run: RunState) -> bool:
     """The run is in the state where quiet rows exist at all."""
     stragglers, owned = run.straggler, run.owned()
     first, expected = (0, None) if owned is None else (owned.start, owned.stop)
@@ -83,7 +83,7 @@ def _quiet_until(
     run: RunState, block: StepColumns, i: int, policy: CorePolicy, world_size_hint: int | None
 ) -> int:
     """The end of the run of quiet rows that starts at row i (i when row i is not quiet)."""
-    if not steady(run):
+    if not _steady(run):
         return i
     size = run.world_size or world_size_hint
     if not size:

@@ -1,8 +1,8 @@
-"""A record's columnar blocks (processors/core/block.py) and quiet heartbeats
-(processors/core/quiet.py) fold to exactly the state and outputs of its events folded one
-by one by ``step``, record by record along a simulated run with a thermal straggler that is
-flagged, diagnosed and evicted: not only at the run's end (tests/schemas/test_columnar.py),
-where a later event can hide a clock that an earlier one set wrong."""
+"""A record's columnar blocks (processors/core/block.py) fold to exactly the state and
+outputs of its events folded one by one by ``step``, record by record along a simulated run
+with a thermal straggler that is flagged, diagnosed and evicted: not only at the run's end
+(tests/schemas/test_columnar.py), where a later event can hide a clock that an earlier one
+set wrong."""
 
 from __future__ import annotations
 

@@ -8,14 +8,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from array import array
-from collections import Counter, deque
+from collections import deque
 from typing import Any
 
 import numpy as np
 import orjson
 import pytest
 
-from trainguard.processors import driver as driver_module
 from trainguard.processors.core import CorePolicy, CoreState
 from trainguard.processors.driver import CoreDriver
 from trainguard.producers.rank.shipper import pack
@@ -189,29 +188,13 @@ SUITE = ["straggler-thermal", "hang-allreduce", "sdc-bitflip", "data-fault-repea
 SLOW = [pytest.param(n, marks=pytest.mark.timeout(1800)) for n in Scenario.library() if n not in SUITE]
 
 
-def count_quiet(monkeypatch: pytest.MonkeyPatch) -> Counter[bool]:
-    """How often the driver folded a heartbeat as quiet (True) or handed it to step."""
-    counts: Counter[bool] = Counter()
-    real = driver_module.fold_quiet_heartbeat
-
-    def counted(*args: Any) -> bool:
-        quiet = real(*args)
-        counts[quiet] += 1
-        return quiet
-
-    monkeypatch.setattr(driver_module, "fold_quiet_heartbeat", counted)
-    return counts
-
-
 @pytest.mark.parametrize("name", with_slow([pytest.param(n) for n in SUITE], SLOW))
-def test_the_core_folds_a_block_as_it_folds_its_rows(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Blocks fold their quiet rows as columns (processors/core/block.py), quiet heartbeats
-    skip the dispatcher (processors/core/quiet.py): the decisions, the dead letters and the
-    whole state after the run are those of the same events folded one by one by step."""
+def test_the_core_folds_a_block_as_it_folds_its_rows(name: str) -> None:
+    """Blocks fold their quiet rows as columns (processors/core/block.py): the decisions,
+    the dead letters and the whole state after the run are those of the same rows folded
+    one by one."""
     scenario = Scenario.builtin(name)
-    quiet = count_quiet(monkeypatch)
     (as_columns, columns_state), (as_rows, rows_state) = fold(scenario), fold(scenario, columnar=False)
-    assert quiet[True] > 0 and quiet[False] > 0  # both ways taken (a fault is never quiet)
     assert as_columns == as_rows
     assert as_columns or not scenario.faults  # a fault scenario decided something
     same(columns_state, rows_state)

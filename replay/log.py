@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -119,16 +119,24 @@ def read_recording(
     records = read_topic(bootstrap, names.telemetry, of_run, progress, credentials=credentials)
     recording = Recording(run_id, records)
     mine: Callable[[bytes | None], bool] = lambda key: (key or b"") == run_id.encode()  # noqa: E731
-    for _, _, value in read_topic(bootstrap, names.events, mine, credentials=credentials):
-        record = decode(value, DERIVED)  # the processor's own output: a failure here is a bug
+    derived = [value for _, _, value in read_topic(bootstrap, names.events, mine, credentials=credentials)]
+    commands = [value for _, _, value in read_topic(bootstrap, names.commands, mine, credentials=credentials)]
+    _add_decisions(recording, derived, commands)
+    return recording
+
+
+def _add_decisions(recording: Recording, derived: Iterable[bytes], commands: Iterable[bytes]) -> None:
+    """The processor's published records (its own output: a failure to decode is a bug),
+    each in publication order; an operator's commands apart from the core's."""
+    for value in derived:
+        record = decode(value, DERIVED)
         if isinstance(record, Derived):
             recording.derived.append(record)
-    for _, _, value in read_topic(bootstrap, names.commands, mine, credentials=credentials):
+    for value in commands:
         command = decode(value, COMMANDS)
         if isinstance(command, Command):
             is_input = command.reason.code == ReasonCode.OPERATOR
             (recording.operator_commands if is_input else recording.commands).append(command)
-    return recording
 
 
 _ARCHIVED_RECORDS = """
@@ -152,14 +160,8 @@ def read_archived_recording(db: Db, names: TopicNames, run_id: str) -> Recording
     with Reader(db) as con:
         params = {"run_id": run_id}
         records = [(p, o, bytes(v)) for p, o, v in con.execute(_ARCHIVED_RECORDS, params).fetchall()]
-        recording = Recording(run_id, records)
-        for (payload,) in con.execute(_ARCHIVED_DERIVED, {**params, "topic": names.events}).fetchall():
-            record = decode(payload.encode(), DERIVED)  # the processor's own output, as archived
-            if isinstance(record, Derived):
-                recording.derived.append(record)
-        for (payload,) in con.execute(_ARCHIVED_COMMANDS, params).fetchall():
-            command = decode(payload.encode(), COMMANDS)
-            if isinstance(command, Command):
-                is_input = command.reason.code == ReasonCode.OPERATOR
-                (recording.operator_commands if is_input else recording.commands).append(command)
+        derived = con.execute(_ARCHIVED_DERIVED, {**params, "topic": names.events}).fetchall()
+        commands = con.execute(_ARCHIVED_COMMANDS, params).fetchall()
+    recording = Recording(run_id, records)
+    _add_decisions(recording, (p.encode() for (p,) in derived), (p.encode() for (p,) in commands))
     return recording

@@ -16,7 +16,9 @@ pending and no interruption open; the row is of the run's attempt, a rank inside
 world that the run has seen, an event id not seen; its step is no newer than the job's
 and is waiting in the straggler detector, which has not seen this rank for it; and the
 row neither completes that step, nor moves the goodput clock to a report, nor the
-exposure to a failure-rate check. Pure like the rest of the core: no clock, no I/O.
+exposure to a failure-rate check. Each row is checked against the state the rows before
+it left and applied at once (one pass: no sets of the rows taken so far to keep).
+Pure like the rest of the core: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -48,10 +50,7 @@ def fold_block(
     created or changed it."""
     i, n = 0, len(block)
     while i < n:
-        j = _quiet_until(run, block, i, policy, world_size_hint) if run is not None else i
-        if j > i:
-            assert run is not None
-            _apply(run, block, i, j, policy)
+        j = _fold_quiet(run, block, i, policy, world_size_hint) if run is not None else i
         if j < n:
             one(j)
             run = lookup()
@@ -79,69 +78,52 @@ def _steady(run: RunState) -> bool:
     )
 
 
-def _quiet_until(
+def _fold_quiet(
     run: RunState, block: StepColumns, i: int, policy: CorePolicy, world_size_hint: int | None
 ) -> int:
-    """The end of the run of quiet rows that starts at row i (i when row i is not quiet)."""
+    """Fold the quiet rows from row i on, each checked against the state the rows before
+    it left, and return the first row that is not quiet (len(block) when all were)."""
     if not _steady(run):
         return i
     size = run.world_size or world_size_hint
     if not size:
         return i
-    stragglers, ranks, seen = run.straggler, run.ranks, run.seen
-    pending, missing = stragglers.pending, stragglers.missing
+    goodput, baseline, stragglers = run.goodput, run.baseline, run.straggler
     # The same comparisons, written the same way, as goodput.reports and baseline.on_time.
-    last_report, every = run.goodput.last_report_ts, policy.goodput.report_every_s
-    check_at = run.baseline.checked_end_ts + policy.baseline.check_every_s
-    clock, end = run.goodput.clock, run.baseline.end_ts
-    if clock - last_report >= every or not end < check_at:  # type: ignore[operator]
+    last_report, every = goodput.last_report_ts, policy.goodput.report_every_s
+    check_at = baseline.checked_end_ts + policy.baseline.check_every_s
+    if goodput.clock - last_report >= every or not baseline.end_ts < check_at:  # type: ignore[operator]
         return i  # the next event reports or checks, whatever it is
-    job_step, attempt = run.job_step, run.attempt
-    newest, through, capacity = stragglers.newest_step, stragglers.evaluated_through, stragglers.capacity
-    first, expected = stragglers.first, stragglers.expected
-    if expected is not None:
-        capacity = min(capacity, expected)  # the detector counts ranks past it as out of range
+    ranks, seen, window, gp = run.ranks, run.seen, policy.dedupe_window, policy.goodput
+    pending, missing = stragglers.pending, stragglers.missing
+    attempt, first, through = run.attempt, stragglers.first, stragglers.evaluated_through
+    newest = min(run.job_step, stragglers.newest_step)
+    end = size if stragglers.expected is None else min(size, stragglers.expected)
+    end = min(end, stragglers.capacity)  # the detector counts ranks past it as out of range
     ids, attempts, rank_of, step_of, ts_of = (
         block.event_id, block.attempt_list, block.rank_list, block.step_list, block.ts_list,
     )  # fmt: skip
-    taken: set[str] = set()
-    reported: set[tuple[int, int]] = set()
-    need: dict[int, int] = {}
-    j, n = i, len(block)
+    compute_of, total_of, node = block.compute_list, block.total_list, block.node
+    n = len(block)
+    j = i
     while j < n:
         event_id, rank, step, ts = ids[j], rank_of[j], step_of[j], ts_of[j]
-        if attempts[j] != attempt or not first <= rank < size or rank >= capacity or rank not in ranks:
+        if attempts[j] != attempt or not first <= rank < end or event_id in seen:
             break
-        if event_id in seen or event_id in taken or not through < step <= min(job_step, newest):
+        state = ranks.get(rank)
+        if state is None or not through < step <= newest:
             break
         waiting = pending.get(step)
-        if waiting is None or waiting.seen[rank] or (rank, step) in reported:
+        if waiting is None or waiting.seen[rank]:
             break
-        left = need.get(step, waiting.need) - (rank not in missing)
-        if left <= 0:
+        if waiting.need - (rank not in missing) <= 0:
             break  # this row completes its step: the detector evaluates it
-        if ts > clock:  # type: ignore[operator]
-            clock = ts
-            if clock - last_report >= every:  # type: ignore[operator]
-                break
-        if ts > end:
-            end = ts
-            if end >= check_at:
-                break
-        need[step] = left
-        taken.add(event_id)
-        reported.add((rank, step))
-        j += 1
-    return j
-
-
-def _apply(run: RunState, block: StepColumns, i: int, j: int, policy: CorePolicy) -> None:
-    """Rows i..j-1, all quiet: what ``step`` would do with each of them, in order."""
-    seen, window = run.seen, policy.dedupe_window
-    stragglers, baseline, goodput = run.straggler, run.baseline, run.goodput
-    pending, node = stragglers.pending, block.node
-    for k in range(i, j):
-        event_id, rank, step, ts = block.event_id[k], block.rank_list[k], block.step_list[k], block.ts_list[k]
+        moves = ts > goodput.clock  # type: ignore[operator]
+        if moves and ts - last_report >= every:
+            break
+        if ts > baseline.end_ts and ts >= check_at:
+            break
+        # Quiet: what ``step`` does with it, in its order.
         seen[event_id] = None
         if len(seen) > window:
             seen.popitem(last=False)
@@ -149,11 +131,13 @@ def _apply(run: RunState, block: StepColumns, i: int, j: int, policy: CorePolicy
             run.first_ts = ts
         if ts > run.last_ts:
             run.last_ts = ts
-        if ts > goodput.clock:  # type: ignore[operator]
-            advance(goodput, ts, False, policy.goodput)
-        state = run.ranks[rank]
+        if moves:
+            advance(goodput, ts, False, gp)
         if ts > state.last_seen_ts:
             state.last_seen_ts = ts
-        state.note_step(step, ts, block.compute_list[k], block.total_list[k])
-        record(stragglers, pending[step], rank, block.compute_list[k], ts, event_id, node)
+        compute_s = compute_of[j]
+        state.note_step(step, ts, compute_s, total_of[j])
+        record(stragglers, waiting, rank, compute_s, ts, event_id, node)
         observe(baseline, run, ts)
+        j += 1
+    return j

@@ -60,8 +60,15 @@ class CoreDriver:
 
     def decode(self, value: bytes) -> DecodedParts:
         """One telemetry record decoded against this core's knowledge of its run (the
-        run's registered world size bounds its ranks)."""
-        return decode_parts(value, registered=self._registered_world_size)
+        run's registered world size bounds its ranks). The decoder rejects bad input with
+        its reason; should it fail on some input (a bug), the record is parked whole as a
+        core error rather than wedging the stream on it."""
+        try:
+            return decode_parts(value, registered=self._registered_world_size)
+        except Exception as exc:  # noqa: BLE001 - a decoder bug must not wedge the stream
+            log.exception("the decoder failed on a record of %d bytes", len(value))
+            detail = f"the decoder failed: {type(exc).__name__}: {exc}"
+            return DecodedParts(None, [], [Rejection(RejectReason.CORE_ERROR, detail, value)])
 
     def decoded_still_valid(self, decoded: DecodedParts) -> bool:
         """`decoded`, made by another core at the same point of the same log, is what

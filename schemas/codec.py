@@ -288,15 +288,19 @@ def decode_parts(
     parts: list[Envelope | StepColumns] = []
     rejections: list[Rejection] = []
     for item in header.records:
-        if type(item) is dict and item.get("schema") == _STEP_TIMINGS:
+        # Only a string schema is looked up (a list or an object there is unhashable: it
+        # takes decode_obj, which words the reason).
+        schema = item.get("schema") if type(item) is dict else None
+        schema = schema if type(schema) is str else None
+        if schema == _STEP_TIMINGS:
             block = _block(item, run_id, size, rejections)
             if block is not None and len(block):
                 parts.append(block)
             continue
         # Fast path (nearly every event): a current-version telemetry record that validates,
         # of this run, in range. Anything else takes decode_obj for its precise reason.
-        if type(item) is dict:
-            cls = _CURRENT_TELEMETRY.get(item.get("schema"))  # type: ignore[arg-type]
+        if schema is not None:
+            cls = _CURRENT_TELEMETRY.get(schema)
             if cls is not None:
                 schema = item.pop("schema")  # our own parsed dict: no copy needed
                 try:

@@ -119,7 +119,7 @@ def _fold_quiet(
         if waiting.need - (rank not in missing) <= 0:
             break  # this row completes its step: the detector evaluates it
         moves = ts > goodput.clock  # type: ignore[operator]
-        if moves and ts - last_report >= every:
+        if moves and ts - last_report >= every:  # type: ignore[operator]
             break
         if ts > baseline.end_ts and ts >= check_at:
             break

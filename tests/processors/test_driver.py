@@ -1,6 +1,7 @@
 """The driver's guard around the core: an event the core fails on (a bug) is parked in
 the dead-letter topic with the reason `core_error`, the record's other events and the
-stream go on, and a replay meets the same error at the same event."""
+stream go on, and a replay meets the same error at the same event. A record the decoder
+fails on is parked whole, with the same reason."""
 
 from __future__ import annotations
 
@@ -44,3 +45,25 @@ def test_an_event_the_core_fails_on_is_dead_lettered_and_the_rest_is_folded(
     assert decode(rejection.raw).event_id == poison.event_id  # the event's own bytes
     run = driver.state.runs[job.run_id]
     assert run.job_step == 2 and run.ranks[0].last_step == 2 and run.ranks[1].last_step == 1
+
+
+def test_a_record_the_decoder_fails_on_is_dead_lettered_whole_and_the_next_is_folded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    job = Job(world_size=4, ranks_per_node=4).start().steps(2)
+    poison = batch(job, [e for e in job.events[1:] if e.step == 0])
+    real_decode = driver_module.decode_parts
+
+    def failing_decode(value, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if value == poison:
+            raise TypeError("a bug in the decoder")
+        return real_decode(value, *args, **kwargs)
+
+    monkeypatch.setattr(driver_module, "decode_parts", failing_decode)
+    driver = CoreDriver(CorePolicy(), SECRET)
+    driver.handle(encode(job.events[0]))
+    (rejection,) = driver.handle(poison).rejections
+    assert rejection.reason is RejectReason.CORE_ERROR and rejection.raw == poison  # the record's own bytes
+    assert "TypeError: a bug in the decoder" in rejection.detail
+    driver.handle(batch(job, [e for e in job.events[1:] if e.step == 1]))
+    assert driver.state.runs[job.run_id].job_step == 1

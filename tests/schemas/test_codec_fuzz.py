@@ -46,11 +46,14 @@ def mangled(draw: st.DrawFn) -> tuple[dict[str, Any], bool]:
     """(an event as JSON, whether it is still good), mangled one way or not at all."""
     kind = draw(st.sampled_from(TELEMETRY_KINDS))
     obj = event(kind, draw(st.integers(0, WORLD - 1)))
-    how = draw(st.sampled_from(["none", "drop", "retype", "version", "rank", "run", "unknown", "oversized"]))
+    hows = ["none", "drop", "retype", "reschema", "version", "rank", "run", "unknown", "oversized"]
+    how = draw(st.sampled_from(hows))
     if how == "drop":
         obj.pop(draw(st.sampled_from(sorted(k for k in obj if k != "schema"))))
     elif how == "retype":
         obj[draw(st.sampled_from(sorted(k for k in obj if k != "schema")))] = draw(_weird_value())
+    elif how == "reschema":  # a schema that is not a string (a list or an object is unhashable)
+        obj["schema"] = draw(_weird_value())
     elif how == "version":
         obj["schema"] = f"{kind}/{draw(st.sampled_from([0, 2, 7, 99]))}"
     elif how == "rank":

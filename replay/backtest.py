@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 
 from ..processors.core import CorePolicy
 from ..schemas import (
-    Envelope,
     EvictionDecision,
     EvictRank,
     HangDetected,
@@ -35,11 +34,11 @@ from ..schemas import (
     StragglerCleared,
     StragglerFlagged,
 )
-from ..schemas.codec import DecodedParts, events_of
+from ..schemas.codec import DecodedParts
 from . import cost_model
 from .cost_model import RunFacts
 from .log import Recording
-from .replay import Replayed, replay
+from .replay import Replayed, old_objects_left_alone, replay
 
 Key = tuple[str, str]
 
@@ -87,7 +86,9 @@ class PolicyRun:
 class Backtest:
     run_id: str
     facts: RunFacts
-    events: list[Envelope]  # the recording's telemetry, decoded (for the report's charts)
+    #: The recording's telemetry, decoded once for every policy (the report's charts
+    #: read it through replay/decoded.py).
+    decoded: list[DecodedParts]
     runs: list[PolicyRun]
 
     @property
@@ -221,6 +222,15 @@ def backtest(
     decisions that differ from the baseline's."""
     if not policies:
         raise ValueError("backtest needs at least one policy")
+    with old_objects_left_alone():  # the decoded log stays alive throughout (replay.py)
+        return _backtest(recording, policies, progress)
+
+
+def _backtest(
+    recording: Recording,
+    policies: Sequence[tuple[str, CorePolicy]],
+    progress: Callable[[str, int, int], None] | None,
+) -> Backtest:
     runs = []
     decoded: list[DecodedParts] = []  # the log decoded once, by the baseline's replay
     for name, policy in policies:
@@ -229,11 +239,10 @@ def backtest(
             step = lambda done, total, name=name: progress(name, done, total)  # noqa: E731
         runs.append(PolicyRun(name, policy, replay(recording, policy, progress=step, decoded=decoded)))
     base = runs[0]
-    events = [event for parts in decoded for event in events_of(parts)]
     mtbf = [d.mtbf_s for d in base.replayed.derived if isinstance(d, MtbfUpdate)]
     recovered = [d for d in base.replayed.derived if isinstance(d, InterruptionRecovered)]
     facts = cost_model.measure(
-        events, recovered, mtbf[-1] if mtbf else float("inf"), base.policy.eviction.default_restart_s
+        decoded, recovered, mtbf[-1] if mtbf else float("inf"), base.policy.eviction.default_restart_s
     )
     base.goodput = measured_goodput(base.replayed)
     for run in runs[1:]:
@@ -241,7 +250,7 @@ def backtest(
         run.saving_s = sum(r.saving_s for r in run.rows if r.saving_s is not None)
         if base.goodput is not None and facts.elapsed_s > 0:
             run.goodput = min(1.0, max(0.0, base.goodput + run.saving_s / facts.elapsed_s))
-    return Backtest(recording.run_id, facts, events, runs)
+    return Backtest(recording.run_id, facts, decoded, runs)
 
 
 def decisions_count(run: PolicyRun) -> int:

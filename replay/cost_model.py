@@ -27,17 +27,12 @@ difference by its first-order effect, from quantities measured in the recording
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..schemas import (
-    CheckpointWritten,
-    Envelope,
-    InterruptionRecovered,
-    IntervalUpdate,
-    RunStarted,
-    StepTiming,
-)
+from ..schemas import CheckpointWritten, InterruptionRecovered, IntervalUpdate, RunStarted
+from ..schemas.codec import DecodedParts
+from .decoded import others, timings, ts_span
 
 
 @dataclass(frozen=True)
@@ -58,21 +53,20 @@ class RunFacts:
 
 
 def measure(
-    events: Iterable[Envelope],
+    decoded: Sequence[DecodedParts],
     recovered: Sequence[InterruptionRecovered],
     mtbf_s: float,
     default_restart_s: float,
 ) -> RunFacts:
-    """RunFacts from the recording's telemetry and the baseline's recoveries."""
-    world, first, last = 1, float("inf"), float("-inf")
-    steps: list[float] = []
+    """RunFacts from the recording's decoded telemetry (its step timings read from their
+    columns) and the baseline's recoveries."""
+    world = 1
+    first, last = ts_span(decoded)
+    steps = [timing.total_s for timing in timings(decoded)]
     blocking: list[float] = []
-    for e in events:
-        first, last = min(first, e.ts), max(last, e.ts)
+    for e in others(decoded):
         if isinstance(e, RunStarted):
             world = e.world_size
-        elif isinstance(e, StepTiming):
-            steps.append(e.total_s)
         elif isinstance(e, CheckpointWritten):
             blocking.append(e.blocking_s)
     restarts = [r.restart_s for r in recovered]

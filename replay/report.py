@@ -15,9 +15,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from ..schemas import Interruption, StepTiming  # noqa: E402
+from ..schemas import Interruption  # noqa: E402
 from . import cost_model  # noqa: E402
 from .backtest import Act, Backtest, PolicyRun, Row, decisions_count  # noqa: E402
+from .decoded import timings  # noqa: E402
 
 CHARTS = ("goodput.png", "interruptions.png", "step_time.png")
 
@@ -137,12 +138,11 @@ def chart_step_time(bt: Backtest, path: Path) -> None:
     compute: dict[tuple[int, int], list[float]] = defaultdict(list)
     total: dict[tuple[int, int], list[float]] = defaultdict(list)
     at: dict[tuple[int, int], float] = {}
-    for e in bt.events:
-        if isinstance(e, StepTiming):
-            key = (e.attempt, e.step)
-            compute[key].append(e.compute_s)
-            total[key].append(e.total_s)
-            at[key] = min(at.get(key, e.ts), e.ts)
+    for e in timings(bt.decoded):
+        key = (e.attempt, e.step)
+        compute[key].append(e.compute_s)
+        total[key].append(e.total_s)
+        at[key] = min(at.get(key, e.ts), e.ts)
     keys = sorted(compute, key=lambda k: at[k])
     fig, ax = plt.subplots(figsize=(11, 3.8))
     if keys:

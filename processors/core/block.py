@@ -11,13 +11,15 @@ A block is folded as runs of quiet rows applied directly (no event object, no di
 and the rows that are not quiet, each handed to ``step`` as a StepTiming, in order.
 
 A row is quiet only when all of these hold (anything else, or any doubt, is not quiet):
-the run is known, training, on its coordinator, with no hang, crash or deferred eviction
-pending and no interruption open; the row is of the run's attempt, a rank inside the
-world that the run has seen, an event id not seen; its step is no newer than the job's
-and is waiting in the straggler detector, which has not seen this rank for it; and the
-row neither completes that step, nor moves the goodput clock to a report, nor the
-exposure to a failure-rate check. Each row is checked against the state the rows before
-it left and applied at once (one pass: no sets of the rows taken so far to keep).
+the run is known and training; on its coordinator, with no hang, crash or deferred
+eviction pending and no interruption open (a shard of a sharded run keeps no run-level
+clocks or decisions, engine._on_shard_event: there the rest must hold); the row is of
+the run's attempt, a rank inside the shard that the run has seen, an event id not seen;
+its step is no newer than the job's and is waiting in the straggler detector, which has
+not seen this rank for it; and the row neither completes that step, nor (on the
+coordinator) moves the goodput clock to a report, nor the exposure to a failure-rate
+check. Each row is checked against the state the rows before it left and applied at
+once (one pass: no sets of the rows taken so far to keep).
 Pure like the rest of the core: no clock, no I/O.
 """
 
@@ -61,10 +63,17 @@ def _steady(run: RunState) -> bool:
     """The run is in the state where quiet rows exist at all."""
     stragglers, owned = run.straggler, run.owned()
     first, expected = (0, None) if owned is None else (owned.start, owned.stop)
+    if not (
+        run.phase == RunPhase.TRAINING
+        and stragglers.attempt == run.attempt
+        and stragglers.expected == expected
+        and stragglers.first == first
+    ):
+        return False
+    if not run.coordinator:
+        return True  # a shard keeps no run-level clocks or decisions (engine._on_shard_event)
     return (
-        run.coordinator
-        and run.phase == RunPhase.TRAINING
-        and run.pending_hang is None
+        run.pending_hang is None
         and run.pending_crash is None
         and run.open_interruption is None
         and not run.eviction.deferred
@@ -72,9 +81,6 @@ def _steady(run: RunState) -> bool:
         and run.goodput.last_report_ts is not None
         and run.baseline.start_ts is not None
         and run.baseline.world_size == run.world_size
-        and stragglers.attempt == run.attempt
-        and stragglers.expected == expected
-        and stragglers.first == first
     )
 
 
@@ -90,9 +96,11 @@ def _fold_quiet(
         return i
     goodput, baseline, stragglers = run.goodput, run.baseline, run.straggler
     # The same comparisons, written the same way, as goodput.reports and baseline.on_time.
+    # A shard (not the coordinator) keeps neither clock: its rows pass neither gate.
+    coordinator = run.coordinator
     last_report, every = goodput.last_report_ts, policy.goodput.report_every_s
     check_at = baseline.checked_end_ts + policy.baseline.check_every_s
-    if goodput.clock - last_report >= every or not baseline.end_ts < check_at:  # type: ignore[operator]
+    if coordinator and (goodput.clock - last_report >= every or not baseline.end_ts < check_at):  # type: ignore[operator]
         return i  # the next event reports or checks, whatever it is
     ranks, seen, window, gp = run.ranks, run.seen, policy.dedupe_window, policy.goodput
     pending, missing = stragglers.pending, stragglers.missing
@@ -118,10 +126,10 @@ def _fold_quiet(
             break
         if waiting.need - (rank not in missing) <= 0:
             break  # this row completes its step: the detector evaluates it
-        moves = ts > goodput.clock  # type: ignore[operator]
+        moves = coordinator and ts > goodput.clock  # type: ignore[operator]
         if moves and ts - last_report >= every:  # type: ignore[operator]
             break
-        if ts > baseline.end_ts and ts >= check_at:
+        if coordinator and ts > baseline.end_ts and ts >= check_at:
             break
         # Quiet: what ``step`` does with it, in its order.
         seen[event_id] = None
@@ -131,13 +139,14 @@ def _fold_quiet(
             run.first_ts = ts
         if ts > run.last_ts:
             run.last_ts = ts
-        if moves:
+        if coordinator and moves:
             advance(goodput, ts, False, gp)
         if ts > state.last_seen_ts:
             state.last_seen_ts = ts
         compute_s = compute_of[j]
         state.note_step(step, ts, compute_s, total_of[j])
         record(stragglers, waiting, rank, compute_s, ts, event_id, node)
-        observe(baseline, run, ts)
+        if coordinator:
+            observe(baseline, run, ts)
         j += 1
     return j

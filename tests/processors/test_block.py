@@ -2,11 +2,14 @@
 outputs of its events folded one by one by ``step``, record by record along a simulated run
 with a thermal straggler that is flagged, diagnosed and evicted: not only at the run's end
 (tests/schemas/test_columnar.py), where a later event can hide a clock that an earlier one
-set wrong."""
+set wrong; unsharded, and cut in 8 shards (whose shards other than the coordinator fold
+their quiet rows as columns too)."""
 
 from __future__ import annotations
 
 import copy
+
+import pytest
 
 from trainguard.processors.core import CorePolicy
 from trainguard.processors.driver import CoreDriver
@@ -23,7 +26,8 @@ SECRET = b"block-test-secret-0123456789abcdef"
 CHECKS = 120
 
 
-def test_every_checked_record_folds_as_its_events_do_one_by_one() -> None:
+@pytest.mark.parametrize("shard_ranks", [4096, 16], ids=["unsharded", "8-shards"])
+def test_every_checked_record_folds_as_its_events_do_one_by_one(shard_ranks: int) -> None:
     scenario = Scenario.builtin("straggler-thermal")
     policy = CorePolicy(dedupe_window=4096)  # a small window: the copies stay cheap
     cluster = SimulatedCluster(scenario, 1_000.0, run_id="block-run", id_prefix="sim")
@@ -32,7 +36,7 @@ def test_every_checked_record_folds_as_its_events_do_one_by_one() -> None:
     seq, t = 0, 1_000.0
     while not cluster.done:
         t += 1.0
-        for record in pack(cluster.advance(t), "block-run", scenario.world_size, 4096, "p", seq, True):
+        for record in pack(cluster.advance(t), "block-run", scenario.world_size, shard_ranks, "p", seq, True):
             seq = record.seq + 1
             records.append(record.value)
     # Every record that decides something is checked, and a sample of the quiet ones.

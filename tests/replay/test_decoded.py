@@ -33,7 +33,8 @@ def test_columns_read_as_the_events_one_by_one() -> None:
 
     read = list(timings(decoded))
     assert read == list(timings(as_rows))
-    assert read == [(e.attempt, e.step, e.ts, e.compute_s, e.total_s) for e in events if isinstance(e, StepTiming)]
+    steps = [e for e in events if isinstance(e, StepTiming)]
+    assert read == [(e.attempt, e.step, e.ts, e.compute_s, e.total_s) for e in steps]
     assert list(others(decoded)) == [e for e in events if not isinstance(e, StepTiming)]
     assert ts_span(decoded) == ts_span(as_rows) == (min(e.ts for e in events), max(e.ts for e in events))
     facts = cost_model.measure(decoded, [], 3600.0, 600.0)

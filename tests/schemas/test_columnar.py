@@ -15,7 +15,7 @@ import numpy as np
 import orjson
 import pytest
 
-from trainguard.processors.core import CorePolicy, CoreState
+from trainguard.processors.core import CorePolicy, CoreState, block
 from trainguard.processors.driver import CoreDriver
 from trainguard.producers.rank.shipper import pack
 from trainguard.producers.simulator.cluster import SimulatedCluster
@@ -129,16 +129,18 @@ def test_a_block_of_another_run_is_rejected_row_by_row() -> None:
     assert len(decoded.rejections) == len(timings)
 
 
-def fold(scenario: Scenario, packed: bool = True, columnar: bool = True) -> tuple[list[bytes], CoreState]:
+def fold(
+    scenario: Scenario, packed: bool = True, columnar: bool = True, shard_ranks: int = 4096
+) -> tuple[list[bytes], CoreState]:
     """Every derived event, command and dead letter the core makes of the run's records,
     and the state it ends in: step timings `packed` as blocks or not, blocks folded as
-    columns (`columnar`) or row by row."""
+    columns (`columnar`) or row by row; the run cut in shards of `shard_ranks` ranks."""
     cluster = SimulatedCluster(scenario, 1_000.0, run_id="columnar-run", id_prefix="sim")
     driver, out, seq, t = CoreDriver(CorePolicy(), SECRET, columnar=columnar), [], 0, 1_000.0
     while not cluster.done:
         t += 1.0  # one flush per simulated second, as a shipper with its defaults
         events = cluster.advance(t)
-        for record in pack(events, "columnar-run", scenario.world_size, 4096, "p", seq, packed):
+        for record in pack(events, "columnar-run", scenario.world_size, shard_ranks, "p", seq, packed):
             seq = record.seq + 1
             result = driver.handle(record.value)
             out += [encode(o) for o in (*result.derived, *result.commands)]
@@ -205,3 +207,25 @@ def test_the_core_decides_the_same_whether_timings_are_packed_or_not() -> None:
     decides does not depend on it. (Its bookkeeping may: a check done one event earlier.)"""
     scenario = Scenario.builtin("straggler-thermal")
     assert fold(scenario)[0] == fold(scenario, packed=False)[0]
+
+
+def test_the_shards_of_a_sharded_run_fold_blocks_as_their_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run cut in 8 shards of 16 ranks (the straggler, rank 21, on shard 1): the shards
+    that are not the coordinator fold their quiet rows as columns too (they keep no
+    run-level clock), with the decisions, dead letters and whole state of the rows."""
+    quiet_on_shards = 0
+    quiet = block._fold_quiet
+
+    def counted(run, columns, i, *args):  # type: ignore[no-untyped-def]
+        nonlocal quiet_on_shards
+        j = quiet(run, columns, i, *args)
+        quiet_on_shards += (j - i) * (run.shard > 0)
+        return j
+
+    monkeypatch.setattr(block, "_fold_quiet", counted)
+    scenario = Scenario.builtin("straggler-thermal")
+    as_columns, columns_state = fold(scenario, shard_ranks=16)
+    assert quiet_on_shards > 40_000  # most of the ~56,000 step timings of ranks 16-127 were quiet
+    as_rows, rows_state = fold(scenario, columnar=False, shard_ranks=16)
+    assert len(columns_state.runs) == 8 and as_columns == as_rows and as_columns
+    same(columns_state, rows_state)

@@ -246,7 +246,10 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
                 log.warning("snapshot of %s[%d] not written: %s", names.telemetry, partition, exc)
             else:
                 metrics.snapshots.labels(outcome="written").inc()
+            finally:
+                held.sending = False
 
+        held.sending = True
         asyncio.ensure_future(send())
 
     async def on_revoked(sender: object, revoked: set[TP], **kwargs: object) -> None:

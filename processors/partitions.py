@@ -50,6 +50,9 @@ class Held:
     snapshot_at: float = 0.0
     #: Seconds the last snapshot took to encode: the loop stalls that long.
     snapshot_cost_s: float = 0.0
+    #: A snapshot is being sealed and sent (off the loop): the next waits for it, so that
+    #: a partition's snapshots reach their topic in the order they were taken.
+    sending: bool = False
 
 
 @dataclass
@@ -100,9 +103,10 @@ class PartitionBook:
 
     def snapshot_due(self, partition: int, now: float, interval_s: float) -> bool:
         """Every `interval_s`, but no more often than keeps snapshots under 1% of the time:
-        encoding stalls the worker's loop, and a 16,384-rank partition takes ~1 s."""
+        encoding stalls the worker's loop, and a 16,384-rank partition takes ~1 s; never
+        while the partition's last snapshot is still being sent."""
         held = self.held[partition]
-        if now - held.snapshot_at < max(interval_s, SNAPSHOT_BUDGET * held.snapshot_cost_s):
+        if held.sending or now - held.snapshot_at < max(interval_s, SNAPSHOT_BUDGET * held.snapshot_cost_s):
             return False
         held.snapshot_at = now
         return True

@@ -86,6 +86,14 @@ def test_snapshots_are_due_once_per_interval() -> None:
     assert book.snapshot_due(0, 160.0, 30.0)
 
 
+def test_no_snapshot_is_due_while_the_last_one_is_being_sent() -> None:
+    book = PartitionBook()
+    book.hold(0, Held(next_offset=0, snapshot_at=100.0, sending=True))  # sealed off the loop
+    assert not book.snapshot_due(0, 200.0, 30.0)  # a newer one could land before it
+    book.held[0].sending = False
+    assert book.snapshot_due(0, 200.0, 30.0)
+
+
 def test_a_costly_snapshot_is_taken_less_often() -> None:
     book = PartitionBook()
     book.hold(0, Held(next_offset=0, snapshot_at=0.0, snapshot_cost_s=1.2))  # a 16k-rank state

@@ -13,13 +13,12 @@ import pytest
 
 from trainguard.processors.core import CorePolicy
 from trainguard.processors.driver import CoreDriver
-from trainguard.producers.rank.shipper import pack
-from trainguard.producers.simulator.cluster import SimulatedCluster
 from trainguard.producers.simulator.scenario import Scenario
 from trainguard.schemas import encode
 from trainguard.schemas.columnar import StepColumns
 
 from ..schemas.test_columnar import same
+from ..simulated import packed_records
 
 SECRET = b"block-test-secret-0123456789abcdef"
 #: Records checked both ways (each check copies the core's state twice).
@@ -30,15 +29,8 @@ CHECKS = 120
 def test_every_checked_record_folds_as_its_events_do_one_by_one(shard_ranks: int) -> None:
     scenario = Scenario.builtin("straggler-thermal")
     policy = CorePolicy(dedupe_window=4096)  # a small window: the copies stay cheap
-    cluster = SimulatedCluster(scenario, 1_000.0, run_id="block-run", id_prefix="sim")
     driver = CoreDriver(policy, SECRET)
-    records: list[bytes] = []
-    seq, t = 0, 1_000.0
-    while not cluster.done:
-        t += 1.0
-        for record in pack(cluster.advance(t), "block-run", scenario.world_size, shard_ranks, "p", seq, True):
-            seq = record.seq + 1
-            records.append(record.value)
+    records = list(packed_records(scenario, "block-run", shard_ranks))
     # Every record that decides something is checked, and a sample of the quiet ones.
     first = CoreDriver(policy, SECRET)
     deciding = {i for i, value in enumerate(records) if (r := first.handle(value)).derived or r.commands}

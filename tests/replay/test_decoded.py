@@ -4,8 +4,6 @@ step timings, time span and cost-model facts as the same records decoded event b
 
 from __future__ import annotations
 
-from trainguard.producers.rank.shipper import pack
-from trainguard.producers.simulator.cluster import SimulatedCluster
 from trainguard.producers.simulator.scenario import Scenario
 from trainguard.replay import cost_model
 from trainguard.replay.decoded import others, timings, ts_span
@@ -13,18 +11,12 @@ from trainguard.schemas import CheckpointWritten, RunStarted, StepTiming
 from trainguard.schemas.codec import DecodedParts, decode_parts, events_of
 from trainguard.schemas.columnar import StepColumns
 
+from ..simulated import packed_records
+
 
 def test_columns_read_as_the_events_one_by_one() -> None:
     scenario = Scenario.builtin("straggler-thermal")
-    cluster = SimulatedCluster(scenario, 1_000.0, run_id="decoded-run", id_prefix="sim")
-    values: list[bytes] = []
-    seq, t = 0, 1_000.0
-    while not cluster.done and t < 1_400.0:
-        t += 1.0
-        for record in pack(cluster.advance(t), "decoded-run", scenario.world_size, 4096, "p", seq, True):
-            seq = record.seq + 1
-            values.append(record.value)
-    decoded = [decode_parts(value) for value in values]
+    decoded = [decode_parts(value) for value in packed_records(scenario, "decoded-run", seconds=400)]
     as_rows = [DecodedParts(d.header, list(events_of(d)), d.rejections) for d in decoded]
     assert any(isinstance(p, StepColumns) for d in decoded for p in d.parts)  # columnar indeed
     events = [e for d in as_rows for e in d.parts]

@@ -18,12 +18,12 @@ import pytest
 from trainguard.processors.core import CorePolicy, CoreState, block
 from trainguard.processors.driver import CoreDriver
 from trainguard.producers.rank.shipper import pack
-from trainguard.producers.simulator.cluster import SimulatedCluster
 from trainguard.producers.simulator.scenario import Scenario
 from trainguard.schemas import Envelope, RejectReason, StepTiming, decode_batch, encode, encode_batch
 from trainguard.schemas.columnar import encode_step_timings
 
 from ..processors.streams import Job
+from ..simulated import packed_records
 from ..variants import with_slow
 
 SECRET = b"columnar-test-secret-0123456789ab"
@@ -135,16 +135,11 @@ def fold(
     """Every derived event, command and dead letter the core makes of the run's records,
     and the state it ends in: step timings `packed` as blocks or not, blocks folded as
     columns (`columnar`) or row by row; the run cut in shards of `shard_ranks` ranks."""
-    cluster = SimulatedCluster(scenario, 1_000.0, run_id="columnar-run", id_prefix="sim")
-    driver, out, seq, t = CoreDriver(CorePolicy(), SECRET, columnar=columnar), [], 0, 1_000.0
-    while not cluster.done:
-        t += 1.0  # one flush per simulated second, as a shipper with its defaults
-        events = cluster.advance(t)
-        for record in pack(events, "columnar-run", scenario.world_size, shard_ranks, "p", seq, packed):
-            seq = record.seq + 1
-            result = driver.handle(record.value)
-            out += [encode(o) for o in (*result.derived, *result.commands)]
-            out += [f"{r.reason}: {r.detail}".encode() + r.raw for r in result.rejections]
+    driver, out = CoreDriver(CorePolicy(), SECRET, columnar=columnar), []
+    for value in packed_records(scenario, "columnar-run", shard_ranks, packed):
+        result = driver.handle(value)
+        out += [encode(o) for o in (*result.derived, *result.commands)]
+        out += [f"{r.reason}: {r.detail}".encode() + r.raw for r in result.rejections]
     return out, driver.state
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from trainguard.schemas import RejectReason, decode_batch, encode, encode_batch
 from trainguard.schemas.codec import TELEMETRY, Rejected, decode_obj
+from trainguard.schemas.columnar import COLUMNS
 
 from .test_codec import build
 
@@ -115,3 +116,56 @@ def test_non_finite_numbers_in_any_float_field_are_rejected_not_stored(kind: str
         decoded = decode_batch(encode_batch(HEADER, [orjson.dumps({**obj, field: value})]))
         assert not decoded.events, (kind, field)
         assert decoded.rejections[0].reason is RejectReason.NON_FINITE, decoded.rejections[0]
+
+
+@st.composite
+def mangled_block(draw: st.DrawFn) -> tuple[dict[str, Any], bool]:
+    """(a columnar block of step timings as JSON, whether its shape is still intact): one
+    cell, one whole column or one header field set to anything JSON holds, or a key
+    dropped or added."""
+    n = draw(st.integers(1, 6))
+    rows = [{**event("step_timing", rank), "event_id": f"b-{rank}"} for rank in range(n)]
+    block: dict[str, Any] = {
+        "schema": "step_timings/1", "run_id": "run-a", "node": "node-001",
+        **{name: [row[name] for row in rows] for name in COLUMNS},
+    }  # fmt: skip
+    how = draw(st.sampled_from(["cell", "cell", "cell", "column", "header", "drop", "extra"]))
+    if how == "cell":  # half the time a value at a limit of the column checks
+        edges = st.sampled_from(["", "x" * 201, -0.5, -1, 2**63, "3", True])
+        anything = st.one_of(_weird_value(), st.floats(allow_nan=False, allow_infinity=False))
+        value = draw(edges) if draw(st.booleans()) else draw(anything)
+        block[draw(st.sampled_from(COLUMNS))][draw(st.integers(0, n - 1))] = value
+    elif how == "column":
+        block[draw(st.sampled_from(COLUMNS))] = draw(_weird_value())
+    elif how == "header":
+        block[draw(st.sampled_from(["run_id", "node"]))] = draw(_weird_value())
+    elif how == "drop":
+        block.pop(draw(st.sampled_from(sorted(k for k in block if k != "schema"))))
+    else:
+        block[draw(st.text(alphabet="abcxyz_", min_size=1, max_size=6))] = draw(_weird_value())
+    return block, how == "cell"
+
+
+@settings(FUZZ, max_examples=1000)  # a cell is one of many: more draws to meet each kind
+@given(mangled_block())
+def test_a_mangled_block_keeps_exactly_the_rows_the_row_format_accepts(
+    item: tuple[dict[str, Any], bool],
+) -> None:
+    """A block is checked a column at a time (schemas/columnar.py) and, when a row is
+    uncommon, row by row: either way a row is an event exactly when the row format
+    accepts it alone, a bad row is rejected with a reason, and the block's neighbour in
+    the batch is kept."""
+    block, shape_intact = item
+    neighbour = event("heartbeat", 3)
+    decoded = decode_batch(encode_batch(HEADER, [orjson.dumps(block), orjson.dumps(neighbour)]))
+    assert decoded.events and decoded.events[-1].event_id == neighbour["event_id"]
+    assert all(isinstance(r.reason, RejectReason) and r.detail for r in decoded.rejections)
+    if shape_intact:
+        lines = [
+            {"schema": "step_timing/1", "run_id": block["run_id"], "node": block["node"],
+             **{name: block[name][i] for name in COLUMNS}}
+            for i in range(len(block["event_id"]))
+        ]  # fmt: skip
+        accepted = [line["event_id"] for line in lines if judge(line)]
+        assert [e.event_id for e in decoded.events[:-1]] == accepted
+        assert len(decoded.rejections) == len(lines) - len(accepted)

@@ -146,7 +146,8 @@ def columns_of(obj: dict[str, Any]) -> StepColumns:
     return StepColumns(run_id, node, ids, attempts, ranks, steps, ts, compute, total, bad)
 
 
-#: Python ints the row format keeps as they are (pydantic's int is 64-bit).
+#: Ints past 64 bits (the model reads them too) take the row by row path: the fast path
+#: keeps to what every JSON reader of the log agrees on.
 _INT_LIMIT = 2**63
 
 

@@ -302,7 +302,7 @@ def decode_parts(
         if schema is not None:
             cls = _CURRENT_TELEMETRY.get(schema)
             if cls is not None:
-                schema = item.pop("schema")  # our own parsed dict: no copy needed
+                del item["schema"]  # our own parsed dict: no copy needed
                 try:
                     event = cls.__pydantic_validator__.validate_python(item)
                 except ValidationError:

@@ -139,7 +139,7 @@ def _fold_quiet(
             run.first_ts = ts
         if ts > run.last_ts:
             run.last_ts = ts
-        if coordinator and moves:
+        if moves:  # (only ever on the coordinator)
             advance(goodput, ts, False, gp)
         if ts > state.last_seen_ts:
             state.last_seen_ts = ts

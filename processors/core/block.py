@@ -102,7 +102,8 @@ def _fold_quiet(
     check_at = baseline.checked_end_ts + policy.baseline.check_every_s
     if coordinator and (goodput.clock - last_report >= every or not baseline.end_ts < check_at):  # type: ignore[operator]
         return i  # the next event reports or checks, whatever it is
-    ranks, seen, window, gp = run.ranks, run.seen, policy.dedupe_window, policy.goodput
+    ranks, window, gp = run.ranks, policy.dedupe_window, policy.goodput
+    seen, seen_order = run.seen.ids, run.seen.order  # (DedupeWindow.add, inline)
     pending, missing = stragglers.pending, stragglers.missing
     attempt, first, through = run.attempt, stragglers.first, stragglers.evaluated_through
     newest = min(run.job_step, stragglers.newest_step)
@@ -132,9 +133,10 @@ def _fold_quiet(
         if coordinator and ts > baseline.end_ts and ts >= check_at:
             break
         # Quiet: what ``step`` does with it, in its order.
-        seen[event_id] = None
-        if len(seen) > window:
-            seen.popitem(last=False)
+        seen.add(event_id)
+        seen_order.append(event_id)
+        if len(seen_order) > window:
+            seen.remove(seen_order.popleft())
         if run.first_ts is None or ts < run.first_ts:
             run.first_ts = ts
         if ts > run.last_ts:

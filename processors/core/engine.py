@@ -107,12 +107,10 @@ def step(
     if size and event.rank >= size:  # a rank that does not exist: no state, no clock, no decision
         run.rejected += 1
         return state, [Reject(event, RejectReason.RANK_OUT_OF_RANGE, rank_out_of_range(event, size))]
-    if event.event_id in run.seen:
+    if event.event_id in run.seen.ids:
         run.duplicates += 1
         return state, []
-    run.seen[event.event_id] = None
-    if len(run.seen) > policy.dedupe_window:
-        run.seen.popitem(last=False)
+    run.seen.add(event.event_id, policy.dedupe_window)
     if event.attempt < run.attempt:
         run.stale += 1
         return state, []

@@ -3,7 +3,7 @@ bookkeeping; detectors in sibling modules read and update it."""
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -12,6 +12,7 @@ import orjson
 
 from ...schemas.sharding import owned_ranks
 from .baseline_state import BaselineState
+from .dedupe import DedupeWindow
 from .diagnosis_state import HealthState
 from .eviction_state import EvictionState
 from .goodput import GoodputState
@@ -179,15 +180,15 @@ class RunState:
     eviction: EvictionState = field(default_factory=EvictionState)
     #: Validated checkpoints, for the rollback to the clean ancestor (R6).
     rollback: RollbackState = field(default_factory=RollbackState)
-    seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    seen: DedupeWindow = field(default_factory=DedupeWindow)
     duplicates: int = 0
     stale: int = 0
     #: Records refused: a rank outside the world size (no RankState is made for it).
     rejected: int = 0
 
     # A worker's snapshot pickles every run it holds (processors/snapshot.py). The dedupe
-    # window (200,000 ids at 16,384 ranks) goes as one JSON array: pickle takes an
-    # OrderedDict item by item in Python and memoizes every string (~95 ms, issue 20).
+    # window (200,000 ids at 16,384 ranks) goes as one JSON array, oldest first: pickle
+    # takes a container item by item in Python and memoizes every string (~95 ms, issue 20).
     def __getstate__(self) -> dict[str, Any]:
         saved = self.__dict__.copy()
         saved["seen"] = orjson.dumps(list(self.seen))
@@ -195,7 +196,7 @@ class RunState:
 
     def __setstate__(self, saved: dict[str, Any]) -> None:
         self.__dict__.update(saved)
-        self.seen = OrderedDict.fromkeys(orjson.loads(saved["seen"]))
+        self.seen = DedupeWindow(orjson.loads(saved["seen"]))
 
     @property
     def coordinator(self) -> bool:

@@ -315,6 +315,24 @@ def test_duplicates_are_dropped_and_outputs_have_stable_ids() -> None:
     assert [o.model_dump() for o in again] == [o.model_dump() for o in first]
 
 
+def test_the_dedupe_window_forgets_exactly_its_oldest_ids() -> None:
+    """The window keeps the newest `dedupe_window` ids: a redelivery inside it is a
+    duplicate, one older than it is folded again (and becomes the newest id)."""
+    policy = CorePolicy(dedupe_window=1000)
+    job = Job().start().steps(80)
+    ids = [e.event_id for e in job.events]
+    assert len(ids) > 1100 and len(set(ids)) == len(ids)
+    state, _ = run_all(job.events, policy)
+    run = state.runs["run-test"]
+    assert list(run.seen) == ids[-1000:] and len(run.seen) == 1000
+    inside, forgotten = job.events[-7:], job.events[:5]
+    for event in inside + forgotten:
+        step(state, event, policy)
+    assert run.duplicates == len(inside)
+    assert list(run.seen) == ids[-995:] + ids[:5]
+    assert all(e.event_id in run.seen for e in forgotten) and ids[5] not in run.seen
+
+
 def test_clock_skew_between_nodes_neither_fakes_nor_hides_a_hang() -> None:
     skewed = Job(skew={"node-001": -120.0, "node-002": +300.0}).start().steps(40)
     skewed.heartbeats()

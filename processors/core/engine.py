@@ -124,7 +124,9 @@ def step(
         return state, _on_shard_event(run, event, policy)
     accounting.advance(run.goodput, ts, run.open_interruption is not None, policy.goodput)
     outputs: list[Output] = []
-    if isinstance(event, RunStarted):
+    # Dispatch on the exact class (telemetry kinds are final: schemas/events.py), the
+    # most frequent first: an isinstance miss on a pydantic model is an ABC check.
+    if type(event) is RunStarted:
         outputs += _on_run_started(run, event, policy)
         outputs += baseline.on_time(run.baseline, run, event, policy.baseline)
         return state, _consequences(run, outputs, policy)  # a crash concluded by the next world
@@ -133,48 +135,18 @@ def step(
             outputs += peer_loss.conclude(run, None, _interruption)
         outputs += _begin_attempt(run, event, resumed_from_step=run.last_validated_step)
     rank = _rank(run, event)
-    if isinstance(event, StepTiming) and rank is not None:
-        new_step = event.step > run.job_step
-        starting = run.phase == RunPhase.STARTING
-        outputs += _on_step(run, rank, event)
-        if starting and run.phase == RunPhase.TRAINING:  # the attempt's first step: its ranks listen
-            outputs += interval.on_attempt_training(run.interval, run.run_id, event, policy.interval)
-        if new_step:
-            outputs += sdc.on_step_completed(run.sdc, run, event.step, event.ts, event.event_id, policy.sdc)
-            eviction.on_step(run.eviction, event.attempt, event.step, policy.eviction)
-        outputs += _stragglers(run, event, policy)
-    elif isinstance(event, GpuHealth):
-        diagnosis.observe_health(run.health, run, event, policy.diagnosis)
-    elif isinstance(event, GroupComputeTimes):
-        outputs += _group_findings(
-            run, group_slowdown.on_summary(run.groups, run, event, policy.group_slowdown, policy.diagnosis)
-        )
-    elif isinstance(event, StepStats):
+    if type(event) is Heartbeat:
+        if rank is not None:
+            outputs += _on_heartbeat(run, rank, event, policy)
+    elif type(event) is StepStats:
         outputs += sdc.on_step_stats(run.sdc, run, event, policy.sdc, _interruption)
-    elif isinstance(event, SdcSelfCheck):
-        outputs += sdc.on_self_check(run.sdc, run, event, policy.sdc)
-    elif isinstance(event, CrossRankCheck):
-        outputs += sdc.on_cross_check(run.sdc, run, event, policy.sdc)
-    elif isinstance(event, RingCheck):
-        outputs += sdc.on_ring_check(run.sdc, run, event, policy.sdc)
-    elif isinstance(event, Heartbeat) and rank is not None:
-        outputs += _on_heartbeat(run, rank, event, policy)
-    elif isinstance(event, CheckpointWritten):
-        mtbf = baseline.mtbf_s(run.baseline, policy.baseline)
-        outputs += interval.on_checkpoint(run.interval, run.run_id, event, mtbf, policy.interval)
-        accounting.on_checkpoint(run.goodput, event)
-    elif isinstance(event, CheckpointValidated):
-        run.last_validated_step = max(run.last_validated_step, event.checkpoint_step)
-        pin = run.sdc.oldest_cross_watermark(run.world_size or len(run.ranks))
-        rollback.on_validated(run.rollback, event, rollback.keep_count(run, policy), policy.retention, pin)
-    elif isinstance(event, RankExit) and rank is not None:
-        outputs += _on_exit(run, rank, event)
-    elif isinstance(event, NodeSelfTestResult):
-        outputs += node_tests.on_result(run.paging, event, policy.release_on_self_test_pass)
-    elif isinstance(event, CheckpointRejected):
-        outputs += resume.on_rejected(run, event)
-        if event.attempt == run.attempt and run.phase == RunPhase.STARTING:
-            _resumes_from(run, run.resumed_from_step)
+    elif type(event) is GpuHealth:
+        diagnosis.observe_health(run.health, run, event, policy.diagnosis)
+    elif type(event) is StepTiming:
+        if rank is not None:
+            outputs += _on_step_timing(run, rank, event, policy)
+    else:
+        outputs += _on_other(run, rank, event, policy)
     if run.pending_hang is not None:
         open_window(run.pending_hang, event, run.last_ts)
         outputs += _maybe_conclude_hang(run, event.ts, policy)
@@ -192,6 +164,52 @@ def step(
         interval_s = run.interval.current_s or policy.interval.initial_s
         outputs += paging.on_goodput(run.paging, reports[0], gp, usual_restart, interval_s)
     return state, outputs
+
+
+def _on_step_timing(run: RunState, rank: RankState, event: StepTiming, policy: CorePolicy) -> list[Output]:
+    outputs: list[Output] = []
+    new_step = event.step > run.job_step
+    starting = run.phase == RunPhase.STARTING
+    outputs += _on_step(run, rank, event)
+    if starting and run.phase == RunPhase.TRAINING:  # the attempt's first step: its ranks listen
+        outputs += interval.on_attempt_training(run.interval, run.run_id, event, policy.interval)
+    if new_step:
+        outputs += sdc.on_step_completed(run.sdc, run, event.step, event.ts, event.event_id, policy.sdc)
+        eviction.on_step(run.eviction, event.attempt, event.step, policy.eviction)
+    outputs += _stragglers(run, event, policy)
+    return outputs
+
+
+def _on_other(run: RunState, rank: RankState | None, event: Envelope, policy: CorePolicy) -> list[Output]:
+    """The telemetry kinds other than the four per-step ones (step's dispatch)."""
+    outputs: list[Output] = []
+    if isinstance(event, GroupComputeTimes):
+        outputs += _group_findings(
+            run, group_slowdown.on_summary(run.groups, run, event, policy.group_slowdown, policy.diagnosis)
+        )
+    elif isinstance(event, SdcSelfCheck):
+        outputs += sdc.on_self_check(run.sdc, run, event, policy.sdc)
+    elif isinstance(event, CrossRankCheck):
+        outputs += sdc.on_cross_check(run.sdc, run, event, policy.sdc)
+    elif isinstance(event, RingCheck):
+        outputs += sdc.on_ring_check(run.sdc, run, event, policy.sdc)
+    elif isinstance(event, CheckpointWritten):
+        mtbf = baseline.mtbf_s(run.baseline, policy.baseline)
+        outputs += interval.on_checkpoint(run.interval, run.run_id, event, mtbf, policy.interval)
+        accounting.on_checkpoint(run.goodput, event)
+    elif isinstance(event, CheckpointValidated):
+        run.last_validated_step = max(run.last_validated_step, event.checkpoint_step)
+        pin = run.sdc.oldest_cross_watermark(run.world_size or len(run.ranks))
+        rollback.on_validated(run.rollback, event, rollback.keep_count(run, policy), policy.retention, pin)
+    elif isinstance(event, RankExit) and rank is not None:
+        outputs += _on_exit(run, rank, event)
+    elif isinstance(event, NodeSelfTestResult):
+        outputs += node_tests.on_result(run.paging, event, policy.release_on_self_test_pass)
+    elif isinstance(event, CheckpointRejected):
+        outputs += resume.on_rejected(run, event)
+        if event.attempt == run.attempt and run.phase == RunPhase.STARTING:
+            _resumes_from(run, run.resumed_from_step)
+    return outputs
 
 
 def _consequences(run: RunState, outputs: list[Output], policy: CorePolicy) -> list[Output]:

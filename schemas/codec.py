@@ -269,19 +269,47 @@ def decode_parts(
     value (with its bytes)."""
     try:
         obj = _loads(raw, MAX_BATCH_BYTES)
-        kind, _ = _split_schema(obj, raw)
-        if kind != Batch.KIND:
-            # A lone event (not batched) is accepted too: single-record producers exist.
-            event = decode_obj(obj, TELEMETRY, raw)
-            assert isinstance(event, Envelope)
-            size = world_size if world_size is not None else registered and registered(event.run_id)
-            if size:
-                check_rank(event, size)
-            return DecodedParts(None, [event], [])
-        header = decode_obj(obj, {"batch": Batch}, raw)
-        assert isinstance(header, Batch)
+        header = _current_batch(obj)
+        if header is None:
+            kind, _ = _split_schema(obj, raw)
+            if kind != Batch.KIND:
+                # A lone event (not batched) is accepted too: single-record producers exist.
+                event = decode_obj(obj, TELEMETRY, raw)
+                assert isinstance(event, Envelope)
+                size = world_size if world_size is not None else registered and registered(event.run_id)
+                if size:
+                    check_rank(event, size)
+                return DecodedParts(None, [event], [])
+            decoded = decode_obj(obj, {"batch": Batch}, raw)
+            assert isinstance(decoded, Batch)
+            header = decoded
     except Rejected as rej:
         return DecodedParts(None, [], [Rejection(rej.reason, rej.detail, raw)])
+    return _decode_records(header, raw, world_size, registered)
+
+
+_BATCH = Batch.schema_name()
+_VALIDATE_BATCH = Batch.__pydantic_validator__.validate_python
+
+
+def _current_batch(obj: Any) -> Batch | None:
+    """A batch of the current version that validates as it is (nearly every value), or
+    None: decode_obj then words what is wrong (or upcasts an older version)."""
+    if type(obj) is not dict or obj.get("schema") != _BATCH:
+        return None
+    del obj["schema"]  # our own parsed dict: no copy needed
+    try:
+        header: Batch = _VALIDATE_BATCH(obj)
+    except ValidationError:
+        obj["schema"] = _BATCH
+        return None
+    return header
+
+
+def _decode_records(
+    header: Batch, raw: bytes, world_size: int | None, registered: Callable[[str], int | None] | None
+) -> DecodedParts:
+    """A valid batch header's records: each event (or block) decoded or rejected alone."""
     known = registered(header.run_id) if registered is not None else None
     size = world_size or known or header.world_size
     run_id = header.run_id

@@ -153,20 +153,24 @@ _INT_LIMIT = 2**63
 
 def _common_columns(raw: list[list[Any]]) -> bool:
     """Every row is common: the right types, in range (ints as ints, floats as finite,
-    non-negative floats), judged a column at a time. A block with any other row is read
-    row by row through the model."""
-    ids, attempts, ranks, steps, *floats = raw
+    non-negative floats), judged a few columns at a time. A block with any other row is
+    read row by row through the model."""
+    ids, attempts, ranks, steps, ts, compute, total = raw
     if not ids:
         return True
-    if set(map(type, ids)) != {str} or min(map(len, ids)) < 1 or max(map(len, ids)) > 200:
+    # all(ids): no empty id (every one is a str by then).
+    if set(map(type, ids)) != {str} or not all(ids) or max(map(len, ids)) > 200:
         return False
-    for column, low in ((attempts, 0), (ranks, 0), (steps, NO_STEP)):
-        if set(map(type, column)) != {int} or min(column) < low or max(column) >= _INT_LIMIT:
-            return False
-    for column in floats:
-        if set(map(type, column)) != {float} or min(column) < 0.0 or not all(map(math.isfinite, column)):
-            return False  # (an int here is legal: the row by row path reads it)
-    return True
+    ints = attempts + ranks + steps
+    if set(map(type, ints)) != {int} or max(ints) >= _INT_LIMIT:
+        return False
+    if min(attempts) < 0 or min(ranks) < 0 or min(steps) < NO_STEP:
+        return False
+    # (an int among the floats is legal: the row by row path reads it.) The sum of
+    # non-negative floats is finite only if each is; a sum that overflows sends a block of
+    # finite huge values the row by row way, which accepts them as it should.
+    floats = ts + compute + total
+    return set(map(type, floats)) == {float} and min(floats) >= 0.0 and math.isfinite(sum(floats))
 
 
 def row(block: StepColumns, i: int) -> StepTiming:

@@ -370,9 +370,9 @@ def _block(item: dict[str, Any], run_id: str, size: int, rejections: list[Reject
             decode_obj(record, TELEMETRY)
         except Rejected as rej:
             rejections.append(Rejection(rej.reason, rej.detail, orjson.dumps(record)))
+    if block.run_id == run_id and (not block.rank_list or max(block.rank_list) < size):
+        return block  # every row of this run and in range (nearly every block)
     keep = [block.run_id == run_id and rank < size for rank in block.rank_list]
-    if all(keep):
-        return block
     for i in (i for i, good in enumerate(keep) if not good):
         event = row(block, i)
         if event.run_id != run_id:

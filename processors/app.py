@@ -32,7 +32,7 @@ from ..kafka.security import KafkaCredentials, resolve
 from ..kafka.topics import TopicNames, ensure_run_commands_topic, partition_count, topic_names
 from ..schemas import Command, Envelope, Tick, encode
 from ..schemas.sharding import telemetry_key, telemetry_partition
-from . import api_web, eager_delivery
+from . import api_web, eager_delivery, faust_monitor
 from .api import ApiContext, RunsView
 from .core import CorePolicy
 from .driver import CoreDriver, DriverResult
@@ -113,6 +113,7 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
         stream_buffer_maxsize=16384,
     )
     eager_delivery.install(app)  # before the first topic: a record reaches its stream without tasks
+    faust_monitor.drop(app)  # faust's own per-record statistics: nothing reads them
     names = settings.topics
 
     def raw_topic(name: str) -> faust.TopicT:

@@ -54,6 +54,20 @@ KEYS: dict[str, tuple[str, ...] | None] = {
     DEAD_LETTER: ("id",),
     TELEMETRY_LOG: ("kafka_partition", "kafka_offset"),
 }
+#: Columns every stored copy of a key shares (a copy is the same record stored again: same
+#: run, same topic). The views deduplicate within them (the window partitioned by them and
+#: the key), which keeps the same rows and lets DuckDB push a filter on them into the scan:
+#: it pushes a filter through a window only on the window's partition columns. Without
+#: them a run's query on raw_event or telemetry_log windowed over every run's rows (a
+#: replay read its 41 decisions in 0.1-0.4 s among 250,000 telemetry events).
+SCOPES: dict[str, tuple[str, ...]] = {
+    RAW_EVENT: ("run_id", "topic"),
+    INTERRUPTION_DETECTED: ("run_id",),
+    INTERRUPTION_RECOVERED: ("run_id",),
+    COMMAND: ("run_id",),
+    ACK: ("run_id",),
+    TELEMETRY_LOG: ("run_id",),
+}
 
 #: Each table's partitions in the lake: the bulk by run and UTC hour (so that a run's
 #: queries read its files only and retention drops whole hours), the rest by run.

@@ -17,7 +17,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .archive_schema import HOUR, HOUR_OF, KEYS, PARTITIONS, TABLE_DDL, VIEW_DDL
+from .archive_schema import HOUR, HOUR_OF, KEYS, PARTITIONS, SCOPES, TABLE_DDL, VIEW_DDL
 from .lake import Lake, Mark
 
 SEQ = "_seq"
@@ -114,7 +114,8 @@ def _table_view(shape: TableShape) -> str:
     key = KEYS[shape.name]
     dedupe = ""
     if key is not None:
-        dedupe = f" QUALIFY row_number() OVER (PARTITION BY {', '.join(key)} ORDER BY {SEQ}) = 1"
+        within = [c for c in SCOPES.get(shape.name, ()) if c not in key]
+        dedupe = f" QUALIFY row_number() OVER (PARTITION BY {', '.join([*within, *key])} ORDER BY {SEQ}) = 1"
     return f"CREATE OR REPLACE VIEW {shape.name} AS SELECT {columns} FROM {_SOURCE}{shape.name}{dedupe}"
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from trainguard.sinks.archive_store import Archive, open_snapshot, summary
+from trainguard.sinks.archive_store import Archive, Logged, open_snapshot, summary
 from trainguard.sinks.archive_tables import to_arrow
 
 from .test_archive import T0, every_kind, run_started, step_timing
@@ -114,3 +114,26 @@ def test_an_object_store_uri_root_is_written_and_read(tmp_path: Path) -> None:
     with Archive(uri) as archive:
         archive.write(every_kind())
     assert summary(uri)["raw_event"] == 27
+
+
+def test_a_runs_query_reaches_only_its_rows_and_still_sees_each_key_once(tmp_path: Path) -> None:
+    """The views deduplicate within a run (archive_schema.SCOPES): DuckDB then pushes a
+    filter on the run (and, for raw_event, the topic) into the scan instead of windowing
+    over every run's rows first, and a record stored twice still shows once."""
+    root = tmp_path / "archive"
+    with Archive(root) as archive:
+        for i, run in enumerate(("run-a", "run-b")):
+            logged = Logged(run, 0, i, T0, b"{}")
+            archive.write([run_started(0, run_id=run), *(step_timing(r, 1, run) for r in range(8)), logged])
+        archive.write([*(step_timing(r, 1, "run-a") for r in range(8)), Logged("run-a", 0, 0, T0, b"{}")])
+    with contextlib.closing(open_snapshot(root)) as con:
+        assert con.execute("SELECT count(*) FROM raw_event WHERE run_id = 'run-a'").fetchall() == [(9,)]
+        assert con.execute("SELECT count(*) FROM raw_event").fetchall() == [(18,)]
+        assert con.execute("SELECT count(*) FROM telemetry_log").fetchall() == [(2,)]
+        for table, where in (
+            ("raw_event", "run_id = 'run-a' AND topic = 't'"),
+            ("telemetry_log", "run_id = 'run-a'"),
+        ):
+            plan = con.execute(f"EXPLAIN SELECT * FROM {table} WHERE {where}").fetchall()[0][1]
+            scan = plan[plan.index("ARROW_SCAN") :]
+            assert "Filters:" in scan and "run_id" in scan, f"{table}: the run's filter stops above its scan"

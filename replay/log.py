@@ -155,9 +155,10 @@ def read_archived_recording(db: Db, names: TopicNames, run_id: str) -> Recording
     partition, offsets in order), the decisions from raw_event and command. For runs the
     archive writer has stored; a run not yet archived is read from Kafka. The archive keeps
     each decision once (the live log may hold one twice; replays compare ids once)."""
+    from ..sinks.archive_schema import COMMAND, RAW_EVENT, TELEMETRY_LOG
     from ..sinks.archive_store import Reader  # DuckDB and Arrow: only for archive reads
 
-    with Reader(db) as con:
+    with Reader(db, tables=(TELEMETRY_LOG, RAW_EVENT, COMMAND)) as con:
         params = {"run_id": run_id}
         records = [(p, o, bytes(v)) for p, o, v in con.execute(_ARCHIVED_RECORDS, params).fetchall()]
         derived = con.execute(_ARCHIVED_DERIVED, {**params, "topic": names.events}).fetchall()

@@ -15,7 +15,7 @@ read while one writes.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -385,9 +385,10 @@ Db = Archive | duckdb.DuckDBPyConnection | str | Path
 class Reader:
     """A connection for reading `db`: a snapshot of an open archive, a connection as it is,
     or the archive at a root read as of its newest batch (never blocked by its writer).
-    A root that is a single file is an archive from before the lake (a DuckDB file)."""
+    A root that is a single file is an archive from before the lake (a DuckDB file).
+    `tables`: a root's snapshot shows only these tables, no views (snapshot)."""
 
-    def __init__(self, db: Db) -> None:
+    def __init__(self, db: Db, tables: Collection[str] | None = None) -> None:
         self._owned = True
         if isinstance(db, Archive):
             self.con = db.cursor()
@@ -396,7 +397,7 @@ class Reader:
         elif not is_uri(db) and Path(db).is_file():
             self.con = duckdb.connect(str(db), read_only=True)
         else:
-            self.con = open_snapshot(db)
+            self.con = open_snapshot(db, tables=tables)
 
     def __enter__(self) -> duckdb.DuckDBPyConnection:
         return self.con
@@ -406,10 +407,12 @@ class Reader:
             self.con.close()
 
 
-def open_snapshot(db: str | Path, storage_options: dict[str, str] | None = None) -> duckdb.DuckDBPyConnection:
+def open_snapshot(
+    db: str | Path, storage_options: dict[str, str] | None = None, tables: Collection[str] | None = None
+) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection on the archive at `db` as of its newest batch (ad-hoc SQL)."""
     lake = Lake.reading(db, storage_options)
-    return snapshot(lake, lake.mark())
+    return snapshot(lake, lake.mark(), tables)
 
 
 _TIMELINE_SQL = """

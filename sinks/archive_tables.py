@@ -9,7 +9,7 @@ in-memory DuckDB and read back as Arrow, so the schema has one source. Each stor
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,15 +119,19 @@ def _table_view(shape: TableShape) -> str:
     return f"CREATE OR REPLACE VIEW {shape.name} AS SELECT {columns} FROM {_SOURCE}{shape.name}{dedupe}"
 
 
-def snapshot(lake: Lake, mark: Mark) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection whose tables and views show the lake as of `mark`."""
+def snapshot(lake: Lake, mark: Mark, tables: Collection[str] | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection whose tables and views show the lake as of `mark`;
+    only `tables`, without the views over them, when it names some (a replay reads three
+    tables: the other tables and views cost more than its queries)."""
     con = duckdb.connect()
     try:
         for name, shape in SHAPES.items():
+            if tables is not None and name not in tables:
+                continue
             data: Any = lake.dataset(name, mark)
             con.register(f"{_SOURCE}{name}", shape.schema.empty_table() if data is None else data)
             con.execute(_table_view(shape))
-        for statement in VIEW_DDL:
+        for statement in VIEW_DDL if tables is None else ():
             con.execute(statement)
     except BaseException:
         con.close()

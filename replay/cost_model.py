@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from ..schemas import CheckpointWritten, InterruptionRecovered, IntervalUpdate, RunStarted
 from ..schemas.codec import DecodedParts
-from .decoded import others, timings, ts_span
+from .decoded import others, step_totals, ts_span
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def measure(
     columns) and the baseline's recoveries."""
     world = 1
     first, last = ts_span(decoded)
-    steps = [timing.total_s for timing in timings(decoded)]
+    steps = step_totals(decoded)
     blocking: list[float] = []
     for e in others(decoded):
         if isinstance(e, RunStarted):

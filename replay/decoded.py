@@ -34,6 +34,18 @@ def timings(decoded: Iterable[DecodedParts]) -> Iterator[Timing]:
                 yield Timing(part.attempt, part.step, part.ts, part.compute_s, part.total_s)
 
 
+def step_totals(decoded: Iterable[DecodedParts]) -> list[float]:
+    """Every step timing's total_s, in the log's order (the blocks' columns extended whole)."""
+    out: list[float] = []
+    for record in decoded:
+        for part in record.parts:
+            if isinstance(part, StepColumns):
+                out += part.total_list
+            elif isinstance(part, StepTiming):
+                out.append(part.total_s)
+    return out
+
+
 def others(decoded: Iterable[DecodedParts]) -> Iterator[Envelope]:
     """Every event of the log that is not a step timing, in its order."""
     for record in decoded:
@@ -44,12 +56,11 @@ def others(decoded: Iterable[DecodedParts]) -> Iterator[Envelope]:
 
 def ts_span(decoded: Iterable[DecodedParts]) -> tuple[float, float]:
     """The earliest and the latest event time of the log ((inf, -inf) when it has none)."""
-    first, last = float("inf"), float("-inf")
+    stamps: list[float] = []
     for record in decoded:
         for part in record.parts:
             if isinstance(part, StepColumns):
-                if part.ts_list:
-                    first, last = min(first, min(part.ts_list)), max(last, max(part.ts_list))
+                stamps += part.ts_list
             else:
-                first, last = min(first, part.ts), max(last, part.ts)
-    return first, last
+                stamps.append(part.ts)
+    return (min(stamps), max(stamps)) if stamps else (float("inf"), float("-inf"))

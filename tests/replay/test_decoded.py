@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from trainguard.producers.simulator.scenario import Scenario
 from trainguard.replay import cost_model
-from trainguard.replay.decoded import others, timings, ts_span
+from trainguard.replay.decoded import others, step_totals, timings, ts_span
 from trainguard.schemas import CheckpointWritten, RunStarted, StepTiming
 from trainguard.schemas.codec import DecodedParts, decode_parts, events_of
 from trainguard.schemas.columnar import StepColumns
@@ -27,6 +27,7 @@ def test_columns_read_as_the_events_one_by_one() -> None:
     assert read == list(timings(as_rows))
     steps = [e for e in events if isinstance(e, StepTiming)]
     assert read == [(e.attempt, e.step, e.ts, e.compute_s, e.total_s) for e in steps]
+    assert step_totals(decoded) == step_totals(as_rows) == [e.total_s for e in steps]
     assert list(others(decoded)) == [e for e in events if not isinstance(e, StepTiming)]
     assert ts_span(decoded) == ts_span(as_rows) == (min(e.ts for e in events), max(e.ts for e in events))
     facts = cost_model.measure(decoded, [], 3600.0, 600.0)

@@ -81,25 +81,32 @@ class CoreDriver:
 
     def fold(self, decoded: DecodedParts) -> DriverResult:
         """Fold a decoded record into the core (parts are read, never changed)."""
-        result = DriverResult(rejections=list(decoded.rejections), events=decoded.events)
+        parts = decoded.parts
+        result = DriverResult(rejections=list(decoded.rejections))
         header = decoded.header
         hint, shard, shard_ranks = (
             (None, 0, 0) if header is None else (header.world_size, header.shard, header.shard_ranks)
         )
         # A batch holds one shard of one run (decode_parts rejects other runs' events):
         # count its duplicates once per batch, not per event.
-        keys = {state_key(part.run_id, shard) for part in decoded.parts[:1]}
-        result.state_key = next(iter(keys), None)
-        before = self._duplicates(keys)
-        for part in decoded.parts:
-            if isinstance(part, StepColumns) and self.columnar:
-                self._fold_block(part, result, hint, shard, shard_ranks)
-            elif isinstance(part, StepColumns):
-                for event in rows(part):
-                    self._fold(event, result, hint, shard, shard_ranks)
+        key = result.state_key = state_key(parts[0].run_id, shard) if parts else None
+        runs = self.state.runs
+        before = runs[key].duplicates if key in runs else 0
+        events = 0
+        for part in parts:
+            if isinstance(part, StepColumns):
+                events += len(part)
+                if self.columnar:
+                    self._fold_block(part, result, hint, shard, shard_ranks)
+                else:
+                    for event in rows(part):
+                        self._fold(event, result, hint, shard, shard_ranks)
             else:
+                events += 1
                 self._fold(part, result, hint, shard, shard_ranks)
-        result.duplicates = self._duplicates(keys) - before
+        result.events = events
+        if key in runs:
+            result.duplicates = runs[key].duplicates - before
         return result
 
     def _fold(
@@ -132,10 +139,6 @@ class CoreDriver:
             lambda i: self._fold(row(block, i), result, hint, shard, shard_ranks),
             lambda: runs.get(key),
         )
-
-    def _duplicates(self, keys: set[str]) -> int:
-        runs = self.state.runs
-        return sum(runs[key].duplicates for key in keys if key in runs)
 
     def _collect(self, outputs: list[Output], result: DriverResult) -> None:
         for output in outputs:

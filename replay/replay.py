@@ -125,8 +125,10 @@ def _fold_all(
         out.events += result.events
         out.duplicates += result.duplicates
         out.rejections += len(result.rejections)
-        out.derived += [d for d in result.derived if d.run_id == recording.run_id]
-        out.commands += [c for c in result.commands if c.run_id == recording.run_id]
+        if result.derived:  # (nearly every record decides nothing)
+            out.derived += [d for d in result.derived if d.run_id == recording.run_id]
+        if result.commands:
+            out.commands += [c for c in result.commands if c.run_id == recording.run_id]
         if progress is not None and (i % 500 == 0 or i == total):
             progress(i, total)
 

@@ -20,7 +20,7 @@ they are.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -32,6 +32,8 @@ from .events import StepTiming
 
 #: The per-row columns, in the order a row lists its fields.
 COLUMNS = ("event_id", "attempt", "rank", "step", "ts", "compute_s", "total_s")
+#: The keys a block may hold.
+_FIELDS = frozenset({"schema", "run_id", "node", *COLUMNS})
 #: Fewer step timings than this in one node's flush stay in the row format.
 MIN_BLOCK_ROWS = 2
 
@@ -119,15 +121,15 @@ def columns_of(obj: dict[str, Any]) -> StepColumns:
         or len(node) > 128
     ):
         raise BlockError("step_timings/1: run_id and node must be strings (1-128 and 0-128 characters)")
-    unknown = set(obj) - {"schema", "run_id", "node", *COLUMNS}
-    if unknown:
-        raise BlockError(f"step_timings/1: unknown fields {sorted(unknown)}")
-    raw: list[list[Any]] = [column for name in COLUMNS if isinstance(column := obj.get(name), list)]
-    if len(raw) != len(COLUMNS):
+    if not _FIELDS.issuperset(obj):
+        raise BlockError(f"step_timings/1: unknown fields {sorted(set(obj) - _FIELDS)}")
+    get: Callable[[str], Any] = obj.get
+    raw: list[list[Any]] = list(map(get, COLUMNS))
+    if set(map(type, raw)) != {list}:
         raise BlockError(f"step_timings/1: every one of {list(COLUMNS)} must be a list")
-    n = len(raw[0])
-    if any(len(column) != n for column in raw):
+    if len(set(map(len, raw))) != 1:
         raise BlockError("step_timings/1: the columns have different lengths")
+    n = len(raw[0])
     if _common_columns(raw):  # nearly every block: checked a column at a time, at C speed
         ids, attempts, ranks, steps, ts, compute, total = raw  # the parsed lists, kept as they are
         return StepColumns(run_id, node, ids, attempts, ranks, steps, ts, compute, total, [])

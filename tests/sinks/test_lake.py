@@ -137,3 +137,16 @@ def test_a_runs_query_reaches_only_its_rows_and_still_sees_each_key_once(tmp_pat
             plan = con.execute(f"EXPLAIN SELECT * FROM {table} WHERE {where}").fetchall()[0][1]
             scan = plan[plan.index("ARROW_SCAN") :]
             assert "Filters:" in scan and "run_id" in scan, f"{table}: the run's filter stops above its scan"
+
+
+def test_a_snapshot_of_some_tables_shows_those_alone(tmp_path: Path) -> None:
+    """What a replay opens (replay/log.py): the tables it names, no other table or view."""
+    root = tmp_path / "archive"
+    with Archive(root) as archive:
+        archive.write(every_kind())
+    with contextlib.closing(open_snapshot(root, tables=("raw_event", "command"))) as con:
+        assert con.execute("SELECT count(*) FROM raw_event").fetchall() == [(27,)]
+        assert con.execute("SELECT count(*) FROM command").fetchall() == [(1,)]
+        views = con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()
+        shown = {name for (name,) in views if not name.startswith("_lake_")}  # (the registered sources)
+        assert shown == {"raw_event", "command"}

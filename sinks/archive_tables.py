@@ -114,8 +114,8 @@ def _table_view(shape: TableShape) -> str:
     key = KEYS[shape.name]
     dedupe = ""
     if key is not None:
-        within = [c for c in SCOPES.get(shape.name, ()) if c not in key]
-        dedupe = f" QUALIFY row_number() OVER (PARTITION BY {', '.join([*within, *key])} ORDER BY {SEQ}) = 1"
+        within = ", ".join([*SCOPES.get(shape.name, ()), *key])
+        dedupe = f" QUALIFY row_number() OVER (PARTITION BY {within} ORDER BY {SEQ}) = 1"
     return f"CREATE OR REPLACE VIEW {shape.name} AS SELECT {columns} FROM {_SOURCE}{shape.name}{dedupe}"
 
 

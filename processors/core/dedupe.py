@@ -16,8 +16,6 @@ class DedupeWindow:
     """Event ids, oldest first. Hot loops (engine.step, block.py) use `ids` and `order`
     directly, as `add` does: an id is added only when it is not in the window."""
 
-    __slots__ = ("ids", "order")
-
     def __init__(self, ids: Iterable[str] = ()) -> None:
         self.order: deque[str] = deque(ids)
         self.ids: set[str] = set(self.order)

@@ -4,11 +4,12 @@ bookkeeping; detectors in sibling modules read and update it."""
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
 import orjson
+from mypy_extensions import mypyc_attr
 
 from ...schemas.sharding import owned_ranks
 from .baseline_state import BaselineState
@@ -42,10 +43,12 @@ TRANSITIONS: dict[RunPhase, frozenset[RunPhase]] = {
 }
 
 
+@mypyc_attr(native_class=False)  # compiled (core/compiled.py): an exception stays a Python class
 class IllegalTransition(RuntimeError):
     pass
 
 
+@mypyc_attr(serializable=True)  # compiled: pickled by snapshots
 @dataclass
 class RankState:
     node: str
@@ -75,6 +78,7 @@ class RankState:
         self.compute_s, self.total_s = compute_s, total_s
 
 
+@mypyc_attr(serializable=True)  # compiled: pickled by snapshots
 @dataclass
 class PendingHang:
     """A hang was detected and an abort with stack dump sent; collecting stacks."""
@@ -89,6 +93,7 @@ class PendingHang:
     window_from: float | None = None
 
 
+@mypyc_attr(serializable=True)  # compiled: pickled by snapshots
 @dataclass
 class PendingCrash:
     """Ranks died of a lost peer (RankExit.peer_lost): evidence about another rank, so the
@@ -99,6 +104,7 @@ class PendingCrash:
     first_ts: float
 
 
+@mypyc_attr(serializable=True)  # compiled: pickled by snapshots
 @dataclass
 class OpenInterruption:
     """Declared, waiting for the next attempt's first step to measure restart time."""
@@ -120,6 +126,7 @@ class OpenInterruption:
     step_s: float = 0.0
 
 
+@mypyc_attr(serializable=True)  # compiled: pickled by snapshots
 @dataclass
 class RunState:
     run_id: str
@@ -189,13 +196,16 @@ class RunState:
     # A worker's snapshot pickles every run it holds (processors/snapshot.py). The dedupe
     # window (200,000 ids at 16,384 ranks) goes as one JSON array, oldest first: pickle
     # takes a container item by item in Python and memoizes every string (~95 ms, issue 20).
+    # Field by field, not through __dict__: a compiled RunState has none (core/compiled.py).
     def __getstate__(self) -> dict[str, Any]:
-        saved = self.__dict__.copy()
+        saved = {f.name: getattr(self, f.name) for f in fields(self)}
         saved["seen"] = orjson.dumps(list(self.seen))
         return saved
 
     def __setstate__(self, saved: dict[str, Any]) -> None:
-        self.__dict__.update(saved)
+        for name, value in saved.items():
+            if name != "seen":
+                setattr(self, name, value)
         self.seen = DedupeWindow(orjson.loads(saved["seen"]))
 
     @property
@@ -220,6 +230,7 @@ def state_key(run_id: str, shard: int) -> str:
     return run_id if shard == 0 else f"{run_id}#{shard}"
 
 
+@mypyc_attr(serializable=True)  # compiled: pickled by snapshots
 @dataclass
 class CoreState:
     runs: dict[str, RunState] = field(default_factory=dict)

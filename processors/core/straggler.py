@@ -31,6 +31,7 @@ bench/bench_straggler.py), the per-rank streak work is Python over the slow rank
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -54,7 +55,9 @@ if TYPE_CHECKING:  # state.py embeds this module's state: no import cycle at run
 def reset(state: StragglerState, attempt: int) -> None:
     """Forget everything of the previous attempt (counters are kept)."""
     counters = state.evaluated, state.duplicates, state.late, state.out_of_range
-    state.__dict__.update(StragglerState(attempt=attempt).__dict__)
+    fresh = StragglerState(attempt=attempt)
+    for f in fields(fresh):  # (field by field: a compiled state has no __dict__)
+        setattr(state, f.name, getattr(fresh, f.name))
     state.evaluated, state.duplicates, state.late, state.out_of_range = counters
 
 
@@ -363,7 +366,7 @@ def _clear(
                     f"{flag.in_band} steps (now z {z:.1f}, {float(x[at]) / median:.2f}x the median) "
                     f"after {flag.steps} steps flagged since step {flag.flagged_step}",
                 ),
-                caused_by=[flag.event_id, *([p.ids[rank]] if p.ids[rank] else [])],
+                caused_by=[flag.event_id, *(kept for kept in (p.ids[rank],) if kept)],
                 flagged_steps=flag.steps,
             )
         )

@@ -15,7 +15,7 @@ import numpy as np
 import orjson
 import pytest
 
-from trainguard.processors.core import CorePolicy, CoreState, block
+from trainguard.processors.core import CorePolicy, CoreState
 from trainguard.processors.driver import CoreDriver
 from trainguard.producers.rank.shipper import pack
 from trainguard.producers.simulator.scenario import Scenario
@@ -207,19 +207,30 @@ def test_the_core_decides_the_same_whether_timings_are_packed_or_not() -> None:
 def test_the_shards_of_a_sharded_run_fold_blocks_as_their_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     """A run cut in 8 shards of 16 ranks (the straggler, rank 21, on shard 1): the shards
     that are not the coordinator fold their quiet rows as columns too (they keep no
-    run-level clock), with the decisions, dead letters and whole state of the rows."""
-    quiet_on_shards = 0
-    quiet = block._fold_quiet
+    run-level clock), with the decisions, dead letters and whole state of the rows. (Rows
+    are counted at the driver, which is Python: the core may run compiled.)"""
+    on_shards = {"block rows": 0, "one by one": 0}
+    fold_block, fold_one = CoreDriver._fold_block, CoreDriver._fold
+    in_block = False
 
-    def counted(run, columns, i, *args):  # type: ignore[no-untyped-def]
-        nonlocal quiet_on_shards
-        j = quiet(run, columns, i, *args)
-        quiet_on_shards += (j - i) * (run.shard > 0)
-        return j
+    def counted_block(self, columns, result, hint, shard, shard_ranks):  # type: ignore[no-untyped-def]
+        nonlocal in_block
+        on_shards["block rows"] += len(columns) * (shard > 0)
+        in_block = True
+        try:
+            fold_block(self, columns, result, hint, shard, shard_ranks)
+        finally:
+            in_block = False
 
-    monkeypatch.setattr(block, "_fold_quiet", counted)
+    def counted_one(self, event, result, hint, shard, shard_ranks):  # type: ignore[no-untyped-def]
+        on_shards["one by one"] += in_block and shard > 0
+        fold_one(self, event, result, hint, shard, shard_ranks)
+
+    monkeypatch.setattr(CoreDriver, "_fold_block", counted_block)
+    monkeypatch.setattr(CoreDriver, "_fold", counted_one)
     scenario = Scenario.builtin("straggler-thermal")
     as_columns, columns_state = fold(scenario, shard_ranks=16)
+    quiet_on_shards = on_shards["block rows"] - on_shards["one by one"]
     assert quiet_on_shards > 40_000  # most of the ~56,000 step timings of ranks 16-127 were quiet
     as_rows, rows_state = fold(scenario, columnar=False, shard_ranks=16)
     assert len(columns_state.runs) == 8 and as_columns == as_rows and as_columns

@@ -84,7 +84,8 @@ def decisions_digest(name: str) -> str:
     from trainguard.processors.core import goodput
 
     for key, run in sorted(driver.state.runs.items()):
-        digest.update(f"{key} {goodput(run)!r} {run.duplicates} {run.stale} {len(run.seen)}".encode())
+        window = f"{len(run.seen)} {len(run.seen.ids)}"  # the dedupe window's deque and set
+        digest.update(f"{key} {goodput(run)!r} {run.duplicates} {run.stale} {window}".encode())
     return digest.hexdigest()
 
 

@@ -7,7 +7,7 @@
 repository maps from top-level folders (pyproject's package-dir): as `scripts/typecheck`
 does, the build runs in a link tree shaped like the installed package (under
 .trainguard/compile), and only the compiled extensions and their stamp are copied into
-processors/core/_compiled/. About a minute on two cores; needs mypy (the dev extra) and a
+processors/core/_compiled/. About 30 s on two cores; needs mypy (the dev extra) and a
 C compiler. A build that fails leaves no build: the core runs as Python.
 """
 

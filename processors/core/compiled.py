@@ -73,16 +73,20 @@ def stamp() -> dict[str, object]:
     return {"python": sys.implementation.cache_tag, "sources": digests}
 
 
+def build_is_current() -> bool:
+    """A build is there, and its stamp is this interpreter's and the current sources'."""
+    try:
+        return bool(json.loads(STAMP.read_text()) == stamp())
+    except (OSError, ValueError):
+        return False
+
+
 def use_build(package_path: list[str]) -> bool:
     """Put a valid build first on the core package's `package_path` (its ``__path__``);
     False (the Python runs) when there is none, it is stale, or PURE_ENV is set."""
     if os.environ.get(PURE_ENV, "") not in ("", "0") or not STAMP.is_file():
         return False
-    try:
-        built = json.loads(STAMP.read_text())
-    except (OSError, ValueError):
-        built = None
-    if built != stamp():
+    if not build_is_current():
         log.warning(
             "trainguard: the compiled core in %s is stale (a source changed since it was built): "
             "running the Python core; rebuild with `.venv/bin/python -m trainguard.devtools.compile_core`",
@@ -97,4 +101,4 @@ def active() -> bool:
     """Whether this process runs the compiled core."""
     from . import engine
 
-    return not engine.__file__.endswith(".py") if engine.__file__ else False
+    return bool(engine.__file__) and not str(engine.__file__).endswith(".py")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.processors.core import compiled
+from trainguard.processors.core import compiled, goodput
 from trainguard.processors.core.policy import CorePolicy
 from trainguard.processors.driver import CoreDriver
 from trainguard.producers.simulator.scenario import Scenario
@@ -65,7 +65,7 @@ def test_pure_python_on_request(build: Path, monkeypatch: pytest.MonkeyPatch) ->
 #: Folds a library scenario's packed records and prints a digest of every decision and
 #: dead letter, the run's goodput and which core ran (run in a fresh interpreter).
 _FOLD = """
-import hashlib, sys
+import sys
 from tests.processors.test_compiled import decisions_digest
 from trainguard.processors.core import compiled
 print(compiled.active(), decisions_digest(sys.argv[1]))
@@ -81,8 +81,6 @@ def decisions_digest(name: str) -> str:
             digest.update(encode(output))
         for rejection in result.rejections:
             digest.update(f"{rejection.reason}: {rejection.detail}".encode() + rejection.raw)
-    from trainguard.processors.core import goodput
-
     for key, run in sorted(driver.state.runs.items()):
         window = f"{len(run.seen)} {len(run.seen.ids)}"  # the dedupe window's deque and set
         digest.update(f"{key} {goodput(run)!r} {run.duplicates} {run.stale} {window}".encode())

@@ -38,13 +38,6 @@ setup(name="trainguard-core-compiled", py_modules=[], ext_modules=mypycify(paths
 """
 
 
-def up_to_date() -> bool:
-    try:
-        return bool(json.loads(compiled.STAMP.read_text()) == compiled.stamp())
-    except (OSError, ValueError):
-        return False
-
-
 def build() -> Path:
     """Compile MODULES; return the folder the extensions were built in."""
     shutil.rmtree(TREE, ignore_errors=True)
@@ -54,8 +47,9 @@ def build() -> Path:
         (package / path.name).symlink_to(path)
     for folder in ("schemas", "producers", "processors", "sinks", "replay"):
         (package / folder).symlink_to(ROOT / folder)
-    (TREE / "mypy.ini").write_text("[mypy]\nplugins = pydantic.mypy\nignore_missing_imports = True\n")
-    paths = [f"trainguard/processors/core/{name}.py" for name in compiled.MODULES]
+    # mypy's settings are the project's (pyproject.toml), as scripts/typecheck uses them.
+    paths = ["--config-file", str(ROOT / "pyproject.toml")]
+    paths += [f"trainguard/processors/core/{name}.py" for name in compiled.MODULES]
     (TREE / "setup_compiled.py").write_text(_SETUP.format(paths=paths, group=GROUP))
     subprocess.run([sys.executable, "setup_compiled.py"], cwd=TREE, check=True, stdout=subprocess.DEVNULL)
     return TREE / "out" / "trainguard" / "processors" / "core"
@@ -79,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--force", action="store_true", help="build even when the build is up to date")
     args = parser.parse_args(argv)
-    if not args.force and up_to_date():
+    if not args.force and compiled.build_is_current():
         print(f"the compiled core in {compiled.BUILD} is up to date", file=sys.stderr)
         return 0
     started = time.monotonic()

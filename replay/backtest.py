@@ -34,11 +34,11 @@ from ..schemas import (
     StragglerCleared,
     StragglerFlagged,
 )
-from ..schemas.codec import DecodedParts
 from . import cost_model
 from .cost_model import RunFacts
+from .decoded import LogColumns
 from .log import Recording
-from .replay import Replayed, old_objects_left_alone, replay
+from .replay import Replayed, replay_all
 
 Key = tuple[str, str]
 
@@ -86,9 +86,9 @@ class PolicyRun:
 class Backtest:
     run_id: str
     facts: RunFacts
-    #: The recording's telemetry, decoded once for every policy (the report's charts
-    #: read it through replay/decoded.py).
-    decoded: list[DecodedParts]
+    #: What the pass kept of the decoded telemetry: the step timings as columns (the
+    #: report's charts read them) and the cost model's inputs.
+    log: LogColumns
     runs: list[PolicyRun]
 
     @property
@@ -219,30 +219,18 @@ def backtest(
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Backtest:
     """Replay `recording` under each policy (the first is the baseline) and price the
-    decisions that differ from the baseline's."""
+    decisions that differ from the baseline's. One pass over the log: each record is
+    decoded once and folded into every policy's core (replay.replay_all)."""
     if not policies:
         raise ValueError("backtest needs at least one policy")
-    with old_objects_left_alone():  # the decoded log stays alive throughout (replay.py)
-        return _backtest(recording, policies, progress)
-
-
-def _backtest(
-    recording: Recording,
-    policies: Sequence[tuple[str, CorePolicy]],
-    progress: Callable[[str, int, int], None] | None,
-) -> Backtest:
-    runs = []
-    decoded: list[DecodedParts] = []  # the log decoded once, by the baseline's replay
-    for name, policy in policies:
-        step: Callable[[int, int], None] | None = None
-        if progress is not None:
-            step = lambda done, total, name=name: progress(name, done, total)  # noqa: E731
-        runs.append(PolicyRun(name, policy, replay(recording, policy, progress=step, decoded=decoded)))
+    log = LogColumns()
+    replayed = replay_all(recording, [policy for _, policy in policies], progress=progress, observe=log.add)
+    runs = [PolicyRun(name, policy, r) for (name, policy), r in zip(policies, replayed, strict=True)]
     base = runs[0]
     mtbf = [d.mtbf_s for d in base.replayed.derived if isinstance(d, MtbfUpdate)]
     recovered = [d for d in base.replayed.derived if isinstance(d, InterruptionRecovered)]
     facts = cost_model.measure(
-        decoded, recovered, mtbf[-1] if mtbf else float("inf"), base.policy.eviction.default_restart_s
+        log, recovered, mtbf[-1] if mtbf else float("inf"), base.policy.eviction.default_restart_s
     )
     base.goodput = measured_goodput(base.replayed)
     for run in runs[1:]:
@@ -250,7 +238,7 @@ def _backtest(
         run.saving_s = sum(r.saving_s for r in run.rows if r.saving_s is not None)
         if base.goodput is not None and facts.elapsed_s > 0:
             run.goodput = min(1.0, max(0.0, base.goodput + run.saving_s / facts.elapsed_s))
-    return Backtest(recording.run_id, facts, decoded, runs)
+    return Backtest(recording.run_id, facts, log, runs)
 
 
 def decisions_count(run: PolicyRun) -> int:

@@ -30,9 +30,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..schemas import CheckpointWritten, InterruptionRecovered, IntervalUpdate, RunStarted
-from ..schemas.codec import DecodedParts
-from .decoded import others, step_totals, ts_span
+from ..schemas import InterruptionRecovered, IntervalUpdate
+from .decoded import LogColumns
 
 
 @dataclass(frozen=True)
@@ -53,28 +52,21 @@ class RunFacts:
 
 
 def measure(
-    decoded: Sequence[DecodedParts],
+    log: LogColumns,
     recovered: Sequence[InterruptionRecovered],
     mtbf_s: float,
     default_restart_s: float,
 ) -> RunFacts:
-    """RunFacts from the recording's decoded telemetry (its step timings read from their
-    columns) and the baseline's recoveries."""
-    world = 1
-    first, last = ts_span(decoded)
-    steps = step_totals(decoded)
-    blocking: list[float] = []
-    for e in others(decoded):
-        if isinstance(e, RunStarted):
-            world = e.world_size
-        elif isinstance(e, CheckpointWritten):
-            blocking.append(e.blocking_s)
+    """RunFacts from what the backtest kept of the recording's decoded telemetry (its
+    step timings as columns) and the baseline's recoveries."""
+    blocking = log.blocking_s
+    seen = len(log) > 0 or bool(blocking)
     restarts = [r.restart_s for r in recovered]
     return RunFacts(
-        world_size=world,
-        start_ts=first if steps or blocking else 0.0,
-        end_ts=last if steps or blocking else 0.0,
-        step_s=statistics.median(steps) if steps else 0.0,
+        world_size=log.world_size,
+        start_ts=log.first_ts if seen else 0.0,
+        end_ts=log.last_ts if seen else 0.0,
+        step_s=log.median_step_s(),
         checkpoint_s=statistics.median(blocking) if blocking else 0.0,
         restart_s=statistics.median(restarts) if restarts else default_restart_s,
         mtbf_s=mtbf_s,

@@ -26,7 +26,7 @@ from typing import Any, Literal
 from ..processors.core import CorePolicy, goodput
 from ..processors.core.goodput import Breakdown
 from ..processors.core.goodput import total as goodput_total
-from ..processors.driver import CoreDriver
+from ..processors.driver import CoreDriver, DriverResult
 from ..schemas import Command, Derived, Record
 from ..schemas.codec import DecodedParts
 from .log import Recording
@@ -64,23 +64,56 @@ def replay(
     secret: bytes = REPLAY_SECRET,
     progress: Callable[[int, int], None] | None = None,
     columnar: bool = True,
-    decoded: list[DecodedParts] | None = None,
 ) -> Replayed:
     """Fold every telemetry record of `recording` into a fresh core under `policy`
-    (`columnar` False: columnar blocks row by row, the reference the block fold equals).
-    `decoded`: the records as an earlier replay of the same log decoded them (each used
-    where this core would decode it the same, CoreDriver.decoded_still_valid); an empty
-    list is filled, so that a backtest decodes its log once for all its policies."""
-    driver = CoreDriver(policy, secret, columnar=columnar)
-    out = Replayed()
-    fill = decoded is not None and not decoded
+    (`columnar` False: columnar blocks row by row, the reference the block fold equals)."""
+    tick = None if progress is None else lambda _name, done, total: progress(done, total)
+    (out,) = replay_all(recording, [policy], secret, tick, columnar)
+    return out
+
+
+def replay_all(
+    recording: Recording,
+    policies: Sequence[CorePolicy],
+    secret: bytes = REPLAY_SECRET,
+    progress: Callable[[str, int, int], None] | None = None,
+    columnar: bool = True,
+    observe: Callable[[DecodedParts], None] | None = None,
+) -> list[Replayed]:
+    """Replay `recording` under every policy in one pass: each record decoded once and
+    folded into every policy's core in turn, then let go (a backtest of a long run holds
+    one record at a time, not its whole decoded log). A policy whose core would decode
+    the record otherwise (it knows the run with another world size,
+    CoreDriver.decoded_still_valid) decodes it anew. `observe` sees every record as
+    decoded (what a backtest measures of the log); `progress(label, done, total)`. Each
+    Replayed's `seconds` is the pass's (shared by its policies)."""
+    if not policies:
+        return []
+    drivers = [CoreDriver(policy, secret, columnar=columnar) for policy in policies]
+    outs = [Replayed() for _ in policies]
+    first, others = drivers[0], list(zip(drivers[1:], outs[1:], strict=True))
+    label = "replay" if len(policies) == 1 else f"replay under {len(policies)} policies"
+    total = len(recording.records)
     t0 = time.perf_counter()
     with old_objects_left_alone():
-        _fold_all(recording, driver, out, progress, decoded, fill)
-    out.seconds = time.perf_counter() - t0
-    if (run := driver.state.runs.get(recording.run_id)) is not None:
-        out.goodput, out.breakdown = goodput(run), goodput_total(run.goodput)
-    return out
+        for i, (_, _, value) in enumerate(recording.records, 1):
+            if i % _COLLECT_EVERY == 0:
+                gc.collect(1)
+            parts = first.decode(value)
+            if observe is not None:
+                observe(parts)
+            _add(outs[0], first.fold(parts), recording.run_id)
+            for driver, out in others:
+                mine = parts if driver.decoded_still_valid(parts) else driver.decode(value)
+                _add(out, driver.fold(mine), recording.run_id)
+            if progress is not None and (i % 500 == 0 or i == total):
+                progress(label, i, total)
+    seconds = time.perf_counter() - t0
+    for driver, out in zip(drivers, outs, strict=True):
+        out.seconds = seconds
+        if (run := driver.state.runs.get(recording.run_id)) is not None:
+            out.goodput, out.breakdown = goodput(run), goodput_total(run.goodput)
+    return outs
 
 
 #: Records folded between two collections of the young generations (old_objects_left_alone).
@@ -90,11 +123,11 @@ _COLLECT_EVERY = 2_000
 @contextmanager
 def old_objects_left_alone() -> Iterator[None]:
     """Python's cyclic collector, during a replay, scans only young objects. Its automatic
-    full collections traverse every object alive, and a replay keeps the log (a backtest
-    also its decoded records) alive: on the 1,024-rank recording they were a third of a
-    backtest's time. Young objects are still collected every `_COLLECT_EVERY` records
-    (``gc.collect(1)``, in _fold_all), so only cyclic garbage that outlives two of those
-    waits for the collector to be back on, after the replay."""
+    full collections traverse every object alive, and a replay keeps the log alive: on
+    the 1,024-rank recording they were a third of a backtest's time. Young objects are
+    still collected every `_COLLECT_EVERY` records (``gc.collect(1)``, in replay_all), so
+    only cyclic garbage that outlives two of those waits for the collector to be back on,
+    after the replay."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -104,33 +137,16 @@ def old_objects_left_alone() -> Iterator[None]:
             gc.enable()
 
 
-def _fold_all(
-    recording: Recording,
-    driver: CoreDriver,
-    out: Replayed,
-    progress: Callable[[int, int], None] | None,
-    decoded: list[DecodedParts] | None,
-    fill: bool,
-) -> None:
-    total = len(recording.records)
-    for i, (_, _, value) in enumerate(recording.records, 1):
-        if i % _COLLECT_EVERY == 0:
-            gc.collect(1)
-        cached = decoded[i - 1] if decoded is not None and not fill else None
-        parts = cached if cached is not None and driver.decoded_still_valid(cached) else driver.decode(value)
-        if fill:
-            decoded.append(parts)  # type: ignore[union-attr]
-        result = driver.fold(parts)
-        out.records += 1
-        out.events += result.events
-        out.duplicates += result.duplicates
-        out.rejections += len(result.rejections)
-        if result.derived:  # (nearly every record decides nothing)
-            out.derived += [d for d in result.derived if d.run_id == recording.run_id]
-        if result.commands:
-            out.commands += [c for c in result.commands if c.run_id == recording.run_id]
-        if progress is not None and (i % 500 == 0 or i == total):
-            progress(i, total)
+def _add(out: Replayed, result: DriverResult, run_id: str) -> None:
+    """One record's fold, counted; the run's decisions kept."""
+    out.records += 1
+    out.events += result.events
+    out.duplicates += result.duplicates
+    out.rejections += len(result.rejections)
+    if result.derived:  # (nearly every record decides nothing)
+        out.derived += [d for d in result.derived if d.run_id == run_id]
+    if result.commands:
+        out.commands += [c for c in result.commands if c.run_id == run_id]
 
 
 def decision_id(record: Decision) -> str:

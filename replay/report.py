@@ -18,7 +18,6 @@ from matplotlib.figure import Figure  # noqa: E402
 from ..schemas import Interruption  # noqa: E402
 from . import cost_model  # noqa: E402
 from .backtest import Act, Backtest, PolicyRun, Row, decisions_count  # noqa: E402
-from .decoded import timings  # noqa: E402
 
 CHARTS = ("goodput.png", "interruptions.png", "step_time.png")
 
@@ -138,7 +137,7 @@ def chart_step_time(bt: Backtest, path: Path) -> None:
     compute: dict[tuple[int, int], list[float]] = defaultdict(list)
     total: dict[tuple[int, int], list[float]] = defaultdict(list)
     at: dict[tuple[int, int], float] = {}
-    for e in timings(bt.decoded):
+    for e in bt.log.timings():
         key = (e.attempt, e.step)
         compute[key].append(e.compute_s)
         total[key].append(e.total_s)

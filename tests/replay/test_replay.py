@@ -11,7 +11,7 @@ import pytest
 from trainguard.devtools.stack import builtin_policy
 from trainguard.processors.core.policy import CorePolicy, load_policy, parse_policy
 from trainguard.replay.log import Recording, read_archived_recording
-from trainguard.replay.replay import compare, decisions_of, replay, replayed_decisions, unique
+from trainguard.replay.replay import compare, decisions_of, replay, replay_all, replayed_decisions, unique
 from trainguard.schemas import (
     Abort,
     Interruption,
@@ -73,17 +73,22 @@ def test_the_archive_keeps_the_log_and_a_replay_from_it_is_identical(recorded: R
 
 
 @pytest.mark.broker
-def test_a_log_decoded_once_replays_under_another_policy_as_decoded_anew(recorded: Recorded) -> None:
-    """A backtest decodes its log once (the baseline's replay fills `decoded`); a policy
-    replayed from those parts decides exactly as from the bytes."""
-    recording, decoded = recorded.recording, []
-    replay(recording, load_policy(str(POLICY)), decoded=decoded)
-    assert len(decoded) == len(recording.records)
+def test_policies_replayed_in_one_pass_decide_as_each_alone(recorded: Recorded) -> None:
+    """A backtest's pass decodes each record once and folds it into every policy's core
+    (replay_all): each policy decides exactly as when replayed alone from the bytes."""
+    recording = recorded.recording
     strict = parse_policy({"version": 1, "hang": {"min_samples": 20, "floor_s": 2.0, "stack_collect_s": 5.0},
                            "straggler": {"consecutive_steps": 50}})  # fmt: skip
-    again = replayed_decisions(replay(recording, strict, decoded=decoded))
-    anew = replayed_decisions(replay(recording, strict))
-    assert [encode(d) for d in again] == [encode(d) for d in anew] and anew
+    seen: list[int] = []
+    together = replay_all(
+        recording, [load_policy(str(POLICY)), strict], observe=lambda p: seen.append(p.events)
+    )
+    assert len(seen) == len(recording.records) and sum(seen) == together[0].events
+    for policy, out in zip((load_policy(str(POLICY)), strict), together, strict=True):
+        alone = replay(recording, policy)
+        assert [encode(d) for d in replayed_decisions(out)] == [encode(d) for d in replayed_decisions(alone)]
+        assert (out.events, out.duplicates, out.goodput) == (alone.events, alone.duplicates, alone.goodput)
+    assert replayed_decisions(together[0]) != replayed_decisions(together[1])
 
 
 @pytest.mark.broker

@@ -38,7 +38,8 @@ from . import cost_model
 from .cost_model import RunFacts
 from .decoded import LogColumns
 from .log import Recording
-from .replay import Replayed, replay_all
+from .parallel import replay_spread
+from .replay import Replayed
 
 Key = tuple[str, str]
 
@@ -217,14 +218,17 @@ def backtest(
     recording: Recording,
     policies: Sequence[tuple[str, CorePolicy]],
     progress: Callable[[str, int, int], None] | None = None,
+    processes: int | None = None,
 ) -> Backtest:
     """Replay `recording` under each policy (the first is the baseline) and price the
-    decisions that differ from the baseline's. One pass over the log: each record is
-    decoded once and folded into every policy's core (replay.replay_all)."""
+    decisions that differ from the baseline's. The policies are spread over `processes`
+    (default: one a usable CPU, replay/parallel.py); each process makes one pass over
+    the log, each record decoded once and folded into every policy's core of its share."""
     if not policies:
         raise ValueError("backtest needs at least one policy")
     log = LogColumns()
-    replayed = replay_all(recording, [policy for _, policy in policies], progress=progress, observe=log.add)
+    shares = [policy for _, policy in policies]
+    replayed = replay_spread(recording, shares, progress=progress, observe=log.add, processes=processes)
     runs = [PolicyRun(name, policy, r) for (name, policy), r in zip(policies, replayed, strict=True)]
     base = runs[0]
     mtbf = [d.mtbf_s for d in base.replayed.derived if isinstance(d, MtbfUpdate)]

@@ -1,8 +1,14 @@
 """Typed, versioned records: the telemetry, derived events, commands and acks that
-travel on trainguard's topics, and the one codec that reads and writes them."""
+travel on trainguard's topics, and the one codec that reads and writes them. Its block
+checks run compiled when a valid build is there (compiled.py), first on this package's
+path; else the Python."""
 
-from .base import NO_STEP, RUN_LEVEL_RANK, Envelope, Reason, ReasonCode, Record
-from .codec import (
+from .compiled import BUILD
+
+BUILD.use(__path__)
+
+from .base import NO_STEP, RUN_LEVEL_RANK, Envelope, Reason, ReasonCode, Record  # noqa: E402 (the build first)
+from .codec import (  # noqa: E402
     Batch,
     DecodedBatch,
     Rejected,
@@ -13,7 +19,7 @@ from .codec import (
     encode,
     encode_batch,
 )
-from .commands import (
+from .commands import (  # noqa: E402
     Abort,
     Ack,
     AckStatus,
@@ -33,7 +39,7 @@ from .commands import (
     SetCheckpointInterval,
     SkipUpdate,
 )
-from .events import (
+from .events import (  # noqa: E402
     CheckpointFailed,
     CheckpointRejected,
     CheckpointValidated,

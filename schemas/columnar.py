@@ -19,21 +19,17 @@ they are.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import orjson
 from pydantic import Field, ValidationError
 
-from .base import NO_STEP, Record
+from .base import Record
+from .block_check import COLUMNS, block_columns, common_rows
 from .events import StepTiming
 
-#: The per-row columns, in the order a row lists its fields.
-COLUMNS = ("event_id", "attempt", "rank", "step", "ts", "compute_s", "total_s")
-#: The keys a block may hold.
-_FIELDS = frozenset({"schema", "run_id", "node", *COLUMNS})
 #: Fewer step timings than this in one node's flush stay in the row format.
 MIN_BLOCK_ROWS = 2
 
@@ -110,32 +106,20 @@ class BlockError(ValueError):
 def columns_of(obj: dict[str, Any]) -> StepColumns:
     """Validate a parsed block: its header and shape (BlockError), then every row; rows
     the model refuses are set apart, the others kept as columns. A block of common rows
-    (numbers of the right kinds, in range) is checked a column at a time; any other block
-    is read row by row through the StepTiming model, so a row is accepted or refused
-    exactly as in the row format (which, for instance, reads a rank of "3" as 3)."""
-    run_id, node = obj.get("run_id"), obj.get("node")
-    if (
-        not isinstance(run_id, str)
-        or not 0 < len(run_id) <= 128
-        or not isinstance(node, str)
-        or len(node) > 128
-    ):
-        raise BlockError("step_timings/1: run_id and node must be strings (1-128 and 0-128 characters)")
-    if not _FIELDS.issuperset(obj):
-        raise BlockError(f"step_timings/1: unknown fields {sorted(set(obj) - _FIELDS)}")
-    get: Callable[[str], Any] = obj.get
-    raw: list[list[Any]] = list(map(get, COLUMNS))
-    if set(map(type, raw)) != {list}:
-        raise BlockError(f"step_timings/1: every one of {list(COLUMNS)} must be a list")
-    if len(set(map(len, raw))) != 1:
-        raise BlockError("step_timings/1: the columns have different lengths")
-    n = len(raw[0])
-    if _common_columns(raw):  # nearly every block: checked a column at a time, at C speed
-        ids, attempts, ranks, steps, ts, compute, total = raw  # the parsed lists, kept as they are
+    (numbers of the right kinds, in range) is checked in one loop over its rows
+    (schemas/block_check.py, compiled); any other block is read row by row through the
+    StepTiming model, so a row is accepted or refused exactly as in the row format
+    (which, for instance, reads a rank of "3" as 3)."""
+    raw = block_columns(obj)
+    if isinstance(raw, str):
+        raise BlockError(raw)
+    run_id, node = obj["run_id"], obj["node"]
+    if common_rows(raw):  # nearly every block: the parsed lists, kept as they are
+        ids, attempts, ranks, steps, ts, compute, total = raw
         return StepColumns(run_id, node, ids, attempts, ranks, steps, ts, compute, total, [])
     out: tuple[list[Any], ...] = ([], [], [], [], [], [], [])
     bad: list[dict[str, Any]] = []
-    for i in range(n):  # a block with an uncommon row: the model reads each row, as the row format does
+    for i in range(len(raw[0])):  # an uncommon row: the model reads each row, as the row format does
         line = {"run_id": run_id, "node": node, **{name: obj[name][i] for name in COLUMNS}}
         try:
             found = StepTiming.model_validate(line)
@@ -146,33 +130,6 @@ def columns_of(obj: dict[str, Any]) -> StepColumns:
             column.append(getattr(found, name))
     ids, attempts, ranks, steps, ts, compute, total = out
     return StepColumns(run_id, node, ids, attempts, ranks, steps, ts, compute, total, bad)
-
-
-#: Ints past 64 bits (the model reads them too) take the row by row path: the fast path
-#: keeps to what every JSON reader of the log agrees on.
-_INT_LIMIT = 2**63
-
-
-def _common_columns(raw: list[list[Any]]) -> bool:
-    """Every row is common: the right types, in range (ints as ints, floats as finite,
-    non-negative floats), judged a few columns at a time. A block with any other row is
-    read row by row through the model."""
-    ids, attempts, ranks, steps, ts, compute, total = raw
-    if not ids:
-        return True
-    # all(ids): no empty id (every one is a str by then).
-    if set(map(type, ids)) != {str} or not all(ids) or max(map(len, ids)) > 200:
-        return False
-    ints = attempts + ranks + steps
-    if set(map(type, ints)) != {int} or max(ints) >= _INT_LIMIT:
-        return False
-    if min(attempts) < 0 or min(ranks) < 0 or min(steps) < NO_STEP:
-        return False
-    # (an int among the floats is legal: the row by row path reads it.) The sum of
-    # non-negative floats is finite only if each is; a sum that overflows sends a block of
-    # finite huge values the row by row way, which accepts them as it should.
-    floats = ts + compute + total
-    return set(map(type, floats)) == {float} and min(floats) >= 0.0 and math.isfinite(sum(floats))
 
 
 def row(block: StepColumns, i: int) -> StepTiming:

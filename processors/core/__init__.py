@@ -5,9 +5,9 @@ modules run compiled when a valid build is there (compiled.py), first on this pa
 path; else the Python.
 """
 
-from .compiled import use_build
+from .compiled import BUILD
 
-use_build(__path__)
+BUILD.use(__path__)
 
 from .engine import Output, goodput, run_all, step, step_time_summary  # noqa: E402 (the build first)
 from .policy import CorePolicy, HangPolicy  # noqa: E402

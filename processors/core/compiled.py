@@ -5,15 +5,10 @@ The per-event core is pure Python, and a quiet step timing costs ~35 Python stat
 mypyc compiles the same typed modules to C: a compiled class's fields are C slots and a
 call between compiled functions is a C call, so the whole decode and fold runs ~25%
 faster (docs/benchmarks.md). `trainguard.devtools.compile_core` (run by `scripts/setup`)
-builds MODULES into ``_compiled/`` beside this file, with a stamp of the sources it
-compiled; the package then puts ``_compiled/`` first on its ``__path__``, so
-``trainguard.processors.core.engine`` is the compiled engine.
-
-The sources stay the truth. A build is used only while every source it was compiled from
-is unchanged and for the same interpreter: edit a module and this process runs the
-Python (with a warning to rebuild) rather than a stale build. ``TRAINGUARD_PURE_PYTHON=1``
-runs the Python whatever was built (to debug, profile or monkeypatch the core). Without
-a compiler or mypy (a plain ``pip install``) nothing is built and everything is as before.
+builds MODULES into ``_compiled/`` beside this file; the package puts a valid build
+first on its ``__path__`` (trainguard/compiled_build.py: when a build is valid, and
+``TRAINGUARD_PURE_PYTHON=1``), so ``trainguard.processors.core.engine`` is the compiled
+engine.
 
 Not compiled: modules that define pydantic models (the policies; mypyc checks a class
 attribute's default against its annotation, and a pydantic ``Field(...)`` default fails
@@ -25,21 +20,9 @@ True)``); a compiled class has no ``__dict__`` and takes no attribute it does no
 
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
-import os
-import sys
 from pathlib import Path
 
-log = logging.getLogger(__name__)
-
-HERE = Path(__file__).parent
-#: Where the build goes, and its stamp (the sources' digests and the interpreter).
-BUILD = HERE / "_compiled"
-STAMP = BUILD / "stamp.json"
-#: Set (to anything but "" or "0") to run the Python whatever was built.
-PURE_ENV = "TRAINGUARD_PURE_PYTHON"
+from ...compiled_build import CompiledBuild
 
 #: The compiled modules of trainguard.processors.core (module docstring: which are not).
 MODULES = (
@@ -66,35 +49,7 @@ MODULES = (
     "watchdog",
 )
 
-
-def stamp() -> dict[str, object]:
-    """What a build is valid for: this interpreter and the current sources of MODULES."""
-    digests = {name: hashlib.sha256((HERE / f"{name}.py").read_bytes()).hexdigest() for name in MODULES}
-    return {"python": sys.implementation.cache_tag, "sources": digests}
-
-
-def build_is_current() -> bool:
-    """A build is there, and its stamp is this interpreter's and the current sources'."""
-    try:
-        return bool(json.loads(STAMP.read_text()) == stamp())
-    except (OSError, ValueError):
-        return False
-
-
-def use_build(package_path: list[str]) -> bool:
-    """Put a valid build first on the core package's `package_path` (its ``__path__``);
-    False (the Python runs) when there is none, it is stale, or PURE_ENV is set."""
-    if os.environ.get(PURE_ENV, "") not in ("", "0") or not STAMP.is_file():
-        return False
-    if not build_is_current():
-        log.warning(
-            "trainguard: the compiled core in %s is stale (a source changed since it was built): "
-            "running the Python core; rebuild with `.venv/bin/python -m trainguard.devtools.compile_core`",
-            BUILD,
-        )
-        return False
-    package_path.insert(0, str(BUILD))
-    return True
+BUILD = CompiledBuild("trainguard.processors.core", Path(__file__).parent, MODULES)
 
 
 def active() -> bool:

@@ -1,11 +1,9 @@
-"""The compiled core (processors/core/compiled.py): used only while valid, and deciding
-exactly what the Python core decides."""
+"""The compiled core (processors/core/compiled.py) and block checks (schemas/compiled.py)
+decide exactly what the Python decides (when a build is used: tests/test_compiled_build.py)."""
 
 from __future__ import annotations
 
 import hashlib
-import json
-import logging
 import os
 import subprocess
 import sys
@@ -13,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.compiled_build import PURE_ENV
 from trainguard.processors.core import compiled, goodput
 from trainguard.processors.core.policy import CorePolicy
 from trainguard.processors.driver import CoreDriver
@@ -21,54 +20,14 @@ from trainguard.schemas import encode
 
 from ..simulated import packed_records
 
-
-@pytest.fixture
-def build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A build folder of our own (the real one is left alone), with no stamp yet."""
-    folder = tmp_path / "_compiled"
-    folder.mkdir()
-    monkeypatch.setattr(compiled, "BUILD", folder)
-    monkeypatch.setattr(compiled, "STAMP", folder / "stamp.json")
-    monkeypatch.delenv(compiled.PURE_ENV, raising=False)
-    return folder
-
-
-def test_a_build_for_these_sources_goes_first_on_the_path(build: Path) -> None:
-    (build / "stamp.json").write_text(json.dumps(compiled.stamp()))
-    path = ["/the/sources"]
-    assert compiled.use_build(path)
-    assert path == [str(build), "/the/sources"]
-
-
-def test_no_build_or_a_stale_one_leaves_the_python(build: Path, caplog: pytest.LogCaptureFixture) -> None:
-    path = ["/the/sources"]
-    assert not compiled.use_build(path)  # nothing built
-    stale = compiled.stamp()
-    sources = dict(stale["sources"])  # type: ignore[call-overload]
-    sources["engine"] = hashlib.sha256(b"the engine as it was").hexdigest()
-    (build / "stamp.json").write_text(json.dumps({**stale, "sources": sources}))
-    with caplog.at_level(logging.WARNING):
-        assert not compiled.use_build(path)
-    assert path == ["/the/sources"] and "stale" in caplog.text
-    (build / "stamp.json").write_text(json.dumps({**compiled.stamp(), "python": "cpython-27"}))
-    assert not compiled.use_build(path)  # another interpreter's build
-    (build / "stamp.json").write_text("{not json")
-    assert not compiled.use_build(path)
-
-
-def test_pure_python_on_request(build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (build / "stamp.json").write_text(json.dumps(compiled.stamp()))
-    monkeypatch.setenv(compiled.PURE_ENV, "1")
-    assert not compiled.use_build(path := ["/the/sources"]) and path == ["/the/sources"]
-
-
 #: Folds a library scenario's packed records and prints a digest of every decision and
 #: dead letter, the run's goodput and which core ran (run in a fresh interpreter).
 _FOLD = """
 import sys
 from tests.processors.test_compiled import decisions_digest
 from trainguard.processors.core import compiled
-print(compiled.active(), decisions_digest(sys.argv[1]))
+from trainguard.schemas import block_check
+print(compiled.active() and not block_check.__file__.endswith(".py"), decisions_digest(sys.argv[1]))
 """
 
 
@@ -88,9 +47,9 @@ def decisions_digest(name: str) -> str:
 
 
 def fold_in(name: str, pure: bool) -> tuple[bool, str]:
-    env = {k: v for k, v in os.environ.items() if k != compiled.PURE_ENV}
+    env = {k: v for k, v in os.environ.items() if k != PURE_ENV}
     if pure:
-        env[compiled.PURE_ENV] = "1"
+        env[PURE_ENV] = "1"
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
         [sys.executable, "-c", _FOLD, name], cwd=root, env=env, capture_output=True, text=True, check=True

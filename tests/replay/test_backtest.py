@@ -4,18 +4,23 @@ evicted 50 steps sooner under the candidate."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from trainguard.devtools.stack import builtin_policy
+from trainguard.processors.core import CorePolicy
 from trainguard.processors.core.policy import load_policy
-from trainguard.replay import cost_model
+from trainguard.replay import cost_model, parallel
 from trainguard.replay.backtest import backtest
 from trainguard.replay.cost_model import RunFacts
+from trainguard.replay.log import Recording
+from trainguard.replay.replay import Replayed
 from trainguard.replay.report import CHARTS, write_report
-from trainguard.schemas import EvictionDecision, EvictRank, IntervalUpdate, Reason, ReasonCode
+from trainguard.schemas import EvictionDecision, EvictRank, IntervalUpdate, Reason, ReasonCode, encode
 
 from .conftest import Recorded
 
@@ -158,3 +163,50 @@ def test_the_cli_prints_the_table_and_writes_the_report(
     assert (report / "report.md").exists() and all((report / name).exists() for name in CHARTS)
     out = CliRunner().invoke(app, ["replay", "--run-id", "no-such-run", "--archive", str(recorded.archive)])
     assert out.exit_code == 2 and "no telemetry of run no-such-run in the archive" in out.output
+
+
+@pytest.mark.broker
+def test_policies_spread_over_processes_decide_as_in_one(recorded: Recorded, strict_policy: Path) -> None:
+    """replay/parallel.py: three policies over two processes (the second forked) decide
+    and price exactly as in one process; the log's facts are the same."""
+    demo, strict = load_policy(str(builtin_policy("demo"))), load_policy(str(strict_policy))
+    policies = [("demo", demo), ("strict", strict), ("demo again", demo)]
+    spread, alone = (
+        backtest(recorded.recording, policies, processes=2),
+        backtest(recorded.recording, policies, processes=1),
+    )
+    assert spread.facts == alone.facts and list(spread.log.timings()) == list(alone.log.timings())
+    for mine, theirs in zip(spread.runs, alone.runs, strict=True):
+        decisions = [encode(d) for d in (*mine.replayed.derived, *mine.replayed.commands)]
+        assert decisions == [encode(d) for d in (*theirs.replayed.derived, *theirs.replayed.commands)]
+        assert (mine.rows, mine.goodput, mine.replayed.events) == (
+            theirs.rows,
+            theirs.goodput,
+            theirs.replayed.events,
+        )
+    assert spread.runs[1].rows and not spread.runs[2].rows
+
+
+def test_a_failing_child_fails_the_backtest_with_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A share that fails in its child raises here, with the child's error; a child that
+    dies without an answer, with its exit code."""
+    failure: list[Callable[[], None]] = []
+
+    def replay_all(recording: Recording, policies: list, *args: object, **kwargs: object) -> list:
+        if "observe" not in kwargs:  # the child's share (the parent's share observes the log)
+            failure[0]()
+        return [Replayed() for _ in policies]
+
+    def refuse() -> None:
+        raise ValueError("the core could not take this policy")
+
+    monkeypatch.setattr(parallel, "replay_all", replay_all)
+    policies, observe = [CorePolicy(), CorePolicy()], lambda _: None
+    failure[:] = [refuse]
+    with pytest.raises(
+        RuntimeError, match=r"(?s)policies \[1\].*ValueError: the core could not take this policy"
+    ):
+        parallel.replay_spread(Recording("r"), policies, observe=observe, processes=2)
+    failure[:] = [lambda: os._exit(3)]
+    with pytest.raises(RuntimeError, match=r"policies \[1\].*exited with code 3 before it answered"):
+        parallel.replay_spread(Recording("r"), policies, observe=observe, processes=2)

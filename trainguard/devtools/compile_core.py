@@ -1,14 +1,17 @@
-"""Compile the core's hot modules with mypyc (processors/core/compiled.py says which and why).
+"""Compile the hot modules with mypyc (trainguard/compiled_build.py: when a build is used;
+processors/core/compiled.py and schemas/compiled.py: which modules and why).
 
-    .venv/bin/python -m trainguard.devtools.compile_core          # build unless up to date
-    .venv/bin/python -m trainguard.devtools.compile_core --force  # build again
+    .venv/bin/python -m trainguard.devtools.compile_core          # build what is not up to date
+    .venv/bin/python -m trainguard.devtools.compile_core --force  # build everything again
 
 `scripts/setup` runs it. mypyc needs the modules under their package names, which the
 repository maps from top-level folders (pyproject's package-dir): as `scripts/typecheck`
 does, the build runs in a link tree shaped like the installed package (under
 .trainguard/compile), and only the compiled extensions and their stamp are copied into
-processors/core/_compiled/. About 30 s on two cores; needs mypy (the dev extra) and a
-C compiler. A build that fails leaves no build: the core runs as Python.
+each package's _compiled/. Each package is its own mypyc group, built by its own run
+(its modules call another package's as Python). About 35 s on two cores; needs mypy
+(the dev extra) and a C compiler. A build that fails leaves no build: that package runs
+as Python.
 """
 
 from __future__ import annotations
@@ -23,23 +26,25 @@ import time
 from pathlib import Path
 
 os.environ["TRAINGUARD_PURE_PYTHON"] = "1"  # the builder itself runs the Python (no stale-build warning)
-from trainguard.processors.core import compiled  # noqa: E402
+from trainguard.compiled_build import CompiledBuild  # noqa: E402
+from trainguard.processors.core import compiled as core_compiled  # noqa: E402
+from trainguard.schemas import compiled as schemas_compiled  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TREE = ROOT / ".trainguard" / "compile"
-#: The shared library of the group lands beside the modules, inside the core package.
-GROUP = "trainguard.processors.core.native"
+#: Every compiled package's build, in build order.
+BUILDS: tuple[CompiledBuild, ...] = (schemas_compiled.BUILD, core_compiled.BUILD)
 _SETUP = """
 from mypyc.build import mypycify
 from setuptools import setup
 paths = {paths!r}
-setup(name="trainguard-core-compiled", py_modules=[], ext_modules=mypycify(paths, group_name={group!r}),
-      script_args=["build_ext", "--build-lib", "out", "--build-temp", "tmp"])
+setup(name="trainguard-compiled", py_modules=[], ext_modules=mypycify(paths, group_name={group!r}),
+      script_args=["build_ext", "--build-lib", {out!r}, "--build-temp", {tmp!r}])
 """
 
 
-def build() -> Path:
-    """Compile MODULES; return the folder the extensions were built in."""
+def link_tree() -> None:
+    """The repository shaped like the installed package, under TREE."""
     shutil.rmtree(TREE, ignore_errors=True)
     package = TREE / "trainguard"
     package.mkdir(parents=True)
@@ -47,45 +52,60 @@ def build() -> Path:
         (package / path.name).symlink_to(path)
     for folder in ("schemas", "producers", "processors", "sinks", "replay"):
         (package / folder).symlink_to(ROOT / folder)
+
+
+def build(target: CompiledBuild) -> Path:
+    """Compile one package's modules; return the folder its extensions were built in."""
+    relative = Path(*target.package.split("."))
+    name = target.package.replace(".", "_")
     # mypy's settings are the project's (pyproject.toml), as scripts/typecheck uses them.
     paths = ["--config-file", str(ROOT / "pyproject.toml")]
-    paths += [f"trainguard/processors/core/{name}.py" for name in compiled.MODULES]
-    (TREE / "setup_compiled.py").write_text(_SETUP.format(paths=paths, group=GROUP))
-    subprocess.run([sys.executable, "setup_compiled.py"], cwd=TREE, check=True, stdout=subprocess.DEVNULL)
-    return TREE / "out" / "trainguard" / "processors" / "core"
+    paths += [str(relative / f"{module}.py") for module in target.modules]
+    script = TREE / f"setup_{name}.py"
+    script.write_text(_SETUP.format(paths=paths, group=target.group, out=f"out_{name}", tmp=f"tmp_{name}"))
+    subprocess.run([sys.executable, script.name], cwd=TREE, check=True, stdout=subprocess.DEVNULL)
+    return TREE / f"out_{name}" / relative
 
 
-def install(built: Path) -> int:
-    """Replace processors/core/_compiled with the new extensions and their stamp."""
+def install(target: CompiledBuild, built: Path) -> int:
+    """Replace the package's _compiled/ with the new extensions and their stamp."""
     extensions = sorted(built.glob("*.so")) + sorted(built.glob("*.pyd"))
-    staged = compiled.BUILD.with_name("_compiled.new")
+    staged = target.folder.with_name("_compiled.new")
     shutil.rmtree(staged, ignore_errors=True)
     staged.mkdir()
     for extension in extensions:
         shutil.copy2(extension, staged / extension.name)
-    (staged / "stamp.json").write_text(json.dumps(compiled.stamp(), indent=1))
-    shutil.rmtree(compiled.BUILD, ignore_errors=True)
-    staged.rename(compiled.BUILD)
+    (staged / "stamp.json").write_text(json.dumps(target.stamp(), indent=1))
+    shutil.rmtree(target.folder, ignore_errors=True)
+    staged.rename(target.folder)
     return len(extensions)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--force", action="store_true", help="build even when the build is up to date")
+    parser.add_argument("--force", action="store_true", help="build even what is up to date")
     args = parser.parse_args(argv)
-    if not args.force and compiled.build_is_current():
-        print(f"the compiled core in {compiled.BUILD} is up to date", file=sys.stderr)
-        return 0
-    started = time.monotonic()
-    shutil.rmtree(compiled.BUILD, ignore_errors=True)  # a failed build leaves the Python in use
-    try:
-        count = install(build())
-    except (subprocess.CalledProcessError, OSError) as exc:
-        print(f"compiling the core failed ({exc}): the core runs as Python", file=sys.stderr)
-        return 1
-    took = time.monotonic() - started
-    print(f"compiled {count} extensions of the core into {compiled.BUILD} in {took:.0f} s", file=sys.stderr)
-    return 0
+    todo = [target for target in BUILDS if args.force or not target.is_current()]
+    for target in set(BUILDS) - set(todo):
+        print(f"the compiled build in {target.folder} is up to date", file=sys.stderr)
+    if todo:
+        link_tree()
+    failed = 0
+    for target in todo:
+        started = time.monotonic()
+        shutil.rmtree(target.folder, ignore_errors=True)  # a failed build leaves the Python in use
+        try:
+            count = install(target, build(target))
+        except (subprocess.CalledProcessError, OSError) as exc:
+            print(f"compiling {target.package} failed ({exc}): it runs as Python", file=sys.stderr)
+            failed += 1
+            continue
+        took = time.monotonic() - started
+        print(
+            f"compiled {count} extensions of {target.package} into {target.folder} in {took:.0f} s",
+            file=sys.stderr,
+        )
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,65 @@
+"""A compiled build (trainguard/compiled_build.py) is used only while it is valid: built
+for this interpreter from the current sources, and not refused by PURE_ENV."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from trainguard.compiled_build import PURE_ENV, CompiledBuild
+from trainguard.processors.core import compiled as core_compiled
+from trainguard.schemas import compiled as schemas_compiled
+
+
+@pytest.fixture
+def build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CompiledBuild:
+    """A package of our own (the real builds are left alone): two modules, no build yet."""
+    for name in ("engine", "state"):
+        (tmp_path / f"{name}.py").write_text(f"NAME = {name!r}\n")
+    monkeypatch.delenv(PURE_ENV, raising=False)
+    target = CompiledBuild("pkg.core", tmp_path, ("engine", "state"))
+    target.folder.mkdir()
+    return target
+
+
+def test_a_build_for_these_sources_goes_first_on_the_path(build: CompiledBuild) -> None:
+    build.stamp_file.write_text(json.dumps(build.stamp()))
+    path = ["/the/sources"]
+    assert build.use(path)
+    assert path == [str(build.folder), "/the/sources"]
+    assert build.group == "pkg.core.native"
+
+
+def test_no_build_or_a_stale_one_leaves_the_python(
+    build: CompiledBuild, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = ["/the/sources"]
+    assert not build.use(path)  # nothing built
+    build.stamp_file.write_text(json.dumps(build.stamp()))
+    (build.source / "engine.py").write_text("NAME = 'the engine, edited since'\n")
+    with caplog.at_level(logging.WARNING):
+        assert not build.use(path)
+    assert path == ["/the/sources"] and "stale" in caplog.text
+    build.stamp_file.write_text(json.dumps({**build.stamp(), "python": "cpython-27"}))
+    assert not build.use(path)  # another interpreter's build
+    build.stamp_file.write_text("{not json")
+    assert not build.use(path)
+    sources = dict(build.stamp()["sources"])  # type: ignore[call-overload]
+    assert sources["engine"] == hashlib.sha256(b"NAME = 'the engine, edited since'\n").hexdigest()
+
+
+def test_pure_python_on_request(build: CompiledBuild, monkeypatch: pytest.MonkeyPatch) -> None:
+    build.stamp_file.write_text(json.dumps(build.stamp()))
+    monkeypatch.setenv(PURE_ENV, "1")
+    assert not build.use(path := ["/the/sources"]) and path == ["/the/sources"]
+
+
+def test_each_compiled_package_declares_modules_of_its_own_folder() -> None:
+    for target in (core_compiled.BUILD, schemas_compiled.BUILD):
+        assert target.modules and all((target.source / f"{m}.py").is_file() for m in target.modules)
+        assert target.source.name == target.package.rsplit(".", 1)[1]
+    assert "compiled" not in core_compiled.MODULES + schemas_compiled.MODULES  # the loaders stay Python

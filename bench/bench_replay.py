@@ -8,8 +8,8 @@ healthy-1k scenario with a crash and a thermal straggler added, at `--speed` for
 pipeline idle: reads the recording back from the topics and from the archive (both must
 give the same records), replays the archived one through the policy core under the
 policy it ran with (and checks the decisions are identical), and backtests it under that
-policy and one other. Prints events/s and x real time (the recorded run's own duration
-over each stage's wall time).
+policy and one other (its policies spread over the CPUs, then in one process). Prints
+events/s and x real time (the recorded run's own duration over each stage's wall time).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from trainguard.producers.simulator.driver import run_simulation
 from trainguard.producers.simulator.scenario import Scenario
 from trainguard.replay.backtest import backtest
 from trainguard.replay.log import read_archived_recording, read_recording
+from trainguard.replay.parallel import usable_cpus
 from trainguard.replay.replay import compare, decisions_of, replay, replayed_decisions
 from trainguard.sinks.archive import ArchiveWriter
 
@@ -86,6 +87,9 @@ def main() -> None:
     t0 = time.perf_counter()
     result = backtest(recording, [("demo", policy), ("straggler-50", other)])
     backtest_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    backtest(recording, [("demo", policy), ("straggler-50", other)], processes=1)
+    one_process_s = time.perf_counter() - t0
     run_s = sim.sim_s
     print(f"recorded: {sim.world_size} ranks, {sim.steps_completed} steps, {sim.attempts} attempts, "
           f"{run_s:.0f} s of run time, {replayed.events:,} events in {replayed.records:,} records; "
@@ -100,8 +104,10 @@ def main() -> None:
           f"{run_s / archive_read_s:,.0f} |")  # fmt: skip
     print(f"| replay (one policy) | {replayed.seconds:.2f} | {replayed.events_per_s:,.0f} | "
           f"{run_s / replayed.seconds:,.0f} |")  # fmt: skip
-    print(f"| backtest (two policies, priced) | {backtest_s:.2f} | {2 * replayed.events / backtest_s:,.0f} | "
-          f"{run_s / backtest_s:,.0f} |")  # fmt: skip
+    print(f"| backtest (two policies, priced; one process a CPU, {usable_cpus()} here) | {backtest_s:.2f} | "
+          f"{2 * replayed.events / backtest_s:,.0f} | {run_s / backtest_s:,.0f} |")  # fmt: skip
+    print(f"| the same backtest in one process | {one_process_s:.2f} | "
+          f"{2 * replayed.events / one_process_s:,.0f} | {run_s / one_process_s:,.0f} |")  # fmt: skip
     print()
     print(f"backtest: straggler-50 differs in {len(result.runs[1].rows)} decisions, "
           f"modelled saving {result.runs[1].saving_s:+.1f} s of job time")  # fmt: skip

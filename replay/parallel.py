@@ -21,6 +21,7 @@ import os
 import traceback
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 
 from ..processors.core import CorePolicy
 from ..schemas.codec import DecodedParts
@@ -50,33 +51,42 @@ def replay_spread(
         return replay_all(recording, policies, progress=progress, observe=observe)
     shares = [list(range(first, len(policies), count)) for first in range(count)]
     context = multiprocessing.get_context("fork")
-    children = []
-    for share in shares[1:]:
-        receive, send = context.Pipe(duplex=False)
-        child = context.Process(
-            target=_replay_share, args=(recording, [policies[i] for i in share], send), daemon=True
-        )
-        child.start()
-        send.close()  # (the child holds its own end: EOF here when it dies)
-        children.append((share, child, receive))
+    children: list[tuple[list[int], BaseProcess, Connection]] = []
     results: list[Replayed | None] = [None] * len(policies)
-    mine = replay_all(recording, [policies[i] for i in shares[0]], progress=progress, observe=observe)
-    for i, replayed in zip(shares[0], mine, strict=True):
-        results[i] = replayed
-    for share, child, receive in children:
-        try:
-            outcome = receive.recv()
-        except EOFError:
-            child.join()
-            outcome = f"the process exited with code {child.exitcode} before it answered"
-        finally:
-            receive.close()
-        child.join()
-        if isinstance(outcome, str):
-            raise RuntimeError(f"replaying policies {share} in a child process failed: {outcome}")
-        for i, replayed in zip(share, outcome, strict=True):
+    try:
+        for share in shares[1:]:
+            receive, send = context.Pipe(duplex=False)
+            child = context.Process(
+                target=_replay_share, args=(recording, [policies[i] for i in share], send), daemon=True
+            )
+            child.start()
+            send.close()  # (the child holds its own end: EOF here when it dies)
+            children.append((share, child, receive))
+        mine = replay_all(recording, [policies[i] for i in shares[0]], progress=progress, observe=observe)
+        for i, replayed in zip(shares[0], mine, strict=True):
             results[i] = replayed
+        for share, process, receive in children:
+            for i, replayed in zip(share, _answer(share, process, receive), strict=True):
+                results[i] = replayed
+    finally:  # (this process failed, or a child did: none is left running or blocked)
+        for _, process, receive in children:
+            receive.close()
+            if process.is_alive():
+                process.terminate()
+            process.join()
     return [r for r in results if r is not None]
+
+
+def _answer(share: list[int], child: BaseProcess, receive: Connection) -> list[Replayed]:
+    """A child's results; its error, or its death before it answered, raised here."""
+    try:
+        outcome = receive.recv()
+    except EOFError:
+        child.join()
+        outcome = f"the process exited with code {child.exitcode} before it answered"
+    if isinstance(outcome, str):
+        raise RuntimeError(f"replaying policies {share} in a child process failed: {outcome}")
+    return list(outcome)
 
 
 def _replay_share(recording: Recording, policies: list[CorePolicy], send: Connection) -> None:

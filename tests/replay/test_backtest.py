@@ -4,7 +4,9 @@ evicted 50 steps sooner under the candidate."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -189,12 +191,14 @@ def test_policies_spread_over_processes_decide_as_in_one(recorded: Recorded, str
 
 def test_a_failing_child_fails_the_backtest_with_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
     """A share that fails in its child raises here, with the child's error; a child that
-    dies without an answer, with its exit code."""
+    dies without an answer, with its exit code; and no child outlives a failure."""
     failure: list[Callable[[], None]] = []
 
     def replay_all(recording: Recording, policies: list, *args: object, **kwargs: object) -> list:
         if "observe" not in kwargs:  # the child's share (the parent's share observes the log)
             failure[0]()
+        elif len(failure) > 1:  # the parent's own share
+            failure[1]()
         return [Replayed() for _ in policies]
 
     def refuse() -> None:
@@ -210,3 +214,9 @@ def test_a_failing_child_fails_the_backtest_with_its_traceback(monkeypatch: pyte
     failure[:] = [lambda: os._exit(3)]
     with pytest.raises(RuntimeError, match=r"policies \[1\].*exited with code 3 before it answered"):
         parallel.replay_spread(Recording("r"), policies, observe=observe, processes=2)
+    # This process failing while its child still works: the child is stopped, not left.
+    failure[:] = [lambda: time.sleep(60), refuse]
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="could not take"):
+        parallel.replay_spread(Recording("r"), policies, observe=observe, processes=2)
+    assert time.monotonic() - started < 30 and not multiprocessing.active_children()

@@ -7,10 +7,12 @@ schemas/compiled.py) and calls ``BUILD.use(__path__)`` before it imports them;
 package into ``_compiled/`` beside its sources, with a stamp of the sources it compiled.
 
 The sources stay the truth. A build is used only while every source it was compiled from
-is unchanged and for the same interpreter: edit a module and this process runs the
+is unchanged and for the same interpreter and platform: edit a module and this process runs the
 Python (with a warning to rebuild) rather than a stale build. ``TRAINGUARD_PURE_PYTHON=1``
 runs the Python whatever was built (to debug, profile or monkeypatch). Without a
-compiler or mypy (a plain ``pip install``) nothing is built and everything is Python.
+compiler or mypy nothing is built and everything is Python. A wheel built from a tree that
+holds valid builds carries them (pyproject's package data; the Dockerfile builds them in
+a stage of its own), and an installed package uses them on the same terms.
 
 Each package is its own build (its own mypyc group): a compiled module calls another
 package's functions as Python, so one package's build never runs another's stale code.
@@ -20,6 +22,7 @@ This module imports nothing of trainguard: the lowest package (schemas) uses it 
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
 import json
 import logging
 import os
@@ -59,9 +62,11 @@ class CompiledBuild:
         return f"{self.package}.native"
 
     def stamp(self) -> dict[str, object]:
-        """What a build is valid for: this interpreter and the current sources."""
+        """What a build is valid for: this interpreter, this platform's extensions (a wheel
+        that carries a build may be installed elsewhere), and the current sources."""
         digests = {name: _digest(self.source / f"{name}.py") for name in self.modules}
-        return {"python": sys.implementation.cache_tag, "sources": digests}
+        platform = importlib.machinery.EXTENSION_SUFFIXES[0]  # e.g. .cpython-311-x86_64-linux-gnu.so
+        return {"python": sys.implementation.cache_tag, "extensions": platform, "sources": digests}
 
     def is_current(self) -> bool:
         """A build is there, and its stamp is this interpreter's and the current sources'."""

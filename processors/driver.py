@@ -72,8 +72,8 @@ class CoreDriver:
 
     def decoded_still_valid(self, decoded: DecodedParts) -> bool:
         """`decoded`, made by another core at the same point of the same log, is what
-        this core would decode: both know the run with the same world size. A backtest
-        decodes a log once for all its policies (replay/backtest.py)."""
+        this core would decode: both know the run with the same world size. A backtest's
+        pass decodes each record once for all its policies (replay/replay.py replay_all)."""
         header = decoded.header
         if header is None:
             return False  # a lone event is checked against its own run: decode it again

@@ -5,21 +5,23 @@ checks as Python were ~4 us a block of builtin calls (a sixth of a replay's deco
 as C loops over the rows they are ~1 us.
 
 Plain Python over lists and dicts, no pydantic (mypyc cannot compile a module that
-defines a model) and nothing of the core.
+defines a model; base's constant is read, not compiled) and nothing of the core.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
+from .base import NO_STEP
+
 #: The per-row columns, in the order a row lists its fields.
 COLUMNS: Final = ("event_id", "attempt", "rank", "step", "ts", "compute_s", "total_s")
 #: The keys a block may hold.
 FIELDS: Final = frozenset({"schema", "run_id", "node", *COLUMNS})
-#: The envelope's bounds (schemas/base.py) that a common row is checked against here.
+#: The envelope's length bounds (schemas/base.py's Field limits) a common row is checked
+#: against here; its step bound is base's NO_STEP itself.
 MAX_ID: Final = 200
 MAX_NAME: Final = 128
-NO_STEP: Final = -1
 #: Ints past 64 bits (the model reads them too) take the row by row path: the fast path
 #: keeps to what every JSON reader of the log agrees on.
 INT_LIMIT: Final = 2**63
@@ -60,6 +62,7 @@ def common_rows(columns: list[list[Any]]) -> bool:
     among the floats is legal, and that path reads it)."""
     ids, attempts, ranks, steps = columns[0], columns[1], columns[2], columns[3]
     ts, compute, total = columns[4], columns[5], columns[6]
+    no_step = NO_STEP  # (a Python module's constant: read once, not per row)
     for i in range(len(ids)):
         event_id = ids[i]
         if type(event_id) is not str or not event_id or len(event_id) > MAX_ID:
@@ -67,7 +70,7 @@ def common_rows(columns: list[list[Any]]) -> bool:
         attempt, rank, step = attempts[i], ranks[i], steps[i]
         if type(attempt) is not int or type(rank) is not int or type(step) is not int:
             return False
-        if not (0 <= attempt < INT_LIMIT and 0 <= rank < INT_LIMIT and NO_STEP <= step < INT_LIMIT):
+        if not (0 <= attempt < INT_LIMIT and 0 <= rank < INT_LIMIT and no_step <= step < INT_LIMIT):
             return False
         at, before, whole = ts[i], compute[i], total[i]
         if type(at) is not float or type(before) is not float or type(whole) is not float:

@@ -20,7 +20,9 @@ CASES: list[Any] = [
 
 
 def python_source() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("block_check_python", BUILD.source / "block_check.py")
+    spec = importlib.util.spec_from_file_location(
+        "trainguard.schemas.block_check_python", BUILD.source / "block_check.py"
+    )  # (named in the package: its relative import of base resolves)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

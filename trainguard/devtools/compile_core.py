@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="build even what is up to date")
     args = parser.parse_args(argv)
     todo = [target for target in BUILDS if args.force or not target.is_current()]
-    for target in set(BUILDS) - set(todo):
+    for target in (target for target in BUILDS if target not in todo):
         print(f"the compiled build in {target.folder} is up to date", file=sys.stderr)
     if todo:
         link_tree()

@@ -17,6 +17,7 @@ import copy
 import os
 import queue
 import socket
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -138,7 +139,24 @@ def _rank(rank: int, world: int, port: int, ckpt: str, out: Any) -> None:
     out.put((rank, first == again, resumed, norms[0], expected, norms, checks, compute, rings))
     ckpt_manager.close()
     sup.close()
+    _leave(out)
+
+
+def _leave(out: Any) -> None:
+    """End a rank: destroy its groups, hand its result to the parent, and exit without the
+    interpreter's finalization. fully_shard keeps the gloo group alive past
+    destroy_process_group (its run-loop threads with it), and a run-loop thread that is
+    still releasing its last all-reduce's work when the interpreter finalizes needs the
+    GIL to drop the work's tensors: the thread exits mid-destructor and the process aborts
+    ("terminate called without an active exception", a core dump's stack:
+    ~AsyncAllreduceWork -> decref_pyobject -> take_gil -> PyThread_exit_thread; ~1 exit in 8
+    here, pytorch/pytorch#179291). What the test asserts is already in `out`."""
     dist.destroy_process_group()
+    out.close()
+    out.join_thread()  # the queue's feeder has written the result to the pipe
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def spawn(target: Any, world: int, *args: Any) -> dict[int, tuple[Any, ...]]:
@@ -218,7 +236,7 @@ def _cross(rank: int, world: int, port: int, out: Any) -> None:
     values = [(e.step, e.ranks, e.values) for e in sink.of(CrossRankCheck)]
     out.put((rank, values))
     sup.close()
-    dist.destroy_process_group()
+    _leave(out)
 
 
 def test_an_fsdp_cross_check_names_two_ranks_and_the_third_joins_its_all_gathers(
@@ -301,7 +319,7 @@ def _replica(rank: int, world: int, port: int, ckpt: str, out: Any) -> None:
     out.put((rank, restored == saved, source, shards(net) == went_on))
     mgr.close()
     replica.close()
-    dist.destroy_process_group()
+    _leave(out)
 
 
 def test_a_replaced_fsdp_rank_gets_its_shards_back_from_its_peers_memory(

@@ -40,7 +40,7 @@ from .context import LaunchContext
 from .hot import HotRanks
 from .plan import Placement
 from .rank_env import rank_env
-from .records import LaunchResult, RankEnd, RestartCause, RestartPhases, peer_lost_of
+from .records import LaunchResult, RankEnd, RestartCause, RestartPhases, closed_cleanly, peer_lost_of
 from .world import World
 
 #: While an eviction waits for a newer checkpoint, the location is listed at most this
@@ -383,10 +383,20 @@ class _Watch:
             return self.runner.config.node in state.quarantined
 
     def reap(self, now: float) -> list[tuple[int, int]]:
-        ended = [(r, rc) for r in sorted(self.live) if (rc := self.procs[r].poll()) is not None]
-        for r, rc in ended:
+        ended = []
+        for r in sorted(self.live):
+            if (rc := self.procs[r].poll()) is None:
+                continue
             self.live.discard(r)
-            self.exit(RankEnd(self.attempt, r, self.placement.node_of(r), rc, now, self.stopping))
+            teardown = None
+            if rc < 0 and closed_cleanly(self.runner.run_dir, self.attempt, r):
+                # Training was over: a backend thread still releasing a collective's
+                # tensors when the interpreter finalizes aborts the process (pytorch#179291).
+                teardown, rc = -rc, 0
+                log.warning("rank %d: signal %d after its Supervisor closed with 0: clean", r, teardown)
+            node = self.placement.node_of(r)
+            self.exit(RankEnd(self.attempt, r, node, rc, now, self.stopping, teardown_signal=teardown))
+            ended.append((r, rc))
         return ended
 
     def teardown(self) -> None:

@@ -37,6 +37,9 @@ class RankEnd:
     requested: bool
     #: In-process restart: the rank left the attempt and its process lives on (a lost peer).
     left: bool = False
+    #: The signal the process died of after its Supervisor closed with 0 (the interpreter's
+    #: teardown, not the run's: `returncode` is 0 then); None otherwise.
+    teardown_signal: int | None = None
 
     @property
     def signal(self) -> int | None:
@@ -112,6 +115,12 @@ def progress_path(run_dir: Path, attempt: int, rank: int) -> Path:
 def peer_lost_of(run_dir: Path, attempt: int, rank: int) -> str:
     """The lost peer's error the rank noted before it died ('' none: its own fault)."""
     return str(read_json(phases_path(run_dir, attempt, rank)).get("peer_lost") or "")
+
+
+def closed_cleanly(run_dir: Path, attempt: int, rank: int) -> bool:
+    """The rank's Supervisor closed with exit code 0 (producers/training/rank_files.py)."""
+    closed = read_json(phases_path(run_dir, attempt, rank)).get("closed")
+    return closed == 0 and not isinstance(closed, bool)
 
 
 def read_progress(path: Path) -> int | None:

@@ -2,7 +2,8 @@
 
 - the restart phases of this process (``TRAINGUARD_PHASES_FILE``), once, after its first
   step: when it started, how long the checkpoint load and the process-group init took,
-  when the first step completed (producers/launcher/restarts.py reads them);
+  when the first step completed (producers/launcher/restarts.py reads them), and later
+  how the rank ended: a lost peer's error, the Supervisor's clean close (launcher/records.py);
 - its newest completed step (``TRAINGUARD_PROGRESS_FILE``), after every step, so that a
   RankExit says exactly how much work was lost (producers/launcher/records.py reads it).
 """
@@ -57,7 +58,20 @@ def write_phases(
 
 def note_exit(path: Path | None, peer_lost: str) -> None:
     """The rank is dying of a lost peer (producers/training/peer_loss.py): add it to the
-    phases file (written or not yet), for the launcher's RankExit; replaced atomically."""
+    phases file (written or not yet), for the launcher's RankExit."""
+    _note(path, "peer_lost", peer_lost)
+
+
+def note_closed(path: Path | None, exit_code: int | None) -> None:
+    """The Supervisor closed with `exit_code`: training is over in this process. What the
+    interpreter's teardown does after it is not the run's: a signal it dies of then (a
+    backend thread still releasing a collective's tensors at finalization aborts the
+    process) is a clean end to the launcher when the close said 0 (launcher/attempt.py)."""
+    _note(path, "closed", exit_code)
+
+
+def _note(path: Path | None, key: str, value: object) -> None:
+    """Add `key` to the phases file (written or not yet); replaced atomically."""
     if path is None:
         return
     try:
@@ -67,13 +81,13 @@ def note_exit(path: Path | None, peer_lost: str) -> None:
             data = {}
         if not isinstance(data, dict):
             data = {}
-        data["peer_lost"] = peer_lost
+        data[key] = value
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".exit.tmp")
         tmp.write_text(json.dumps(data))
         os.replace(tmp, path)
     except OSError as exc:
-        log.warning("trainguard: the exit's cause not written to %s: %s", path, exc)
+        log.warning("trainguard: %s not noted in %s: %s", key, path, exc)
 
 
 class ProgressFile:

@@ -112,7 +112,7 @@ from .config import (
 from .device_fault import WrongDevice, install_wrong_device
 from .gpu_health import GpuHealthSampler, HealthReader, open_reader
 from .peer_loss import peer_lost
-from .rank_files import ProgressFile, note_exit, write_phases
+from .rank_files import ProgressFile, note_closed, note_exit, write_phases
 from .replay_checks import ReplayChecks, is_ddp
 from .step_scope import StepScope
 from .timing import _CudaMarks, _HostMarks, _Pending, compute_marking_hook
@@ -557,6 +557,7 @@ class Supervisor:
             if not self.agent.exited:
                 self.agent.exit(exit_code=exit_code, peer_lost=lost is not None)
             self._release_clients(timeout_s)
+            note_closed(self.phases_file, exit_code)  # last: the rank's telemetry is out
 
     def _end_attempt(self, error: BaseException | None) -> None:
         """In-process restart (inprocess.py): the attempt ended and this process lives on.

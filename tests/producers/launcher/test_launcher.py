@@ -57,7 +57,9 @@ from ...readers import TopicReader
 #: the slowest (a collective's lockstep: none runs past a dead rank);
 #: FAKE_REJECT_ALL=attempt makes rank 0 mark every checkpoint REJECTED at its third step
 #: of that attempt and exit 1 (what ranks that find nothing valid left to resume from
-#: do). It writes the phases and progress files the Supervisor would write.
+#: do). FAKE_ABORT_AT_EXIT=rank makes that rank abort (SIGABRT) after its last step, having
+#: noted the Supervisor's close with FAKE_CLOSED's exit code if set. It writes the phases
+#: and progress files the Supervisor would write.
 FAKE_RANK = textwrap.dedent(
     """
     import json, os, signal, sys, time
@@ -113,6 +115,11 @@ FAKE_RANK = textwrap.dedent(
         write_phases()
         progress.with_suffix(".tmp").write_text(str(step))
         os.replace(progress.with_suffix(".tmp"), progress)
+    if env.get("FAKE_ABORT_AT_EXIT") == str(rank):
+        if env.get("FAKE_CLOSED"):
+            phases["closed"] = int(env["FAKE_CLOSED"])
+            write_phases()
+        os.abort()
     """
 )
 
@@ -269,6 +276,28 @@ def test_max_restarts_bounds_a_crash_loop(tmp_path: Path) -> None:
     result = launcher.run()
     assert result.status == "failed" and "max_restarts" in result.reason and "crash" in result.reason
     assert [(r.cause, r.to_attempt) for r in result.restarts] == [(RestartCause.CRASH, None)]
+
+
+@pytest.mark.parametrize("closed", ["0", "1", None])
+def test_a_rank_that_aborts_after_its_supervisor_closed_cleanly_ended_cleanly(
+    tmp_path: Path, closed: str | None
+) -> None:
+    """After the Supervisor's close with 0 the run is over in that process: a signal in the
+    interpreter's teardown (a backend thread releasing a collective's tensors at
+    finalization aborts it) is a clean end, not a crash to restart. Without the close, or
+    after a close with an error, the same abort is a crash."""
+    sink = MemorySink()
+    env = {"FAKE_ABORT_AT_EXIT": "2", "FAKE_STEPS": "8", **({"FAKE_CLOSED": closed} if closed else {})}
+    result = make_launcher(tmp_path, sink, env, max_restarts=0).run()
+    exits = {(e.attempt, e.rank): e for e in sink.of(RankExit)}
+    if closed == "0":
+        assert result.status == "ok" and result.attempts == 1 and not result.restarts, result.reason
+        assert (exits[(0, 2)].exit_code, exits[(0, 2)].signal) == (0, None)
+        (end,) = [e for e in result.exits if e.rank == 2]
+        assert (end.returncode, end.teardown_signal) == (0, signal.SIGABRT)
+    else:
+        assert result.status == "failed" and "crash" in result.reason
+        assert (exits[(0, 2)].exit_code, exits[(0, 2)].signal) == (-signal.SIGABRT, signal.SIGABRT)
 
 
 def test_launcher_stop_tears_the_group_down(tmp_path: Path) -> None:

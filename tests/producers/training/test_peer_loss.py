@@ -92,7 +92,8 @@ def test_a_supervisor_closed_by_a_lost_peer_reports_its_exit_as_one(tmp_path: Pa
         raise RuntimeError("Connection closed by peer [10.0.0.7]:29500")
     (exit_,) = sink.of(RankExit)
     assert exit_.peer_lost and exit_.exit_code == 1
-    assert json.loads(phases.read_text())["peer_lost"].startswith("Connection closed by peer")
+    noted = json.loads(phases.read_text())
+    assert noted["peer_lost"].startswith("Connection closed by peer") and noted["closed"] == 1
     other = MemorySink()
     with pytest.raises(ValueError), Supervisor("run-q", sink=other, run_dir=tmp_path, gpu_reader=None):
         raise ValueError("a bug in the loss")

@@ -217,7 +217,8 @@ def test_the_first_step_writes_the_restart_phases_the_launcher_reads(tmp_path: P
     sup.close()
     assert first["checkpoint_load_s"] == 0.25 and first["last_step"] == 7
     assert first["start_ts"] <= before <= first["first_step_ts"]  # process start, then the first step
-    assert json.loads(phases_file.read_text()) == first  # written once, after the first step only
+    # Written once, after the first step only; the close adds its exit code (launcher/attempt.py).
+    assert json.loads(phases_file.read_text()) == {**first, "closed": 0}
 
 
 def test_the_process_group_init_time_reaches_the_phases_file(tmp_path: Path) -> None:

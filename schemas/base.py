@@ -17,6 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field
 RUN_LEVEL_RANK = -1
 #: Step number used before the first step has completed.
 NO_STEP = -1
+#: The envelope's length bounds: an event id, and a run id or node name (schemas/block_check.py
+#: checks a columnar block's rows against the same).
+MAX_EVENT_ID = 200
+MAX_NAME = 128
 
 
 class Record(BaseModel):
@@ -40,11 +44,13 @@ class Record(BaseModel):
 class Envelope(Record):
     """The envelope every event carries (docs/architecture.md, schemas/)."""
 
-    event_id: str = Field(min_length=1, max_length=200, description="Unique; consumers dedupe on it.")
-    run_id: str = Field(min_length=1, max_length=128)
+    event_id: str = Field(
+        min_length=1, max_length=MAX_EVENT_ID, description="Unique; consumers dedupe on it."
+    )
+    run_id: str = Field(min_length=1, max_length=MAX_NAME)
     attempt: int = Field(ge=0, description="Restart generation of the run; 0 is the first launch.")
     rank: int = Field(ge=RUN_LEVEL_RANK, description="Global rank, or -1 for a run-level record.")
-    node: str = Field(max_length=128, description="Host name of the emitter ('' when not node-bound).")
+    node: str = Field(max_length=MAX_NAME, description="Host name of the emitter ('' when not node-bound).")
     step: int = Field(ge=NO_STEP, description="Training step the record refers to (-1: none yet).")
     # Finite even where a kind allows non-finite values (StepStats): a timestamp of
     # infinity would stop every event-time clock of the core.

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from .base import NO_STEP
+from .base import MAX_EVENT_ID, MAX_NAME, NO_STEP
 
 #: The per-row columns, in the order a row lists its fields.
 COLUMNS: Final = ("event_id", "attempt", "rank", "step", "ts", "compute_s", "total_s")
 #: The keys a block may hold.
 FIELDS: Final = frozenset({"schema", "run_id", "node", *COLUMNS})
-#: The envelope's length bounds (schemas/base.py's Field limits) a common row is checked
-#: against here; its step bound is base's NO_STEP itself.
-MAX_ID: Final = 200
-MAX_NAME: Final = 128
+#: A common row is checked against the envelope's own bounds (schemas/base.py: MAX_EVENT_ID,
+#: MAX_NAME, NO_STEP); the per-row one as a constant of this module.
+MAX_ID: Final = MAX_EVENT_ID
 #: Ints past 64 bits (the model reads them too) take the row by row path: the fast path
 #: keeps to what every JSON reader of the log agrees on.
 INT_LIMIT: Final = 2**63

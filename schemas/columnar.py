@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import orjson
 from pydantic import Field, ValidationError
 
-from .base import Record
+from .base import MAX_NAME, Record
 from .block_check import COLUMNS, block_columns, common_rows
 from .events import StepTiming
 
@@ -40,8 +40,8 @@ class StepTimings(Record):
     KIND: ClassVar[str] = "step_timings"
     VERSION: ClassVar[int] = 1
 
-    run_id: str = Field(min_length=1, max_length=128)
-    node: str = Field(max_length=128)
+    run_id: str = Field(min_length=1, max_length=MAX_NAME)
+    node: str = Field(max_length=MAX_NAME)
     event_id: list[str] = Field(max_length=1_000_000, description="Each row's event id.")
     attempt: list[int] = Field(max_length=1_000_000)
     rank: list[int] = Field(max_length=1_000_000)

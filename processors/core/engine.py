@@ -78,7 +78,7 @@ from .ids import derived_id
 from .outputs import Forward, Reject, abort_for, decided, node_of
 from .policy import CorePolicy
 from .stack_window import open_window, window_closed
-from .stacks import odd_phase, odd_stack
+from .stacks import hang_culprit
 from .state import CoreState, OpenInterruption, PendingHang, RankState, RunPhase, RunState, state_key
 from .watchdog import is_hung, stall_s, step_timeout_s
 
@@ -635,7 +635,7 @@ def _maybe_conclude_hang(run: RunState, now_ts: float, policy: CorePolicy) -> li
     answered = {r: s.stack_signature for r, s in run.ranks.items() if s.exited}
     if not window_closed(pending, answered, expected, now_ts, policy.hang):
         return []
-    culprit, reason = _hang_culprit(run, answered, expected)
+    culprit, reason = hang_culprit(answered, {r: s.phase for r, s in run.ranks.items() if s.phase}, expected)
     run.pending_hang = None
     return [
         _interruption(
@@ -649,40 +649,6 @@ def _maybe_conclude_hang(run: RunState, now_ts: float, policy: CorePolicy) -> li
             detect_s=pending.stalled_s,
         )
     ]
-
-
-def _hang_culprit(run: RunState, answered: dict[int, str], expected: int) -> tuple[int, Reason]:
-    """The hang's culprit from evidence only: the odd stack out among the dumps, else the
-    rank whose last reported phase differs from everyone else's (all waiting in the
-    collective, one still in forward or data), else unknown (-1: nothing is quarantined).
-    Never a rank only for not answering the dump: at thousands of ranks many may miss
-    the window, and the first of them is rank 0."""
-    dumped = {r: sig for r, sig in answered.items() if sig}  # an exit without a dump is no evidence
-    verdict = odd_stack(dumped)
-    if verdict is not None:
-        culprit = verdict.culprits[0]
-        return culprit, Reason(
-            code=ReasonCode.ODD_STACK,
-            text=f"rank {culprit} was in {verdict.odd_signature!r} while "
-            f"{len(dumped) - len(verdict.culprits)} ranks waited in {verdict.majority_signature!r}",
-        )
-    answered = dumped
-    silent = expected - len(answered)
-    dumps = f"{len(answered)} of {expected} stack dumps, no odd one out" if answered else "no stack dump"
-    if silent > 0:
-        dumps += f" ({silent} rank(s) sent none in the window)"
-    phases = {r: s.phase for r, s in run.ranks.items() if s.phase}
-    found = odd_phase(phases)
-    if found is not None:
-        culprit, odd, majority, others = found
-        return culprit, Reason(
-            code=ReasonCode.ODD_PHASE,
-            text=f"{dumps}; rank {culprit} last reported phase {odd!r} while {others} ranks "
-            f"reported {majority!r}",
-        )
-    why = "no phases reported" if not phases else "no single rank's phase stands out"
-    code = ReasonCode.NO_ODD_STACK if silent == 0 and answered else ReasonCode.CULPRIT_UNKNOWN
-    return -1, Reason(code=code, text=f"{dumps}; {why}: culprit unknown, nothing quarantined")
 
 
 # --------------------------------------------------------------------------- outputs

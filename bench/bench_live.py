@@ -465,7 +465,7 @@ def measure(
     topic = stack.names.telemetry
     raws = [raw_consume(stack.bootstrap, topic, starts, len(measured)) for _ in range(RAW_READS)]
     raw = min(raws, key=lambda r: r["wall_s"])
-    noop = {name: faust_consume(stack.bootstrap, stack.names.telemetry, name) for name in TRANSPORTS}
+    noop = {name: faust_consume(stack.bootstrap, topic, name) for name in TRANSPORTS}
 
     produce_s = t_produced - t0
     samples = sampler.samples

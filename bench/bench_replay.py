@@ -86,18 +86,18 @@ def main() -> None:
     replayed = replay(recording, policy)
     comparison = compare(decisions_of(recording), replayed_decisions(replayed))
     other = parse_policy({**policy.model_dump(mode="json"), "straggler": {"consecutive_steps": 50}})
+    both = [("demo", policy), ("straggler-50", other)]
     t0 = time.perf_counter()
-    result = backtest(recording, [("demo", policy), ("straggler-50", other)])
+    result = backtest(recording, both)
     backtest_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    backtest(recording, [("demo", policy), ("straggler-50", other)], processes=1)
+    backtest(recording, both, processes=1)
     one_process_s = time.perf_counter() - t0
     # What a user waits for: the archive read, then the replay or the backtest of what it read.
     t0 = time.perf_counter()
     replay(read_archived_recording(archive, stack.names, run_id), policy)
     replay_e2e_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    both = [("demo", policy), ("straggler-50", other)]
     backtest(read_archived_recording(archive, stack.names, run_id), both)
     backtest_e2e_s = time.perf_counter() - t0
     run_s = sim.sim_s

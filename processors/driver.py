@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 
 from ..schemas import Command, Derived, Envelope, Rejection, encode
 from ..schemas.auth import run_key, sign
-from ..schemas.codec import DecodedParts, RejectReason, decode_parts
+from ..schemas.codec import DecodedParts, RejectReason, decode_parts, event_of
 from ..schemas.columnar import StepColumns, row, rows
 from .core import CorePolicy, CoreState, Output, step
 from .core.block import fold_block
 from .core.outputs import Forward, Reject
+from .core.quiet import QuietLimits, fold_quiet_row
 from .core.state import state_key
 
 log = logging.getLogger("trainguard.processor")
@@ -41,10 +42,15 @@ class CoreDriver:
     policy: CorePolicy
     master_secret: bytes
     state: CoreState = field(default_factory=CoreState)
-    #: Fold a columnar block's quiet rows as columns (processors/core/block.py); False
-    #: folds every row one by one (the reference the block fold must equal).
+    #: Fold a columnar block's quiet rows as columns (processors/core/block.py) and quiet
+    #: heartbeats, step stats and GPU health without ``step`` (processors/core/quiet.py); False folds
+    #: every event with ``step`` (the reference both must equal).
     columnar: bool = True
     _keys: dict[str, bytes] = field(default_factory=dict)
+    _limits: QuietLimits = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._limits = QuietLimits(self.policy)
 
     def _registered_world_size(self, run_id: str) -> int | None:
         run = self.state.runs.get(run_id)
@@ -89,12 +95,18 @@ class CoreDriver:
         )
         # A batch holds one shard of one run (decode_parts rejects other runs' events):
         # count its duplicates once per batch, not per event.
-        key = result.state_key = state_key(parts[0].run_id, shard) if parts else None
+        run_id = header.run_id if header is not None else parts[0].run_id if parts else None  # type: ignore[union-attr]
+        key = result.state_key = state_key(run_id, shard) if run_id is not None else None
         runs = self.state.runs
         before = runs[key].duplicates if key in runs else 0
         events = 0
+        quiet_rows = self.columnar and key is not None
         for part in parts:
-            if isinstance(part, StepColumns):
+            if isinstance(part, tuple):  # a common heartbeat, step stats or GPU health (event_check.py)
+                events += 1
+                if not (quiet_rows and fold_quiet_row(runs.get(key), part, self._limits, hint)):  # type: ignore[arg-type]
+                    self._fold(event_of(part), result, hint, shard, shard_ranks)
+            elif isinstance(part, StepColumns):
                 events += len(part)
                 if self.columnar:
                     self._fold_block(part, result, hint, shard, shard_ranks)

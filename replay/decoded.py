@@ -20,6 +20,7 @@ import numpy as np
 from ..schemas import CheckpointWritten, Envelope, RunStarted, StepTiming
 from ..schemas.codec import DecodedParts
 from ..schemas.columnar import StepColumns
+from ..schemas.event_check import ROW_TS
 
 
 class Timing(NamedTuple):
@@ -79,6 +80,13 @@ class LogColumns:
                 self.ts.extend(part.ts_list)  # type: ignore[union-attr]
                 self.compute_s.extend(part.compute_list)  # type: ignore[union-attr]
                 self.total_s.extend(part.total_list)  # type: ignore[union-attr]
+                continue
+            if kind is tuple:  # a heartbeat's or step stats' row: only its time counts here
+                ts: float = part[ROW_TS]  # type: ignore[index]
+                if ts < self._first_other_ts:
+                    self._first_other_ts = ts
+                if ts > self._last_other_ts:
+                    self._last_other_ts = ts
                 continue
             event: Envelope = part  # type: ignore[assignment]
             if event.ts < self._first_other_ts:

@@ -24,7 +24,17 @@ from pydantic import Field, ValidationError
 from .base import Envelope, Record
 from .columnar import BlockError, StepColumns, StepTimings, columns_of, row, rows
 from .commands import COMMAND_KINDS, Ack
-from .events import DERIVED_KINDS, TELEMETRY_KINDS, StepTiming
+from .event_check import (
+    BatchHeader,
+    GpuRow,
+    HeartbeatRow,
+    StatsRow,
+    batch_header,
+    common_row,
+    is_heartbeat,
+    is_stats,
+)
+from .events import DERIVED_KINDS, TELEMETRY_KINDS, GpuHealth, Heartbeat, StepStats, StepTiming
 
 #: One record's JSON may not exceed this (a 16,384-rank RunStarted is ~70 KB); a batch may hold many.
 MAX_RECORD_BYTES = 1024 * 1024
@@ -217,18 +227,23 @@ def check_rank(event: Envelope, world_size: int) -> None:
 
 @dataclass(frozen=True, slots=True)
 class DecodedBatch:
-    header: Batch | None
+    header: BatchHeader | None
     #: Every valid event in the batch's order; a columnar block's rows stand in its place.
     events: list[Envelope]
     rejections: list[Rejection]
 
 
+#: A common heartbeat, step stats or GPU health, read without its model (schemas/event_check.py).
+Row = HeartbeatRow | StatsRow | GpuRow
+
+
 @dataclass(frozen=True, slots=True)
 class DecodedParts:
-    """A batch as it came: events, and columnar blocks kept as columns (schemas/columnar.py)."""
+    """A batch as it came: events, columnar blocks kept as columns (schemas/columnar.py),
+    common heartbeats, step stats and GPU health as rows (schemas/event_check.py)."""
 
-    header: Batch | None
-    parts: list[Envelope | StepColumns]
+    header: BatchHeader | None
+    parts: list[Envelope | StepColumns | Row]
     rejections: list[Rejection]
     #: The run's world size the decoder was told (`registered`), if it asked.
     registered: int | None = None
@@ -254,8 +269,18 @@ def events_of(decoded: DecodedParts) -> list[Envelope]:
         if isinstance(part, StepColumns):
             events += rows(part)
         else:
-            events.append(part)
+            events.append(event_of(part))
     return events
+
+
+def event_of(part: Envelope | Row) -> Envelope:
+    """A part's event: a row's model, validated from the object the row was read from
+    (a common row is what its model accepts as it is: schemas/event_check.py)."""
+    if type(part) is not tuple:
+        return part  # type: ignore[return-value]
+    cls = Heartbeat if is_heartbeat(part) else StepStats if is_stats(part) else GpuHealth
+    event: Envelope = cls.__pydantic_validator__.validate_python(part[-1])
+    return event
 
 
 def decode_parts(
@@ -282,7 +307,7 @@ def decode_parts(
                 return DecodedParts(None, [event], [])
             decoded = decode_obj(obj, {"batch": Batch}, raw)
             assert isinstance(decoded, Batch)
-            header = decoded
+            header = BatchHeader(**decoded.model_dump(exclude={"records"}), records=decoded.records)
     except Rejected as rej:
         return DecodedParts(None, [], [Rejection(rej.reason, rej.detail, raw)])
     return _decode_records(header, raw, world_size, registered)
@@ -292,30 +317,38 @@ _BATCH = Batch.schema_name()
 _VALIDATE_BATCH = Batch.__pydantic_validator__.validate_python
 
 
-def _current_batch(obj: Any) -> Batch | None:
+def _current_batch(obj: Any) -> BatchHeader | None:
     """A batch of the current version that validates as it is (nearly every value), or
-    None: decode_obj then words what is wrong (or upcasts an older version)."""
+    None: decode_obj then words what is wrong (or upcasts an older version). A common
+    header is read without its model (schemas/event_check.py)."""
     if type(obj) is not dict or obj.get("schema") != _BATCH:
         return None
     del obj["schema"]  # our own parsed dict: no copy needed
+    common = batch_header(obj)
+    if common is not None:
+        return common
     try:
         header: Batch = _VALIDATE_BATCH(obj)
     except ValidationError:
         obj["schema"] = _BATCH
         return None
-    return header
+    return BatchHeader(**header.model_dump(exclude={"records"}), records=header.records)
 
 
 def _decode_records(
-    header: Batch, raw: bytes, world_size: int | None, registered: Callable[[str], int | None] | None
+    header: BatchHeader, raw: bytes, world_size: int | None, registered: Callable[[str], int | None] | None
 ) -> DecodedParts:
     """A valid batch header's records: each event (or block) decoded or rejected alone."""
     known = registered(header.run_id) if registered is not None else None
     size = world_size or known or header.world_size
     run_id = header.run_id
-    parts: list[Envelope | StepColumns] = []
+    parts: list[Envelope | StepColumns | Row] = []
     rejections: list[Rejection] = []
     for item in header.records:
+        common = common_row(item, run_id, size)  # (nearly every event that is not a block)
+        if common is not None:
+            parts.append(common)
+            continue
         # Only a string schema is looked up (a list or an object there is unhashable: it
         # takes decode_obj, which words the reason).
         schema = item.get("schema") if type(item) is dict else None

@@ -59,16 +59,20 @@ def fold_block(
         i = j + 1
 
 
-def _steady(run: RunState) -> bool:
+def steady(run: RunState) -> bool:
     """The run is in the state where quiet rows exist at all."""
-    stragglers, owned = run.straggler, run.owned()
-    first, expected = (0, None) if owned is None else (owned.start, owned.stop)
-    if not (
-        run.phase == RunPhase.TRAINING
-        and stragglers.attempt == run.attempt
-        and stragglers.expected == expected
-        and stragglers.first == first
-    ):
+    stragglers = run.straggler
+    if run.phase != RunPhase.TRAINING or stragglers.attempt != run.attempt:
+        return False
+    # The detector watches the ranks the state owns (run.owned(), without building a range).
+    size, per_shard = run.world_size, run.shard_ranks
+    if size is None:
+        first, expected = 0, None
+    elif per_shard == 0:
+        first, expected = 0, size
+    else:
+        first, expected = run.shard * per_shard, min(size, (run.shard + 1) * per_shard)
+    if stragglers.expected != expected or stragglers.first != first:
         return False
     if not run.coordinator:
         return True  # a shard keeps no run-level clocks or decisions (engine._on_shard_event)
@@ -89,7 +93,7 @@ def _fold_quiet(
 ) -> int:
     """Fold the quiet rows from row i on, each checked against the state the rows before
     it left, and return the first row that is not quiet (len(block) when all were)."""
-    if not _steady(run):
+    if not steady(run):
         return i
     size = run.world_size or world_size_hint
     if not size:

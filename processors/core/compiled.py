@@ -38,6 +38,7 @@ MODULES = (
     "paging",
     "peer_loss",
     "quarantine",
+    "quiet",
     "repeat_step",
     "resume",
     "sdc",

@@ -45,39 +45,51 @@ T = TypeVar("T")
 
 def observe_health(state: HealthState, run: RunState, event: GpuHealth, policy: DiagnosisPolicy) -> None:
     """Keep the GPU's latest `recent_reports` reports; present=False forgets the GPU."""
-    if event.attempt != state.attempt:
-        if event.attempt < state.attempt:
+    reading = _Reading(
+        event_id=event.event_id,
+        temperature_c=event.temperature_c,
+        capped=bool(event.power_capped),
+        throttled=bool(event.thermal_throttle),
+        nvlink_width=event.nvlink_width,
+        nvlink_expected_width=event.nvlink_expected_width or policy.nvlink_expected_width,
+        nvlink_retries=event.nvlink_retries,
+        nic_utilization=event.nic_utilization,
+    )
+    keep_reading(state, event.attempt, event.rank, event.node, event.present, reading, policy.recent_reports)
+
+
+def keep_reading(
+    state: HealthState,
+    attempt: int,
+    rank: int,
+    node: str,
+    present: bool,
+    reading: _Reading,
+    recent_reports: int,
+) -> None:
+    """observe_health of a report read as `reading` (also quiet.py's, from a row)."""
+    if attempt != state.attempt:
+        if attempt < state.attempt:
             return
-        state.attempt = event.attempt
+        state.attempt = attempt
         state.readings.clear()
         state.rank_node.clear()
-    if event.rank < 0:
+    if rank < 0:
         return
     state.reports += 1
-    previous = state.rank_node.get(event.rank)
-    if previous is not None and previous != event.node:
-        _forget(state, previous, event.rank)
-    if not event.present:
-        _forget(state, event.node, event.rank)
-        state.rank_node[event.rank] = event.node
+    previous = state.rank_node.get(rank)
+    if previous is not None and previous != node:
+        _forget(state, previous, rank)
+    if not present:
+        _forget(state, node, rank)
+        state.rank_node[rank] = node
         return
-    state.rank_node[event.rank] = event.node
-    gpus = state.readings.setdefault(event.node, {})
-    recent = gpus.get(event.rank)
-    if recent is None or recent.maxlen != policy.recent_reports:
-        recent = gpus[event.rank] = deque(recent or (), maxlen=policy.recent_reports)
-    recent.append(
-        _Reading(
-            event_id=event.event_id,
-            temperature_c=event.temperature_c,
-            capped=bool(event.power_capped),
-            throttled=bool(event.thermal_throttle),
-            nvlink_width=event.nvlink_width,
-            nvlink_expected_width=event.nvlink_expected_width or policy.nvlink_expected_width,
-            nvlink_retries=event.nvlink_retries,
-            nic_utilization=event.nic_utilization,
-        )
-    )
+    state.rank_node[rank] = node
+    gpus = state.readings.setdefault(node, {})
+    recent = gpus.get(rank)
+    if recent is None or recent.maxlen != recent_reports:
+        recent = gpus[rank] = deque(recent or (), maxlen=recent_reports)
+    recent.append(reading)
 
 
 def node_health(state: HealthState, node: str) -> NodeHealth | None:

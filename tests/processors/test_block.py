@@ -1,5 +1,6 @@
-"""A record's columnar blocks (processors/core/block.py) fold to exactly the state and
-outputs of its events folded one by one by ``step``, record by record along a simulated run
+"""A record's columnar blocks (processors/core/block.py) and its heartbeats' and step
+stats' rows (processors/core/quiet.py) fold to exactly the state and outputs of its
+events folded one by one by ``step``, record by record along a simulated run
 with a thermal straggler that is flagged, diagnosed and evicted: not only at the run's end
 (tests/schemas/test_columnar.py), where a later event can hide a clock that an earlier one
 set wrong; unsharded, and cut in 8 shards (whose shards other than the coordinator fold
@@ -38,7 +39,8 @@ def test_every_checked_record_folds_as_its_events_do_one_by_one(shard_ranks: int
     checked = decided = 0
     for i, value in enumerate(records):
         decoded = driver.decode(value)
-        if (i % every == 0 or i in deciding) and any(isinstance(p, StepColumns) for p in decoded.parts):
+        folded_apart = any(isinstance(p, StepColumns | tuple) for p in decoded.parts)  # blocks, rows
+        if (i % every == 0 or i in deciding) and folded_apart:
             columns = CoreDriver(policy, SECRET, state=copy.deepcopy(driver.state))
             one_by_one = CoreDriver(policy, SECRET, state=copy.deepcopy(driver.state), columnar=False)
             a, b = columns.fold(decoded), one_by_one.fold(decoded)

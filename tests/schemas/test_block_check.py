@@ -19,9 +19,10 @@ CASES: list[Any] = [
 ]  # fmt: skip
 
 
-def python_source() -> ModuleType:
+def python_source(name: str = "block_check") -> ModuleType:
+    """The module's Python source, loaded beside whatever build the package uses."""
     spec = importlib.util.spec_from_file_location(
-        "trainguard.schemas.block_check_python", BUILD.source / "block_check.py"
+        f"trainguard.schemas.{name}_python", BUILD.source / f"{name}.py"
     )  # (named in the package: its relative import of base resolves)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

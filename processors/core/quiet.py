@@ -1,0 +1,179 @@
+"""Folding a quiet heartbeat, step stats or GPU health from its row (schemas/event_check.py), without
+its model and without :func:`~.engine.step` (issue 20), with exactly step's state and
+(no) outputs.
+
+After the step timings (block.py), heartbeats and step stats are most of a training
+run's events: each node's first rank reports its step stats every step, and every rank
+beats. Nearly all of them change a few fields and decide nothing. Such an event is
+*quiet* when, besides what makes a step timing quiet (block.steady: the run training,
+nothing pending; the event of the run's attempt, a known rank inside the world, an id
+not seen; on the coordinator, no goodput report or failure-rate check due at its ts):
+
+- a heartbeat: its rank's stall is below every timeout the watchdog can give (on a
+  shard: below half of every step timeout, under which no phase is forwarded);
+- step stats: finite, and on the coordinator a step already judged (a synchronous job's
+  first report of a step is judged, the others are ignored) or no gradient norm.
+
+A GPU health report decides nothing by itself (the diagnosis keeps it): it is quiet when
+what makes any event quiet holds.
+
+Anything else, or any doubt, is not quiet: the fold then changes nothing and returns
+False, and the caller folds the event's model with ``step``. Pure like the rest of the
+core: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from ...schemas.event_check import GpuRow, HeartbeatRow, StatsRow, is_heartbeat, is_stats
+from .baseline import observe
+from .block import steady
+from .diagnosis import keep_reading
+from .diagnosis_state import _Reading
+from .goodput import GoodputPolicy, advance
+from .sdc_state import REMEMBERED
+
+#: A common heartbeat, step stats or GPU health (schemas/codec.py Row).
+Row = HeartbeatRow | StatsRow | GpuRow
+
+if TYPE_CHECKING:
+    from .policy import CorePolicy
+    from .state import RankState, RunState
+
+
+class QuietLimits:
+    """The policy's numbers the quiet folds compare with, read once (a policy is frozen;
+    its fields are pydantic attributes, slow to read per event)."""
+
+    def __init__(self, policy: CorePolicy) -> None:
+        hang = policy.hang
+        self.report_every_s: float = policy.goodput.report_every_s
+        self.check_every_s: float = policy.baseline.check_every_s
+        self.dedupe_window: int = policy.dedupe_window
+        self.goodput: GoodputPolicy = policy.goodput
+        #: watchdog.is_hung looks no further below this stall.
+        self.hang_below_s: float = min(hang.floor_s, hang.default_timeout_s, hang.startup_timeout_s)
+        #: Half the smallest step timeout (watchdog.step_timeout_s): engine._forward_phase
+        #: forwards nothing below it.
+        self.forward_below_s: float = 0.5 * min(hang.floor_s, hang.default_timeout_s, hang.ceiling_s)
+        self.recent_reports: int = policy.diagnosis.recent_reports
+        self.nvlink_expected_width: int | None = policy.diagnosis.nvlink_expected_width
+
+
+def fold_quiet_row(run: RunState | None, row: Row, limits: QuietLimits, hint: int | None) -> bool:
+    """Fold the row's event here if it is quiet (fold_quiet_heartbeat, _stats, _health);
+    False (nothing changed): fold its model with ``step``."""
+    if is_heartbeat(row):
+        return fold_quiet_heartbeat(run, row, limits, hint)
+    if is_stats(row):
+        return fold_quiet_stats(run, row, limits, hint)
+    return fold_quiet_health(run, row, limits, hint)
+
+
+def fold_quiet_heartbeat(
+    run: RunState | None, row: HeartbeatRow, limits: QuietLimits, hint: int | None
+) -> bool:
+    """Fold the heartbeat here if it is quiet (module docstring), with the effects ``step``
+    would have; False (nothing changed): fold it with ``step``."""
+    event_id, attempt, rank_id, _, _, ts, phase, _ = row
+    if run is None or (rank := _quiet_rank(run, event_id, attempt, rank_id, ts, limits, hint)) is None:
+        return False
+    stalled = 0.0 if rank.progress_ts is None else max(0.0, ts - rank.progress_ts)
+    if run.coordinator:
+        if not rank.exited and stalled > limits.hang_below_s and _watched(run, rank_id):
+            return False  # the watchdog would look at it (watchdog.is_hung)
+    elif phase and stalled >= limits.forward_below_s:
+        return False  # it might forward the phase (engine._forward_phase)
+    _apply(run, rank, event_id, ts, limits)
+    if rank.progress_ts is None:  # the first sign of life in the attempt starts its clock
+        rank.progress_ts = ts
+    if run.coordinator:
+        if phase and ts >= rank.phase_ts:
+            rank.phase, rank.phase_ts = phase, ts
+    elif phase:
+        rank.forwarded_phase = ""  # below half a timeout (engine._forward_phase)
+    return True
+
+
+def fold_quiet_stats(run: RunState | None, row: StatsRow, limits: QuietLimits, hint: int | None) -> bool:
+    """Fold the step stats here if they are quiet (module docstring), with the effects
+    ``step`` would have; False (nothing changed): fold them with ``step``."""
+    event_id, attempt, rank_id, _, step, ts, loss, grad, finite, _ = row
+    if not (finite and math.isfinite(loss) and (grad is None or math.isfinite(grad))):
+        return False  # the SDC detector's (sdc.is_non_finite)
+    if run is None or (rank := _quiet_rank(run, event_id, attempt, rank_id, ts, limits, hint)) is None:
+        return False
+    if run.coordinator:  # (a shard forwards only non-finite stats: engine._on_shard_event)
+        current = run.sdc.current
+        if current is None or current.attempt != run.attempt:
+            return False  # the detector renews its memory for the attempt first
+        measured = grad is not None and grad >= 0
+        if measured and step > current.highest_judged_step - REMEMBERED and step not in current.judged_steps:
+            return False  # the step's first report: judged (sdc.on_step_stats)
+    _apply(run, rank, event_id, ts, limits)
+    return True
+
+
+def fold_quiet_health(run: RunState | None, row: GpuRow, limits: QuietLimits, hint: int | None) -> bool:
+    """Fold the GPU health report here if what makes any event quiet holds (it decides
+    nothing by itself: diagnosis.observe_health keeps it), with the effects ``step``
+    would have; False (nothing changed): fold it with ``step``."""
+    event_id, attempt, rank_id, node, _, ts, present, temperature, capped, throttled = row[:10]
+    width, expected_width, retries, nic = row[10:14]
+    if run is None or (rank := _quiet_rank(run, event_id, attempt, rank_id, ts, limits, hint)) is None:
+        return False
+    _apply(run, rank, event_id, ts, limits)
+    reading = _Reading(
+        event_id, temperature, bool(capped), bool(throttled), width,
+        expected_width or limits.nvlink_expected_width, retries, nic,
+    )  # fmt: skip
+    keep_reading(run.health, attempt, rank_id, node, present, reading, limits.recent_reports)
+    return True
+
+
+def _quiet_rank(
+    run: RunState, event_id: str, attempt: int, rank_id: int, ts: float, limits: QuietLimits, hint: int | None
+) -> RankState | None:
+    """The event's rank, when what makes any event quiet holds (block._fold_quiet's
+    conditions, for one event); None otherwise."""
+    size = run.world_size or hint
+    if not size or not 0 <= rank_id < size or attempt != run.attempt or not steady(run):
+        return None
+    rank = run.ranks.get(rank_id)
+    if rank is None or event_id in run.seen.ids:
+        return None
+    if run.coordinator:
+        goodput, baseline, every = run.goodput, run.baseline, limits.report_every_s
+        clock, last_report = goodput.clock, goodput.last_report_ts
+        check_at = baseline.checked_end_ts + limits.check_every_s
+        if clock - last_report >= every or not baseline.end_ts < check_at:  # type: ignore[operator]
+            return None  # the next event reports or checks, whatever it is
+        if ts > clock and ts - last_report >= every:  # type: ignore[operator]
+            return None
+        if ts > baseline.end_ts and ts >= check_at:
+            return None
+    return rank
+
+
+def _watched(run: RunState, rank_id: int) -> bool:
+    """The coordinator watches this rank for hangs (not another shard's, forwarded)."""
+    owned = run.owned() if run.shard_ranks else None
+    return owned is None or rank_id in owned
+
+
+def _apply(run: RunState, rank: RankState, event_id: str, ts: float, limits: QuietLimits) -> None:
+    """What ``step`` does with any quiet event: the dedupe window, the run's clocks, the
+    rank's last sight (engine._rank) and, on the coordinator, goodput and exposure."""
+    run.seen.add(event_id, limits.dedupe_window)
+    if run.first_ts is None or ts < run.first_ts:
+        run.first_ts = ts
+    if ts > run.last_ts:
+        run.last_ts = ts
+    if ts > rank.last_seen_ts:
+        rank.last_seen_ts = ts
+    if run.coordinator:
+        if ts > run.goodput.clock:  # type: ignore[operator]
+            advance(run.goodput, ts, False, limits.goodput)
+        observe(run.baseline, run, ts)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -61,6 +62,18 @@ def scrape(url: str) -> dict[str, float]:
     return values
 
 
+def port_free(port: int) -> bool:
+    """Nothing listens on 127.0.0.1:`port`: a bind as the metrics server's succeeds (it
+    reuses the address, so a closed server's TIME_WAIT does not count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -90,6 +103,10 @@ def start_processor(
     the telemetry partitions (one consumer group). With `api_port`, it serves the run API
     there too (its token must be in `secret_env` or the environment)."""
     url = f"http://127.0.0.1:{metrics_port}/metrics"
+    for port in (metrics_port, api_port):
+        if port and not port_free(port):
+            # Another process there would answer for this worker, whose own start then fails.
+            raise RuntimeError(f"port {port} on 127.0.0.1 is in use (another processor still running?)")
     command = [sys.executable, "-m", "trainguard", "process", "--bootstrap", bootstrap]
     command += ["--policy", str(policy), "--metrics-port", str(metrics_port), "--loglevel", "info"]
     command += ["--topic-prefix", topic_prefix] if topic_prefix else []

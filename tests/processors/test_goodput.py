@@ -4,6 +4,8 @@ collapse below 0.3 over the last hour pages (R5)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from trainguard.processors.core import CorePolicy, run_all
@@ -105,3 +107,31 @@ def test_a_straggler_costs_its_slowdown_of_the_training_time() -> None:
     del state.slowdowns[17]  # cleared: no further cost
     advance(state, 3660.0, False, policy)
     assert breakdown(state, 3660.0, HOUR).straggler == pytest.approx(0.2 * 3540.0)
+
+
+def test_events_that_only_move_the_clock_account_the_same_in_any_order() -> None:
+    """The clock steps through the running maximum of the event times, and each step's
+    pieces are differences of close floats (exact) whose sums stay exact: the same events
+    in another order (a stretch of quiet rows of several kinds folded kind by kind, issue
+    20) leave the same buckets, to the bit, and the same windows. (Not so while a
+    straggler is flagged: its accrual, piece x slowdown, rounds; such a fold keeps order.)"""
+    rng, policy = random.Random(20), GoodputPolicy()
+    for start in [1_796_423_880.123456, 1_000.0] * 25:  # a wall clock's ts, the simulator's
+        # ~20 nodes' flushes over a few minutes: times spread and repeated, as a log has them.
+        stamps = [start + rng.choice([rng.uniform(0, 400), round(rng.uniform(0, 400), 1)]) for _ in range(99)]
+        stamps *= 3
+        states = []
+        for order in (stamps, rng.sample(stamps, len(stamps)), sorted(stamps)):
+            state = GoodputState()
+            advance(state, start, False, policy)
+            for ts in order:
+                advance(state, ts, False, policy)
+            states.append(state)
+        first = states[0]
+        for other in states[1:]:
+            assert other.clock == first.clock
+            assert {k: m.elapsed for k, m in other.minutes.items()} == {
+                k: m.elapsed for k, m in first.minutes.items()
+            }
+            assert other.totals == first.totals
+            assert breakdown(other, other.clock, 3600.0) == breakdown(first, first.clock, 3600.0)

@@ -81,7 +81,7 @@ class LogColumns:
                 self.compute_s.extend(part.compute_list)  # type: ignore[union-attr]
                 self.total_s.extend(part.total_list)  # type: ignore[union-attr]
                 continue
-            if kind is tuple:  # a heartbeat's or step stats' row: only its time counts here
+            if kind is tuple:  # a heartbeat's, step stats' or GPU health's row: only its time counts
                 ts: float = part[ROW_TS]  # type: ignore[index]
                 if ts < self._first_other_ts:
                     self._first_other_ts = ts

@@ -26,9 +26,7 @@ from .columnar import BlockError, StepColumns, StepTimings, columns_of, row, row
 from .commands import COMMAND_KINDS, Ack
 from .event_check import (
     BatchHeader,
-    GpuRow,
-    HeartbeatRow,
-    StatsRow,
+    Row,
     batch_header,
     common_row,
     is_heartbeat,
@@ -233,10 +231,6 @@ class DecodedBatch:
     rejections: list[Rejection]
 
 
-#: A common heartbeat, step stats or GPU health, read without its model (schemas/event_check.py).
-Row = HeartbeatRow | StatsRow | GpuRow
-
-
 @dataclass(frozen=True, slots=True)
 class DecodedParts:
     """A batch as it came: events, columnar blocks kept as columns (schemas/columnar.py),
@@ -307,7 +301,7 @@ def decode_parts(
                 return DecodedParts(None, [event], [])
             decoded = decode_obj(obj, {"batch": Batch}, raw)
             assert isinstance(decoded, Batch)
-            header = BatchHeader(**decoded.model_dump(exclude={"records"}), records=decoded.records)
+            header = _header_of(decoded)
     except Rejected as rej:
         return DecodedParts(None, [], [Rejection(rej.reason, rej.detail, raw)])
     return _decode_records(header, raw, world_size, registered)
@@ -332,7 +326,12 @@ def _current_batch(obj: Any) -> BatchHeader | None:
     except ValidationError:
         obj["schema"] = _BATCH
         return None
-    return BatchHeader(**header.model_dump(exclude={"records"}), records=header.records)
+    return _header_of(header)
+
+
+def _header_of(batch: Batch) -> BatchHeader:
+    """The header the decoder keeps of a batch its model read (an uncommon or older one)."""
+    return BatchHeader(**batch.model_dump(exclude={"records"}), records=batch.records)
 
 
 def _decode_records(

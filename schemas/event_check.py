@@ -36,6 +36,8 @@ GpuRow = tuple[
     str, int, int, str, int, float, bool, float | None, bool | None, bool | None,
     int | None, int | None, int | None, float | None, dict[str, Any],
 ]  # fmt: skip
+#: A common heartbeat, step stats or GPU health, read without its model.
+Row = HeartbeatRow | StatsRow | GpuRow
 
 #: Where a row holds its event's ts (either kind).
 ROW_TS: Final = 5
@@ -99,7 +101,7 @@ STATS_SCHEMA: Final = "step_stats/1"
 GPU_SCHEMA: Final = "gpu_health/2"
 
 
-def common_row(item: Any, run_id: str, size: int) -> HeartbeatRow | StatsRow | GpuRow | None:
+def common_row(item: Any, run_id: str, size: int) -> Row | None:
     """A batch's record as parsed, as a row if it is a common heartbeat, step stats or GPU
     health of run `run_id` with a rank below `size`: its schema key is then removed (the
     row's object is what its model validates). None: `item` is left as it was, but for
@@ -110,7 +112,7 @@ def common_row(item: Any, run_id: str, size: int) -> HeartbeatRow | StatsRow | G
     if schema != HEARTBEAT_SCHEMA and schema != STATS_SCHEMA and schema != GPU_SCHEMA:
         return None
     del item["schema"]
-    row: HeartbeatRow | StatsRow | GpuRow | None
+    row: Row | None
     if schema == HEARTBEAT_SCHEMA:
         row = heartbeat_row(item, run_id, size)
     elif schema == STATS_SCHEMA:
@@ -199,11 +201,11 @@ def gpu_row(item: dict[str, Any], run_id: str, size: int) -> GpuRow | None:
     )  # fmt: skip
 
 
-def is_heartbeat(row: HeartbeatRow | StatsRow | GpuRow) -> TypeIs[HeartbeatRow]:
+def is_heartbeat(row: Row) -> TypeIs[HeartbeatRow]:
     return len(row) == HEARTBEAT_LEN
 
 
-def is_stats(row: HeartbeatRow | StatsRow | GpuRow) -> TypeIs[StatsRow]:
+def is_stats(row: Row) -> TypeIs[StatsRow]:
     return len(row) == STATS_LEN
 
 

@@ -64,14 +64,7 @@ def steady(run: RunState) -> bool:
     stragglers = run.straggler
     if run.phase != RunPhase.TRAINING or stragglers.attempt != run.attempt:
         return False
-    # The detector watches the ranks the state owns (run.owned(), without building a range).
-    size, per_shard = run.world_size, run.shard_ranks
-    if size is None:
-        first, expected = 0, None
-    elif per_shard == 0:
-        first, expected = 0, size
-    else:
-        first, expected = run.shard * per_shard, min(size, (run.shard + 1) * per_shard)
+    first, expected = run.owned_bounds()  # the ranks the detector watches
     if stragglers.expected != expected or stragglers.first != first:
         return False
     if not run.coordinator:

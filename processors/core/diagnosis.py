@@ -45,17 +45,43 @@ T = TypeVar("T")
 
 def observe_health(state: HealthState, run: RunState, event: GpuHealth, policy: DiagnosisPolicy) -> None:
     """Keep the GPU's latest `recent_reports` reports; present=False forgets the GPU."""
-    reading = _Reading(
-        event_id=event.event_id,
-        temperature_c=event.temperature_c,
-        capped=bool(event.power_capped),
-        throttled=bool(event.thermal_throttle),
-        nvlink_width=event.nvlink_width,
-        nvlink_expected_width=event.nvlink_expected_width or policy.nvlink_expected_width,
-        nvlink_retries=event.nvlink_retries,
-        nic_utilization=event.nic_utilization,
+    reading = reading_of(
+        event.event_id,
+        event.temperature_c,
+        event.power_capped,
+        event.thermal_throttle,
+        event.nvlink_width,
+        event.nvlink_expected_width,
+        event.nvlink_retries,
+        event.nic_utilization,
+        policy.nvlink_expected_width,
     )
     keep_reading(state, event.attempt, event.rank, event.node, event.present, reading, policy.recent_reports)
+
+
+def reading_of(
+    event_id: str,
+    temperature_c: float | None,
+    power_capped: bool | None,
+    thermal_throttle: bool | None,
+    nvlink_width: int | None,
+    nvlink_expected_width: int | None,
+    nvlink_retries: int | None,
+    nic_utilization: float | None,
+    default_expected_width: int | None,
+) -> _Reading:
+    """What the diagnosis keeps of a report (unreported flags are off; an unreported
+    expected NVLink width is the policy's)."""
+    return _Reading(
+        event_id=event_id,
+        temperature_c=temperature_c,
+        capped=bool(power_capped),
+        throttled=bool(thermal_throttle),
+        nvlink_width=nvlink_width,
+        nvlink_expected_width=nvlink_expected_width or default_expected_width,
+        nvlink_retries=nvlink_retries,
+        nic_utilization=nic_utilization,
+    )
 
 
 def keep_reading(

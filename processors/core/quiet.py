@@ -27,16 +27,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ...schemas.event_check import GpuRow, HeartbeatRow, StatsRow, is_heartbeat, is_stats
+from ...schemas.event_check import GpuRow, HeartbeatRow, Row, StatsRow, is_heartbeat, is_stats
 from .baseline import observe
 from .block import steady
-from .diagnosis import keep_reading
-from .diagnosis_state import _Reading
+from .diagnosis import keep_reading, reading_of
 from .goodput import GoodputPolicy, advance
 from .sdc_state import REMEMBERED
-
-#: A common heartbeat, step stats or GPU health (schemas/codec.py Row).
-Row = HeartbeatRow | StatsRow | GpuRow
 
 if TYPE_CHECKING:
     from .policy import CorePolicy
@@ -125,10 +121,17 @@ def fold_quiet_health(run: RunState | None, row: GpuRow, limits: QuietLimits, hi
     if run is None or (rank := _quiet_rank(run, event_id, attempt, rank_id, ts, limits, hint)) is None:
         return False
     _apply(run, rank, event_id, ts, limits)
-    reading = _Reading(
-        event_id, temperature, bool(capped), bool(throttled), width,
-        expected_width or limits.nvlink_expected_width, retries, nic,
-    )  # fmt: skip
+    reading = reading_of(
+        event_id,
+        temperature,
+        capped,
+        throttled,
+        width,
+        expected_width,
+        retries,
+        nic,
+        limits.nvlink_expected_width,
+    )
     keep_reading(run.health, attempt, rank_id, node, present, reading, limits.recent_reports)
     return True
 

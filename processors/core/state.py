@@ -11,7 +11,6 @@ from typing import Any
 import orjson
 from mypy_extensions import mypyc_attr
 
-from ...schemas.sharding import owned_ranks
 from .baseline_state import BaselineState
 from .dedupe import DedupeWindow
 from .diagnosis_state import HealthState
@@ -214,9 +213,19 @@ class RunState:
 
     def owned(self) -> range | None:
         """The ranks this state watches (None while the world size is unknown)."""
-        if self.world_size is None:
-            return None
-        return owned_ranks(self.shard, self.shard_ranks, self.world_size)
+        first, stop = self.owned_bounds()
+        return None if stop is None else range(first, stop)
+
+    def owned_bounds(self) -> tuple[int, int | None]:
+        """owned()'s start and stop, (0, None) while the world size is unknown: the ranks
+        schemas/sharding.py owned_ranks routes to this shard, computed here in the compiled
+        core (a hot path's check, block.steady, calls it per event)."""
+        size, per_shard = self.world_size, self.shard_ranks
+        if size is None:
+            return 0, None
+        if per_shard == 0:
+            return 0, size
+        return self.shard * per_shard, min(size, (self.shard + 1) * per_shard)
 
     def move_to(self, phase: RunPhase) -> None:
         if phase not in TRANSITIONS[self.phase]:

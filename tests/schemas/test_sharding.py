@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import orjson
 
+from trainguard.processors.core.state import RunState
 from trainguard.schemas import (
     GpuHealth,
     Heartbeat,
@@ -83,3 +84,14 @@ def test_a_version_1_batch_is_read_as_one_unsharded_shard() -> None:
     decoded = decode_batch(raw)
     assert decoded.header is not None and (decoded.header.shard, decoded.header.shard_ranks) == (0, 0)
     assert decoded.events == [event] and decoded.rejections == []
+
+
+def test_the_cores_shard_state_owns_the_ranks_routed_to_its_shard() -> None:
+    """processors/core/state.py computes a shard's ranks itself (compiled, per event):
+    the same ranks owned_ranks routes there, and none while the world size is unknown."""
+    assert RunState("r", world_size=None, shard=1, shard_ranks=16).owned() is None
+    for world in (1, 15, 16, 17, 4096, 5000):
+        for per_shard in (0, 16, 1024):
+            for shard in range(shard_count(world, per_shard) if per_shard else 1):
+                run = RunState("r", world_size=world, shard=shard, shard_ranks=per_shard)
+                assert run.owned() == owned_ranks(shard, per_shard, world), (world, per_shard, shard)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -62,16 +62,17 @@ def scrape(url: str) -> dict[str, float]:
     return values
 
 
-def port_free(port: int) -> bool:
-    """Nothing listens on 127.0.0.1:`port`: a bind as the metrics server's succeeds (it
-    reuses the address, so a closed server's TIME_WAIT does not count)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+def http_answers(port: int) -> bool:
+    """A server already answers HTTP on 127.0.0.1:`port` (any status). Only that is
+    refused before a start: a port a client connection happens to hold a moment is not
+    (a bind probe refused those, and the processor's own bind a second later succeeds)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
 
 
 def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -104,9 +105,11 @@ def start_processor(
     there too (its token must be in `secret_env` or the environment)."""
     url = f"http://127.0.0.1:{metrics_port}/metrics"
     for port in (metrics_port, api_port):
-        if port and not port_free(port):
+        if port and http_answers(port):
             # Another process there would answer for this worker, whose own start then fails.
-            raise RuntimeError(f"port {port} on 127.0.0.1 is in use (another processor still running?)")
+            raise RuntimeError(
+                f"port {port} on 127.0.0.1 is in use: a server answers there (another processor?)"
+            )
     command = [sys.executable, "-m", "trainguard", "process", "--bootstrap", bootstrap]
     command += ["--policy", str(policy), "--metrics-port", str(metrics_port), "--loglevel", "info"]
     command += ["--topic-prefix", topic_prefix] if topic_prefix else []

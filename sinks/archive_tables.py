@@ -105,6 +105,12 @@ def hour_of(ts: float) -> str:
     return time.strftime(HOUR_FORMAT, time.gmtime(ts))
 
 
+def stored_rows(name: str) -> str:
+    """The relation of a snapshot that holds table `name`'s rows as stored (every copy of a
+    key, with its _seq; the view of the same name keeps the first)."""
+    return f"{_SOURCE}{name}"
+
+
 def _table_view(shape: TableShape) -> str:
     """The view readers query under the table's name: its DDL columns (JSON typed again),
     one row per key, the first stored."""
@@ -116,7 +122,7 @@ def _table_view(shape: TableShape) -> str:
     if key is not None:
         within = ", ".join([*SCOPES.get(shape.name, ()), *key])
         dedupe = f" QUALIFY row_number() OVER (PARTITION BY {within} ORDER BY {SEQ}) = 1"
-    return f"CREATE OR REPLACE VIEW {shape.name} AS SELECT {columns} FROM {_SOURCE}{shape.name}{dedupe}"
+    return f"CREATE OR REPLACE VIEW {shape.name} AS SELECT {columns} FROM {stored_rows(shape.name)}{dedupe}"
 
 
 def snapshot(lake: Lake, mark: Mark, tables: Collection[str] | None = None) -> duckdb.DuckDBPyConnection:
@@ -129,7 +135,7 @@ def snapshot(lake: Lake, mark: Mark, tables: Collection[str] | None = None) -> d
             if tables is not None and name not in tables:
                 continue
             data: Any = lake.dataset(name, mark)
-            con.register(f"{_SOURCE}{name}", shape.schema.empty_table() if data is None else data)
+            con.register(stored_rows(name), shape.schema.empty_table() if data is None else data)
             con.execute(_table_view(shape))
         for statement in VIEW_DDL if tables is None else ():
             con.execute(statement)

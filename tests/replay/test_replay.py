@@ -6,9 +6,14 @@ live processor's decisions exactly, event for event; under another policy it doe
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+
+import duckdb
 import pytest
 
 from trainguard.devtools.stack import builtin_policy
+from trainguard.kafka.topics import topic_names
 from trainguard.processors.core.policy import CorePolicy, load_policy, parse_policy
 from trainguard.replay.log import Recording, read_archived_recording
 from trainguard.replay.replay import compare, decisions_of, replay, replay_all, replayed_decisions, unique
@@ -21,7 +26,10 @@ from trainguard.schemas import (
     StragglerFlagged,
     encode,
 )
+from trainguard.sinks.archive_schema import TABLE_DDL
+from trainguard.sinks.archive_store import Archive, Logged
 
+from ..sinks.test_archive import T0
 from .conftest import Recorded
 
 POLICY = builtin_policy("demo")
@@ -137,3 +145,29 @@ def test_signature_is_not_compared() -> None:
     )
     assert compare([abort.model_copy(update={"signature": "a" * 64})], [abort]).identical
     assert not compare([abort.model_copy(update={"attempt": 1})], [abort]).identical
+
+
+def test_the_archived_log_is_read_in_partition_and_offset_order_each_record_once(tmp_path: Path) -> None:
+    """The archive read (replay/log.py) orders a run's records by partition and offset
+    whatever batches stored them, keeps the first copy of a record stored again, and
+    leaves other runs out; a DuckDB connection holding the table reads the same."""
+    root = tmp_path / "archive"
+    first = [
+        Logged("run-a", 1, 0, T0, b"a-1-0"),
+        Logged("run-a", 0, 5, T0, b"a-0-5"),
+        Logged("run-b", 0, 6, T0, b"b"),
+    ]
+    later = [Logged("run-a", 0, 2, T0 + 1, b"a-0-2"), Logged("run-a", 0, 5, T0 + 1, b"again")]
+    with Archive(root) as archive:
+        archive.write(first)
+        archive.write(later)
+    expected = [(0, 2, b"a-0-2"), (0, 5, b"a-0-5"), (1, 0, b"a-1-0")]
+    assert read_archived_recording(root, topic_names(), "run-a").records == expected
+    with contextlib.closing(duckdb.connect()) as con:
+        for statement in TABLE_DDL:
+            con.execute(statement)
+        con.executemany(
+            "INSERT INTO telemetry_log VALUES (?, ?, ?, ?, ?)",
+            [(item.run_id, item.partition, item.offset, item.ts, item.value) for item in first],
+        )
+        assert read_archived_recording(con, topic_names(), "run-a").records == [expected[1], expected[2]]

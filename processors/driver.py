@@ -15,10 +15,12 @@ from ..schemas import Command, Derived, Envelope, Rejection, encode
 from ..schemas.auth import run_key, sign
 from ..schemas.codec import DecodedParts, RejectReason, decode_parts, event_of
 from ..schemas.columnar import StepColumns, row, rows
+from ..schemas.event_check import Row
+from ..schemas.record_columns import StoredColumns
 from .core import CorePolicy, CoreState, Output, step
 from .core.block import fold_block
 from .core.outputs import Forward, Reject
-from .core.quiet import QuietLimits, fold_quiet_row
+from .core.quiet import QuietLimits, fold_quiet_row, fold_quiet_rows
 from .core.state import state_key
 
 log = logging.getLogger("trainguard.processor")
@@ -120,6 +122,86 @@ class CoreDriver:
         if key in runs:
             result.duplicates = runs[key].duplicates - before
         return result
+
+    def fold_stored(self, stored: StoredColumns, i: int) -> DriverResult | None:
+        """Fold record i of a run the archive keeps as columns (replay/stored.py), with the
+        state and outputs of folding its decoded bytes; None where it has to be folded from
+        its bytes (not stored, or this core knows the run with another world size than the
+        batch's, which the writer decoded against)."""
+        s = stored.slot[i]
+        if s < 0:
+            return None
+        run_id, hint, shard, shard_ranks, part, node, lo, hi, rows = stored.records[s]
+        runs = self.state.runs
+        if (
+            (known := runs.get(run_id)) is not None
+            and known.world_size is not None
+            and known.world_size != hint
+        ):
+            return None
+        result = DriverResult()
+        key = result.state_key = state_key(run_id, shard)
+        before = runs[key].duplicates if key in runs else 0
+        at = len(rows) if part < 0 else part  # (the block's place among the rows)
+        self._fold_rows(rows, 0, at, key, result, hint, shard, shard_ranks)
+        if part >= 0:
+            self._fold_stored_block(stored.block, lo, hi, run_id, node, result, hint, shard, shard_ranks)
+            self._fold_rows(rows, at, len(rows), key, result, hint, shard, shard_ranks)
+        result.events = len(rows) + hi - lo
+        if key in runs:
+            result.duplicates = runs[key].duplicates - before
+        return result
+
+    def _fold_rows(
+        self,
+        rows: list[Row],
+        start: int,
+        end: int,
+        key: str,
+        result: DriverResult,
+        hint: int,
+        shard: int,
+        shard_ranks: int,
+    ) -> None:
+        """rows[start:end]: the quiet ones without ``step`` (processors/core/quiet.py)."""
+        runs, i = self.state.runs, start
+        while i < end:
+            if self.columnar:
+                i = fold_quiet_rows(runs.get(key), rows, i, end, self._limits, hint)
+                if i == end:
+                    return
+            self._fold(event_of(rows[i]), result, hint, shard, shard_ranks)
+            i += 1
+
+    def _fold_stored_block(
+        self,
+        block: StepColumns,
+        lo: int,
+        hi: int,
+        run_id: str,
+        node: str,
+        result: DriverResult,
+        hint: int,
+        shard: int,
+        shard_ranks: int,
+    ) -> None:
+        """A stored block: rows lo to hi of the stored columns, as _fold_block folds a block."""
+        if not self.columnar:
+            for i in range(lo, hi):
+                self._fold(row(block, i, run_id, node), result, hint, shard, shard_ranks)
+            return
+        key, runs = state_key(run_id, shard), self.state.runs
+        fold_block(
+            runs.get(key),
+            block,
+            self.policy,
+            hint,
+            lambda i: self._fold(row(block, i, run_id, node), result, hint, shard, shard_ranks),
+            lambda: runs.get(key),
+            lo,
+            hi,
+            node,
+        )
 
     def _fold(
         self, event: Envelope, result: DriverResult, hint: int | None, shard: int, shard_ranks: int

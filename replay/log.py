@@ -31,6 +31,7 @@ from ..schemas.sharding import run_of_key
 if TYPE_CHECKING:
     import duckdb
 
+    from ..schemas.record_columns import StoredColumns
     from ..sinks.archive_store import Db
 
 #: One telemetry record as the processor consumed it: (partition, offset, value).
@@ -52,6 +53,9 @@ class Recording:
     #: shows them and compares the core's decisions without them. The core never issues
     #: that code, so a core command under it would replay as an extra decision.
     operator_commands: list[Command] = field(default_factory=list)
+    #: The columns the archive keeps of the run's common records (replay/stored.py), by
+    #: the record's place in `records`; None: every record is folded from its bytes.
+    stored: StoredColumns | None = None
 
 
 def read_topic(
@@ -154,44 +158,28 @@ def read_archived_recording(db: Db, names: TopicNames, run_id: str) -> Recording
     partition, offsets in order), the decisions from raw_event and command. For runs the
     archive writer has stored; a run not yet archived is read from Kafka. The archive keeps
     each decision once (the live log may hold one twice; replays compare ids once)."""
-    from ..sinks.archive_schema import COMMAND, RAW_EVENT, TELEMETRY_LOG
+    from ..sinks.archive_schema import COMMAND, RAW_EVENT, TELEMETRY_COLUMNS, TELEMETRY_LOG
     from ..sinks.archive_store import Reader  # DuckDB and Arrow: only for archive reads
+    from .stored import read_stored
 
-    with Reader(db, tables=(TELEMETRY_LOG, RAW_EVENT, COMMAND)) as con:
+    with Reader(db, tables=(TELEMETRY_LOG, TELEMETRY_COLUMNS, RAW_EVENT, COMMAND)) as con:
         params = {"run_id": run_id}
         records = _archived_records(con, run_id)
+        stored = read_stored(con, run_id, records)
         derived = con.execute(_ARCHIVED_DERIVED, {**params, "topic": names.events}).fetchall()
         commands = con.execute(_ARCHIVED_COMMANDS, params).fetchall()
-    recording = Recording(run_id, records)
+    recording = Recording(run_id, records, stored=stored)
     _add_decisions(recording, (p.encode() for (p,) in derived), (p.encode() for (p,) in commands))
     return recording
 
 
 def _archived_records(con: duckdb.DuckDBPyConnection, run_id: str) -> list[Record]:
-    """The run's telemetry_log records in (partition, offset) order, each once.
-
-    From a lake (sinks/archive_tables.py) the rows are read as stored, ordered by key then
-    batch, and each key's first copy kept here: what the telemetry_log view does with a
-    window, which took 0.11-0.13 s for a 1,024-rank run's 26,259 records where the stored
-    rows read in ~0.05 s. An archive of one DuckDB file has its table, with no copies."""
-    import duckdb
-
+    """The run's telemetry_log records in (partition, offset) order, each once."""
     from ..sinks.archive_schema import TELEMETRY_LOG
-    from ..sinks.archive_tables import SEQ, stored_rows
+    from .stored import archived_rows
 
-    columns, source, order = "kafka_partition, kafka_offset, value", stored_rows(TELEMETRY_LOG), f", {SEQ}"
-    try:
-        con.execute(f"DESCRIBE {source}")
-    except duckdb.CatalogException:
-        source, order = TELEMETRY_LOG, ""
-    query = (
-        f"SELECT {columns} FROM {source} WHERE run_id = $run_id ORDER BY kafka_partition, kafka_offset{order}"
-    )
-    rows = con.execute(query, {"run_id": run_id}).fetchall()
-    out: list[Record] = []
-    last: tuple[int, int] | None = None
-    for p, o, value in rows:
-        if (p, o) != last:  # (a record stored again by a later batch: its first copy only)
-            out.append((p, o, bytes(value)))
-            last = (p, o)
-    return out
+    rows = archived_rows(con, TELEMETRY_LOG, run_id, ["value"])
+    if rows is None or rows.num_rows == 0:
+        return []
+    columns = (rows.column(name).to_pylist() for name in ("kafka_partition", "kafka_offset", "value"))
+    return list(zip(*columns, strict=True))

@@ -64,11 +64,13 @@ def replay(
     secret: bytes = REPLAY_SECRET,
     progress: Callable[[int, int], None] | None = None,
     columnar: bool = True,
+    columns: bool = True,
 ) -> Replayed:
     """Fold every telemetry record of `recording` into a fresh core under `policy`
-    (`columnar` False: columnar blocks row by row, the reference the block fold equals)."""
+    (`columnar` False: columnar blocks row by row, the reference the block fold equals;
+    `columns` False: every record from its bytes, the archive's columns unused)."""
     tick = None if progress is None else lambda _name, done, total: progress(done, total)
-    (out,) = replay_all(recording, [policy], secret, tick, columnar)
+    (out,) = replay_all(recording, [policy], secret, tick, columnar, columns=columns)
     return out
 
 
@@ -79,6 +81,7 @@ def replay_all(
     progress: Callable[[str, int, int], None] | None = None,
     columnar: bool = True,
     observe: Callable[[DecodedParts], None] | None = None,
+    columns: bool = True,
 ) -> list[Replayed]:
     """Replay `recording` under every policy in one pass: each record decoded once and
     folded into every policy's core in turn, then let go (a backtest of a long run holds
@@ -86,7 +89,8 @@ def replay_all(
     the record otherwise (it knows the run with another world size,
     CoreDriver.decoded_still_valid) decodes it anew. `observe` sees every record as
     decoded (what a backtest measures of the log); `progress(label, done, total)`. Each
-    Replayed's `seconds` is the pass's (shared by its policies)."""
+    Replayed's `seconds` is the pass's (shared by its policies). `columns` False folds
+    every record from its bytes, also where the archive keeps its columns (the reference)."""
     if not policies:
         return []
     drivers = [CoreDriver(policy, secret, columnar=columnar) for policy in policies]
@@ -94,11 +98,19 @@ def replay_all(
     first, others = drivers[0], list(zip(drivers[1:], outs[1:], strict=True))
     label = "replay" if len(policies) == 1 else f"replay under {len(policies)} policies"
     total = len(recording.records)
+    # The records the archive keeps as columns are folded from them (replay/stored.py), but
+    # for an `observe`r, which reads each record decoded.
+    stored = recording.stored if columns and observe is None else None
     t0 = time.perf_counter()
     with old_objects_left_alone():
         for i, (_, _, value) in enumerate(recording.records, 1):
             if i % _COLLECT_EVERY == 0:
                 gc.collect(1)
+            if stored is not None and stored.slot[i - 1] >= 0:
+                for driver, out in zip(drivers, outs, strict=True):
+                    result = driver.fold_stored(stored, i - 1) or driver.fold(driver.decode(value))
+                    _add(out, result, recording.run_id)
+                continue
             parts = first.decode(value)
             if observe is not None:
                 observe(parts)

@@ -132,16 +132,17 @@ def columns_of(obj: dict[str, Any]) -> StepColumns:
     return StepColumns(run_id, node, ids, attempts, ranks, steps, ts, compute, total, bad)
 
 
-def row(block: StepColumns, i: int) -> StepTiming:
+def row(block: StepColumns, i: int, run_id: str | None = None, node: str | None = None) -> StepTiming:
     """Row i in the row format (its values are validated already; the model's own
-    validator is still the cheapest way to build one: model_construct is slower)."""
+    validator is still the cheapest way to build one: model_construct is slower); `run_id`
+    and `node` in place of the block's (columns that hold several blocks: replay/stored.py)."""
     return _VALIDATE(
         {
             "event_id": block.event_id[i],
-            "run_id": block.run_id,
+            "run_id": block.run_id if run_id is None else run_id,
             "attempt": block.attempt_list[i],
             "rank": block.rank_list[i],
-            "node": block.node,
+            "node": block.node if node is None else node,
             "step": block.step_list[i],
             "ts": block.ts_list[i],
             "compute_s": block.compute_list[i],

@@ -29,8 +29,9 @@ from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException
 from trainguard.kafka.security import KafkaCredentials, client_config
 from trainguard.kafka.topics import TopicNames
 
-from ..schemas import Rejected, decode, decode_batch
-from ..schemas.codec import ACKS, COMMANDS, DERIVED
+from ..schemas import Rejected, decode
+from ..schemas.codec import ACKS, COMMANDS, DERIVED, decode_parts, events_of
+from ..schemas.record_columns import record_columns
 from ..schemas.sharding import run_of_key
 from .archive_metrics import ArchiveMetrics
 from .archive_store import (
@@ -109,11 +110,13 @@ def decode_message(role: Role, msg: Message) -> list[Item]:
         reason = _header(msg.headers(), "reason") or "unknown"
         return [DeadLetter(position, topic, reason, _header(msg.headers(), "detail"), raw, ts)]
     if role is Role.TELEMETRY:
-        decoded = decode_batch(raw)
-        items: list[Item] = [Logged(run_of_key(msg.key()), part, off, ts, raw)]  # as consumed: for replays
-        if decoded.events:
-            items.append(Located(decoded.events, topic, part, off))
-        whole = decoded.header is None and not decoded.events
+        decoded = decode_parts(raw)
+        events = events_of(decoded)
+        # As consumed, for replays: the bytes, and the columns of a common record.
+        items: list[Item] = [Logged(run_of_key(msg.key()), part, off, ts, raw, record_columns(decoded))]
+        if events:
+            items.append(Located(events, topic, part, off))
+        whole = decoded.header is None and not events
         for i, rej in enumerate(decoded.rejections):
             ident = position if whole else f"{position}:{i}"
             items.append(DeadLetter(ident, topic, str(rej.reason), rej.detail, rej.raw, ts))

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 #: Version of this schema; an archive written by a newer version is refused.
 #: 2: telemetry_log (an older writer would leave replays from the archive short).
-SCHEMA_VERSION = 2
+#: 3: telemetry_columns (an older writer's records replay from their bytes, more slowly).
+SCHEMA_VERSION = 3
 
 #: Tables written by Archive.write (append-only; readers deduplicate by KEYS).
 RAW_EVENT = "raw_event"
@@ -40,6 +41,7 @@ COMMAND = "command"
 ACK = "ack"
 DEAD_LETTER = "dead_letter"
 TELEMETRY_LOG = "telemetry_log"
+TELEMETRY_COLUMNS = "telemetry_columns"
 
 #: Each table's key: readers see the first row stored of each key (a record stored twice,
 #: produced twice, or handed to Archive.write twice shows once). None: every row counts.
@@ -53,6 +55,7 @@ KEYS: dict[str, tuple[str, ...] | None] = {
     ACK: ("command_id", "rank", "status"),
     DEAD_LETTER: ("id",),
     TELEMETRY_LOG: ("kafka_partition", "kafka_offset"),
+    TELEMETRY_COLUMNS: ("kafka_partition", "kafka_offset"),
 }
 #: Columns every stored copy of a key shares (a copy is the same record stored again: same
 #: run, same topic). The views deduplicate within them (the window partitioned by them and
@@ -67,6 +70,7 @@ SCOPES: dict[str, tuple[str, ...]] = {
     COMMAND: ("run_id",),
     ACK: ("run_id",),
     TELEMETRY_LOG: ("run_id",),
+    TELEMETRY_COLUMNS: ("run_id",),
 }
 
 #: Each table's partitions in the lake: the bulk by run and UTC hour (so that a run's
@@ -82,9 +86,13 @@ PARTITIONS: dict[str, list[str]] = {
     ACK: ["run_id"],
     DEAD_LETTER: [HOUR],
     TELEMETRY_LOG: ["run_id", HOUR],
+    TELEMETRY_COLUMNS: ["run_id", HOUR],
 }
+#: Tables whose hours are dropped with another's unless given a retention of their own
+#: (a record's columns are no use to a replay without its bytes, which it folds the rest from).
+RETAINED_WITH = {TELEMETRY_COLUMNS: TELEMETRY_LOG}
 #: Each table's time column, which gives the hour partition.
-HOUR_OF = {RAW_EVENT: "ts", DEAD_LETTER: "ts", TELEMETRY_LOG: "ts"}
+HOUR_OF = {RAW_EVENT: "ts", DEAD_LETTER: "ts", TELEMETRY_LOG: "ts", TELEMETRY_COLUMNS: "ts"}
 
 #: Everything `summary()` counts: the tables above plus the views people query.
 SUMMARY_RELATIONS = (
@@ -250,6 +258,34 @@ TABLE_DDL: tuple[str, ...] = (
         kafka_offset    BIGINT  NOT NULL,
         ts              DOUBLE  NOT NULL,  -- Kafka record timestamp
         value           BLOB    NOT NULL,
+        PRIMARY KEY (kafka_partition, kafka_offset)
+    )""",
+    # A common telemetry_log record again as columns (schemas/record_columns.py): what a
+    # replay folds without parsing the record. Its batch header, its columnar block (if
+    # any, at block_part among its parts) and its other parts' objects as JSON, in order.
+    """
+    CREATE TABLE IF NOT EXISTS telemetry_columns (
+        run_id          VARCHAR   NOT NULL,  -- the record key's run, as in telemetry_log
+        kafka_partition INTEGER   NOT NULL,
+        kafka_offset    BIGINT    NOT NULL,
+        ts              DOUBLE    NOT NULL,  -- Kafka record timestamp
+        batch_run_id    VARCHAR   NOT NULL,
+        batch_node      VARCHAR   NOT NULL,
+        world_size      BIGINT    NOT NULL,
+        producer_id     VARCHAR   NOT NULL,
+        seq             BIGINT    NOT NULL,
+        shard           BIGINT    NOT NULL,
+        shard_ranks     BIGINT    NOT NULL,
+        block_part      INTEGER   NOT NULL,  -- -1: no block
+        block_node      VARCHAR   NOT NULL,
+        event_id        VARCHAR[] NOT NULL,
+        attempt         BIGINT[]  NOT NULL,
+        rank            BIGINT[]  NOT NULL,
+        step            BIGINT[]  NOT NULL,
+        step_ts         DOUBLE[]  NOT NULL,
+        compute_s       DOUBLE[]  NOT NULL,
+        total_s         DOUBLE[]  NOT NULL,
+        rest            VARCHAR[] NOT NULL,
         PRIMARY KEY (kafka_partition, kafka_offset)
     )""",
 )

@@ -36,6 +36,8 @@ from ..schemas import (
     encode,
 )
 from ..schemas.codec import TELEMETRY
+from ..schemas.record_columns import TABLE_COLUMNS as RECORD_COLUMNS
+from ..schemas.record_columns import RecordColumns
 from .archive_schema import (
     ACK,
     COMMAND,
@@ -46,10 +48,12 @@ from .archive_schema import (
     KEYS,
     PARTITIONS,
     RAW_EVENT,
+    RETAINED_WITH,
     RUN_ACTIVITY,
     RUN_ATTEMPT,
     SCHEMA_VERSION,
     SUMMARY_RELATIONS,
+    TELEMETRY_COLUMNS,
     TELEMETRY_LOG,
 )
 from .archive_tables import hour_of, snapshot, to_arrow
@@ -89,6 +93,8 @@ class Logged:
     offset: int
     ts: float
     value: bytes
+    #: Its columns when it is a common record (schemas/record_columns.py: telemetry_columns).
+    columns: RecordColumns | None = None
 
 
 #: What Archive.write takes: a bare record (tests, tools), records read from Kafka, a
@@ -123,6 +129,7 @@ _COLUMNS: dict[str, tuple[str, ...]] = {
     ),
     DEAD_LETTER: ("id", "topic", "reason", "detail", "raw", "ts"),
     TELEMETRY_LOG: ("run_id", "kafka_partition", "kafka_offset", "ts", "value"),
+    TELEMETRY_COLUMNS: ("run_id", "kafka_partition", "kafka_offset", "ts", *RECORD_COLUMNS),
 }  # fmt: skip
 
 #: Tables whose rows are facts (counted as written or duplicate).
@@ -230,6 +237,10 @@ def _collect(items: Iterable[Item], checked: bool = False) -> _Batch:
             continue
         if isinstance(item, Logged):
             batch.rows[TELEMETRY_LOG].append((item.run_id, item.partition, item.offset, item.ts, item.value))
+            if item.columns is not None:
+                batch.rows[TELEMETRY_COLUMNS].append(
+                    (item.run_id, item.partition, item.offset, item.ts, *item.columns)
+                )
             continue
         if isinstance(item, Located):
             records, topic, part, off = item.records, item.topic, item.partition, item.offset
@@ -330,7 +341,7 @@ class Archive:
         self.lake.vacuum(BATCHES, vacuum_hours)
         versions = dict(self.mark.versions)
         for table in self.mark.versions:
-            keep = retain_s.get(table)
+            keep = retain_s.get(table, retain_s.get(RETAINED_WITH.get(table, "")))
             if keep is not None and HOUR in PARTITIONS.get(table, ()):
                 self.lake.drop_before(table, HOUR, hour_of(now - keep))
             self.lake.compact(table)

@@ -46,13 +46,18 @@ def fold_block(
     world_size_hint: int | None,
     one: Callable[[int], None],
     lookup: Callable[[], RunState | None],
+    start: int = 0,
+    end: int = -1,
+    node: str | None = None,
 ) -> None:
-    """Fold every row of `block`: quiet rows here, the others through `one(i)` (which
-    folds row i with ``step``); `lookup` finds the run again after a row that may have
-    created or changed it."""
-    i, n = 0, len(block)
+    """Fold every row of `block` (rows `start` to `end` of its columns when given: a
+    stretch of columns that hold several blocks, each of its own `node`): quiet rows here,
+    the others through `one(i)` (which folds row i with ``step``); `lookup` finds the run
+    again after a row that may have created or changed it."""
+    i, n = start, len(block) if end < 0 else end
+    at = block.node if node is None else node
     while i < n:
-        j = _fold_quiet(run, block, i, policy, world_size_hint) if run is not None else i
+        j = _fold_quiet(run, block, i, n, at, policy, world_size_hint) if run is not None else i
         if j < n:
             one(j)
             run = lookup()
@@ -82,10 +87,16 @@ def steady(run: RunState) -> bool:
 
 
 def _fold_quiet(
-    run: RunState, block: StepColumns, i: int, policy: CorePolicy, world_size_hint: int | None
+    run: RunState,
+    block: StepColumns,
+    i: int,
+    n: int,
+    node: str,
+    policy: CorePolicy,
+    world_size_hint: int | None,
 ) -> int:
-    """Fold the quiet rows from row i on, each checked against the state the rows before
-    it left, and return the first row that is not quiet (len(block) when all were)."""
+    """Fold the quiet rows from row i on (up to n), each checked against the state the rows
+    before it left, and return the first row that is not quiet (n when all were)."""
     if not steady(run):
         return i
     size = run.world_size or world_size_hint
@@ -109,8 +120,7 @@ def _fold_quiet(
     ids, attempts, rank_of, step_of, ts_of = (
         block.event_id, block.attempt_list, block.rank_list, block.step_list, block.ts_list,
     )  # fmt: skip
-    compute_of, total_of, node = block.compute_list, block.total_list, block.node
-    n = len(block)
+    compute_of, total_of = block.compute_list, block.total_list
     j = i
     while j < n:
         event_id, rank, step, ts = ids[j], rank_of[j], step_of[j], ts_of[j]

@@ -68,6 +68,17 @@ def fold_quiet_row(run: RunState | None, row: Row, limits: QuietLimits, hint: in
     return fold_quiet_health(run, row, limits, hint)
 
 
+def fold_quiet_rows(
+    run: RunState | None, rows: list[Row], start: int, end: int, limits: QuietLimits, hint: int | None
+) -> int:
+    """Fold rows[start:end] here while they are quiet (fold_quiet_row); the first that is
+    not (`end` when all were), which the caller folds with ``step``."""
+    i = start
+    while i < end and fold_quiet_row(run, rows[i], limits, hint):
+        i += 1
+    return i
+
+
 def fold_quiet_heartbeat(
     run: RunState | None, row: HeartbeatRow, limits: QuietLimits, hint: int | None
 ) -> bool:

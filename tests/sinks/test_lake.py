@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from trainguard.schemas.record_columns import RecordColumns
 from trainguard.sinks.archive_store import Archive, Logged, open_snapshot, summary
 from trainguard.sinks.archive_tables import to_arrow
 
@@ -150,3 +151,19 @@ def test_a_snapshot_of_some_tables_shows_those_alone(tmp_path: Path) -> None:
         views = con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()
         shown = {name for (name,) in views if not name.startswith("_lake_")}  # (the registered sources)
         assert shown == {"raw_event", "command"}
+
+
+def test_a_records_columns_are_dropped_with_its_bytes(tmp_path: Path) -> None:
+    """telemetry_columns keeps telemetry_log's retention unless given its own
+    (archive_schema.RETAINED_WITH): a replay folds a record from its columns or its bytes,
+    and columns left without their record would only take space."""
+    root = tmp_path / "archive"
+    columns = RecordColumns("run-a", "node-0", 8, "p", 0, 0, 0, -1, "", [], [], [], [], [], [], [], [])
+    with Archive(root) as archive:
+        for hour in range(6):
+            archive.write([Logged("run-a", 0, hour, T0 + hour * 3600, b"{}", columns)])
+        archive.maintain({"telemetry_log": 3 * 3600}, vacuum_hours=0, now=T0 + 6 * 3600)
+    with contextlib.closing(open_snapshot(root)) as con:
+        for table in ("telemetry_log", "telemetry_columns"):
+            kept = con.execute(f"SELECT kafka_offset FROM {table} ORDER BY 1").fetchall()
+            assert kept == [(3,), (4,), (5,)], table

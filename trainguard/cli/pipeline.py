@@ -87,8 +87,8 @@ def archive(
     retain: Annotated[
         list[str] | None,
         typer.Option(
-            help="TABLE=AGE: drop the hours of raw_event, telemetry_log or dead_letter older than AGE "
-            "(30d, 12h, seconds); repeatable. Default: keep everything."
+            help="TABLE=AGE: drop the hours of raw_event, telemetry_log (telemetry_columns with it) or "
+            "dead_letter older than AGE (30d, 12h, seconds); repeatable. Default: keep everything."
         ),
     ] = None,
     maintain_every: Annotated[

@@ -18,9 +18,9 @@ from ..schemas.columnar import StepColumns, row, rows
 from ..schemas.event_check import Row
 from ..schemas.record_columns import StoredColumns
 from .core import CorePolicy, CoreState, Output, step
-from .core.block import fold_block
+from .core.block import QuietLimits, fold_block
 from .core.outputs import Forward, Reject
-from .core.quiet import QuietLimits, fold_quiet_row, fold_quiet_rows
+from .core.quiet import fold_quiet_row, fold_quiet_rows
 from .core.state import state_key
 
 log = logging.getLogger("trainguard.processor")
@@ -126,31 +126,45 @@ class CoreDriver:
     def fold_stored(self, stored: StoredColumns, i: int) -> DriverResult | None:
         """Fold record i of a run the archive keeps as columns (replay/stored.py), with the
         state and outputs of folding its decoded bytes; None where it has to be folded from
-        its bytes (not stored, or this core knows the run with another world size than the
-        batch's, which the writer decoded against)."""
-        s = stored.slot[i]
-        if s < 0:
-            return None
-        run_id, hint, shard, shard_ranks, part, node, lo, hi, rows = stored.records[s]
-        runs = self.state.runs
-        if (
-            (known := runs.get(run_id)) is not None
-            and known.world_size is not None
-            and known.world_size != hint
-        ):
-            return None
+        its bytes (fold_stored_many)."""
         result = DriverResult()
-        key = result.state_key = state_key(run_id, shard)
-        before = runs[key].duplicates if key in runs else 0
-        at = len(rows) if part < 0 else part  # (the block's place among the rows)
-        self._fold_rows(rows, 0, at, key, result, hint, shard, shard_ranks)
-        if part >= 0:
-            self._fold_stored_block(stored.block, lo, hi, run_id, node, result, hint, shard, shard_ranks)
-            self._fold_rows(rows, at, len(rows), key, result, hint, shard, shard_ranks)
-        result.events = len(rows) + hi - lo
-        if key in runs:
-            result.duplicates = runs[key].duplicates - before
+        if self.fold_stored_many(stored, i, i + 1, result) == i:
+            return None
         return result
+
+    def fold_stored_many(self, stored: StoredColumns, start: int, end: int, result: DriverResult) -> int:
+        """Fold records start, start + 1, ... of a run the archive keeps as columns into
+        `result` (their outputs in order, their events and duplicates added; state_key the
+        last one's), with the state and outputs of folding their decoded bytes, up to `end`
+        or the first that has to be folded from its bytes, whose index it returns: one not
+        stored, or of a run this core knows with another world size than the batch's (which
+        the writer decoded against). Many at once: a replay's fold costs a few microseconds a
+        record, and a call and a result for each were a good part of it."""
+        runs, slot, records, block = self.state.runs, stored.slot, stored.records, stored.block
+        i = start
+        while i < end:
+            s = slot[i]
+            if s < 0:
+                return i
+            run_id, hint, shard, shard_ranks, part, node, lo, hi, rows = records[s]
+            if (
+                (known := runs.get(run_id)) is not None
+                and known.world_size is not None
+                and known.world_size != hint
+            ):
+                return i
+            key = result.state_key = state_key(run_id, shard)
+            before = runs[key].duplicates if key in runs else 0
+            at = len(rows) if part < 0 else part  # (the block's place among the rows)
+            self._fold_rows(rows, 0, at, key, result, hint, shard, shard_ranks)
+            if part >= 0:
+                self._fold_stored_block(block, lo, hi, run_id, node, result, hint, shard, shard_ranks)
+                self._fold_rows(rows, at, len(rows), key, result, hint, shard, shard_ranks)
+            result.events += len(rows) + hi - lo
+            if key in runs:
+                result.duplicates += runs[key].duplicates - before
+            i += 1
+        return i
 
     def _fold_rows(
         self,
@@ -194,7 +208,7 @@ class CoreDriver:
         fold_block(
             runs.get(key),
             block,
-            self.policy,
+            self._limits,
             hint,
             lambda i: self._fold(row(block, i, run_id, node), result, hint, shard, shard_ranks),
             lambda: runs.get(key),
@@ -228,7 +242,7 @@ class CoreDriver:
         fold_block(
             runs.get(key),
             block,
-            self.policy,
+            self._limits,
             hint,
             lambda i: self._fold(row(block, i), result, hint, shard, shard_ranks),
             lambda: runs.get(key),

@@ -228,7 +228,14 @@ def backtest(
         raise ValueError("backtest needs at least one policy")
     log = LogColumns()
     shares = [policy for _, policy in policies]
-    replayed = replay_spread(recording, shares, progress=progress, observe=log.add, processes=processes)
+    replayed = replay_spread(
+        recording,
+        shares,
+        progress=progress,
+        observe=log.add,
+        processes=processes,
+        observe_stored=log.add_stored,
+    )
     runs = [PolicyRun(name, policy, r) for (name, policy), r in zip(policies, replayed, strict=True)]
     base = runs[0]
     mtbf = [d.mtbf_s for d in base.replayed.derived if isinstance(d, MtbfUpdate)]

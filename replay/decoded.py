@@ -20,7 +20,8 @@ import numpy as np
 from ..schemas import CheckpointWritten, Envelope, RunStarted, StepTiming
 from ..schemas.codec import DecodedParts
 from ..schemas.columnar import StepColumns
-from ..schemas.event_check import ROW_TS
+from ..schemas.event_check import ROW_TS, Row
+from ..schemas.record_columns import StoredColumns
 
 
 class Timing(NamedTuple):
@@ -82,11 +83,7 @@ class LogColumns:
                 self.total_s.extend(part.total_list)  # type: ignore[union-attr]
                 continue
             if kind is tuple:  # a heartbeat's, step stats' or GPU health's row: only its time counts
-                ts: float = part[ROW_TS]  # type: ignore[index]
-                if ts < self._first_other_ts:
-                    self._first_other_ts = ts
-                if ts > self._last_other_ts:
-                    self._last_other_ts = ts
+                self._add_rows([part])  # type: ignore[list-item]
                 continue
             event: Envelope = part  # type: ignore[assignment]
             if event.ts < self._first_other_ts:
@@ -103,6 +100,28 @@ class LogColumns:
                 self.world_size = event.world_size  # type: ignore[attr-defined]
             elif kind is CheckpointWritten:
                 self.blocking_s.append(event.blocking_s)  # type: ignore[attr-defined]
+
+    def add_stored(self, stored: StoredColumns, i: int) -> None:
+        """Record i of a run kept as columns (replay/stored.py), as `add` takes it decoded."""
+        record = stored.records[stored.slot[i]]
+        block, lo, hi = stored.block, record.lo, record.hi
+        at = len(record.rows) if record.block_part < 0 else record.block_part
+        self._add_rows(record.rows[:at])
+        if hi > lo:
+            self.attempt.extend(block.attempt_list[lo:hi])
+            self.step.extend(block.step_list[lo:hi])
+            self.ts.extend(block.ts_list[lo:hi])
+            self.compute_s.extend(block.compute_list[lo:hi])
+            self.total_s.extend(block.total_list[lo:hi])
+        self._add_rows(record.rows[at:])
+
+    def _add_rows(self, rows: list[Row]) -> None:
+        for row in rows:
+            ts: float = row[ROW_TS]
+            if ts < self._first_other_ts:
+                self._first_other_ts = ts
+            if ts > self._last_other_ts:
+                self._last_other_ts = ts
 
     @property
     def first_ts(self) -> float:

@@ -25,6 +25,7 @@ from multiprocessing.process import BaseProcess
 
 from ..processors.core import CorePolicy
 from ..schemas.codec import DecodedParts
+from ..schemas.record_columns import StoredColumns
 from .log import Recording
 from .replay import REPLAY_SECRET, Replayed, replay_all
 
@@ -43,12 +44,16 @@ def replay_spread(
     progress: Callable[[str, int, int], None] | None = None,
     observe: Callable[[DecodedParts], None] | None = None,
     processes: int | None = None,
+    observe_stored: Callable[[StoredColumns, int], None] | None = None,
 ) -> list[Replayed]:
     """replay_all's results, in `policies`' order, its policies spread over `processes`
-    (default: the usable CPUs; never more than one process a policy)."""
+    (default: the usable CPUs; never more than one process a policy). The observers see
+    the log in this process."""
     count = min(len(policies), processes or usable_cpus())
     if count <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return replay_all(recording, policies, progress=progress, observe=observe)
+        return replay_all(
+            recording, policies, progress=progress, observe=observe, observe_stored=observe_stored
+        )
     shares = [list(range(first, len(policies), count)) for first in range(count)]
     context = multiprocessing.get_context("fork")
     children: list[tuple[list[int], BaseProcess, Connection]] = []
@@ -62,7 +67,13 @@ def replay_spread(
             child.start()
             send.close()  # (the child holds its own end: EOF here when it dies)
             children.append((share, child, receive))
-        mine = replay_all(recording, [policies[i] for i in shares[0]], progress=progress, observe=observe)
+        mine = replay_all(
+            recording,
+            [policies[i] for i in shares[0]],
+            progress=progress,
+            observe=observe,
+            observe_stored=observe_stored,
+        )
         for i, replayed in zip(shares[0], mine, strict=True):
             results[i] = replayed
         for share, process, receive in children:

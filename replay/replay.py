@@ -29,6 +29,7 @@ from ..processors.core.goodput import total as goodput_total
 from ..processors.driver import CoreDriver, DriverResult
 from ..schemas import Command, Derived, Record
 from ..schemas.codec import DecodedParts
+from ..schemas.record_columns import StoredColumns
 from .log import Recording
 
 #: The key a replay signs with when it is not given the run's secret (signatures are
@@ -82,6 +83,7 @@ def replay_all(
     columnar: bool = True,
     observe: Callable[[DecodedParts], None] | None = None,
     columns: bool = True,
+    observe_stored: Callable[[StoredColumns, int], None] | None = None,
 ) -> list[Replayed]:
     """Replay `recording` under every policy in one pass: each record decoded once and
     folded into every policy's core in turn, then let go (a backtest of a long run holds
@@ -89,8 +91,10 @@ def replay_all(
     the record otherwise (it knows the run with another world size,
     CoreDriver.decoded_still_valid) decodes it anew. `observe` sees every record as
     decoded (what a backtest measures of the log); `progress(label, done, total)`. Each
-    Replayed's `seconds` is the pass's (shared by its policies). `columns` False folds
-    every record from its bytes, also where the archive keeps its columns (the reference)."""
+    Replayed's `seconds` is the pass's (shared by its policies). A record the archive keeps
+    as columns (recording.stored) is folded from them, and `observe_stored(stored, i)` sees
+    it (an `observe` without it sees every record decoded); `columns` False folds every
+    record from its bytes (the reference)."""
     if not policies:
         return []
     drivers = [CoreDriver(policy, secret, columnar=columnar) for policy in policies]
@@ -98,28 +102,33 @@ def replay_all(
     first, others = drivers[0], list(zip(drivers[1:], outs[1:], strict=True))
     label = "replay" if len(policies) == 1 else f"replay under {len(policies)} policies"
     total = len(recording.records)
-    # The records the archive keeps as columns are folded from them (replay/stored.py), but
-    # for an `observe`r, which reads each record decoded.
-    stored = recording.stored if columns and observe is None else None
+    stored = recording.stored if columns and (observe is None or observe_stored is not None) else None
     t0 = time.perf_counter()
     with old_objects_left_alone():
-        for i, (_, _, value) in enumerate(recording.records, 1):
-            if i % _COLLECT_EVERY == 0:
+        i = 0
+        while i < total:
+            if i and i % _COLLECT_EVERY == 0:
                 gc.collect(1)
-            if stored is not None and stored.slot[i - 1] >= 0:
-                for driver, out in zip(drivers, outs, strict=True):
-                    result = driver.fold_stored(stored, i - 1) or driver.fold(driver.decode(value))
-                    _add(out, result, recording.run_id)
-                continue
-            parts = first.decode(value)
-            if observe is not None:
-                observe(parts)
-            _add(outs[0], first.fold(parts), recording.run_id)
-            for driver, out in others:
-                mine = parts if driver.decoded_still_valid(parts) else driver.decode(value)
-                _add(out, driver.fold(mine), recording.run_id)
-            if progress is not None and (i % 500 == 0 or i == total):
-                progress(label, i, total)
+            # Up to the next collection or progress report: many stored records at once.
+            until = min(total, (i // _PROGRESS_EVERY + 1) * _PROGRESS_EVERY)
+            j = (
+                _fold_stored(stored, i, until, first, others, outs[0], recording, observe_stored)
+                if stored
+                else i
+            )
+            if j == i:  # record i from its bytes
+                value = recording.records[i][2]
+                parts = first.decode(value)
+                if observe is not None:
+                    observe(parts)
+                _add(outs[0], first.fold(parts), recording.run_id)
+                for driver, out in others:
+                    mine = parts if driver.decoded_still_valid(parts) else driver.decode(value)
+                    _add(out, driver.fold(mine), recording.run_id)
+                j = i + 1
+            if progress is not None and (j % _PROGRESS_EVERY == 0 or j == total):
+                progress(label, j, total)
+            i = j
     seconds = time.perf_counter() - t0
     for driver, out in zip(drivers, outs, strict=True):
         out.seconds = seconds
@@ -130,6 +139,44 @@ def replay_all(
 
 #: Records folded between two collections of the young generations (old_objects_left_alone).
 _COLLECT_EVERY = 2_000
+#: Records folded between two progress reports (a divisor of _COLLECT_EVERY).
+_PROGRESS_EVERY = 500
+
+
+def _fold_stored(
+    stored: StoredColumns,
+    start: int,
+    end: int,
+    first: CoreDriver,
+    others: list[tuple[CoreDriver, Replayed]],
+    out: Replayed,
+    recording: Recording,
+    observe: Callable[[StoredColumns, int], None] | None,
+) -> int:
+    """Fold the stored records from `start` on (up to `end`) into every policy's core, and
+    return the first the first core has to fold from its bytes (`start` when it is that
+    one). Another core stopped earlier (it knows the run with another world size) folds
+    the records it stopped at from their bytes."""
+    result = DriverResult()
+    j = first.fold_stored_many(stored, start, end, result)
+    if j == start:
+        return start
+    _add(out, result, recording.run_id, j - start)
+    for driver, mine in others:
+        k = start
+        while k < j:
+            result = DriverResult()
+            at = driver.fold_stored_many(stored, k, j, result)
+            if at > k:
+                _add(mine, result, recording.run_id, at - k)
+            if at < j:
+                _add(mine, driver.fold(driver.decode(recording.records[at][2])), recording.run_id)
+                at += 1
+            k = at
+    if observe is not None:
+        for k in range(start, j):
+            observe(stored, k)
+    return j
 
 
 @contextmanager
@@ -149,9 +196,9 @@ def old_objects_left_alone() -> Iterator[None]:
             gc.enable()
 
 
-def _add(out: Replayed, result: DriverResult, run_id: str) -> None:
-    """One record's fold, counted; the run's decisions kept."""
-    out.records += 1
+def _add(out: Replayed, result: DriverResult, run_id: str, records: int = 1) -> None:
+    """The fold of one record (or `records`), counted; the run's decisions kept."""
+    out.records += records
     out.events += result.events
     out.duplicates += result.duplicates
     out.rejections += len(result.rejections)

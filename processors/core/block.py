@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from ...schemas.columnar import StepColumns
 from .baseline import observe
-from .goodput import advance
+from .goodput import GoodputPolicy, advance
 from .state import RunPhase
 from .straggler import record
 
@@ -39,10 +39,29 @@ if TYPE_CHECKING:
     from .state import RunState
 
 
+class QuietLimits:
+    """The policy's numbers the quiet folds compare with, read once (a policy is frozen;
+    its fields are pydantic attributes, slow to read per event)."""
+
+    def __init__(self, policy: CorePolicy) -> None:
+        hang = policy.hang
+        self.report_every_s: float = policy.goodput.report_every_s
+        self.check_every_s: float = policy.baseline.check_every_s
+        self.dedupe_window: int = policy.dedupe_window
+        self.goodput: GoodputPolicy = policy.goodput
+        #: watchdog.is_hung looks no further below this stall.
+        self.hang_below_s: float = min(hang.floor_s, hang.default_timeout_s, hang.startup_timeout_s)
+        #: Half the smallest step timeout (watchdog.step_timeout_s): engine._forward_phase
+        #: forwards nothing below it.
+        self.forward_below_s: float = 0.5 * min(hang.floor_s, hang.default_timeout_s, hang.ceiling_s)
+        self.recent_reports: int = policy.diagnosis.recent_reports
+        self.nvlink_expected_width: int | None = policy.diagnosis.nvlink_expected_width
+
+
 def fold_block(
     run: RunState | None,
     block: StepColumns,
-    policy: CorePolicy,
+    limits: QuietLimits,
     world_size_hint: int | None,
     one: Callable[[int], None],
     lookup: Callable[[], RunState | None],
@@ -57,7 +76,7 @@ def fold_block(
     i, n = start, len(block) if end < 0 else end
     at = block.node if node is None else node
     while i < n:
-        j = _fold_quiet(run, block, i, n, at, policy, world_size_hint) if run is not None else i
+        j = _fold_quiet(run, block, i, n, at, limits, world_size_hint) if run is not None else i
         if j < n:
             one(j)
             run = lookup()
@@ -92,7 +111,7 @@ def _fold_quiet(
     i: int,
     n: int,
     node: str,
-    policy: CorePolicy,
+    limits: QuietLimits,
     world_size_hint: int | None,
 ) -> int:
     """Fold the quiet rows from row i on (up to n), each checked against the state the rows
@@ -106,11 +125,11 @@ def _fold_quiet(
     # The same comparisons, written the same way, as goodput.reports and baseline.on_time.
     # A shard (not the coordinator) keeps neither clock: its rows pass neither gate.
     coordinator = run.coordinator
-    last_report, every = goodput.last_report_ts, policy.goodput.report_every_s
-    check_at = baseline.checked_end_ts + policy.baseline.check_every_s
+    last_report, every = goodput.last_report_ts, limits.report_every_s
+    check_at = baseline.checked_end_ts + limits.check_every_s
     if coordinator and (goodput.clock - last_report >= every or not baseline.end_ts < check_at):  # type: ignore[operator]
         return i  # the next event reports or checks, whatever it is
-    ranks, window, gp = run.ranks, policy.dedupe_window, policy.goodput
+    ranks, window, gp = run.ranks, limits.dedupe_window, limits.goodput
     seen, seen_order = run.seen.ids, run.seen.order  # (DedupeWindow.add, inline)
     pending, missing = stragglers.pending, stragglers.missing
     attempt, first, through = run.attempt, stragglers.first, stragglers.evaluated_through
@@ -124,7 +143,7 @@ def _fold_quiet(
     j = i
     while j < n:
         event_id, rank, step, ts = ids[j], rank_of[j], step_of[j], ts_of[j]
-        if attempts[j] != attempt or not first <= rank < end or event_id in seen:
+        if attempts[j] != attempt or not first <= rank < end:
             break
         state = ranks.get(rank)
         if state is None or not through < step <= newest:
@@ -139,8 +158,13 @@ def _fold_quiet(
             break
         if coordinator and ts > baseline.end_ts and ts >= check_at:
             break
-        # Quiet: what ``step`` does with it, in its order.
+        # Quiet, unless its id was seen (``step`` counts the duplicate): the window's set is
+        # looked up once (a set of the window's 200,000 ids, the row's costliest lookup).
+        known = len(seen)
         seen.add(event_id)
+        if len(seen) == known:
+            break
+        # Quiet: what ``step`` does with it, in its order.
         seen_order.append(event_id)
         if len(seen_order) > window:
             seen.remove(seen_order.popleft())

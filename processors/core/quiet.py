@@ -29,33 +29,13 @@ from typing import TYPE_CHECKING
 
 from ...schemas.event_check import GpuRow, HeartbeatRow, Row, StatsRow, is_heartbeat, is_stats
 from .baseline import observe
-from .block import steady
+from .block import QuietLimits, steady
 from .diagnosis import keep_reading, reading_of
-from .goodput import GoodputPolicy, advance
+from .goodput import advance
 from .sdc_state import REMEMBERED
 
 if TYPE_CHECKING:
-    from .policy import CorePolicy
     from .state import RankState, RunState
-
-
-class QuietLimits:
-    """The policy's numbers the quiet folds compare with, read once (a policy is frozen;
-    its fields are pydantic attributes, slow to read per event)."""
-
-    def __init__(self, policy: CorePolicy) -> None:
-        hang = policy.hang
-        self.report_every_s: float = policy.goodput.report_every_s
-        self.check_every_s: float = policy.baseline.check_every_s
-        self.dedupe_window: int = policy.dedupe_window
-        self.goodput: GoodputPolicy = policy.goodput
-        #: watchdog.is_hung looks no further below this stall.
-        self.hang_below_s: float = min(hang.floor_s, hang.default_timeout_s, hang.startup_timeout_s)
-        #: Half the smallest step timeout (watchdog.step_timeout_s): engine._forward_phase
-        #: forwards nothing below it.
-        self.forward_below_s: float = 0.5 * min(hang.floor_s, hang.default_timeout_s, hang.ceiling_s)
-        self.recent_reports: int = policy.diagnosis.recent_reports
-        self.nvlink_expected_width: int | None = policy.diagnosis.nvlink_expected_width
 
 
 def fold_quiet_row(run: RunState | None, row: Row, limits: QuietLimits, hint: int | None) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 
+import orjson
 import pytest
 
 from trainguard.processors.core import CorePolicy
@@ -52,3 +53,30 @@ def test_every_checked_record_folds_as_its_events_do_one_by_one(shard_ranks: int
             decided += bool(outputs)
         driver.fold(decoded)
     assert checked >= CHECKS // 2 and decided >= 3, (checked, decided)  # flag, diagnosis, eviction...
+
+
+def test_redelivered_rows_are_counted_as_duplicates_and_change_nothing() -> None:
+    """At-least-once delivery: records delivered again (whole, a while after), and a block
+    whose rows repeat an id of a row before them, fold as the rows one by one do: each
+    repeated row counted a duplicate, nothing else changed."""
+    scenario = Scenario.builtin("straggler-thermal")
+    records = list(packed_records(scenario, "block-run", seconds=60))
+    again: list[bytes] = []
+    for i, value in enumerate(records):
+        if i % 11 == 5 and b'"step_timings/1"' in value:
+            batch = orjson.loads(value)
+            block = next(r for r in batch["records"] if r["schema"] == "step_timings/1")
+            block["event_id"][-1] = block["event_id"][0]  # a row repeats the block's first id
+            value = orjson.dumps(batch)
+        again.append(value)
+        if i % 7 == 3:
+            again.append(again[-3])  # redelivered behind a newer record
+    columns, one_by_one = CoreDriver(CorePolicy(), SECRET), CoreDriver(CorePolicy(), SECRET, columnar=False)
+    duplicates = 0
+    for i, value in enumerate(again):
+        a, b = columns.handle(value), one_by_one.handle(value)
+        assert [encode(o) for o in (*a.derived, *a.commands)] == [encode(o) for o in (*b.derived, *b.commands)]
+        assert (a.events, a.duplicates) == (b.events, b.duplicates), f"record {i}"
+        duplicates += a.duplicates
+    assert duplicates > len(again) // 10
+    same(columns.state, one_by_one.state)

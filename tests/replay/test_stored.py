@@ -17,6 +17,7 @@ from trainguard.kafka.topics import topic_names
 from trainguard.processors.core import CorePolicy
 from trainguard.processors.driver import CoreDriver
 from trainguard.producers.simulator.scenario import Scenario
+from trainguard.replay.backtest import backtest
 from trainguard.replay.log import Recording, read_archived_recording
 from trainguard.replay.replay import replay, replayed_decisions
 from trainguard.schemas import encode
@@ -114,3 +115,22 @@ def test_an_archive_without_columns_replays_from_the_bytes(tmp_path: Path) -> No
     recording = read_archived_recording(tmp_path / "archive", topic_names(), RUN)
     assert recording.stored is None and len(recording.records) == len(values)
     assert replay(recording, CorePolicy()).events == replay(recording, CorePolicy(), columns=False).events > 0
+
+
+def test_a_backtest_from_the_archive_measures_and_prices_as_one_from_the_bytes(tmp_path: Path) -> None:
+    """The backtest's log (replay/decoded.py LogColumns, what its cost model and charts read)
+    is taken from the columns where a record has them (add_stored), the same as decoded."""
+    values = spoiled(list(packed_records(Scenario.builtin("straggler-thermal"), RUN, seconds=150)))
+    recording = archived(values, tmp_path / "archive")
+    as_bytes = Recording(RUN, recording.records, recording.derived, recording.commands)
+    eager = CorePolicy.model_validate({"straggler": {"consecutive_steps": 20}})
+    policies = [("default", CorePolicy()), ("eager", eager)]
+    a, b = backtest(recording, policies, processes=1), backtest(as_bytes, policies, processes=1)
+    assert as_bytes.stored is None and recording.stored is not None
+    same(a.log, b.log, "log")
+    assert a.facts == b.facts and len(a.log) > 1000
+    for mine, theirs in zip(a.runs, b.runs, strict=True):
+        assert [encode(d) for d in replayed_decisions(mine.replayed)] == [
+            encode(d) for d in replayed_decisions(theirs.replayed)
+        ]
+        assert (mine.rows, mine.saving_s, mine.goodput) == (theirs.rows, theirs.saving_s, theirs.goodput)

@@ -20,8 +20,9 @@ from ..schemas.record_columns import StoredColumns
 from .core import CorePolicy, CoreState, Output, step
 from .core.block import QuietLimits, fold_block
 from .core.outputs import Forward, Reject
-from .core.quiet import fold_quiet_row, fold_quiet_rows
+from .core.quiet import fold_quiet_row
 from .core.state import state_key
+from .core.stored import fold_stored
 
 log = logging.getLogger("trainguard.processor")
 
@@ -134,88 +135,32 @@ class CoreDriver:
 
     def fold_stored_many(self, stored: StoredColumns, start: int, end: int, result: DriverResult) -> int:
         """Fold records start, start + 1, ... of a run the archive keeps as columns into
-        `result` (their outputs in order, their events and duplicates added; state_key the
+        `result` (their outputs in order, their events and duplicates added, state_key the
         last one's), with the state and outputs of folding their decoded bytes, up to `end`
         or the first that has to be folded from its bytes, whose index it returns: one not
         stored, or of a run this core knows with another world size than the batch's (which
-        the writer decoded against). Many at once: a replay's fold costs a few microseconds a
-        record, and a call and a result for each were a good part of it."""
-        runs, slot, records, block = self.state.runs, stored.slot, stored.records, stored.block
-        i = start
-        while i < end:
-            s = slot[i]
-            if s < 0:
-                return i
-            run_id, hint, shard, shard_ranks, part, node, lo, hi, rows = records[s]
-            if (
-                (known := runs.get(run_id)) is not None
-                and known.world_size is not None
-                and known.world_size != hint
-            ):
-                return i
-            key = result.state_key = state_key(run_id, shard)
-            before = runs[key].duplicates if key in runs else 0
-            at = len(rows) if part < 0 else part  # (the block's place among the rows)
-            self._fold_rows(rows, 0, at, key, result, hint, shard, shard_ranks)
-            if part >= 0:
-                self._fold_stored_block(block, lo, hi, run_id, node, result, hint, shard, shard_ranks)
-                self._fold_rows(rows, at, len(rows), key, result, hint, shard, shard_ranks)
-            result.events += len(rows) + hi - lo
-            if key in runs:
-                result.duplicates += runs[key].duplicates - before
-            i += 1
-        return i
-
-    def _fold_rows(
-        self,
-        rows: list[Row],
-        start: int,
-        end: int,
-        key: str,
-        result: DriverResult,
-        hint: int,
-        shard: int,
-        shard_ranks: int,
-    ) -> None:
-        """rows[start:end]: the quiet ones without ``step`` (processors/core/quiet.py)."""
-        runs, i = self.state.runs, start
-        while i < end:
-            if self.columnar:
-                i = fold_quiet_rows(runs.get(key), rows, i, end, self._limits, hint)
-                if i == end:
-                    return
-            self._fold(event_of(rows[i]), result, hint, shard, shard_ranks)
-            i += 1
-
-    def _fold_stored_block(
-        self,
-        block: StepColumns,
-        lo: int,
-        hi: int,
-        run_id: str,
-        node: str,
-        result: DriverResult,
-        hint: int,
-        shard: int,
-        shard_ranks: int,
-    ) -> None:
-        """A stored block: rows lo to hi of the stored columns, as _fold_block folds a block."""
+        the writer decoded against); with `columnar` False, every record (the reference folds
+        each event with ``step``). The loop runs compiled (processors/core/stored.py)."""
         if not self.columnar:
-            for i in range(lo, hi):
-                self._fold(row(block, i, run_id, node), result, hint, shard, shard_ranks)
-            return
-        key, runs = state_key(run_id, shard), self.state.runs
-        fold_block(
-            runs.get(key),
-            block,
-            self._limits,
-            hint,
-            lambda i: self._fold(row(block, i, run_id, node), result, hint, shard, shard_ranks),
-            lambda: runs.get(key),
-            lo,
-            hi,
-            node,
+            return start
+        block, counts = stored.block, [0, 0]
+
+        def one_row(part: Row, hint: int, shard: int, shard_ranks: int) -> None:
+            self._fold(event_of(part), result, hint, shard, shard_ranks)
+
+        def one_timing(i: int, run_id: str, node: str, hint: int, shard: int, shard_ranks: int) -> None:
+            self._fold(row(block, i, run_id, node), result, hint, shard, shard_ranks)
+
+        runs, slot = self.state.runs, stored.slot
+        j = fold_stored(
+            runs, slot, stored.records, block, start, end, self._limits, one_row, one_timing, counts
         )
+        if j > start:
+            last = stored.records[slot[j - 1]]
+            result.state_key = state_key(last.run_id, last.shard)
+            result.events += counts[0]
+            result.duplicates += counts[1]
+        return j
 
     def _fold(
         self, event: Envelope, result: DriverResult, hint: int | None, shard: int, shard_ranks: int

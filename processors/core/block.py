@@ -25,11 +25,11 @@ Pure like the rest of the core: no clock, no I/O.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ...schemas.columnar import StepColumns
-from .baseline import observe
 from .goodput import GoodputPolicy, advance
 from .state import RunPhase
 from .straggler import record
@@ -140,6 +140,14 @@ def _fold_quiet(
         block.event_id, block.attempt_list, block.rank_list, block.step_list, block.ts_list,
     )  # fmt: skip
     compute_of, total_of = block.compute_list, block.total_list
+    # The goodput clock and the exposure's bounds as locals, written back once after the
+    # loop (what observe does for each row, at once: the bounds' min and max and the world
+    # size): their states are not compiled classes (their modules hold pydantic policies),
+    # and reading and writing their attributes was a good part of a row's cost. On the
+    # coordinator steady() holds, so none is None; a shard touches neither.
+    clock = goodput.clock if goodput.clock is not None else math.inf
+    start_ts = baseline.start_ts if baseline.start_ts is not None else math.inf
+    end_ts, observed = baseline.end_ts, False
     j = i
     while j < n:
         event_id, rank, step, ts = ids[j], rank_of[j], step_of[j], ts_of[j]
@@ -153,10 +161,10 @@ def _fold_quiet(
             break
         if waiting.need - (rank not in missing) <= 0:
             break  # this row completes its step: the detector evaluates it
-        moves = coordinator and ts > goodput.clock  # type: ignore[operator]
+        moves = coordinator and ts > clock
         if moves and ts - last_report >= every:  # type: ignore[operator]
             break
-        if coordinator and ts > baseline.end_ts and ts >= check_at:
+        if coordinator and ts > end_ts and ts >= check_at:
             break
         # Quiet, unless its id was seen (``step`` counts the duplicate): the window's set is
         # looked up once (a set of the window's 200,000 ids, the row's costliest lookup).
@@ -174,12 +182,15 @@ def _fold_quiet(
             run.last_ts = ts
         if moves:  # (only ever on the coordinator)
             advance(goodput, ts, False, gp)
+            clock = ts
         if ts > state.last_seen_ts:
             state.last_seen_ts = ts
         compute_s = compute_of[j]
         state.note_step(step, ts, compute_s, total_of[j])
         record(stragglers, waiting, rank, compute_s, ts, event_id, node)
-        if coordinator:
-            observe(baseline, run, ts)
+        if coordinator:  # (observe, below)
+            start_ts, end_ts, observed = min(start_ts, ts), max(end_ts, ts), True
         j += 1
+    if observed:  # baseline.observe of each row applied
+        baseline.start_ts, baseline.end_ts, baseline.world_size = start_ts, end_ts, run.world_size
     return j

@@ -45,6 +45,7 @@ MODULES = (
     "sdc_cross",
     "stack_window",
     "state",
+    "stored",
     "straggler",
     "straggler_state",
     "watchdog",

@@ -75,7 +75,9 @@ def test_redelivered_rows_are_counted_as_duplicates_and_change_nothing() -> None
     duplicates = 0
     for i, value in enumerate(again):
         a, b = columns.handle(value), one_by_one.handle(value)
-        assert [encode(o) for o in (*a.derived, *a.commands)] == [encode(o) for o in (*b.derived, *b.commands)]
+        assert [encode(o) for o in (*a.derived, *a.commands)] == [
+            encode(o) for o in (*b.derived, *b.commands)
+        ]
         assert (a.events, a.duplicates) == (b.events, b.duplicates), f"record {i}"
         duplicates += a.duplicates
     assert duplicates > len(again) // 10

@@ -7,7 +7,8 @@ healthy-1k scenario with a crash and a thermal straggler added, at `--speed` for
 `--seconds` of wall clock) and archives the topics (sinks/archive.py), then, with the
 pipeline idle: reads the recording back from the topics and from the archive (both must
 give the same records), replays the archived one through the policy core under the
-policy it ran with (and checks the decisions are identical), and backtests it under that
+policy it ran with (and checks the decisions are identical), from the columns the archive
+keeps of its common records and, for comparison, from every record's bytes; backtests it under that
 policy and one other (its policies spread over the CPUs, then in one process); then both
 again from the archive file, its read included (what a user of `trainguard replay
 --archive` waits for). Prints events/s and x real time (the recorded run's own duration
@@ -85,6 +86,10 @@ def main() -> None:
     policy = load_policy(str(policy_path))
     replayed = replay(recording, policy)
     comparison = compare(decisions_of(recording), replayed_decisions(replayed))
+    # The same replay from every record's bytes (the archive's columns unused: what it was).
+    from_bytes = replay(recording, policy, columns=False)
+    assert compare(replayed_decisions(from_bytes), replayed_decisions(replayed)).identical
+    stored = sum(s >= 0 for s in recording.stored.slot) if recording.stored is not None else 0
     other = parse_policy({**policy.model_dump(mode="json"), "straggler": {"consecutive_steps": 50}})
     both = [("demo", policy), ("straggler-50", other)]
     t0 = time.perf_counter()
@@ -103,7 +108,8 @@ def main() -> None:
     run_s = sim.sim_s
     print(f"recorded: {sim.world_size} ranks, {sim.steps_completed} steps, {sim.attempts} attempts, "
           f"{run_s:.0f} s of run time, {replayed.events:,} events in {replayed.records:,} records; "
-          f"decisions recorded {comparison.recorded}, identical: {comparison.identical}")  # fmt: skip
+          f"decisions recorded {comparison.recorded}, identical: {comparison.identical}; "
+          f"{stored:,} records kept as columns")  # fmt: skip
     print()
     print("| stage | wall s | events/s | x real time |")
     print("| --- | ---: | ---: | ---: |")
@@ -114,6 +120,8 @@ def main() -> None:
           f"{run_s / archive_read_s:,.0f} |")  # fmt: skip
     print(f"| replay (one policy) | {replayed.seconds:.2f} | {replayed.events_per_s:,.0f} | "
           f"{run_s / replayed.seconds:,.0f} |")  # fmt: skip
+    print(f"| the same replay from the records' bytes (no columns) | {from_bytes.seconds:.2f} | "
+          f"{from_bytes.events_per_s:,.0f} | {run_s / from_bytes.seconds:,.0f} |")  # fmt: skip
     print(f"| backtest (two policies, priced; one process a CPU, {usable_cpus()} here) | {backtest_s:.2f} | "
           f"{2 * replayed.events / backtest_s:,.0f} | {run_s / backtest_s:,.0f} |")  # fmt: skip
     print(f"| the same backtest in one process | {one_process_s:.2f} | "

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..common.collector import old_objects_left_alone
 from ..processors.core import CorePolicy, goodput
 from ..processors.core.goodput import Breakdown
 from ..processors.core.goodput import total as goodput_total
@@ -177,23 +177,6 @@ def _fold_stored(
         for k in range(start, j):
             observe(stored, k)
     return j
-
-
-@contextmanager
-def old_objects_left_alone() -> Iterator[None]:
-    """Python's cyclic collector, during a replay, scans only young objects. Its automatic
-    full collections traverse every object alive, and a replay keeps the log alive: on
-    the 1,024-rank recording they were a third of a backtest's time. Young objects are
-    still collected every `_COLLECT_EVERY` records (``gc.collect(1)``, in replay_all), so
-    only cyclic garbage that outlives two of those waits for the collector to be back on,
-    after the replay."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _add(out: Replayed, result: DriverResult, run_id: str, records: int = 1) -> None:

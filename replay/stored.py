@@ -20,6 +20,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..common.collector import old_objects_left_alone
 from ..schemas.columnar import StepColumns
 from ..schemas.event_check import common_row
 from ..schemas.record_columns import TABLE_COLUMNS, StoredColumns, StoredRecord
@@ -88,6 +89,11 @@ def read_stored(
     table = archived_rows(con, TELEMETRY_COLUMNS, run_id, list(TABLE_COLUMNS))
     if table is None or table.num_rows == 0:
         return None
+    with old_objects_left_alone():  # (a row and its object for each event but step timings)
+        return _stored(table, records)
+
+
+def _stored(table: pa.Table, records: list[tuple[int, int, bytes]]) -> StoredColumns:
     get = lambda name: table.column(name).to_pylist()  # noqa: E731
     runs, sizes = get("batch_run_id"), get("world_size")
     objects = orjson.loads("[" + ",".join(_flat(table, "rest")) + "]")

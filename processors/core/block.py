@@ -14,7 +14,8 @@ A row is quiet only when all of these hold (anything else, or any doubt, is not 
 the run is known and training; on its coordinator, with no hang, crash or deferred
 eviction pending and no interruption open (a shard of a sharded run keeps no run-level
 clocks or decisions, engine._on_shard_event: there the rest must hold); the row is of
-the run's attempt, a rank inside the shard that the run has seen, an event id not seen;
+the run's attempt, a rank inside the shard (its first row in the attempt makes its state,
+as ``step`` would), an event id not seen;
 its step is no newer than the job's and is waiting in the straggler detector, which has
 not seen this rank for it; and the row neither completes that step, nor (on the
 coordinator) moves the goodput clock to a report, nor the exposure to a failure-rate
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from ...schemas.columnar import StepColumns
 from .goodput import GoodputPolicy, advance
-from .state import RunPhase
+from .state import RankState, RunPhase
 from .straggler import record
 
 if TYPE_CHECKING:
@@ -154,7 +155,11 @@ def _fold_quiet(
         if attempts[j] != attempt or not first <= rank < end:
             break
         state = ranks.get(rank)
-        if state is None or not through < step <= newest:
+        if state is None:  # the rank's first event of the attempt (a restart forgets ranks)
+            if event_id in seen:
+                break  # (``step`` drops a duplicate before it makes a rank's state)
+            state = ranks[rank] = RankState(node=node)  # what ``step`` makes first (engine._rank)
+        if not through < step <= newest:
             break
         waiting = pending.get(step)
         if waiting is None or waiting.seen[rank]:

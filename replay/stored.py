@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from ..common.collector import old_objects_left_alone
 from ..schemas.columnar import StepColumns
-from ..schemas.event_check import common_row
+from ..schemas.event_check import Row, common_row
 from ..schemas.record_columns import TABLE_COLUMNS, StoredColumns, StoredRecord
 from ..sinks.archive_schema import TELEMETRY_COLUMNS
 from ..sinks.archive_tables import SEQ, stored_rows
@@ -96,21 +96,60 @@ def read_stored(
 def _stored(table: pa.Table, records: list[tuple[int, int, bytes]]) -> StoredColumns:
     get = lambda name: table.column(name).to_pylist()  # noqa: E731
     runs, sizes = get("batch_run_id"), get("world_size")
-    objects = orjson.loads("[" + ",".join(_flat(table, "rest")) + "]")
-    at, stored, unlike = _bounds(table, "rest"), [], set()
+    rows, unlike = _rows(table, runs, sizes)
+    stored = []
     bounds = _bounds(table, "event_id")
-    for s, (run, size, shard, shard_ranks, part, node) in enumerate(
-        zip(runs, sizes, get("shard"), get("shard_ranks"), get("block_part"), get("block_node"), strict=True)
-    ):
-        rows = [common_row(item, run, size) for item in objects[at[s] : at[s + 1]]]
-        if None in rows:  # not what the writer found: fold the bytes
-            unlike.add(s)
-        stored.append(StoredRecord(run, size, shard, shard_ranks, part, node, bounds[s], bounds[s + 1], rows))  # type: ignore[arg-type]
+    parts = zip(get("shard"), get("shard_ranks"), get("block_part"), get("block_node"), rows, strict=True)
+    for s, (shard, shard_ranks, part, node, mine) in enumerate(parts):
+        stored.append(
+            StoredRecord(runs[s], sizes[s], shard, shard_ranks, part, node, bounds[s], bounds[s + 1], mine)
+        )
     where = zip(get("kafka_partition"), get("kafka_offset"), strict=True)
     place = {key: s for s, key in enumerate(where) if s not in unlike}
     ids, attempts, ranks, steps, ts, compute, total = (_flat(table, name) for name in _BLOCK)
     block = StepColumns("", "", ids, attempts, ranks, steps, ts, compute, total, [])
     return StoredColumns([place.get((p, o), -1) for p, o, _ in records], stored, block)
+
+
+def _rows(table: pa.Table, runs: list[str], sizes: list[int]) -> tuple[list[list[Row]], set[int]]:
+    """Each stored record's other parts as the decoder's rows (schemas/event_check.py), and
+    the records whose rows are not what the writer found (folded from their bytes). A
+    heartbeat's and a step stats' row is made of its columns, with its object's JSON in
+    the place of the object (schemas/codec.py event_of parses it where the core needs the
+    model); a GPU health report's is read from its object."""
+    objects = _flat(table, "rest")
+    ids, attempts, ranks, nodes, steps, ts, phases, losses, norms, finite = (
+        _flat(table, f"row_{name}")
+        for name in (
+            "event_id",
+            "attempt",
+            "rank",
+            "node",
+            "step",
+            "ts",
+            "phase",
+            "loss",
+            "grad_norm",
+            "finite",
+        )
+    )
+    at = _bounds(table, "rest")
+    out: list[list[Row]] = []
+    unlike: set[int] = set()
+    for s in range(len(runs)):
+        mine: list[Row] = []
+        for k in range(at[s], at[s + 1]):
+            head = (ids[k], attempts[k], ranks[k], nodes[k], steps[k], ts[k])
+            if phases[k] is not None:
+                mine.append((*head, phases[k], objects[k]))
+            elif finite[k] is not None:
+                mine.append((*head, losses[k], norms[k], finite[k], objects[k]))
+            elif (row := common_row(orjson.loads(objects[k]), runs[s], sizes[s])) is not None:
+                mine.append(row)
+            else:
+                unlike.add(s)
+        out.append(mine)
+    return out, unlike
 
 
 def _flat(table: pa.Table, name: str) -> list[Any]:

@@ -269,11 +269,17 @@ def events_of(decoded: DecodedParts) -> list[Envelope]:
 
 def event_of(part: Envelope | Row) -> Envelope:
     """A part's event: a row's model, validated from the object the row was read from
-    (a common row is what its model accepts as it is: schemas/event_check.py)."""
+    (a common row is what its model accepts as it is: schemas/event_check.py), or from its
+    JSON with its schema key where the row holds that instead (an archive's row,
+    replay/stored.py)."""
     if type(part) is not tuple:
         return part  # type: ignore[return-value]
     cls = Heartbeat if is_heartbeat(part) else StepStats if is_stats(part) else GpuHealth
-    event: Envelope = cls.__pydantic_validator__.validate_python(part[-1])
+    obj = part[-1]
+    if type(obj) is str:
+        obj = orjson.loads(obj)
+        del obj["schema"]
+    event: Envelope = cls.__pydantic_validator__.validate_python(obj)
     return event
 
 

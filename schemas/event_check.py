@@ -25,16 +25,19 @@ from typing_extensions import TypeIs
 
 from .base import MAX_EVENT_ID, MAX_NAME, NO_STEP, RUN_LEVEL_RANK
 
+#: The object a row was read from (an archive's row holds its JSON instead, with its
+#: schema key: replay/stored.py; codec.event_of reads either).
+Source = dict[str, Any] | str
 #: (event_id, attempt, rank, node, step, ts, phase, the object it was read from)
-HeartbeatRow = tuple[str, int, int, str, int, float, str, dict[str, Any]]
+HeartbeatRow = tuple[str, int, int, str, int, float, str, Source]
 #: (event_id, attempt, rank, node, step, ts, loss, grad_norm, finite, the object)
-StatsRow = tuple[str, int, int, str, int, float, float, float | None, bool, dict[str, Any]]
+StatsRow = tuple[str, int, int, str, int, float, float, float | None, bool, Source]
 #: (event_id, attempt, rank, node, step, ts, present, temperature_c, power_capped,
 #: thermal_throttle, nvlink_width, nvlink_expected_width, nvlink_retries, nic_utilization,
 #: the object): what the straggler diagnosis keeps of a report (processors/core/diagnosis.py)
 GpuRow = tuple[
     str, int, int, str, int, float, bool, float | None, bool | None, bool | None,
-    int | None, int | None, int | None, float | None, dict[str, Any],
+    int | None, int | None, int | None, float | None, Source,
 ]  # fmt: skip
 #: A common heartbeat, step stats or GPU health, read without its model.
 Row = HeartbeatRow | StatsRow | GpuRow

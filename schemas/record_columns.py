@@ -51,18 +51,41 @@ class RecordColumns(NamedTuple):
     total_s: list[float]
     #: The other parts' objects in order, each with its schema key, as JSON.
     rest: list[str]
+    #: The other parts as columns (a row each, in `rest`'s order): the envelope's fields;
+    #: a heartbeat's phase (None for another kind); a step stats' loss, gradient norm and
+    #: finite (None for another kind; the norm may be None for one). A GPU health report
+    #: is read again from its object (its row holds more than these).
+    row_event_id: list[str]
+    row_attempt: list[int]
+    row_rank: list[int]
+    row_node: list[str]
+    row_step: list[int]
+    row_ts: list[float]
+    row_phase: list[str | None]
+    row_loss: list[float | None]
+    row_grad_norm: list[float | None]
+    row_finite: list[bool | None]
 
 
 #: RecordColumns' fields as telemetry_columns names them (sinks/archive_schema.py), in order.
 TABLE_COLUMNS: tuple[str, ...] = (
     "batch_run_id", "batch_node", "world_size", "producer_id", "seq", "shard", "shard_ranks", "block_part",
     "block_node", "event_id", "attempt", "rank", "step", "step_ts", "compute_s", "total_s", "rest",
+    "row_event_id", "row_attempt", "row_rank", "row_node", "row_step", "row_ts", "row_phase", "row_loss",
+    "row_grad_norm", "row_finite",
 )  # fmt: skip
 
 
 def row_schema(row: Row) -> str:
     """The schema of the event a common row was read from."""
     return HEARTBEAT_SCHEMA if is_heartbeat(row) else STATS_SCHEMA if is_stats(row) else GPU_SCHEMA
+
+
+def _object(row: Row) -> dict[str, Any]:
+    """The object a decoded row was read from (the decoder's rows hold it, not its JSON)."""
+    source = row[-1]
+    assert isinstance(source, dict), "a decoded row holds its object"
+    return source
 
 
 def record_columns(decoded: DecodedParts) -> RecordColumns | None:
@@ -72,25 +95,44 @@ def record_columns(decoded: DecodedParts) -> RecordColumns | None:
         return None  # (a part per object: none rejected, no empty block)
     block: StepColumns | None = None
     block_part = -1
-    rest: list[str] = []
+    rows: list[Row] = []
     for i, part in enumerate(decoded.parts):
         if type(part) is tuple:
-            item: dict[str, Any] = part[-1]
-            rest.append(orjson.dumps({"schema": row_schema(part), **item}).decode())
+            rows.append(part)
         elif isinstance(part, StepColumns) and block is None and not part.bad:
             block, block_part = part, i
         else:
             return None  # an event read by its model, or a second block
-    fields = (
-        header.run_id, header.node, header.world_size, header.producer_id, header.seq, header.shard,
-        header.shard_ranks,
-    )  # fmt: skip
-    if block is None:
-        return RecordColumns(*fields, -1, "", [], [], [], [], [], [], [], rest)
+    stats = [row[6:9] if is_stats(row) else (None, None, None) for row in rows]
     return RecordColumns(
-        *fields, block_part, block.node, block.event_id, block.attempt_list, block.rank_list, block.step_list,
-        block.ts_list, block.compute_list, block.total_list, rest,
-    )  # fmt: skip
+        run_id=header.run_id,
+        node=header.node,
+        world_size=header.world_size,
+        producer_id=header.producer_id,
+        seq=header.seq,
+        shard=header.shard,
+        shard_ranks=header.shard_ranks,
+        block_part=block_part,
+        block_node=block.node if block is not None else "",
+        event_id=block.event_id if block is not None else [],
+        attempt=block.attempt_list if block is not None else [],
+        rank=block.rank_list if block is not None else [],
+        step=block.step_list if block is not None else [],
+        ts=block.ts_list if block is not None else [],
+        compute_s=block.compute_list if block is not None else [],
+        total_s=block.total_list if block is not None else [],
+        rest=[orjson.dumps({"schema": row_schema(row), **_object(row)}).decode() for row in rows],
+        row_event_id=[row[0] for row in rows],
+        row_attempt=[row[1] for row in rows],
+        row_rank=[row[2] for row in rows],
+        row_node=[row[3] for row in rows],
+        row_step=[row[4] for row in rows],
+        row_ts=[row[5] for row in rows],
+        row_phase=[row[6] if is_heartbeat(row) else None for row in rows],
+        row_loss=[values[0] for values in stats],
+        row_grad_norm=[values[1] for values in stats],
+        row_finite=[values[2] for values in stats],
+    )
 
 
 class StoredRecord(NamedTuple):

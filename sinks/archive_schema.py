@@ -262,7 +262,8 @@ TABLE_DDL: tuple[str, ...] = (
     )""",
     # A common telemetry_log record again as columns (schemas/record_columns.py): what a
     # replay folds without parsing the record. Its batch header, its columnar block (if
-    # any, at block_part among its parts) and its other parts' objects as JSON, in order.
+    # any, at block_part among its parts), its other parts' objects as JSON, in order, and
+    # those parts' fields as columns (a GPU health's are read from its object).
     """
     CREATE TABLE IF NOT EXISTS telemetry_columns (
         run_id          VARCHAR   NOT NULL,  -- the record key's run, as in telemetry_log
@@ -286,6 +287,16 @@ TABLE_DDL: tuple[str, ...] = (
         compute_s       DOUBLE[]  NOT NULL,
         total_s         DOUBLE[]  NOT NULL,
         rest            VARCHAR[] NOT NULL,
+        row_event_id    VARCHAR[] NOT NULL,
+        row_attempt     BIGINT[]  NOT NULL,
+        row_rank        BIGINT[]  NOT NULL,
+        row_node        VARCHAR[] NOT NULL,
+        row_step        BIGINT[]  NOT NULL,
+        row_ts          DOUBLE[]  NOT NULL,
+        row_phase       VARCHAR[] NOT NULL,  -- a heartbeat's (NULL for another kind)
+        row_loss        DOUBLE[]  NOT NULL,  -- step stats' (NULL for another kind)
+        row_grad_norm   DOUBLE[]  NOT NULL,
+        row_finite      BOOLEAN[] NOT NULL,
         PRIMARY KEY (kafka_partition, kafka_offset)
     )""",
 )

@@ -23,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...compiled_build import CompiledBuild
+from ...schemas import compiled as schemas_compiled
 
 #: The compiled modules of trainguard.processors.core (module docstring: which are not).
 MODULES = (
@@ -51,7 +52,8 @@ MODULES = (
     "watchdog",
 )
 
-BUILD = CompiledBuild("trainguard.processors.core", Path(__file__).parent, MODULES)
+#: The core takes the schemas' rows and blocks (schemas/compiled.py) as typed values.
+BUILD = CompiledBuild("trainguard.processors.core", Path(__file__).parent, MODULES, (schemas_compiled.BUILD,))
 
 
 def active() -> bool:

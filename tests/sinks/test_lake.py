@@ -158,7 +158,7 @@ def test_a_records_columns_are_dropped_with_its_bytes(tmp_path: Path) -> None:
     (archive_schema.RETAINED_WITH): a replay folds a record from its columns or its bytes,
     and columns left without their record would only take space."""
     root = tmp_path / "archive"
-    columns = RecordColumns("run-a", "node-0", 8, "p", 0, 0, 0, -1, "", [], [], [], [], [], [], [], [])
+    columns = RecordColumns("run-a", "node-0", 8, "p", 0, 0, 0, -1, "", *([] for _ in range(18)))
     with Archive(root) as archive:
         for hour in range(6):
             archive.write([Logged("run-a", 0, hour, T0 + hour * 3600, b"{}", columns)])

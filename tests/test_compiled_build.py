@@ -63,3 +63,26 @@ def test_each_compiled_package_declares_modules_of_its_own_folder() -> None:
         assert target.modules and all((target.source / f"{m}.py").is_file() for m in target.modules)
         assert target.source.name == target.package.rsplit(".", 1)[1]
     assert "compiled" not in core_compiled.MODULES + schemas_compiled.MODULES  # the loaders stay Python
+
+
+def test_a_change_to_a_source_the_build_depends_on_leaves_it_stale(
+    build: CompiledBuild, tmp_path: Path
+) -> None:
+    """mypyc checks a value's type where it enters compiled code: the core's build, made
+    against the schemas' row types (schemas/event_check.py), refused the rows of a changed
+    Row type. A change to a source it depends on leaves it stale, one elsewhere does not."""
+    other = tmp_path / "schemas"
+    other.mkdir()
+    (other / "rows.py").write_text("Row = tuple[str, dict]\n")
+    (other / "checks.py").write_text("LIMIT = 1\n")
+    dependent = CompiledBuild("pkg.core", build.source, build.modules, (other / "rows.py",))
+    dependent.stamp_file.write_text(json.dumps(dependent.stamp()))
+    assert dependent.use(["/the/sources"])
+    (other / "checks.py").write_text("LIMIT = 2\n")
+    assert dependent.use(["/the/sources"])
+    (other / "rows.py").write_text("Row = tuple[str, dict | str]\n")
+    assert not dependent.use(["/the/sources"])
+
+
+def test_the_cores_build_depends_on_the_row_types_it_takes() -> None:
+    assert schemas_compiled.BUILD.source / "event_check.py" in core_compiled.BUILD.depends

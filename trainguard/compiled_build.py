@@ -48,10 +48,10 @@ class CompiledBuild:
     package: str
     source: Path
     modules: tuple[str, ...]
-    #: Modules of another compiled package whose types this one's code was compiled
-    #: against (mypyc checks a value's type where it crosses into compiled code): a
-    #: change there leaves this build stale too.
-    depends: tuple[CompiledBuild, ...] = ()
+    #: Sources of another package whose types this one's code was compiled against (mypyc
+    #: checks a value's type where it crosses into compiled code): a change there leaves
+    #: this build stale too.
+    depends: tuple[Path, ...] = ()
 
     @property
     def folder(self) -> Path:
@@ -69,10 +69,7 @@ class CompiledBuild:
         """What a build is valid for: this interpreter, this platform's extensions (a wheel
         that carries a build may be installed elsewhere), and the current sources."""
         digests = {name: _digest(self.source / f"{name}.py") for name in self.modules}
-        for other in self.depends:
-            digests.update(
-                {f"{other.package}.{name}": _digest(other.source / f"{name}.py") for name in other.modules}
-            )
+        digests.update({f"{path.parent.name}/{path.name}": _digest(path) for path in self.depends})
         platform = importlib.machinery.EXTENSION_SUFFIXES[0]  # e.g. .cpython-311-x86_64-linux-gnu.so
         return {"python": sys.implementation.cache_tag, "extensions": platform, "sources": digests}
 

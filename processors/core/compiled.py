@@ -52,8 +52,13 @@ MODULES = (
     "watchdog",
 )
 
-#: The core takes the schemas' rows and blocks (schemas/compiled.py) as typed values.
-BUILD = CompiledBuild("trainguard.processors.core", Path(__file__).parent, MODULES, (schemas_compiled.BUILD,))
+#: The core takes the schemas' rows (schemas/event_check.py, compiled too) as typed values.
+BUILD = CompiledBuild(
+    "trainguard.processors.core",
+    Path(__file__).parent,
+    MODULES,
+    (schemas_compiled.BUILD.source / "event_check.py",),
+)
 
 
 def active() -> bool:

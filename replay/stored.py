@@ -4,10 +4,11 @@ replay from the archive with columnar scans, decoded once).
 The archive writer stores each common record's columns beside its bytes
 (schemas/record_columns.py, telemetry_columns). :func:`read_stored` scans them for a run:
 the block columns as flat lists over every record (no object per record), each other
-part read once into the row the decoder makes of it (schemas/event_check.py). A replay
-folds record i from them (processors/driver.py ``CoreDriver.fold_stored``); a record not
-stored, or one whose rows are not what the writer found (an archive of another version),
-is folded from its bytes.
+part made once into the row the decoder makes of it (schemas/event_check.py): a
+heartbeat's or step stats' from its columns, a GPU health report's from its object. A
+replay folds stretches of records from them (processors/driver.py
+``CoreDriver.fold_stored_many``); a record not stored, or one whose rows are not what the
+writer found (an archive of another version), is folded from its bytes.
 """
 
 from __future__ import annotations
@@ -67,17 +68,14 @@ def _in_key_order(table: pa.Table, with_seq: bool) -> pa.Table:
     chunk per stored file, each in order (the writer stores a batch's records in order), so
     putting the chunks in order is nearly always enough; rows are moved only when not."""
 
-    def keys(part: pa.Table | pa.RecordBatch) -> list[np.ndarray]:
-        names = ["kafka_partition", "kafka_offset", *([SEQ] if with_seq else [])]
-        return [part.column(name).to_numpy() for name in reversed(names)]  # (lexsort: last key first)
-
+    names = ["kafka_partition", "kafka_offset", *([SEQ] if with_seq else [])]
     chunks = sorted(
         (c for c in table.to_batches() if c.num_rows),
-        key=lambda c: tuple(int(k[0]) for k in reversed(keys(c))),
+        key=lambda c: tuple(c.column(name)[0].as_py() for name in names),  # (each chunk's first key)
     )
     if chunks:
         table = pa.Table.from_batches(chunks, schema=table.schema)
-    at = np.lexsort(keys(table))
+    at = np.lexsort([table.column(name).to_numpy() for name in reversed(names)])  # (last key first)
     return table.take(at) if (at[1:] < at[:-1]).any() else table
 
 

@@ -6,7 +6,8 @@ The archive writer decodes every telemetry record anyway (sinks/archive.py). A *
 record (a current batch whose header is valid, no event rejected, every part a common row
 or its one columnar block: schemas/event_check.py, schemas/columnar.py) is stored, beside
 its bytes, as :class:`RecordColumns` (the archive's telemetry_columns): the header's
-fields, the block's columns, and each other part's object as JSON. A replay folds those
+fields, the block's columns, each other part's object as JSON, and those parts' fields as
+columns (a heartbeat's and a step stats' row is made of them). A replay folds those
 columns (replay/stored.py) without parsing the record or checking it again: the writer's
 decoder did, with the same code. Anything else is replayed from its bytes.
 

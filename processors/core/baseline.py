@@ -31,7 +31,8 @@ from statistics import NormalDist
 from typing import TYPE_CHECKING
 
 from ...schemas import Envelope, Interruption, MtbfUpdate, Reason, ReasonCode
-from .baseline_state import _HOUR, BaselinePolicy, BaselineState
+from .baseline_policy import _HOUR, BaselinePolicy
+from .baseline_state import BaselineState
 from .ids import derived_id
 
 if TYPE_CHECKING:  # state.py holds a BaselineState per run

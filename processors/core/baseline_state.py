@@ -1,4 +1,5 @@
-"""The failure-rate baseline's policy and state (data; behaviour in baseline.py).
+"""The failure-rate baseline's state (data; behaviour in baseline.py; its policy in
+baseline_policy.py, re-exported here).
 
 Apart from the behaviour so that state.py, which holds a run's whole state, imports
 no behaviour module: no import cycle (docs/architecture.md)."""
@@ -7,57 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field
+from mypy_extensions import mypyc_attr
 
-_HOUR = 3600.0
+from .baseline_policy import _HOUR, BaselinePolicy
 
-
-class BaselinePolicy(BaseModel):
-    """Settings of the failure-rate baseline; the defaults are the seed's numbers."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    reference_world_size: int = Field(
-        16_384,
-        ge=1,
-        description="World size of the reference point. Also the prior's world size when a run's "
-        "is unknown (the most fragile size the seed quotes: a conservative, short MTBF).",
-    )
-    reference_mtbf_s: float = Field(
-        3.1 * _HOUR,
-        gt=0,
-        description="MTBF at the reference world size (seed: 3.1 h at 16,384 GPUs). The prior "
-        "for world size W is reference_mtbf_s x reference_world_size / W.",
-    )
-    prior_weight_interruptions: float = Field(
-        2.0,
-        gt=0,
-        description="How many interruptions the prior is worth (the Gamma prior's shape). "
-        "Larger: a young run trusts the world-size prior longer.",
-    )
-    confidence: float = Field(
-        0.9, gt=0, lt=1, description="Probability mass of the equal-tailed MTBF interval."
-    )
-    window_s: float = Field(
-        _HOUR, gt=0, description="Trailing event-time window of the recent rate (R5: 'in 1 h')."
-    )
-    check_every_s: float = Field(
-        1.0,
-        ge=0,
-        description="Between interruptions the estimate is re-checked at most once per this many "
-        "seconds of event time (it moves only with exposure; checking on every event would "
-        "dominate the core's cost at 16,384 ranks).",
-    )
-    publish_change_fraction: float = Field(
-        0.1,
-        ge=0,
-        description="Besides on every interruption (always published), an MtbfUpdate is published "
-        "when the estimate has moved by more than this fraction from the last published one "
-        "(from the prior before the first). Between interruptions the estimate only grows with "
-        "exposure, so this bounds the updates of a quiet run to a handful.",
-    )
+__all__ = ["_HOUR", "BaselinePolicy", "BaselineState"]  # (the policy, for its old importers)
 
 
+@mypyc_attr(serializable=True)  # compiled (compiled.py): pickled by snapshots
 @dataclass
 class BaselineState:
     """One run's failure-rate evidence (the engine keeps one per run, across attempts)."""

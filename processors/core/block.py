@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING
 from ...schemas.columnar import StepColumns
 from .goodput import GoodputPolicy, advance
 from .state import RankState, RunPhase
-from .straggler import record
 
 if TYPE_CHECKING:
     from .policy import CorePolicy
@@ -59,6 +58,21 @@ class QuietLimits:
         self.nvlink_expected_width: int | None = policy.diagnosis.nvlink_expected_width
 
 
+class Timings:
+    """A block's columns as the quiet fold reads them: read from the StepColumns (a class of
+    another compiled package, whose attributes cost a Python attribute read each) once for
+    a block, or once for a stretch of stored records that share them (stored.py)."""
+
+    def __init__(self, block: StepColumns) -> None:
+        self.event_id: list[str] = block.event_id
+        self.attempt: list[int] = block.attempt_list
+        self.rank: list[int] = block.rank_list
+        self.step: list[int] = block.step_list
+        self.ts: list[float] = block.ts_list
+        self.compute_s: list[float] = block.compute_list
+        self.total_s: list[float] = block.total_list
+
+
 def fold_block(
     run: RunState | None,
     block: StepColumns,
@@ -66,18 +80,13 @@ def fold_block(
     world_size_hint: int | None,
     one: Callable[[int], None],
     lookup: Callable[[], RunState | None],
-    start: int = 0,
-    end: int = -1,
-    node: str | None = None,
 ) -> None:
-    """Fold every row of `block` (rows `start` to `end` of its columns when given: a
-    stretch of columns that hold several blocks, each of its own `node`): quiet rows here,
-    the others through `one(i)` (which folds row i with ``step``); `lookup` finds the run
-    again after a row that may have created or changed it."""
-    i, n = start, len(block) if end < 0 else end
-    at = block.node if node is None else node
+    """Fold every row of `block`: quiet rows here, the others through `one(i)` (which folds
+    row i with ``step``); `lookup` finds the run again after a row that may have created or
+    changed it."""
+    timings, i, n = Timings(block), 0, len(block)
     while i < n:
-        j = _fold_quiet(run, block, i, n, at, limits, world_size_hint) if run is not None else i
+        j = fold_quiet(run, timings, i, n, block.node, limits, world_size_hint) if run is not None else i
         if j < n:
             one(j)
             run = lookup()
@@ -106,18 +115,21 @@ def steady(run: RunState) -> bool:
     )
 
 
-def _fold_quiet(
+def fold_quiet(
     run: RunState,
-    block: StepColumns,
+    block: Timings,
     i: int,
     n: int,
     node: str,
     limits: QuietLimits,
     world_size_hint: int | None,
+    known_steady: bool = False,
 ) -> int:
     """Fold the quiet rows from row i on (up to n), each checked against the state the rows
-    before it left, and return the first row that is not quiet (n when all were)."""
-    if not steady(run):
+    before it left, and return the first row that is not quiet (n when all were).
+    `known_steady`: the caller saw steady(run) hold, and nothing but quiet events folded
+    since (a quiet event changes none of what steady reads)."""
+    if not (known_steady or steady(run)):
         return i
     size = run.world_size or world_size_hint
     if not size:
@@ -131,16 +143,18 @@ def _fold_quiet(
     if coordinator and (goodput.clock - last_report >= every or not baseline.end_ts < check_at):  # type: ignore[operator]
         return i  # the next event reports or checks, whatever it is
     ranks, window, gp = run.ranks, limits.dedupe_window, limits.goodput
-    seen, seen_order = run.seen.ids, run.seen.order  # (DedupeWindow.add, inline)
-    pending, missing = stragglers.pending, stragglers.missing
+    dedupe = run.seen
+    seen = dedupe.ids  # (DedupeWindow.add, inline: looked up once, below)
+    pending, missing, nodes = stragglers.pending, stragglers.missing, stragglers.nodes
+    # A block's rows are mostly of one step: its buffers looked up once (quiet rows add no
+    # step to the detector and evaluate none, so the lookup stands for the whole loop).
+    waiting_step, waiting = -1, pending.get(-1)
     attempt, first, through = run.attempt, stragglers.first, stragglers.evaluated_through
     newest = min(run.job_step, stragglers.newest_step)
     end = size if stragglers.expected is None else min(size, stragglers.expected)
     end = min(end, stragglers.capacity)  # the detector counts ranks past it as out of range
-    ids, attempts, rank_of, step_of, ts_of = (
-        block.event_id, block.attempt_list, block.rank_list, block.step_list, block.ts_list,
-    )  # fmt: skip
-    compute_of, total_of = block.compute_list, block.total_list
+    ids, attempts, rank_of, step_of, ts_of = block.event_id, block.attempt, block.rank, block.step, block.ts
+    compute_of, total_of = block.compute_s, block.total_s
     # The goodput clock and the exposure's bounds as locals, written back once after the
     # loop (what observe does for each row, at once: the bounds' min and max and the world
     # size): their states are not compiled classes (their modules hold pydantic policies),
@@ -161,10 +175,12 @@ def _fold_quiet(
             state = ranks[rank] = RankState(node=node)  # what ``step`` makes first (engine._rank)
         if not through < step <= newest:
             break
-        waiting = pending.get(step)
+        if step != waiting_step:
+            waiting_step, waiting = step, pending.get(step)
         if waiting is None or waiting.seen[rank]:
             break
-        if waiting.need - (rank not in missing) <= 0:
+        awaited = not missing or rank not in missing
+        if waiting.need - awaited <= 0:
             break  # this row completes its step: the detector evaluates it
         moves = coordinator and ts > clock
         if moves and ts - last_report >= every:  # type: ignore[operator]
@@ -178,9 +194,7 @@ def _fold_quiet(
         if len(seen) == known:
             break
         # Quiet: what ``step`` does with it, in its order.
-        seen_order.append(event_id)
-        if len(seen_order) > window:
-            seen.remove(seen_order.popleft())
+        dedupe.push(event_id, window)
         if run.first_ts is None or ts < run.first_ts:
             run.first_ts = ts
         if ts > run.last_ts:
@@ -192,7 +206,16 @@ def _fold_quiet(
             state.last_seen_ts = ts
         compute_s = compute_of[j]
         state.note_step(step, ts, compute_s, total_of[j])
-        record(stragglers, waiting, rank, compute_s, ts, event_id, node)
+        # (straggler.record, inline, with `awaited` found above)
+        waiting.seen[rank] = 1
+        waiting.values[rank] = compute_s
+        waiting.stamps[rank] = ts
+        waiting.ids[rank] = event_id
+        waiting.count += 1
+        if awaited:
+            waiting.need -= 1
+        if nodes[rank] != node:
+            nodes[rank] = node
         if coordinator:  # (observe, below)
             start_ts, end_ts, observed = min(start_ts, ts), max(end_ts, ts), True
         j += 1

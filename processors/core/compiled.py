@@ -28,11 +28,13 @@ from ...schemas import compiled as schemas_compiled
 #: The compiled modules of trainguard.processors.core (module docstring: which are not).
 MODULES = (
     "baseline",
+    "baseline_state",
     "block",
     "dedupe",
     "diagnosis",
     "engine",
     "eviction",
+    "goodput_state",
     "group_slowdown",
     "ids",
     "node_tests",

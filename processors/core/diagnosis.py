@@ -111,7 +111,9 @@ def keep_reading(
         state.rank_node[rank] = node
         return
     state.rank_node[rank] = node
-    gpus = state.readings.setdefault(node, {})
+    gpus = state.readings.get(node)
+    if gpus is None:  # (setdefault would make a dict for every report)
+        gpus = state.readings[node] = {}
     recent = gpus.get(rank)
     if recent is None or recent.maxlen != recent_reports:
         recent = gpus[rank] = deque(recent or (), maxlen=recent_reports)

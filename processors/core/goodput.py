@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...schemas import CheckpointWritten, Envelope, GoodputReport, Interruption, Reason, ReasonCode
+from .goodput_state import GoodputState, Minute, Slid
 from .ids import derived_id
 
 _MINUTE = 60.0
@@ -50,32 +50,6 @@ class GoodputPolicy(BaseModel):
     )
 
 
-@dataclass
-class Minute:
-    elapsed: float = 0.0
-    restart: float = 0.0
-    lost: float = 0.0
-    checkpoint: float = 0.0
-    straggler: float = 0.0
-    interruptions: int = 0
-
-    def add(self, other: Minute) -> None:
-        self.elapsed += other.elapsed
-        self.restart += other.restart
-        self.lost += other.lost
-        self.checkpoint += other.checkpoint
-        self.straggler += other.straggler
-        self.interruptions += other.interruptions
-
-
-@dataclass
-class _Slid:
-    """Minutes at or before `cursor` have slid out of a window; `out` is their sum."""
-
-    cursor: int
-    out: Minute = field(default_factory=Minute)
-
-
 @dataclass(frozen=True)
 class Breakdown:
     window_s: float
@@ -94,21 +68,6 @@ class Breakdown:
         training = self.elapsed - self.restart
         pace = 1.0 - self.straggler / training if training > 0 else 1.0
         return max(0.0, min(1.0, (1.0 - overhead) * pace))
-
-
-@dataclass
-class GoodputState:
-    clock: float | None = None
-    minutes: OrderedDict[int, Minute] = field(default_factory=OrderedDict)
-    #: Sum of every minute ever filled (kept when old minutes are dropped).
-    totals: Minute = field(default_factory=Minute)
-    #: Per window length: what has slid out of it.
-    slid: dict[float, _Slid] = field(default_factory=dict)
-    #: Slowdown of each flagged straggler (rank -> compute / median compute).
-    slowdowns: dict[int, float] = field(default_factory=dict)
-    checkpoints: set[tuple[int, int]] = field(default_factory=set)
-    counted: set[str] = field(default_factory=set)
-    last_report_ts: float | None = None
 
 
 def _minute(state: GoodputState, key: int) -> Minute:
@@ -209,7 +168,7 @@ def breakdown(state: GoodputState, now: float, window_s: float) -> Breakdown:
             if key > since:
                 inside.add(bucket)
         t = state.totals
-        slid = state.slid[window_s] = _Slid(since)
+        slid = state.slid[window_s] = Slid(since)
         slid.out = Minute(
             t.elapsed - inside.elapsed,
             t.restart - inside.restart,

@@ -25,9 +25,9 @@ core: no clock, no I/O.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
-from ...schemas.event_check import GpuRow, HeartbeatRow, Row, StatsRow, is_heartbeat, is_stats
+from ...schemas.event_check import HEARTBEAT_LEN, STATS_LEN, GpuRow, HeartbeatRow, Row, StatsRow
 from .baseline import observe
 from .block import QuietLimits, steady
 from .diagnosis import keep_reading, reading_of
@@ -39,33 +39,58 @@ if TYPE_CHECKING:
 
 
 def fold_quiet_row(run: RunState | None, row: Row, limits: QuietLimits, hint: int | None) -> bool:
-    """Fold the row's event here if it is quiet (fold_quiet_heartbeat, _stats, _health);
-    False (nothing changed): fold its model with ``step``."""
-    if is_heartbeat(row):
-        return fold_quiet_heartbeat(run, row, limits, hint)
-    if is_stats(row):
-        return fold_quiet_stats(run, row, limits, hint)
-    return fold_quiet_health(run, row, limits, hint)
+    """Fold the row's event here if it is quiet (module docstring); False (nothing
+    changed): fold its model with ``step``."""
+    size = _steady_size(run, hint)
+    return run is not None and size > 0 and _fold_row(run, row, limits, size)
 
 
 def fold_quiet_rows(
-    run: RunState | None, rows: list[Row], start: int, end: int, limits: QuietLimits, hint: int | None
+    run: RunState | None,
+    rows: list[Row],
+    start: int,
+    end: int,
+    limits: QuietLimits,
+    hint: int | None,
+    known_steady: bool = False,
 ) -> int:
     """Fold rows[start:end] here while they are quiet (fold_quiet_row); the first that is
-    not (`end` when all were), which the caller folds with ``step``."""
+    not (`end` when all were), which the caller folds with ``step``. Whether the run is
+    steady is asked once (`known_steady`: the caller saw it hold, and nothing but quiet
+    events folded since): a quiet event changes none of what block.steady reads."""
+    size = _steady_size(run, hint, known_steady)
+    if run is None or size <= 0:
+        return start
     i = start
-    while i < end and fold_quiet_row(run, rows[i], limits, hint):
+    while i < end and _fold_row(run, rows[i], limits, size):
         i += 1
     return i
 
 
-def fold_quiet_heartbeat(
-    run: RunState | None, row: HeartbeatRow, limits: QuietLimits, hint: int | None
-) -> bool:
+def _steady_size(run: RunState | None, hint: int | None, known_steady: bool = False) -> int:
+    """The run's world size (else the batch's), when the run is steady (block.steady, unless
+    `known_steady`); 0 when it is not, or neither size is known."""
+    if run is None or not (known_steady or steady(run)):
+        return 0
+    return run.world_size or hint or 0
+
+
+def _fold_row(run: RunState, row: Row, limits: QuietLimits, size: int) -> bool:
+    # (event_check's is_heartbeat and is_stats, inline: a call into the schemas' compiled
+    # package is a Python call, a good part of a quiet row's cost.)
+    fields = len(row)
+    if fields == HEARTBEAT_LEN:
+        return _heartbeat(run, cast("HeartbeatRow", row), limits, size)
+    if fields == STATS_LEN:
+        return _stats(run, cast("StatsRow", row), limits, size)
+    return _health(run, cast("GpuRow", row), limits, size)
+
+
+def _heartbeat(run: RunState, row: HeartbeatRow, limits: QuietLimits, size: int) -> bool:
     """Fold the heartbeat here if it is quiet (module docstring), with the effects ``step``
     would have; False (nothing changed): fold it with ``step``."""
     event_id, attempt, rank_id, _, _, ts, phase, _ = row
-    if run is None or (rank := _quiet_rank(run, event_id, attempt, rank_id, ts, limits, hint)) is None:
+    if (rank := _quiet_rank(run, event_id, attempt, rank_id, ts, limits, size)) is None:
         return False
     stalled = 0.0 if rank.progress_ts is None else max(0.0, ts - rank.progress_ts)
     if run.coordinator:
@@ -84,13 +109,13 @@ def fold_quiet_heartbeat(
     return True
 
 
-def fold_quiet_stats(run: RunState | None, row: StatsRow, limits: QuietLimits, hint: int | None) -> bool:
+def _stats(run: RunState, row: StatsRow, limits: QuietLimits, size: int) -> bool:
     """Fold the step stats here if they are quiet (module docstring), with the effects
     ``step`` would have; False (nothing changed): fold them with ``step``."""
     event_id, attempt, rank_id, _, step, ts, loss, grad, finite, _ = row
     if not (finite and math.isfinite(loss) and (grad is None or math.isfinite(grad))):
         return False  # the SDC detector's (sdc.is_non_finite)
-    if run is None or (rank := _quiet_rank(run, event_id, attempt, rank_id, ts, limits, hint)) is None:
+    if (rank := _quiet_rank(run, event_id, attempt, rank_id, ts, limits, size)) is None:
         return False
     if run.coordinator:  # (a shard forwards only non-finite stats: engine._on_shard_event)
         current = run.sdc.current
@@ -103,13 +128,13 @@ def fold_quiet_stats(run: RunState | None, row: StatsRow, limits: QuietLimits, h
     return True
 
 
-def fold_quiet_health(run: RunState | None, row: GpuRow, limits: QuietLimits, hint: int | None) -> bool:
+def _health(run: RunState, row: GpuRow, limits: QuietLimits, size: int) -> bool:
     """Fold the GPU health report here if what makes any event quiet holds (it decides
     nothing by itself: diagnosis.observe_health keeps it), with the effects ``step``
     would have; False (nothing changed): fold it with ``step``."""
     event_id, attempt, rank_id, node, _, ts, present, temperature, capped, throttled = row[:10]
     width, expected_width, retries, nic = row[10:14]
-    if run is None or (rank := _quiet_rank(run, event_id, attempt, rank_id, ts, limits, hint)) is None:
+    if (rank := _quiet_rank(run, event_id, attempt, rank_id, ts, limits, size)) is None:
         return False
     _apply(run, rank, event_id, ts, limits)
     reading = reading_of(
@@ -128,12 +153,11 @@ def fold_quiet_health(run: RunState | None, row: GpuRow, limits: QuietLimits, hi
 
 
 def _quiet_rank(
-    run: RunState, event_id: str, attempt: int, rank_id: int, ts: float, limits: QuietLimits, hint: int | None
+    run: RunState, event_id: str, attempt: int, rank_id: int, ts: float, limits: QuietLimits, size: int
 ) -> RankState | None:
-    """The event's rank, when what makes any event quiet holds (block._fold_quiet's
-    conditions, for one event); None otherwise."""
-    size = run.world_size or hint
-    if not size or not 0 <= rank_id < size or attempt != run.attempt or not steady(run):
+    """The event's rank, when what makes any event quiet holds (block.fold_quiet's
+    conditions, for one event of a steady run of world size `size`); None otherwise."""
+    if not 0 <= rank_id < size or attempt != run.attempt:
         return None
     rank = run.ranks.get(rank_id)
     if rank is None or event_id in run.seen.ids:

@@ -15,7 +15,7 @@ from .baseline_state import BaselineState
 from .dedupe import DedupeWindow
 from .diagnosis_state import HealthState
 from .eviction_state import EvictionState
-from .goodput import GoodputState
+from .goodput_state import GoodputState
 from .group_state import GroupState
 from .interval import IntervalState
 from .paging_state import PagingState

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 from ...schemas.columnar import StepColumns
 from ...schemas.event_check import Row
-from .block import QuietLimits, fold_block
+from .block import QuietLimits, Timings, fold_quiet, steady
 from .quiet import fold_quiet_rows
 from .state import RunState, state_key
 
@@ -47,54 +47,72 @@ def fold_stored(
     not stored (slot -1), or of a run the core knows with another world size than the
     batch's (which the archive writer decoded against). Adds each record's events and
     duplicates to counts[0] and counts[1]."""
-    i = start
+    timings, i, events, duplicates = Timings(block), start, 0, 0
+    # The run steady() last held for, with nothing but quiet events folded since (none of
+    # which changes what steady reads): asked again only after an event folded with step.
+    calm: RunState | None = None
     while i < end:
         s = slot[i]
         if s < 0:
-            return i
-        run_id, hint, shard, _, _, _, lo, hi, rows = records[s]
+            break
+        run_id, hint, shard, shard_ranks, part, node, lo, hi, rows = records[s]
         known = runs.get(run_id)
         if known is not None and known.world_size is not None and known.world_size != hint:
-            return i
+            break
         key = state_key(run_id, shard)
         run = runs.get(key)
         before = run.duplicates if run is not None else 0
-        _record(runs, key, records[s], block, limits, one_row, one_timing)
-        counts[0] += len(rows) + hi - lo
+        if run is not None and run is not calm and steady(run):
+            calm = run
+        at = len(rows) if part < 0 else part  # (the block's place among the rows)
+        if _rows(runs, key, rows, 0, at, limits, hint, shard, shard_ranks, one_row, run is calm):
+            calm = None
+        if part >= 0:
+            ok = run is calm
+            stepped = _block(
+                runs, key, timings, lo, hi, run_id, node, limits, hint, shard, shard_ranks, one_timing, ok
+            )
+            if stepped:
+                calm = None
+            if _rows(runs, key, rows, at, len(rows), limits, hint, shard, shard_ranks, one_row, run is calm):
+                calm = None
+        events += len(rows) + hi - lo
         run = runs.get(key)
         if run is not None:
-            counts[1] += run.duplicates - before
+            duplicates += run.duplicates - before
         i += 1
+    counts[0] += events
+    counts[1] += duplicates
     return i
 
 
-def _record(
+def _block(
     runs: dict[str, RunState],
     key: str,
-    record: Stored,
-    block: StepColumns,
+    timings: Timings,
+    lo: int,
+    hi: int,
+    run_id: str,
+    node: str,
     limits: QuietLimits,
-    one_row: OneRow,
+    hint: int,
+    shard: int,
+    shard_ranks: int,
     one_timing: OneTiming,
-) -> None:
-    """One stored record's parts in order: rows, the block at its place, rows."""
-    run_id, hint, shard, shard_ranks, part, node, lo, hi, rows = record
-    at = len(rows) if part < 0 else part  # (the block's place among the rows)
-    _rows(runs, key, rows, 0, at, limits, hint, shard, shard_ranks, one_row)
-    if part < 0:
-        return
-    fold_block(
-        runs.get(key),
-        block,
-        limits,
-        hint,
-        lambda k: one_timing(k, run_id, node, hint, shard, shard_ranks),
-        lambda: runs.get(key),
-        lo,
-        hi,
-        node,
-    )
-    _rows(runs, key, rows, at, len(rows), limits, hint, shard, shard_ranks, one_row)
+    known_steady: bool,
+) -> bool:
+    """A stored record's block, rows lo..hi of the shared columns (block.fold_block's loop):
+    the quiet rows here, the others through `one_timing`; whether any went there."""
+    i, stepped = lo, False
+    while i < hi:
+        run = runs.get(key)
+        calm = known_steady and not stepped
+        j = fold_quiet(run, timings, i, hi, node, limits, hint, calm) if run is not None else i
+        if j < hi:
+            one_timing(j, run_id, node, hint, shard, shard_ranks)
+            stepped = True
+        i = j + 1
+    return stepped
 
 
 def _rows(
@@ -108,11 +126,15 @@ def _rows(
     shard: int,
     shard_ranks: int,
     one_row: OneRow,
-) -> None:
-    """rows[start:end]: the quiet ones here (quiet.py), the others through `one_row`."""
-    i = start
+    known_steady: bool,
+) -> bool:
+    """rows[start:end]: the quiet ones here (quiet.py), the others through `one_row`;
+    whether any went there."""
+    i, stepped = start, False
     while i < end:
-        i = fold_quiet_rows(runs.get(key), rows, i, end, limits, hint)
+        i = fold_quiet_rows(runs.get(key), rows, i, end, limits, hint, known_steady and not stepped)
         if i < end:
             one_row(rows[i], hint, shard, shard_ranks)
+            stepped = True
             i += 1
+    return stepped

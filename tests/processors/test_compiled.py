@@ -41,7 +41,7 @@ def decisions_digest(name: str) -> str:
         for rejection in result.rejections:
             digest.update(f"{rejection.reason}: {rejection.detail}".encode() + rejection.raw)
     for key, run in sorted(driver.state.runs.items()):
-        window = f"{len(run.seen)} {len(run.seen.ids)}"  # the dedupe window's deque and set
+        window = f"{len(run.seen)} {len(run.seen.ids)}"  # the dedupe window's ids, in age order and as a set
         digest.update(f"{key} {goodput(run)!r} {run.duplicates} {run.stale} {window}".encode())
     return digest.hexdigest()
 

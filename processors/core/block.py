@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from ...schemas.columnar import StepColumns
 from .goodput import GoodputPolicy, advance
 from .state import RankState, RunPhase
+from .straggler import record
 
 if TYPE_CHECKING:
     from .policy import CorePolicy
@@ -145,7 +146,7 @@ def fold_quiet(
     ranks, window, gp = run.ranks, limits.dedupe_window, limits.goodput
     dedupe = run.seen
     seen = dedupe.ids  # (DedupeWindow.add, inline: looked up once, below)
-    pending, missing, nodes = stragglers.pending, stragglers.missing, stragglers.nodes
+    pending, missing = stragglers.pending, stragglers.missing
     # A block's rows are mostly of one step: its buffers looked up once (quiet rows add no
     # step to the detector and evaluate none, so the lookup stands for the whole loop).
     waiting_step, waiting = -1, pending.get(-1)
@@ -157,9 +158,9 @@ def fold_quiet(
     compute_of, total_of = block.compute_s, block.total_s
     # The goodput clock and the exposure's bounds as locals, written back once after the
     # loop (what observe does for each row, at once: the bounds' min and max and the world
-    # size): their states are not compiled classes (their modules hold pydantic policies),
-    # and reading and writing their attributes was a good part of a row's cost. On the
-    # coordinator steady() holds, so none is None; a shard touches neither.
+    # size): their fields are optional floats, boxed, and a row would otherwise read and
+    # write five of them. On the coordinator steady() holds, so none is None; a shard
+    # touches neither.
     clock = goodput.clock if goodput.clock is not None else math.inf
     start_ts = baseline.start_ts if baseline.start_ts is not None else math.inf
     end_ts, observed = baseline.end_ts, False
@@ -206,16 +207,7 @@ def fold_quiet(
             state.last_seen_ts = ts
         compute_s = compute_of[j]
         state.note_step(step, ts, compute_s, total_of[j])
-        # (straggler.record, inline, with `awaited` found above)
-        waiting.seen[rank] = 1
-        waiting.values[rank] = compute_s
-        waiting.stamps[rank] = ts
-        waiting.ids[rank] = event_id
-        waiting.count += 1
-        if awaited:
-            waiting.need -= 1
-        if nodes[rank] != node:
-            nodes[rank] = node
+        record(stragglers, waiting, rank, compute_s, ts, event_id, node)
         if coordinator:  # (observe, below)
             start_ts, end_ts, observed = min(start_ts, ts), max(end_ts, ts), True
         j += 1

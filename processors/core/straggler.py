@@ -134,7 +134,7 @@ def record(
     pending.stamps[rank] = ts
     pending.ids[rank] = event_id
     pending.count += 1
-    if rank not in state.missing:
+    if not state.missing or rank not in state.missing:  # (most runs miss no rank: no lookup)
         pending.need -= 1
     if state.nodes[rank] != node:
         state.nodes[rank] = node

@@ -32,7 +32,10 @@ import math
 import signal
 import threading
 import time
+from datetime import timedelta
 from typing import Any
+
+import torch.distributed as dist
 
 from ...schemas import RUN_LEVEL_RANK, RunStarted
 from .config import free_port, kill_at
@@ -61,6 +64,7 @@ class AttemptRunner:
         #: --restart in-process: the processes that outlive attempts (hot.py).
         self.hot = HotRanks(self.config, self.run_dir) if self.config.restart == "in-process" else None
         self._placement: Placement | None = None  # the last attempt's
+        self._stores: dict[int, dist.TCPStore] = {}  # attempt -> the store this launcher serves
 
     def run(
         self, world: World, pending: RestartPhases | None, result: LaunchResult
@@ -69,9 +73,13 @@ class AttemptRunner:
         `world.resume`; `pending` is the interruption it restarts after (its phases are
         measured as the ranks start)."""
         cfg, attempt, placement, resume = self.config, world.attempt, world.placement, world.resume
-        port = world.master_port if world.master_port is not None else free_port(cfg.master_addr)
+        agent_store = self.hot is None and world.master_port is None
+        if agent_store:  # one host, full restarts: this launcher serves the attempt's store
+            port = self._agent_store(attempt)
+        else:  # across hosts rank 0 serves it at the agreed port; in process, hot.py's store
+            port = world.master_port if world.master_port is not None else free_port(cfg.master_addr)
         (self.run_dir / f"attempt-{attempt}").mkdir(parents=True, exist_ok=True)
-        envs = {r: self._env(r, world, port) for r in world.local_ranks}
+        envs = {r: self._env(r, world, port, agent_store) for r in world.local_ranks}
         self.events.emit(
             RunStarted,
             RUN_LEVEL_RANK,
@@ -180,7 +188,18 @@ class AttemptRunner:
         assert isinstance(ctx, SubprocessContext)  # a str entrypoint: one binary per rank
         return ctx
 
-    def _env(self, rank: int, world: World, port: int) -> dict[str, str]:
+    def _agent_store(self, attempt: int) -> int:
+        """The port of attempt `attempt`'s store, served by this launcher as torchrun's agent
+        serves it (TORCHELASTIC_USE_AGENT_STORE=True): no free port to race for, and a
+        rank 0 that dies does not take the store from the survivors still reading it. The
+        previous attempt's store is kept while its last ranks may still hold it."""
+        store = dist.TCPStore(
+            self.config.master_addr, 0, is_master=True, wait_for_workers=False, timeout=timedelta(minutes=5)
+        )
+        self._stores = {a: s for a, s in self._stores.items() if a >= attempt - 1} | {attempt: store}
+        return int(store.port)
+
+    def _env(self, rank: int, world: World, port: int, agent_store: bool = False) -> dict[str, str]:
         with self.state.lock:  # the actuator thread may be adding one
             skips = sorted(self.state.skip_batches)
             interval = self.state.checkpoint_interval_s
@@ -195,6 +214,7 @@ class AttemptRunner:
             skips,
             interval,
             world.master_addr,
+            agent_store,
         )
 
 

@@ -85,8 +85,17 @@ class HotRanks:
 
     # ------------------------------------------------------------ an attempt's processes
     def attempt_env(self, attempt: int, rank_env: Mapping[str, str], worker: str) -> dict[str, str]:
-        """A rank's environment with this attempt's store and its worker name."""
-        ours = {ENV_STORE: self.address, ENV_WORKER: worker, ENV_WAIT_S: f"{self.config.restart_wait_s:g}"}
+        """A rank's environment with this attempt's store, its worker name and its error
+        file (torch elastic's process layer, which names one per rank in a full restart,
+        does not start these processes)."""
+        errors = self.run_dir / f"attempt-{attempt}" / "errors" / rank_env["RANK"]
+        errors.mkdir(parents=True, exist_ok=True)
+        ours = {
+            ENV_STORE: self.address,
+            ENV_WORKER: worker,
+            ENV_WAIT_S: f"{self.config.restart_wait_s:g}",
+            "TORCHELASTIC_ERROR_FILE": str(errors / "error.json"),
+        }
         if self.shared is not None:  # across hosts: rank 0 serves the store (the plan's port)
             return {**rank_env, **ours}
         store = self._stores.get(attempt)

@@ -1,7 +1,16 @@
 """The environment of one rank process: torchrun's variables (RANK, LOCAL_RANK,
 WORLD_SIZE, MASTER_ADDR, TORCHELASTIC_RESTART_COUNT, ...) so that a script written for
 torchrun runs unchanged, and trainguard's (TRAINGUARD_*: the run, the attempt, the node,
-the broker, the checkpoint to resume from, where to write the restart phases)."""
+the broker, the checkpoint to resume from, where to write the restart phases).
+
+torchrun's contract is kept exactly (torch's ``LocalElasticAgent._start_workers``, and
+what ``torchrun`` itself puts in its own environment): the local and group variables
+describe the *real host*, whatever nodes trainguard models on it. One host runs every
+rank (LOCAL_RANK = RANK, one group), as ``torchrun --nproc-per-node N`` does, so a script
+that picks its GPU from LOCAL_RANK puts each rank on its own device; across hosts each
+agent is one host of ``--nproc-per-node`` ranks, the host's place in the world its group
+rank (tests/producers/launcher/test_rank_env.py compares the two launchers rank by rank).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +21,30 @@ from pathlib import Path
 from .config import LauncherConfig
 from .plan import Placement
 from .records import phases_path, progress_path
+
+#: torchrun's defaults: its worker role's name and the signals its agent forwards
+#: (``--signals-to-handle``), which it leaves in every worker's environment.
+ROLE_NAME = "default"
+SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+
+
+def host_layout(cfg: LauncherConfig, placement: Placement, rank: int) -> tuple[int, int, int, int]:
+    """(LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE) of `rank` on real hosts:
+    one host holds the whole world (its modelled nodes are trainguard's, not the OS's);
+    across hosts every node of the placement is a host of ``ranks_per_node`` ranks."""
+    if cfg.rendezvous is None:
+        return rank, placement.world_size, 0, 1
+    rpn = placement.ranks_per_node
+    node = placement.node_of(rank)
+    return rank % rpn, len(placement.ranks_of(node)), rank // rpn, len(placement.nodes)
+
+
+def _omp_threads(local_world: int) -> dict[str, str]:
+    """torchrun's OMP_NUM_THREADS: the launcher's own if set, else 1 when a host runs
+    more than one rank (so N ranks do not each start a thread per core), else unset."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return {"OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"]}
+    return {"OMP_NUM_THREADS": "1"} if local_world > 1 else {}
 
 
 def rank_env(
@@ -25,28 +58,40 @@ def rank_env(
     skip_batches: Sequence[int],
     checkpoint_interval_s: float | None,
     master_addr: str | None = None,
+    agent_store: bool = False,
 ) -> dict[str, str]:
     """`placement` says where every rank runs (one host's modelled nodes, or the hosts of
-    a rendezvous round); `master_addr` where rank 0 listens (default: the configured)."""
-    rpn = placement.ranks_per_node
+    a rendezvous round); `master_addr` where the attempt's store listens (default: the
+    configured); `agent_store`: the launcher serves it at `port`, not rank 0."""
     world = str(placement.world_size)
+    local_rank, local_world, group_rank, groups = host_layout(cfg, placement, rank)
     env = {
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        **_omp_threads(local_world),
         **cfg.env,
         "RANK": str(rank),
-        "LOCAL_RANK": str(rank % rpn),
+        "LOCAL_RANK": str(local_rank),
         "WORLD_SIZE": world,
-        "LOCAL_WORLD_SIZE": str(len(placement.ranks_of(placement.node_of(rank)))),
-        "GROUP_RANK": str(rank // rpn),
+        "LOCAL_WORLD_SIZE": str(local_world),
+        "GROUP_RANK": str(group_rank),
+        "GROUP_WORLD_SIZE": str(groups),
+        "ROLE_NAME": ROLE_NAME,
         "ROLE_RANK": str(rank),
         "ROLE_WORLD_SIZE": world,
         "MASTER_ADDR": master_addr or cfg.master_addr,
         "MASTER_PORT": str(port),
+        # Full restarts on one host: the launcher serves the attempt's store, as torchrun's
+        # agent does (attempt.py); across hosts rank 0 serves it; hot.py sets its own.
+        "TORCHELASTIC_USE_AGENT_STORE": str(agent_store),
         "TORCHELASTIC_RUN_ID": cfg.run_id,
         "TORCHELASTIC_RESTART_COUNT": str(attempt),
+        "TORCHELASTIC_MAX_RESTARTS": str(cfg.max_restarts),
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", SIGNALS_TO_HANDLE),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         "TRAINGUARD_RUN_ID": cfg.run_id,
         "TRAINGUARD_ATTEMPT": str(attempt),
         "TRAINGUARD_NODE": placement.node_of(rank),
+        # The rank's device on its modelled node (LOCAL_RANK is the real host's).
+        "TRAINGUARD_NODE_LOCAL_RANK": str(rank % placement.ranks_per_node),
         # Always set (empty: none), so that the launcher's own environment cannot leak in.
         "TRAINGUARD_BOOTSTRAP": cfg.bootstrap,
         "TRAINGUARD_TOPIC_PREFIX": cfg.topic_prefix,

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 ENV_RUN_ID = "TRAINGUARD_RUN_ID"
 ENV_ATTEMPT = "TRAINGUARD_ATTEMPT"
 ENV_NODE = "TRAINGUARD_NODE"
+ENV_NODE_LOCAL_RANK = "TRAINGUARD_NODE_LOCAL_RANK"
 ENV_BOOTSTRAP = "TRAINGUARD_BOOTSTRAP"
 ENV_TOPIC_PREFIX = "TRAINGUARD_TOPIC_PREFIX"
 ENV_RUN_DIR = "TRAINGUARD_RUN_DIR"
@@ -204,7 +205,9 @@ def supervisor_arguments(env: dict[str, str], kwargs: dict[str, Any]) -> dict[st
         kwargs.setdefault("run_dir", env[ENV_RUN_DIR])
     if env.get(ENV_PHASES_FILE):
         kwargs.setdefault("phases_file", env[ENV_PHASES_FILE])
-    kwargs.setdefault("local_rank", int(env.get("LOCAL_RANK", "0")))
+    # The device on its node the chaos knob names: on the launcher's modelled nodes, else
+    # torch's LOCAL_RANK (the real host's, which is the node under plain torchrun).
+    kwargs.setdefault("local_rank", int(env.get(ENV_NODE_LOCAL_RANK) or env.get("LOCAL_RANK", "0")))
     kwargs.setdefault("wrong_device", wrong_device_from_env(env))
     if env.get(ENV_PROGRESS_FILE):
         kwargs.setdefault("progress_file", env[ENV_PROGRESS_FILE])

@@ -12,7 +12,9 @@ What ends an attempt, checked every ``poll_s``:
 - every rank exited 0: the run is done ("ok");
 - a rank ended on its own with a non-zero status (SIGKILL, an exception): a synchronous
   job cannot continue, so the group is torn down at once (a crash interruption, the
-  killed rank named as its cause when several died);
+  killed rank named as its cause when several died); when a rank's error comes before
+  any rank completed a step, the others get ``startup_settle_s`` to end on their own
+  first, so that the same error elsewhere is seen (:mod:`.startup`);
 - the launcher was stopped ("stopped": exits reported requested);
 - a PauseRun, a Rollback/ResumeFrom (teardown now), an Abort (the ranks get ``grace_s``
   to dump their stacks and leave on their own, then the teardown), or an EvictRank once
@@ -23,16 +25,23 @@ What ends an attempt, checked every ``poll_s``:
 Every exit after the decision to stop is reported ``requested=True``. The ranks' pids are
 journaled once spawned: the ranks outlive a killed launcher (own sessions), and its
 successor ends them by pid (:mod:`.recovery`).
+
+Each rank's stderr is teed (torch elastic's ``tee``, torchrun's ``--tee 2``, without a
+line prefix: the console shows what it showed) to
+``attempt-N/logs/.../attempt_N/<local rank>/stderr.log``, beside torch elastic's error
+file (TORCHELASTIC_ERROR_FILE): what a failed rank reported, for :mod:`.startup`.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -44,6 +53,7 @@ from .hot import HotRanks
 from .plan import Placement
 from .rank_env import rank_env
 from .records import LaunchResult, RankEnd, RestartCause, RestartPhases, closed_cleanly, peer_lost_of
+from .startup import Reports, completed_a_step
 from .world import World
 
 #: While an eviction waits for a newer checkpoint, the location is listed at most this
@@ -64,6 +74,8 @@ class AttemptRunner:
         #: --restart in-process: the processes that outlive attempts (hot.py).
         self.hot = HotRanks(self.config, self.run_dir) if self.config.restart == "in-process" else None
         self._placement: Placement | None = None  # the last attempt's
+        #: The last attempt's ranks' error and stderr files (none under in-process restart).
+        self.reports: Reports = {}
         self._stores: dict[int, dist.TCPStore] = {}  # attempt -> the store this launcher serves
 
     def run(
@@ -97,6 +109,7 @@ class AttemptRunner:
                  placement.world_size, placement.nodes, resume)  # fmt: skip
         spawn_ts = self.clock()
         ctx: Any
+        self.reports = {}
         if self.hot is not None:
             ctx = self._hot_start(world, envs, pending)
             procs = ctx.procs
@@ -104,6 +117,10 @@ class AttemptRunner:
             ctx = self._spawn(attempt, [envs[r] for r in world.local_ranks])
             # torch elastic numbers a host's processes 0..n-1 (its local ranks): map them back.
             procs = {world.local_ranks[i]: h.proc for i, h in ctx.subprocess_handlers.items()}
+            self.reports = {
+                world.local_ranks[i]: (_file(ctx.error_files.get(i)), _file(ctx.stderrs.get(i)))
+                for i in ctx.subprocess_handlers
+            }
         self._placement = placement
         kill_at(cfg.fault, "mid-spawn", attempt)
         self.state.journal.append(
@@ -168,7 +185,7 @@ class AttemptRunner:
 
     def _spawn(self, attempt: int, envs: list[dict[str, str]]) -> Any:
         """One process per environment (in local-rank order), each in a session of its own."""
-        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
         from torch.distributed.elastic.multiprocessing.api import SubprocessContext
 
         cfg = self.config
@@ -181,7 +198,11 @@ class AttemptRunner:
             entrypoint=cfg.command[0],
             args={i: tuple(cfg.command[1:]) for i in range(len(envs))},
             envs=dict(enumerate(envs)),
-            logs_specs=DefaultLogsSpecs(log_dir=str(self.run_dir / f"attempt-{attempt}" / "logs")),
+            # stderr teed to a file, unprefixed (what a failed rank reported: startup.py)
+            logs_specs=DefaultLogsSpecs(
+                log_dir=str(self.run_dir / f"attempt-{attempt}" / "logs"), tee=Std.ERR
+            ),
+            log_line_prefixes=dict.fromkeys(range(len(envs)), ""),
         )
         for sig, handler in saved.items():
             signal.signal(sig, handler)
@@ -216,6 +237,11 @@ class AttemptRunner:
             world.master_addr,
             agent_store,
         )
+
+
+def _file(path: str | None) -> Path | None:
+    """A log path of torch elastic's (None: '' for the console, or os.devnull)."""
+    return Path(path) if path and path != os.devnull else None
 
 
 class _HotGroup:
@@ -273,6 +299,8 @@ class _Watch:
                     RestartCause.CRASH, detail, attempt, last_poll, now,
                     rank=r, node=placement.node_of(r), returncode=rc,
                 )  # fmt: skip
+                if rc > 0 and self.live and runner.hot is None and not state.stop.is_set():
+                    self._settle_startup()
                 if runner.hot is not None and self.live and not state.stop.is_set():
                     # the survivors' collectives fail: they wait in the store (hot.py)
                     interruption.path = "in-process"
@@ -348,6 +376,20 @@ class _Watch:
                 runner.restarts.progress(pending)
             time.sleep(cfg.poll_s)
         return interruption
+
+    def _settle_startup(self) -> None:
+        """A rank raised before any rank completed a step: every rank runs the same
+        start-up, so the others may raise the same error a moment later. They get
+        ``startup_settle_s`` to end on their own (their exits not requested, their errors
+        read by startup.py) before the teardown ends those still running (one blocked in a
+        collective waits for the rank that failed, and is ended as before)."""
+        runner = self.runner
+        if completed_a_step(runner.run_dir, self.attempt, self.world.local_ranks):
+            return
+        deadline = time.monotonic() + runner.config.startup_settle_s
+        while self.live and time.monotonic() < deadline and not runner.state.stop.is_set():
+            time.sleep(runner.config.poll_s)
+            self.reap(runner.clock())
 
     def _end_culprits(self, interruption: RestartPhases) -> bool:
         """In-process restart after an Abort with stack dumps (a hang): end only the ranks

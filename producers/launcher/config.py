@@ -113,6 +113,10 @@ class LauncherConfig:
     #: In-process restart: how long a survivor waits in the store for the next attempt
     #: before it gives up (the launcher ends it sooner when it restarts in full instead).
     restart_wait_s: float = 300.0
+    #: After a rank's error before any rank completed a step: how long the other ranks get
+    #: to end on their own before the teardown, so that the same error on other nodes is
+    #: seen (producers/launcher/startup.py); a rank blocked in a collective is torn down after it.
+    startup_settle_s: float = 2.0
 
     @property
     def node(self) -> str:

@@ -41,7 +41,9 @@ Each restart passes the same stages, one module each, composed here:
   (:mod:`.restarts`) and every event goes out with an id a relaunch repeats
   (:mod:`.events`).
 
-``max_restarts`` bounds the restarts of a run (any cause, torchrun's meaning). Every
+``max_restarts`` bounds the restarts of a run (any cause, torchrun's meaning); the same
+error before the first step on two attempts ends the run "paused" sooner, by the
+launcher's own decision (:mod:`.startup`: code, not hardware). Every
 action is journaled before it takes effect (:mod:`.journal`), so a launcher started again
 on the run dir of a killed one finishes what it was doing (:mod:`.recovery`).
 
@@ -88,6 +90,7 @@ from .resume import ResumeChoice
 from .run_state import RunState
 from .spare_selftest import Runner
 from .spares import SpareAdmission
+from .startup import StartupFailures
 from .world import HostWorld, LocalWorld, NoWorld, WorldFormation
 
 log = logging.getLogger(__name__)
@@ -131,6 +134,9 @@ class Launcher:
             config, self.run_dir, self.pool, state, self.resume, self.restarts, self.events, clock
         )
         self.attempts = AttemptRunner(self.context)
+        #: Across hosts the other agents' start-up failures are read from their run dirs.
+        hosts = self.run_dir.parent if config.rendezvous is not None and config.run_dir is None else None
+        self.startup = StartupFailures(self.run_dir, hosts)
         self.recovery = Recovery(self.context)
         #: Where each attempt runs: on this host's modelled nodes, or across hosts.
         self.world: WorldFormation
@@ -305,6 +311,9 @@ class Launcher:
                 self.on_attempt(state.attempt)
             result.attempts += 1
             end, interruption = self.attempts.run(world, pending, result)
+            same_startup = self.startup.after_attempt(
+                world, interruption, result.exits, self.attempts.reports
+            )
             self.journal.append(
                 "ended",
                 attempt=state.attempt,
@@ -328,6 +337,9 @@ class Launcher:
                 break
             assert interruption is not None
             if self._paused(result, interruption):
+                break
+            if same_startup is not None:  # before max_restarts: the more useful reason
+                self.restarts.pause(interruption, same_startup, result)
                 break
             if restarts >= cfg.max_restarts:
                 self.restarts.give_up(interruption, restarts, result)

@@ -89,6 +89,18 @@ class RestartPhases:
     new_ranks: list[int] = field(default_factory=list)
     #: Where the ranks restored from: {"own": n, "peer": n, "storage": n} (their phase files).
     restore_from: dict[str, int] = field(default_factory=dict)
+    #: A crash: the error its rank reported (its error file or its stderr's last exception)
+    #: and that error normalised (startup.py); "" when it reported none (a signal).
+    error: str = ""
+    error_signature: str = ""
+    #: The crash came before any rank of the attempt completed a step; the nodes whose
+    #: ranks reported the same error then.
+    startup: bool = False
+    error_nodes: list[str] = field(default_factory=list)
+    #: The launcher's own decision after this interruption when it was not the usual
+    #: restart: "pause" (the same start-up error again: startup.py), and its reason.
+    decision: str = ""
+    decision_reason: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -131,6 +131,13 @@ class RestartRecorder:
         result.status = "failed"
         result.reason = f"{rec.cause} after {restarts} restarts (max_restarts): {rec.detail}"
 
+    def pause(self, rec: RestartPhases, reason: str, result: LaunchResult) -> None:
+        """The launcher's own pause (startup.py: the same start-up error again): `rec` is
+        the run's last interruption, recorded with the decision; the run ends "paused"."""
+        rec.decision, rec.decision_reason = "pause", reason[:2000]
+        self.finish(rec, result)
+        result.status, result.reason = "paused", reason
+
     def rebuilt(self, index: int) -> RestartPhases:
         """Interruption `index` from the journal, with the attempt started after it."""
         state = replay(self.journal.records)

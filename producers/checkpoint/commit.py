@@ -12,8 +12,11 @@ ranks keep and retry the same snapshots (manager.py).
 
 from __future__ import annotations
 
+import re
 import time
+import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -21,7 +24,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from .storage import CheckpointStore
-from .validate import MANIFEST, REJECTED, VALIDATED, model_norms
+from .validate import MANIFEST, VALIDATED, model_norms
 
 #: name -> {"sha256", "size"} of this rank's shard files.
 Shards = dict[str, dict[str, Any]]
@@ -48,7 +51,10 @@ class ShardCommitter:
         shards, or the reason it failed (the same on every rank)."""
         try:
             if self.rank == 0:
-                for stale in (MANIFEST, VALIDATED, REJECTED):  # a re-save of a step after a rollback
+                # A re-save of a step (after a rollback or a rejection): the old commit goes,
+                # VALIDATED before the manifest it implies. A REJECTED marker stays, its reason
+                # on record, until this save is validated (catalog.py: mark_validated).
+                for stale in (VALIDATED, MANIFEST):
                     directory.remove(stale)
             writer = directory.dcp_writer(self.storage_hook)
             if self.group is not None:
@@ -114,6 +120,20 @@ class ShardCommitter:
             "param_norms": {name: list(v) for name, v in model_norms(state).items()},
         }
         directory.write_json(manifest, MANIFEST)
+
+
+def quiet_intended_overwrite(root: CheckpointStore) -> None:
+    """Silence DCP's "Detected an existing checkpoint in ..., overwriting since
+    self.overwrite=True" for the step directories under `root`, and only those. A re-save
+    of a step (the run reaches again a step it saved before a resume or a rollback)
+    overwrites it on purpose, its old commit removed first (ShardCommitter.write); every
+    rank printed the warning at each such save, and it read as an alarm. The filter names
+    `root`'s step directories as DCP's writers format their path (storage.py: dcp_writer),
+    so a DCP save anywhere else in the process still warns. Call it from the thread that
+    builds the manager: warning filters are process-wide and not thread-safe to change."""
+    where = str(Path(root.root)) if root.local else root.url()
+    message = re.escape(f"Detected an existing checkpoint in {where}/") + r"step-\d+, overwriting since "
+    warnings.filterwarnings("ignore", message + re.escape("self.overwrite=True."), UserWarning)
 
 
 def describe_failure(exc: BaseException) -> str:

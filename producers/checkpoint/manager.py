@@ -43,6 +43,13 @@ buffers are reused only once both the write and the replica are done with them.
 from its own copy or its holder's and that step is at least as new as the newest
 validated checkpoint on storage; otherwise (or if a copy fails its checks on any rank)
 every rank loads storage's. ``last_restore`` says which step and from where.
+
+Retention (catalog.py: the rule). After each validation rank 0, and only it, deletes the
+step directories below the oldest of the ``keep`` most recently validated checkpoints
+(``keep``: the constructor's, else ``TRAINGUARD_CHECKPOINT_KEEP``, default 5), never a
+pinned one nor one this manager is still writing or validating. It runs wherever the
+manager runs, offline or under a processor, on a directory or an object store; a
+deletion that fails is logged and retried at the next validation, never raised.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ import os
 import threading
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -64,8 +72,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ..training import inprocess
+from ..training.config import checkpoint_keep
 from .catalog import CheckpointCatalog, step_dir_name
-from .commit import ShardCommitter, describe_failure
+from .commit import ShardCommitter, describe_failure, quiet_intended_overwrite
 from .host_stager import HostStager, state_nbytes
 from .peer_replica import PeerReplica, agree_restore, holder_of, load_into
 from .storage import CheckpointStore
@@ -161,16 +170,26 @@ class CheckpointManager:
         norm_band: NormBand | None = None,
         replica: PeerReplica | bool | None = None,
     ) -> None:
-        if keep is not None and keep < 1:
+        if keep is None:  # the operator's, through the launcher's environment (config.py)
+            keep = checkpoint_keep(os.environ)
+        if keep < 1:
             raise ValueError("keep must be at least 1")
         self.catalog = CheckpointCatalog(root)
         self.root = self.catalog.store  # a local directory or any fsspec location (storage.py)
+        quiet_intended_overwrite(self.root)
         self.state = state
         self.rank = rank
         self.world_size = world_size
         self.run_id = run_id
         self.reporter = reporter
+        #: Validated checkpoints retention keeps (module docstring).
         self.keep = keep
+        #: Steps saved and not yet validated, failed or dropped: retention leaves them be.
+        self._busy: Counter[int] = Counter()
+        self._busy_lock = threading.Lock()
+        #: In-process restart ended this attempt: its validator deletes nothing more (the
+        #: next attempt's manager, unseen here, may be writing below this one's kept ones).
+        self._abandoned = False
         self.max_pending = max(1, max_pending)
         self.storage_hook = storage_hook
         self.on_committed = on_committed
@@ -230,6 +249,8 @@ class CheckpointManager:
             while self._queued > self.max_pending:  # only when writes hang (module docstring)
                 self._cond.wait()
             self._queued += 1
+        with self._busy_lock:
+            self._busy[step] += 1
         t0 = time.perf_counter()
         staged = self._stager.stage(self.state.state_dict())
         blocking = time.perf_counter() - t0
@@ -285,6 +306,7 @@ class CheckpointManager:
 
     def _drop(self, snap: _Snapshot, reason: str) -> None:
         log.warning("checkpoint step %d %s", snap.step, reason)
+        self._done_with(snap.step)
         self._report_failed(snap.step, reason)
         snap.handle.committed.set_result(False)
         if not snap.handle.attempted.done():
@@ -342,7 +364,15 @@ class CheckpointManager:
                 self.on_committed(snap.step, directory)
             assert self._validator is not None
             self._validator.submit(self._validate, snap.step, snap.last_verified_step)
+        else:
+            self._done_with(snap.step)
         return None
+
+    def _done_with(self, step: int) -> None:
+        with self._busy_lock:
+            self._busy[step] -= 1
+            if self._busy[step] <= 0:
+                del self._busy[step]
 
     # -------------------------------------------------------------- validation
 
@@ -358,14 +388,10 @@ class CheckpointManager:
             result = validate(directory, norm_band=self._band)
             self.results[step] = result
             if result.ok:
-                write_marker(
-                    directory,
-                    True,
-                    {"step": step, "validated_at": time.time(), "last_verified_step": last_verified_step},
-                )
+                marker = {"step": step, "validated_at": time.time(), "last_verified_step": last_verified_step}
+                self.catalog.mark_validated(step, marker)
                 self._band.add(result.norms)
                 self._report("checkpoint_validated", step, str(directory), last_verified_step)
-                self._retain()
             else:
                 log.warning("checkpoint step %d rejected: %s", step, result.reason)
                 write_marker(directory, False, {"step": step, "reason": result.reason, "at": time.time()})
@@ -373,10 +399,24 @@ class CheckpointManager:
         except Exception as exc:
             log.exception("validating checkpoint step %d failed", step)
             self._report_failed(step, f"validation could not run: {type(exc).__name__}: {exc}")
+        finally:
+            self._done_with(step)
+        self._retain()
 
     def _retain(self) -> None:
-        if self.keep is not None:
-            self.catalog.keep_newest(self.keep)
+        """Rank 0, after a validation: delete what retention does not keep (catalog.py).
+        Housekeeping: an error (the store's listing down) is logged, never raised."""
+        if self._abandoned:
+            return
+        with self._busy_lock:
+            busy = set(self._busy)
+        try:
+            deleted = self.catalog.retain(self.keep, busy)
+        except Exception as exc:
+            log.warning("checkpoint retention skipped this time under %s: %s", self.root, exc)
+            return
+        if deleted:
+            log.info("checkpoint retention deleted steps %s (keeping %d validated)", deleted, self.keep)
 
     # ---------------------------------------------------------------- resuming
 
@@ -524,21 +564,25 @@ class CheckpointManager:
         return agreed if source == "memory" else None
 
     def _report_rejections(self, asked: int | None, resumed: int) -> None:
-        """Rank 0: each checkpoint rejected by this load, as CheckpointRejected (the
-        reporter's optional ``checkpoint_rejected``), with the step resumed from instead."""
-        report = getattr(self.reporter, "checkpoint_rejected", None)
-        if self.rank != 0 or report is None:
+        """Rank 0: each checkpoint rejected by this load, on the console with its reason
+        (otherwise only in its REJECTED marker) and as CheckpointRejected (the reporter's
+        optional ``checkpoint_rejected``), with the step resumed from instead."""
+        if self.rank != 0 or not self.rejected:
             return
-        for step, reason in sorted(self.rejected.items(), reverse=True):
+        rejected = sorted(self.rejected.items(), reverse=True)
+        then = f"resuming from step {resumed}" if resumed >= 0 else "no checkpoint left to resume from"
+        log.warning(
+            "checkpoint steps %s rejected before resume (asked for %s): %s; %s",
+            sorted(self.rejected), asked, "; ".join(f"step {s}: {why}" for s, why in rejected), then,
+        )  # fmt: skip
+        report = getattr(self.reporter, "checkpoint_rejected", None)
+        if report is None:
+            return
+        for step, reason in rejected:
             try:
                 report(step, str(self.step_dir(step)), reason, resumed)
             except Exception:
                 log.exception("checkpoint reporter checkpoint_rejected failed")
-        if self.rejected:
-            log.warning(
-                "checkpoint steps %s rejected before resume (asked for %s); resuming from step %d",
-                sorted(self.rejected), asked, resumed,
-            )  # fmt: skip
 
     def _load_memory(self, step: int, copies: list[Any], verify: bool) -> bool:
         """Every rank restores ``step`` from its own copy or its holder's; False (on all
@@ -588,6 +632,7 @@ class CheckpointManager:
         if self._closed:
             return
         self._closed = True
+        self._abandoned = True
         self._io.shutdown(wait=False, cancel_futures=True)
         if self._validator is not None:
             self._validator.shutdown(wait=False, cancel_futures=True)

@@ -1,13 +1,15 @@
 """The launcher's view of the checkpoint location (a directory or an fsspec URL): which
-steps hold a validated checkpoint (``step-NNN/VALIDATED``) and which were rejected at load
-(``REJECTED``, which outranks VALIDATED, so a rejected checkpoint is never chosen again)."""
+steps hold a validated checkpoint (``step-NNN/VALIDATED``) and which were rejected
+(``REJECTED``, which outranks VALIDATED, so a rejected checkpoint is never chosen again;
+a re-save keeps it until the new save is validated). The marker rule is the catalog's
+(producers/checkpoint/catalog.py: :func:`resumable`), which the ranks read too."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
-from ..checkpoint.catalog import REJECTED, VALIDATED, step_of
+from ..checkpoint.catalog import REJECTED, VALIDATED, resumable, step_of
 from ..checkpoint.location import LocationError
 from ..checkpoint.storage import CheckpointStore
 
@@ -41,8 +43,7 @@ def validated_steps(location: Path | str) -> dict[int, float]:
     ranks rejected at load keeps its old VALIDATED marker), and each marker's mtime."""
     out: dict[int, float] = {}
     for step, directory in _step_dirs(location):
-        names = directory.names()
-        if VALIDATED not in names or REJECTED in names:
+        if not resumable(directory.names()):
             continue
         try:
             out[step] = directory.mtime(VALIDATED)

@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
@@ -35,14 +36,22 @@ ENV_PROGRESS_FILE = "TRAINGUARD_PROGRESS_FILE"
 #: Steps whose batch this attempt must not train on, comma-separated: a SkipUpdate the
 #: launcher took for a step that failed on every node (producers/launcher/commands.py).
 ENV_SKIP_BATCHES = "TRAINGUARD_SKIP_BATCHES"
-#: SupervisorConfig fields an operator may set from the environment (seconds).
+#: How many validated checkpoints retention keeps (producers/checkpoint/catalog.py): a
+#: positive whole number, read by every CheckpointManager built without `keep`.
+ENV_CHECKPOINT_KEEP = "TRAINGUARD_CHECKPOINT_KEEP"
+DEFAULT_CHECKPOINT_KEEP = 5
+#: SupervisorConfig fields an operator may set from the environment (seconds, but for
+#: the counts of _COUNTS).
 ENV_CONFIG = {
     "TRAINGUARD_FLUSH_INTERVAL_S": "flush_interval_s",
     "TRAINGUARD_HEARTBEAT_INTERVAL_S": "heartbeat_interval_s",
     "TRAINGUARD_GPU_HEALTH_INTERVAL_S": "gpu_health_interval_s",
     # The interval in force when the attempt starts: the launcher's, the last the run was sent.
     "TRAINGUARD_CHECKPOINT_INTERVAL_S": "checkpoint_interval_s",
+    ENV_CHECKPOINT_KEEP: "checkpoint_keep",
 }
+#: The ENV_CONFIG fields that are counts (a positive whole number), not seconds.
+_COUNTS = frozenset({"checkpoint_keep"})
 
 
 class Verdict(StrEnum):
@@ -90,6 +99,11 @@ class SupervisorConfig:
     checkpoint_interval_s: float | None = None
     #: A fixed cadence instead: checkpoint after every step s with (s + 1) % N == 0.
     checkpoint_every_steps: int | None = None
+    #: Validated checkpoints kept: after each validation rank 0 deletes the older ones
+    #: (producers/checkpoint/catalog.py, the rule). The manager the loop builds reads the
+    #: same variable itself (:func:`checkpoint_keep`); a config made in code reaches it
+    #: only through the manager's own `keep`.
+    checkpoint_keep: int = DEFAULT_CHECKPOINT_KEEP
     #: Exit after an abort/rollback command: wait this long for the ack, then flush for
     #: at most exit_flush_s, then os._exit.
     exit_grace_s: float = 1.0
@@ -103,20 +117,41 @@ class SupervisorConfig:
     deterministic_reduction: bool = True
 
     @classmethod
-    def from_env(cls, env: dict[str, str]) -> SupervisorConfig:
-        """The defaults, with the fields of ENV_CONFIG that `env` sets (positive seconds)."""
+    def from_env(cls, env: Mapping[str, str]) -> SupervisorConfig:
+        """The defaults, with the fields of ENV_CONFIG that `env` sets (positive seconds,
+        positive counts)."""
         values: dict[str, float] = {}
         for name, attr in ENV_CONFIG.items():
             if (raw := env.get(name)) is None:
                 continue
-            try:
-                value = float(raw)
-            except ValueError:
-                value = math.nan
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name}={raw!r}: expected a positive number of seconds")
-            values[attr] = value
+            values[attr] = _count(name, raw) if attr in _COUNTS else _seconds(name, raw)
         return cls(**values)  # type: ignore[arg-type]
+
+
+def checkpoint_keep(env: Mapping[str, str]) -> int:
+    """TRAINGUARD_CHECKPOINT_KEEP, else DEFAULT_CHECKPOINT_KEEP (ValueError when malformed)."""
+    raw = env.get(ENV_CHECKPOINT_KEEP)
+    return DEFAULT_CHECKPOINT_KEEP if raw is None else _count(ENV_CHECKPOINT_KEEP, raw)
+
+
+def _seconds(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}={raw!r}: expected a positive number of seconds")
+    return value
+
+
+def _count(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{name}={raw!r}: expected a positive whole number")
+    return value
 
 
 #: Seconds this process spent in :func:`init_process_group` (the restart phase pg_init),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ...common.checkpoint_interval import REFERENCE_MTBF_S, REFERENCE_WORLD_SIZE
+
 _HOUR = 3600.0
 
 
@@ -14,13 +16,13 @@ class BaselinePolicy(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     reference_world_size: int = Field(
-        16_384,
+        REFERENCE_WORLD_SIZE,
         ge=1,
         description="World size of the reference point. Also the prior's world size when a run's "
         "is unknown (the most fragile size the seed quotes: a conservative, short MTBF).",
     )
     reference_mtbf_s: float = Field(
-        3.1 * _HOUR,
+        REFERENCE_MTBF_S,
         gt=0,
         description="MTBF at the reference world size (seed: 3.1 h at 16,384 GPUs). The prior "
         "for world size W is reference_mtbf_s x reference_world_size / W.",

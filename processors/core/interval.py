@@ -31,7 +31,6 @@ hands the last interval it received to the next attempt's ranks in their environ
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -39,6 +38,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ...common.checkpoint_interval import DALY_ABOVE_C_OVER_M, MAX_S, MIN_S
+from ...common.checkpoint_interval import daly_s as daly_s  # re-exported: one home
+from ...common.checkpoint_interval import optimal_s as common_optimal_s
+from ...common.checkpoint_interval import young_s as young_s
 from ...schemas import CheckpointWritten, Envelope, IntervalUpdate, Reason, ReasonCode, SetCheckpointInterval
 from .ids import derived_id
 
@@ -59,12 +62,12 @@ class IntervalPolicy(BaseModel):
         "of run time over the optimum (0.005: half a percent of goodput).",
     )
     daly_above_c_over_m: float = Field(
-        0.01,
+        DALY_ABOVE_C_OVER_M,
         ge=0,
         description="Use Daly's higher-order estimate instead of Young's when C/M exceeds this.",
     )
-    min_s: float = Field(60.0, gt=0, description="Never checkpoint more often than this.")
-    max_s: float = Field(6 * 3600.0, gt=0, description="Never checkpoint less often than this.")
+    min_s: float = Field(MIN_S, gt=0, description="Never checkpoint more often than this.")
+    max_s: float = Field(MAX_S, gt=0, description="Never checkpoint less often than this.")
     cost_samples: int = Field(
         20, ge=1, description="C is the median blocking time of this many latest checkpoints."
     )
@@ -79,17 +82,6 @@ class IntervalPolicy(BaseModel):
 # --------------------------------------------------------------------------- formulas
 
 
-def young_s(c: float, m: float) -> float:
-    return math.sqrt(2 * c * m)
-
-
-def daly_s(c: float, m: float) -> float:
-    if c >= 2 * m:
-        return m
-    x = c / (2 * m)
-    return math.sqrt(2 * c * m) * (1 + math.sqrt(x) / 3 + x / 9) - c
-
-
 def overhead(t: float, c: float, m: float, r: float = 0.0) -> float:
     """Fraction of run time lost at interval t: C/T + T/2M + R/M (seed §6)."""
     return c / t + t / (2 * m) + r / m
@@ -97,9 +89,7 @@ def overhead(t: float, c: float, m: float, r: float = 0.0) -> float:
 
 def optimal_s(c: float, m: float, policy: IntervalPolicy) -> tuple[float, str]:
     """The interval that maximises goodput, clamped to [min_s, max_s], and the formula used."""
-    formula = "daly" if c / m > policy.daly_above_c_over_m else "young"
-    t = daly_s(c, m) if formula == "daly" else young_s(c, m)
-    return min(policy.max_s, max(policy.min_s, t)), formula
+    return common_optimal_s(c, m, policy.min_s, policy.max_s, policy.daly_above_c_over_m)
 
 
 # --------------------------------------------------------------------------- state

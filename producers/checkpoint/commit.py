@@ -118,6 +118,7 @@ class ShardCommitter:
             "files": files,
             "ranks": ranks,
             "param_norms": {name: list(v) for name, v in model_norms(state).items()},
+            **fields.get("layout", {}),  # where the state keeps what (its buffers: train_state.py)
         }
         directory.write_json(manifest, MANIFEST)
 

@@ -252,7 +252,7 @@ class CheckpointManager:
         with self._busy_lock:
             self._busy[step] += 1
         t0 = time.perf_counter()
-        staged = self._stager.stage(self.state.state_dict())
+        staged = self._stager.stage(self.state.saved_state_dict())
         blocking = time.perf_counter() - t0
         handle = SaveHandle(step, blocking, state_nbytes(staged))
         snap = _Snapshot(step, staged, last_verified_step, handle, time.time())
@@ -341,6 +341,7 @@ class CheckpointManager:
             "staged_at": snap.staged_at,
             "last_verified_step": snap.last_verified_step,
             "blocking_s": snap.handle.blocking_s,
+            "layout": self.state.manifest(),
         }
         written = self._committer.write(snap.state, directory, manifest)
         if isinstance(written, str):
@@ -517,6 +518,9 @@ class CheckpointManager:
                 self._report_rejections(step, -1)
                 raise CheckpointError(why)
             reader = self.step_dir(chosen).dcp_reader()
+            # Load what this checkpoint holds where it holds it (older ones: buffers in "model").
+            saved = read_manifest(self.step_dir(chosen)) or {}
+            self.state.load_layout = saved.get("buffers", "model")
             try:
                 if self._dist:
                     dcp.load({"app": self.state}, storage_reader=reader, process_group=self._group)

@@ -16,6 +16,20 @@ Model and optimizer are keyed by name and deduplicated across ranks by DCP; the 
 states, the sampler position and ``extra`` differ per rank, so they sit under the rank's
 own key (a shared key would be written by one rank only and the others' states lost).
 
+Buffers (BatchNorm's running statistics) are not replicated like parameters: every rank
+updates its own copy in its forward, so the ranks' copies differ, and DCP's deduplication
+would store an arbitrary rank's copy of each. Which copy the job uses decides where they
+go (:func:`buffer_layout`, said in the checkpoint's manifest):
+
+* ``rank0``: DDP broadcasts its group's rank-0 buffers at every forward
+  (``broadcast_buffers``, its default), so the job's copy is that rank's: only it saves
+  them under ``model`` and every rank loads that copy back (the others' own copies are
+  overwritten at the next forward anyway, so they need not be kept);
+* ``per-rank``: nothing synchronises them (no DDP, ``broadcast_buffers=False``, FSDP):
+  each rank's own copy matters, so each saves and loads its own under ``rank<r>.buffers``;
+* ``model``: checkpoints written before buffers had a layout (DCP's arbitrary copy),
+  still loadable.
+
 Two pitfalls the training loop must respect (docs in /work/shared/NOTES.md):
 
 * ``iter(DataLoader)`` draws a base seed from the global torch RNG, even with
@@ -30,16 +44,19 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import _get_fqns, get_state_dict, set_state_dict
 from torch.utils.data import Sampler
 
-__all__ = ["ResumableSampler", "TrainState", "capture_rng", "restore_rng"]
+__all__ = ["BufferLayout", "ResumableSampler", "TrainState", "buffer_layout", "capture_rng", "restore_rng"]
+
+#: Where a checkpoint keeps the model's buffers (module docstring).
+BufferLayout = Literal["rank0", "per-rank", "model"]
 
 
 class ResumableSampler(Sampler[int]):
@@ -153,6 +170,26 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def buffer_layout(module: nn.Module) -> tuple[BufferLayout, int]:
+    """Where `module`'s buffers are saved from, and the global rank whose copy the job
+    uses (rank0) or -1 (per-rank). Pass the *wrapped* model (DDP, not its ``.module``)."""
+    ddp = module if isinstance(module, nn.parallel.DistributedDataParallel) else None
+    if ddp is None or not ddp.broadcast_buffers:
+        return "per-rank", -1
+    group = ddp.process_group
+    owner = dist.get_global_rank(group, 0) if dist.is_initialized() and group is not None else 0
+    return "rank0", owner
+
+
+def buffer_keys(module: nn.Module, model_sd: dict[str, Any]) -> set[str]:
+    """The keys of `model_sd` (``get_state_dict``'s: wrapper prefixes removed) that hold
+    buffers; non-persistent buffers are not in it."""
+    found: set[str] = set()
+    for name, _ in module.named_buffers():
+        found |= set(_get_fqns(module, name))
+    return found & model_sd.keys()
+
+
 def _extra_state(value: Any) -> Any:
     if isinstance(value, torch.Generator):
         return value.get_state()
@@ -167,6 +204,11 @@ class TrainState:
     ``extra`` maps names to picklable values (restored into the dict), ``torch.Generator``
     objects (their state is saved), or objects with ``state_dict``/``load_state_dict``
     (a ``StatefulDataLoader``, an LR scheduler), restored in place.
+
+    ``buffers`` says where the model's buffers are saved from (module docstring); by
+    default from the model given (:func:`buffer_layout`); a framework whose model is not
+    the DDP wrapper passes the wrapper's. :meth:`state_dict` is what a load fills in;
+    :meth:`saved_state_dict` what a save writes.
     """
 
     def __init__(
@@ -177,6 +219,7 @@ class TrainState:
         extra: dict[str, Any] | None = None,
         *,
         rank: int | None = None,
+        buffers: tuple[BufferLayout, int] | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -185,12 +228,28 @@ class TrainState:
         if rank is None:
             rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self.rank = rank
+        #: Where this run's checkpoints keep the buffers, and the rank whose copy (rank0).
+        self.buffers, self.buffer_owner = buffers if buffers is not None else buffer_layout(model)
+        #: The layout of the checkpoint being loaded (its manifest's; CheckpointManager sets it).
+        self.load_layout: BufferLayout = self.buffers
 
     @property
     def rank_key(self) -> str:
         return f"rank{self.rank}"
 
+    def manifest(self) -> dict[str, Any]:
+        """What a checkpoint's manifest says of this state's layout."""
+        return {"buffers": self.buffers, "buffer_rank": self.buffer_owner}
+
     def state_dict(self) -> dict[str, Any]:
+        """The state as a load of a `load_layout` checkpoint fills it in."""
+        return self._state(self.load_layout, saving=False)
+
+    def saved_state_dict(self) -> dict[str, Any]:
+        """The state as this rank writes it (a rank0 layout: only the owner's buffers)."""
+        return self._state(self.buffers, saving=True)
+
+    def _state(self, layout: BufferLayout, saving: bool) -> dict[str, Any]:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         own: dict[str, Any] = {
             "rng": capture_rng(),
@@ -198,16 +257,29 @@ class TrainState:
         }
         if self.sampler is not None:
             own["sampler"] = self.sampler.state_dict()
+        if layout == "per-rank":
+            own["buffers"] = {key: model_sd.pop(key) for key in buffer_keys(self.model, model_sd)}
+        elif layout == "rank0" and saving and self.rank != self.buffer_owner:
+            for key in buffer_keys(self.model, model_sd):
+                del model_sd[key]
         return {"model": model_sd, "optim": optim_sd, self.rank_key: own}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Put a loaded state back: a whole one (`state_dict`'s shape), or this rank's own
+        snapshot from host memory (`saved_state_dict`'s: under rank0, a non-owner's lacks
+        the buffers, which keep their live values until DDP's next broadcast)."""
+        own = state_dict[self.rank_key]
+        model_sd = {**state_dict["model"], **own.get("buffers", {})}
+        if self.buffers == "rank0" and self.rank != self.buffer_owner:
+            live = get_state_dict(self.model, self.optimizer)[0]
+            for key in buffer_keys(self.model, live) - model_sd.keys():
+                model_sd[key] = live[key]
         set_state_dict(
             self.model,
             self.optimizer,
-            model_state_dict=state_dict["model"],
+            model_state_dict=model_sd,
             optim_state_dict=state_dict["optim"],
         )
-        own = state_dict[self.rank_key]
         if self.sampler is not None:
             self.sampler.load_state_dict(own["sampler"])
         for name, saved in own["extra"].items():

@@ -48,6 +48,9 @@ ENV_CONFIG = {
     "TRAINGUARD_GPU_HEALTH_INTERVAL_S": "gpu_health_interval_s",
     # The interval in force when the attempt starts: the launcher's, the last the run was sent.
     "TRAINGUARD_CHECKPOINT_INTERVAL_S": "checkpoint_interval_s",
+    # The job's MTBF the interval is derived from until one is in force (default: the prior
+    # for the world size, trainguard/common/checkpoint_interval.py).
+    "TRAINGUARD_MTBF_PRIOR_S": "mtbf_prior_s",
     ENV_CHECKPOINT_KEEP: "checkpoint_keep",
 }
 #: The ENV_CONFIG fields that are counts (a positive whole number), not seconds.
@@ -99,6 +102,10 @@ class SupervisorConfig:
     checkpoint_interval_s: float | None = None
     #: A fixed cadence instead: checkpoint after every step s with (s + 1) % N == 0.
     checkpoint_every_steps: int | None = None
+    #: Until an interval is in force (offline; online before the processor's first
+    #: SetCheckpointInterval), the cadence derives T* from the measured checkpoint cost and
+    #: this MTBF (None: the seed's prior for the world size; producers/checkpoint/cadence.py).
+    mtbf_prior_s: float | None = None
     #: Validated checkpoints kept: after each validation rank 0 deletes the older ones
     #: (producers/checkpoint/catalog.py, the rule). The manager the loop builds reads the
     #: same variable itself (:func:`checkpoint_keep`); a config made in code reaches it

@@ -75,7 +75,7 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 from transformers.trainer import TRAINER_STATE_NAME
 
 from ..checkpoint.manager import CheckpointManager
-from ..checkpoint.train_state import TrainState, capture_rng, restore_rng
+from ..checkpoint.train_state import TrainState, buffer_layout, capture_rng, restore_rng
 from . import ring_check
 from .config import ENV_RUN_ID
 from .step_scope import StepScope
@@ -229,6 +229,7 @@ class TrainguardCallback(TrainerCallback):
                 optimizer,
                 extra={"lr_scheduler": trainer.lr_scheduler, "trainer_state": saved_state},
                 rank=self.sup.rank,
+                buffers=buffer_layout(trainer.model_wrapped),  # DDP's broadcast decides, not the module
             )
             self.checkpoints = CheckpointManager(
                 self.checkpoint_dir,

@@ -88,6 +88,7 @@ from typing import Any, Literal
 
 import torch
 
+from ...common.checkpoint_interval import prior_mtbf_s
 from ...common.quantiles import RunningQuantile
 from ...kafka.topics import topic_names
 from ...schemas import auth
@@ -205,8 +206,19 @@ class Supervisor:
         self.self_check_results: list[grad_checks.SelfCheckResult] = []
         self._clock = clock
         self.cadence = CheckpointCadence(
-            self.config.checkpoint_interval_s, every_steps=self.config.checkpoint_every_steps
+            self.config.checkpoint_interval_s,
+            every_steps=self.config.checkpoint_every_steps,
+            prior_mtbf_s=self.config.mtbf_prior_s or prior_mtbf_s(world_size),
         )
+        self._said_cadence = False  # rank 0 says the derived interval once
+        if rank == 0 and self.cadence.measuring_cost() and self.cadence.every_steps is None:
+            log.warning(
+                "trainguard: no checkpoint interval in force yet (offline, or before the processor "
+                "sends one): the first checkpoint once the step time is measured, then Young/Daly "
+                "from its cost and the prior MTBF (%.4g h for %d ranks)",
+                self.cadence.prior_mtbf_s / 3600 if self.cadence.prior_mtbf_s else 0.0,
+                world_size,
+            )
         #: (step, checkpoint due) as the ranks agreed in check(); cleared by checkpoint_saved.
         self._agreed: tuple[int, bool] | None = None
         self._grad_norms = RunningQuantile()
@@ -377,6 +389,9 @@ class Supervisor:
         if interval != self.cadence.interval_s:
             self.cadence.set_interval(interval)
             log.info("rank %d: checkpoint %s", self.rank, self.cadence.describe())
+        if not self._said_cadence and self.rank == 0 and self.cadence.derived() is not None:
+            self._said_cadence = True
+            log.warning("trainguard: checkpoint %s", self.cadence.describe())
         if step is None:
             step = self.control.current_step
         return self.cadence.due(step, time.monotonic() if now is None else now)

@@ -70,3 +70,44 @@ def test_no_interval_no_checkpoint_on_time() -> None:
     cadence = CheckpointCadence()
     assert run(cadence, range(0, 1000), step_s=10.0) == []
     assert cadence.describe() == "none on time"
+
+
+def run_costly(cadence: CheckpointCadence, steps: int, step_s: float, cost_s: float) -> list[int]:
+    """Steps of `step_s` seconds, a save making its step `cost_s` longer (the blocking
+    copy the loop waits for): the steps after which a checkpoint was taken."""
+    saved, now = [], 0.0
+    for step in range(steps):
+        cadence.begin(step, now)
+        now += step_s
+        if cadence.due(step, now):
+            cadence.saved(step, now)
+            saved.append(step)
+            now += cost_s
+    return saved
+
+
+def test_without_an_interval_the_prior_mtbf_and_the_measured_cost_give_youngs_interval() -> None:
+    """Offline (no processor, no launcher interval): the first save comes as soon as the step
+    time is measured, its cost is measured from its step, then T* = sqrt(2 C M)."""
+    mtbf = 10 * 3600.0  # a 10 h prior: T* = sqrt(2 x 2 s x 36,000 s) = 379 s
+    cadence = CheckpointCadence(prior_mtbf_s=mtbf, min_samples=5)
+    assert "once the first checkpoint's cost is measured" in cadence.describe()
+    saved = run_costly(cadence, 6000, step_s=0.5, cost_s=2.0)
+    assert saved[0] == 5  # five step times measured: the first save, which measures C
+    assert cadence.cost_s() == pytest.approx(2.0)
+    young = (2 * 2.0 * mtbf) ** 0.5
+    assert cadence.interval() == pytest.approx(young)
+    assert cadence.steps_per_checkpoint() == round(young / 0.5)
+    gaps = {b - a for a, b in zip(saved[1:], saved[2:], strict=False)}
+    assert gaps == {round(young / 0.5)}
+    assert cadence.describe().startswith(f"every {young:g}s (young: C=2s measured, M=10 h prior")
+
+
+def test_the_derived_interval_is_clamped_and_an_interval_in_force_replaces_it() -> None:
+    cadence = CheckpointCadence(prior_mtbf_s=1e9, max_s=600.0)  # a huge MTBF: at most 10 min
+    run_costly(cadence, 20, step_s=1.0, cost_s=5.0)
+    assert cadence.interval() == 600.0
+    cadence.set_interval(30.0)  # the processor's SetCheckpointInterval
+    assert cadence.interval() == 30.0 and cadence.derived() is None
+    quiet = CheckpointCadence()  # no prior and no interval: nothing on time
+    assert run_costly(quiet, 50, step_s=1.0, cost_s=1.0) == [] and quiet.describe() == "none on time"

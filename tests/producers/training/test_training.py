@@ -360,7 +360,9 @@ def test_ddp_compute_time_is_measured_before_the_all_reduce(monkeypatch: pytest.
     assert all(v is Verdict.APPLY for r in (0, 1) for i, v in enumerate(results[r][1]) if i not in (3, 4))
     assert results[0][3] == results[1][3]
     assert results[0][2] == [True] and results[1][2] == []  # rank 0 self-checked without a hang
-    assert results[0][4] == results[1][4] == [2]  # the checkpoint only rank 0 was asked for, on both
+    # Step 2: the checkpoint only rank 0 was asked for, on both; step 5: the cadence's first
+    # (no interval in force: it measures the cost the interval is derived from), on both.
+    assert results[0][4] == results[1][4] == [2, 5]
     # The ring check: run by both at step 4, the first step after both held it (step 3, where
     # rank 0 dropped the one rank 1 never got); each one's recomputation of the other's
     # microbatch is bitwise the other's own value.

@@ -256,14 +256,16 @@ class LauncherCommands:
         unknown = [t for t in command.tests if t not in SELF_TESTS]
         if unknown:
             raise ValueError(f"no {', '.join(unknown)} self-test here (known: {', '.join(SELF_TESTS)})")
-        free = self.spares.free
+        free, settled = self.spares.free, self.spares.settled
+
+        def ready() -> bool:  # its devices to itself, and not while a restart is under way
+            return free(node) and settled.is_set()
+
         with self.state.lock:
-            when = "now" if free(node) else "once its ranks have left it"
+            when = "now" if ready() else "once its ranks have left it and the restart is done"
             detail = f"{node}: {', '.join(command.tests)} self-test {when}; its result: node_self_test_result"
             self.state.record(command, detail)
-        self.spares.tester.start(
-            node, command.tests, "quarantine", command.command_id, ready=lambda: free(node)
-        )
+        self.spares.tester.start(node, command.tests, "quarantine", command.command_id, ready=ready)
         return detail
 
     def interval(self, command: SetCheckpointInterval, rank: int) -> str:

@@ -81,10 +81,14 @@ class LauncherConfig:
     #: Test hook, FAULT_ENV's value: SIGKILL the launcher at this point (FAULT_POINTS).
     fault: str = ""
     #: When a spare is self-tested (known-answer GEMM + all-reduce, producers/launcher/node_selftest.py)
-    #: before it joins: "on-demand" when a quarantine makes it the next placement's (the
-    #: restart may wait for the test), "ahead" one spare at a time from the start of the run
-    #: (where spares are idle machines of their own: restarts never wait), "off": untested.
-    self_test_spares: Literal["on-demand", "ahead", "off"] = "on-demand"
+    #: before it joins: "ahead" (the default) one idle spare at a time from the start of the
+    #: run and again whenever its pass is older than `self_test_fresh_s`, so a restart finds
+    #: its spare proven and waits for nothing; "on-demand" only when a quarantine makes it the
+    #: next placement's (the restart may wait for the test); "off": untested.
+    self_test_spares: Literal["on-demand", "ahead", "off"] = "ahead"
+    #: How long a spare's passed self-test stays good: an older pass is renewed while the
+    #: spare idles ("ahead") and, if still stale when the spare is needed, before it joins.
+    self_test_fresh_s: float = 1800.0
     #: Longest a node self-test may take (its worker processes are killed after it).
     self_test_timeout_s: float = 120.0
     #: When every checkpoint was rejected (none valid left): False stops the run with a

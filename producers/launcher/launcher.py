@@ -128,6 +128,7 @@ class Launcher:
         self.resume = ResumeChoice(config, state, clock)
         self.restarts = RestartRecorder(config, self.run_dir, self.journal, self.events, state.replayed)
         self.spares = SpareAdmission(config, self.pool, state, self.events, self_test)
+        self.spares.settled = self.restarts.settled  # a quarantined node's test waits for the restart
         self.tester = self.spares.tester
         self.commands = LauncherCommands(config, self.pool, state, self.resume, self.spares, clock)
         self.context = LaunchContext(
@@ -142,7 +143,7 @@ class Launcher:
         self.world: WorldFormation
         if config.rendezvous is not None:
             rendezvous = HostRendezvous(config.rendezvous, config.ranks_per_node)
-            self.world = HostWorld(config, config.node, state, self.resume, rendezvous)
+            self.world = HostWorld(config, config.node, state, self.resume, rendezvous, self.tester)
         else:
             self.world = LocalWorld(config, self.pool, state, self.resume, self.spares)
 
@@ -257,7 +258,9 @@ class Launcher:
     def run(self) -> LaunchResult:
         result = LaunchResult("failed", "", 0)
         state = self.state
-        if self.config.self_test_spares == "ahead":  # a restart onto a tested spare waits for nothing
+        # A restart onto a proven spare waits for nothing. Across hosts the spares are agents
+        # of their own (--spare), each proving its host while it waits (world.py).
+        if self.config.self_test_spares == "ahead" and self.config.rendezvous is None:
             threading.Thread(target=self.spares.pretest, name="selftest-spares", daemon=True).start()
         try:
             self.attempts.prewarm(self.config.ranks_per_node if self.config.rendezvous else self.config.nproc)

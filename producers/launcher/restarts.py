@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -49,6 +50,11 @@ class RestartRecorder:
         self.journal = journal
         self.events = events
         self._file = run_dir / "restarts.jsonl"
+        #: Set while no restart is in progress: cleared at an interruption, set again once
+        #: the attempt after it completed its first step (or ended). Work that would only
+        #: slow a restart (a quarantined node's self-test: spares.py) waits for it.
+        self.settled = threading.Event()
+        self.settled.set()
         self.recorded = restart_indices(self._file)  # interruptions in restarts.jsonl
         self._next = max(max(replayed.interruptions, default=-1) + 1, max(self.recorded, default=-1) + 1)
         #: attempt -> the ranks this launcher ran in it (whose phase files it reads).
@@ -95,6 +101,7 @@ class RestartRecorder:
             record=rec.to_json(),
         )
         kill_at(self.config.fault, "after-interruption", attempt)
+        self.settled.clear()
         return rec
 
     def spawned(
@@ -111,11 +118,13 @@ class RestartRecorder:
         collect_phases(rec, self.run_dir, self._ranks_of(rec))
         if rec.complete:
             self.events.restart_phases(rec)
+            self.settled.set()
 
     def finish(self, rec: RestartPhases, result: LaunchResult) -> None:
         """The attempt after `rec` ended (or none will start): record it, once."""
         collect_phases(rec, self.run_dir, self._ranks_of(rec))
         self.events.restart_phases(rec)
+        self.settled.set()
         result.restarts.append(rec)
         if rec.interruption in self.recorded:  # a predecessor wrote it before it died
             return

@@ -15,6 +15,7 @@ use a double at that boundary.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -44,9 +45,18 @@ class NodeTester:
     """Self-tests by node: at most one in flight per node; the latest verdict per node."""
 
     def __init__(
-        self, runner: Runner, devices: int, report: Reporter, on_fail: Callable[[str], None]
+        self,
+        runner: Runner,
+        devices: int,
+        report: Reporter,
+        on_fail: Callable[[str], None],
+        fresh_s: float = math.inf,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.runner = runner
+        #: A pass older than this no longer admits a spare (it is tested again).
+        self.fresh_s = fresh_s
+        self.clock = clock
         self.devices = devices
         self.report = report
         self.on_fail = on_fail
@@ -56,6 +66,19 @@ class NodeTester:
         #: node -> summary of the test it failed (it stays out for the run).
         self.failed: dict[str, str] = {}
         self.passed: set[str] = set()
+        #: node -> when its latest pass finished (clock()).
+        self.passed_at: dict[str, float] = {}
+
+    def fresh(self, node: str) -> bool:
+        """`node` passed its latest test less than `fresh_s` ago."""
+        with self._lock:
+            return self._fresh_locked(node)
+
+    def age_s(self, node: str) -> float | None:
+        """Seconds since `node`'s latest pass (None: it has none)."""
+        with self._lock:
+            at = self.passed_at.get(node) if node in self.passed else None
+        return None if at is None else self.clock() - at
 
     def start(
         self,
@@ -71,7 +94,7 @@ class NodeTester:
             current = self._tests.get(node)
             if current is not None and not current.done.is_set():
                 return False
-            if purpose == "spare" and (node in self.passed or node in self.failed):
+            if purpose == "spare" and (node in self.failed or self._fresh_locked(node)):
                 return False
             test = self._tests[node] = _Test(node, purpose, command_id)
             test.thread = threading.Thread(
@@ -79,6 +102,10 @@ class NodeTester:
             )
             test.thread.start()
         return True
+
+    def _fresh_locked(self, node: str) -> bool:
+        at = self.passed_at.get(node)
+        return node in self.passed and at is not None and self.clock() - at < self.fresh_s
 
     def wait(self, node: str, timeout_s: float | None = None) -> NodeSelfTestReport | None:
         with self._lock:
@@ -111,6 +138,7 @@ class NodeTester:
             with self._lock:
                 if report.passed:
                     self.passed.add(test.node)
+                    self.passed_at[test.node] = self.clock()
                 else:
                     self.failed[test.node] = report.summary()
                     self.passed.discard(test.node)

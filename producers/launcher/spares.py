@@ -1,15 +1,24 @@
 """Spares join only after a self-test: when the launcher tests a spare, and what a failed
 test does (the spare is quarantined and the placement made again).
 
-``self_test_spares`` (LauncherConfig) chooses when: "on-demand", from the moment a
-quarantine makes a spare the next placement's (overlapping the rest of the attempt, its
-teardown and the decision wait), so a restart that needs a spare not yet tested waits
-for its test; "ahead", one spare at a time from the start of the run; "off": untested.
-The tests themselves run on :class:`~.spare_selftest.NodeTester`'s threads.
+``self_test_spares`` (LauncherConfig) chooses when: "ahead" (the default), every idle
+spare one at a time from the start of the run, and again whenever its pass is older than
+``self_test_fresh_s``, so the restart that needs a spare finds it proven and waits for
+nothing (R is what the user pays; a spare's devices are idle anyway); "on-demand", from
+the moment a quarantine makes a spare the next placement's (overlapping the rest of the
+attempt, its teardown and the decision wait), so a restart that needs a spare not yet
+tested waits for its test; "off": untested. Whatever the mode, a spare joins only with a
+fresh pass: one still stale when it is needed is tested first.
+
+A quarantined node's own self-test (RunNodeSelfTest, to release it) waits for its ranks
+to leave it and for the restart to finish (`settled`): it never competes with the
+restart it would only delay. The tests run on :class:`~.spare_selftest.NodeTester`'s
+threads.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from .config import LauncherConfig
@@ -33,8 +42,15 @@ class SpareAdmission:
         self.pool = pool
         self.state = state
         self.tester = NodeTester(
-            runner or self._run_self_test, config.ranks_per_node, events.self_test_result, self.failed
+            runner or self._run_self_test,
+            config.ranks_per_node,
+            events.self_test_result,
+            self.failed,
+            fresh_s=config.self_test_fresh_s,
         )
+        #: Set while no restart is in progress (the launcher's RestartRecorder keeps it).
+        self.settled = threading.Event()
+        self.settled.set()
 
     def _run_self_test(self, node: str, devices: int, tests: Any) -> NodeSelfTestReport:
         """The real test: one worker process per device of `node`, with the ranks' extra
@@ -55,20 +71,30 @@ class SpareAdmission:
                 return []  # the placement itself says so
             before = set(state.placement.nodes) if state.placement is not None else set()
         own = set(self.pool.nodes[: self.pool.slots(self.config.nproc)])
-        return [n for n in nxt.nodes if n not in own and n not in before and n not in self.tester.passed]
+        return [n for n in nxt.nodes if n not in own and n not in before and not self.tester.fresh(n)]
+
+    def idle_spares(self) -> list[str]:
+        """Spares no rank uses: not the job's own nodes, not quarantined, not placed."""
+        own = set(self.pool.nodes[: self.pool.slots(self.config.nproc)])
+        with self.state.lock:
+            out = set(self.state.quarantined)
+            placed = set(self.state.placement.nodes) if self.state.placement is not None else set()
+        return [n for n in self.pool.nodes if n not in own and n not in out and n not in placed]
 
     def pretest(self) -> None:
-        """Test the pool's spares one at a time (bounded extra load) while the run trains."""
-        state = self.state
-        own = set(self.pool.nodes[: self.pool.slots(self.config.nproc)])
-        for node in self.pool.nodes:
-            if state.ended.is_set() or state.stop.is_set():
-                return
-            with state.lock:
-                skip = node in own or node in state.quarantined
-            if not skip:
-                self.tester.start(node, SELF_TESTS, "spare")
-                self.tester.wait(node)
+        """Keep the idle spares proven while the run trains: each one tested in turn (one at
+        a time: bounded extra load) from the start, and again once its pass is older than
+        `self_test_fresh_s`; until the run ends."""
+        state, fresh_s = self.state, self.config.self_test_fresh_s
+        while not (state.ended.is_set() or state.stop.is_set()):
+            for node in self.idle_spares():
+                if state.ended.is_set() or state.stop.is_set():
+                    return
+                if not self.tester.fresh(node):
+                    self.tester.start(node, SELF_TESTS, "spare")
+                    self.tester.wait(node)
+            ages = [age for n in self.idle_spares() if (age := self.tester.age_s(n)) is not None]
+            state.ended.wait(max(1.0, fresh_s - max(ages, default=0.0)))
 
     def prestart(self) -> None:
         """A quarantine changed the next placement: start testing the spares it brings in."""

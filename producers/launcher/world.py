@@ -24,11 +24,13 @@ from typing import Any, Literal, Protocol
 from .config import LauncherConfig, free_port
 from .journal import AttemptRecord
 from .liveness import HostBeat, Liveness, newest_world
+from .node_selftest import SELF_TESTS
 from .plan import NodePool, Placement, PoolExhausted, plan
 from .rendezvous import HostRendezvous, NoRound, Proposal
 from .resume import ResumeChoice
 from .run_state import RunState
 from .shared_quarantine import SharedQuarantine
+from .spare_selftest import NodeTester
 from .spares import SpareAdmission
 
 log = logging.getLogger(__name__)
@@ -143,9 +145,12 @@ class HostWorld:
         state: RunState,
         resume: ResumeChoice,
         rendezvous: HostRendezvous,
+        tester: NodeTester | None = None,
     ) -> None:
         self.config, self.node, self.state, self.resume = config, node, state, resume
         self.rendezvous = rendezvous
+        #: A spare agent proves its own host with it while it waits (self_test_spares).
+        self.tester = tester if config.self_test_spares != "off" else None
         self.shared = SharedQuarantine(config.shared_dir)
         self.reasons: dict[str, str] = {}
         self.beat = HostBeat(config.shared_dir, node).start()
@@ -191,7 +196,11 @@ class HostWorld:
         or is on the quarantine list. The run finished without it: NoWorld, status ok."""
         live = Liveness(self.config.shared_dir)
         log.info("%s waits as a spare for run %s", self.node, self.config.run_id)
+        ahead = self.config.self_test_spares == "ahead"
         while not self.state.stop.wait(0.5):
+            if self.tester is not None and ahead and not self.tester.fresh(self.node):
+                self.tester.start(self.node, SELF_TESTS, "spare")  # in the background; renewed when stale
+            self._refuse_if_failed()
             attempt, nodes, finished = newest_world(self.config.shared_dir)
             if finished:
                 raise NoWorld(
@@ -200,10 +209,26 @@ class HostWorld:
             gone = live.stale(nodes, self.config.host_stale_s)
             out = [n for n in nodes if n in self.shared.nodes()]
             if attempt >= 0 and (gone or out):
+                self._prove_now()
                 log.info("%s joins as a spare: %s out of attempt %d", self.node, gone + out, attempt)
                 self.waiting_as_spare = False
                 return
         raise NoWorld(f"spare {self.node} stopped while waiting", False, status="stopped")
+
+    def _prove_now(self) -> None:
+        """Needed: join with a fresh pass (proven while waiting, or tested now)."""
+        if self.tester is None or self.tester.fresh(self.node):
+            return
+        self.tester.start(self.node, SELF_TESTS, "spare")
+        if self.tester.wait(self.node, self.config.self_test_timeout_s + 30) is None:
+            self.tester.failed.setdefault(self.node, "its self-test never finished")
+        self._refuse_if_failed()
+
+    def _refuse_if_failed(self) -> None:
+        """This spare host failed its self-test: out of the run for every agent, and it stops."""
+        if self.tester is not None and (why := self.tester.failed.get(self.node)) is not None:
+            self._quarantine(self.node, f"failed its self-test: {why}")
+            raise NoWorld(f"spare {self.node} failed its self-test and does not join: {why}")
 
     def form(self, first: bool, reuse: AttemptRecord | None) -> World:
         state = self.state

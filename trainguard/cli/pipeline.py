@@ -298,9 +298,13 @@ def launch(
         str,
         typer.Option(
             help="When a spare is self-tested (known answers: GEMM, all-reduce) before it joins: "
-            "on-demand (once a quarantine picks it), ahead (from the start), off."
+            "ahead (idle spares from the start, renewed every --self-test-fresh-s: restarts wait for "
+            "nothing), on-demand (once a quarantine picks it: the restart may wait), off."
         ),
-    ] = "on-demand",
+    ] = "ahead",
+    self_test_fresh_s: Annotated[
+        float, typer.Option(help="How long a spare's passed self-test admits it (older: tested again).")
+    ] = 1800.0,
     restart_from_scratch: Annotated[
         bool,
         typer.Option(help="When every checkpoint was rejected, start again from step 0 (default: stop)."),
@@ -384,6 +388,7 @@ def launch(
         grace_s=grace_s,
         decision_wait_s=0.0 if offline else decision_wait_s,  # offline no processor decides
         self_test_spares=self_test,  # type: ignore[arg-type]  # checked above
+        self_test_fresh_s=self_test_fresh_s,
         restart_from_scratch=restart_from_scratch,
         bootstrap="" if offline else resolve_bootstrap(bootstrap),
         topic_prefix=topic_prefix,

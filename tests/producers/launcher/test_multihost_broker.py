@@ -178,6 +178,8 @@ def test_a_lost_host_is_replaced_by_a_spare_named_by_the_processor_and_the_run_e
         assert "(lost a peer: " in restart["detail"], restart
     (spare_attempt,) = [r for r in journal(ckpt, "spare-1") if r["op"] == "attempt"]
     assert "host-b" not in spare_attempt["nodes"] and spare_attempt["resume"] >= 49
+    # The spare proved its host while it waited (self-test "ahead", the default), once.
+    assert (tmp_path / "spare-1.log").read_text().count("self-test (spare): node spare-1 passed") == 1
     # The spare never grew the world: two attempts of three hosts, host-b's then its own.
     worlds = [sorted(r["nodes"]) for r in journal(ckpt, "host-a") if r["op"] == "attempt"]
     assert worlds == [["host-a", "host-b", "host-c"], ["host-a", "host-c", "spare-1"]]

@@ -22,6 +22,14 @@ the newest validated checkpoint, the ones in flight, and anything newer stay. "R
 is the ``VALIDATED`` marker's ``validated_at``, not the step: after a rollback the new
 lineage's checkpoints are the recent ones, and the newer-numbered ones it abandoned can
 neither crowd them out nor be deleted before the new lineage has passed them.
+
+Rollback ancestors. An SDC mismatch found by a cross-rank (ring) check rolls the run back
+to the newest validated checkpoint at or before the last check that passed (processors/
+core/rollback.py), which may be older than the ``keep`` newest when checks are rarer than
+checkpoints. Whether a check passed is the processor's verdict, so the rank keeps, for
+each of the latest ring checks it ran (``watermarks``: the last two, so the ancestor of
+a failing newest check and of a passing one's successor), the newest resumable
+checkpoint at or before its step: the ancestor any rollback the processor can send names.
 """
 
 from __future__ import annotations
@@ -77,10 +85,13 @@ class StepEntry:
         return MANIFEST in self.names and resumable(self.names)
 
 
-def retention_plan(entries: Iterable[StepEntry], keep: int, busy: Collection[int] = ()) -> list[int]:
+def retention_plan(
+    entries: Iterable[StepEntry], keep: int, busy: Collection[int] = (), watermarks: Iterable[int] = ()
+) -> list[int]:
     """The steps whose directories retention deletes, oldest first (the module docstring's
     rule): those below the oldest of the `keep` most recently validated resumable
-    checkpoints, less the ``PINNED`` ones and the `busy` ones (being written or validated)."""
+    checkpoints, less the ``PINNED`` ones, the `busy` ones (being written or validated)
+    and the rollback ancestors of the `watermarks` (steps of the latest cross-rank checks)."""
     if keep < 1:
         raise ValueError("keep must be at least 1")
     entries = sorted(entries, key=lambda e: e.step)
@@ -88,7 +99,14 @@ def retention_plan(entries: Iterable[StepEntry], keep: int, busy: Collection[int
     if len(validated) <= keep:
         return []
     floor = min(e.step for e in validated[-keep:])
-    return [e.step for e in entries if e.step < floor and PINNED not in e.names and e.step not in busy]
+    ancestors = {
+        max(older) for mark in watermarks if (older := [e.step for e in validated if e.step <= mark])
+    }
+    return [
+        e.step
+        for e in entries
+        if e.step < floor and PINNED not in e.names and e.step not in busy and e.step not in ancestors
+    ]
 
 
 class CheckpointCatalog:
@@ -158,12 +176,12 @@ class CheckpointCatalog:
     def unpin(self, step: int) -> None:
         self.step_dir(step).remove(PINNED)
 
-    def retain(self, keep: int, busy: Collection[int] = ()) -> list[int]:
+    def retain(self, keep: int, busy: Collection[int] = (), watermarks: Iterable[int] = ()) -> list[int]:
         """Delete what :func:`retention_plan` says; returns the steps deleted. A deletion
         that fails (an object store's outage, a permission) is logged and left for the
         next pass: housekeeping must never stop training. Listing errors propagate."""
         deleted = []
-        for step in retention_plan(self.entries(), keep, busy):
+        for step in retention_plan(self.entries(), keep, busy, watermarks):
             directory = self.step_dir(step)
             try:
                 # The commit point goes first: a deletion cut short leaves an uncommitted

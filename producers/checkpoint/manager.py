@@ -60,7 +60,7 @@ import os
 import threading
 import time
 import warnings
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -185,6 +185,9 @@ class CheckpointManager:
         #: Validated checkpoints retention keeps (module docstring).
         self.keep = keep
         #: Steps saved and not yet validated, failed or dropped: retention leaves them be.
+        #: Steps of the latest cross-rank checks this rank ran (the Supervisor's): retention
+        #: keeps each one's rollback ancestor (catalog.py).
+        self.watermarks: deque[int] = deque(maxlen=2)
         self._busy: Counter[int] = Counter()
         self._busy_lock = threading.Lock()
         #: In-process restart ended this attempt: its validator deletes nothing more (the
@@ -412,7 +415,7 @@ class CheckpointManager:
         with self._busy_lock:
             busy = set(self._busy)
         try:
-            deleted = self.catalog.retain(self.keep, busy)
+            deleted = self.catalog.retain(self.keep, busy, tuple(self.watermarks))
         except Exception as exc:
             log.warning("checkpoint retention skipped this time under %s: %s", self.root, exc)
             return

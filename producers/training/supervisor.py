@@ -484,6 +484,7 @@ class Supervisor:
         self.checks.end_of_step(scope)
         self.checks.ring_check(scope)
         self.checks.cross_check(scope)
+        self._note_watermark()
         due = scope.checkpoint_due  # None: check() was not called, so nothing was agreed
         if due is None:
             due = self.checkpoint is not None and self._wants_checkpoint(scope.step)
@@ -491,6 +492,13 @@ class Supervisor:
             self.agent.phase = "checkpoint"
             self.checkpoint.save(scope.step)
             self.checkpoint_saved(scope.step)
+
+    def _note_watermark(self) -> None:
+        """A ring check ran at this step: retention keeps the checkpoint a rollback to it
+        would name (producers/checkpoint/catalog.py, rollback ancestors)."""
+        marks = getattr(self.checkpoint, "watermarks", None)
+        if self.ring_results and marks is not None and self.ring_results[-1].step not in marks:
+            marks.append(self.ring_results[-1].step)
 
     def take_sigterm(self) -> None:
         """SIGTERM (the launcher's teardown) ends this rank the supervisor's way, replacing a

@@ -80,6 +80,8 @@ def launch_env(secret: str, steps: int, checkpoint_every: int) -> dict[str, str]
     env |= {"TRAIN_STEPS": str(steps), "TRAIN_CHECKPOINT_EVERY": str(checkpoint_every)}
     # A tiny step takes ~15 ms: ship and beat often enough for decisions to land in time.
     env |= {"TRAINGUARD_FLUSH_INTERVAL_S": "0.25", "TRAINGUARD_HEARTBEAT_INTERVAL_S": "1"}
+    # Retention keeps every checkpoint: the tests read back the ones the run resumed from.
+    env["TRAINGUARD_CHECKPOINT_KEEP"] = "1000"
     for name in (
         "TRAINGUARD_SECRET_FILE",
         "TRAINGUARD_EXAMPLE_FAULT",

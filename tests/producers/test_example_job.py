@@ -32,6 +32,7 @@ EXAMPLE = ROOT / "docs" / "examples" / "train_tiny.py"
 def launch(workdir: Path, fault: str | None = None, ckpt: str = "ckpt") -> subprocess.CompletedProcess[str]:
     workdir.mkdir(parents=True)
     env = {**os.environ, "TRAIN_STEPS": "30", "TRAIN_CHECKPOINT_EVERY": "5", "OMP_NUM_THREADS": "1"}
+    env["TRAINGUARD_CHECKPOINT_KEEP"] = "1000"  # the test reads back the checkpoint resumed from
     for inherited in ("TRAINGUARD_EXAMPLE_FAULT", "TRAINGUARD_HOME", "TRAINGUARD_STATE_DIR"):
         env.pop(inherited, None)
     if fault:

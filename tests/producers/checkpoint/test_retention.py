@@ -88,6 +88,16 @@ def test_after_a_rollback_the_new_lineage_counts_not_the_abandoned_higher_steps(
     ]  # fmt: skip
 
 
+def test_the_rollback_ancestor_of_each_latest_ring_check_stays() -> None:
+    """Checkpoints every 10 steps, ring checks at 25 and 55: a mismatch at 55 rolls back to
+    the newest validated at or before 25 (20), one at the next check to the newest at or
+    before 55 (50): both stay, however many newer ones the count keeps."""
+    entries = [entry(s) for s in range(10, 100, 10)]
+    assert retention_plan(entries, keep=2) == [10, 20, 30, 40, 50, 60, 70]
+    assert retention_plan(entries, keep=2, watermarks=(25, 55)) == [10, 30, 40, 60, 70]
+    assert retention_plan(entries, keep=2, watermarks=(5,)) == retention_plan(entries, keep=2)  # none older
+
+
 def test_keep_must_be_positive() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         retention_plan([entry(1)], keep=0)

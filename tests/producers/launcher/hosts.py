@@ -25,6 +25,7 @@ def environment(steps: int, **extra: str) -> dict[str, str]:
     gives them: the suite's broker must not reach an offline run's ranks."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TRAIN_STEPS": str(steps), "TRAIN_CHECKPOINT_EVERY": "10"}
     env["TRAIN_MODEL"] = "dropout-adamw"  # the masks come from each rank's RNG: restored too
+    env["TRAINGUARD_CHECKPOINT_KEEP"] = "1000"  # the tests read back the checkpoints resumed from
     unset = ("TRAINGUARD_EXAMPLE_FAULT", "TRAINGUARD_INJECT_WRONG_DEVICE", "TRAINGUARD_LAUNCHER_FAULT")
     for name in (*unset, "TRAINGUARD_BOOTSTRAP", "TRAINGUARD_TOPIC_PREFIX", "TRAINGUARD_SECRET_FILE"):
         env.pop(name, None)

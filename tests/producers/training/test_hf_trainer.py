@@ -113,6 +113,7 @@ def train(
     monkeypatch.setenv("TRAINGUARD_RUN_ID", "hf-trainer-test")
     monkeypatch.setenv("TRAINGUARD_RESUME_STEP", str(resume))
     monkeypatch.setenv("TRAINGUARD_SKIP_BATCHES", skip_batches)
+    monkeypatch.setenv("TRAINGUARD_CHECKPOINT_KEEP", "1000")  # every step's kept: resumed from any
     sink = MemorySink()
     tg = TrainguardCallback(
         checkpoint_dir=str(ckpt), checkpoint_every_steps=1, sink=sink, run_dir=tmp / "run"

@@ -1,19 +1,24 @@
 """Restart time R against plain torchrun (issue 18), and restart phases per fault.
 
 Default, the side-by-side: the same 4-rank gloo job (a 2-layer MLP with dropout, AdamW, a
-checkpoint every 20 steps; rank 1 SIGKILLs itself at step 137) run alternately under
+checkpoint every 20 steps; rank 1 SIGKILLs itself at step ``--kill-step``) run alternately
+under
 
 - plain ``torchrun --max-restarts 1`` with torch DCP (bench/restart_torchrun.py: a script a
   user would write, resuming from its newest complete checkpoint itself);
 - ``trainguard launch`` with the full restart (every rank process new);
-- ``trainguard launch --warm-spares 1``: in-process restart, a warm spare takes rank 1;
+- ``trainguard launch --warm-spares 2``: in-process restart, warm spares take the failed
+  node's ranks (a node's worth: two);
 
-trainguard's supervised through a real local broker and processor, as a user runs it
-(one rank per modelled node, the spare node untested: on one machine a node self-test
-measures nothing but this machine again). R
-is the training script's own clock: from rank 1's "kill" line to the last rank's first
-completed step after it (TRAIN_EVENTS_FILE). Prints R per run, the medians and each ratio
-to torchrun's median, and trainguard's restart records' phases.
+trainguard's supervised through a real local broker and processor, as a user runs it,
+with trainguard's defaults: two ranks per modelled node (``--ranks-per-node 2``), spares
+self-tested (``--self-test ahead``, the default: proven while the run trains, so the
+restart waits for none; the quarantined node's own test runs after the restart). The kill
+comes once the start-up is over (step 437 of 500 by default, ~8 s of training): a failure
+in a real run comes hours in, not while the spares' first self-tests still run. R is the
+training script's own clock: from rank 1's "kill" line to the last rank's first completed
+step after it (TRAIN_EVENTS_FILE). Prints R per run, the medians and each ratio to
+torchrun's median, and trainguard's restart records' phases.
 
     .venv/bin/python bench/bench_restart.py [--runs 5] [--workdir .trainguard/bench-restart]
 
@@ -88,7 +93,7 @@ COMPARE_PHASES = (
 
 
 def launch_compare(
-    bootstrap: str, workdir: Path, secret: str, steps: int, flags: list[str]
+    bootstrap: str, workdir: Path, secret: str, steps: int, kill_step: int, flags: list[str]
 ) -> dict[str, object]:
     """One trainguard run of the side-by-side job; R from the script's clock, and the
     launcher's record of the restart. A last flag "storage": restore from storage only."""
@@ -99,14 +104,14 @@ def launch_compare(
     ckpt, events = workdir / "ckpt", workdir / "events.jsonl"
     env = {**os.environ, "TRAINGUARD_SECRET": secret, "OMP_NUM_THREADS": "1"}
     env |= {"TRAIN_STEPS": str(steps), "TRAIN_CHECKPOINT_EVERY": "20", "TRAIN_MODEL": "dropout-adamw"}
-    env |= {"TRAIN_EVENTS_FILE": str(events), "TRAINGUARD_EXAMPLE_FAULT": "kill:1:137:0"}
+    env |= {"TRAIN_EVENTS_FILE": str(events), "TRAINGUARD_EXAMPLE_FAULT": f"kill:1:{kill_step}:0"}
     env |= {"TRAINGUARD_FLUSH_INTERVAL_S": "0.25", "TRAINGUARD_HEARTBEAT_INTERVAL_S": "1"}
     env.pop("TRAINGUARD_SECRET_FILE", None)
     env["TRAINGUARD_RESTORE_FROM"] = "storage" if storage else "memory"
     command = [
-        sys.executable, "-m", "trainguard", "launch", "--nproc", "4", "--ranks-per-node", "1",
+        sys.executable, "-m", "trainguard", "launch", "--nproc", "4", "--ranks-per-node", "2",
         "--run-id", f"bench-{uuid.uuid4().hex[:8]}", "--checkpoint-dir", str(ckpt), "--bootstrap", bootstrap,
-        "--max-restarts", "1", "--self-test", "off", *flags, "--", sys.executable, str(EXAMPLE),
+        "--max-restarts", "1", *flags, "--", sys.executable, str(EXAMPLE),
     ]  # fmt: skip
     done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
@@ -123,9 +128,9 @@ def compare(args: argparse.Namespace) -> None:
     variants = {
         "torchrun + DCP": None,
         "trainguard, full restart": ["--restart", "full"],
-        "trainguard, in-process + warm spare": ["--warm-spares", "1"],
+        "trainguard, in-process + warm spares": ["--warm-spares", "2"],
         # the same, every rank restoring from storage: the restore phase, memory vs storage
-        "trainguard, in-process + warm spare, restore from storage": ["--warm-spares", "1", "storage"],
+        "trainguard, in-process + warm spares, restore from storage": ["--warm-spares", "2", "storage"],
     }
     runs: dict[str, list[dict[str, object]]] = {name: [] for name in variants}
     with local_stack(args.workdir, POLICY, args.metrics_port, {"TRAINGUARD_SECRET": secret}) as stack:
@@ -133,13 +138,15 @@ def compare(args: argparse.Namespace) -> None:
             for name, flags in variants.items():  # alternated: load drifts hit every variant alike
                 workdir = args.workdir / f"run-{i}-{len(runs[name])}-{name.split()[0].strip(',')}"
                 if flags is None:
-                    result = run_torchrun(workdir, args.compare_steps, "1:137")
+                    result = run_torchrun(workdir, args.compare_steps, f"1:{args.kill_step}")
                     if not result.get("ok"):
                         raise SystemExit(f"torchrun run {i} failed: {result}")
                     runs[name].append({"R": result["R"], "record": result})
                 else:
                     runs[name].append(
-                        launch_compare(stack.bootstrap, workdir, secret, args.compare_steps, flags)
+                        launch_compare(
+                            stack.bootstrap, workdir, secret, args.compare_steps, args.kill_step, flags
+                        )
                     )
                 print(f"run {i} {name}: R = {float(runs[name][-1]['R']):.2f} s", file=sys.stderr, flush=True)
     base = statistics.median(float(r["R"]) for r in runs["torchrun + DCP"])
@@ -178,7 +185,8 @@ def main() -> None:
     parser.add_argument("--metrics-port", type=int, default=9467)
     parser.add_argument("--per-fault", action="store_true", help="the restart phases per fault kind")
     parser.add_argument("--runs", type=int, default=5, help="side-by-side: runs of each variant")
-    parser.add_argument("--compare-steps", type=int, default=200, help="side-by-side: steps per run")
+    parser.add_argument("--compare-steps", type=int, default=500, help="side-by-side: steps per run")
+    parser.add_argument("--kill-step", type=int, default=437, help="side-by-side: rank 1 dies before it")
     args = parser.parse_args()
     if not args.per_fault:
         compare(args)

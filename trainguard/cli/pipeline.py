@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -23,6 +23,9 @@ from .app import (
     resolve_bootstrap,
     stop_on_signals,
 )
+
+if TYPE_CHECKING:
+    from ..producers.launcher.records import RestartPhases
 
 
 @app.command()
@@ -420,13 +423,23 @@ def launch(
         finally:
             shipper.close()
     for rec in result.restarts:
-        console.print(
-            f"interruption {rec.interruption}: {rec.cause} ({rec.detail}) attempt {rec.from_attempt}"
-            f"->{rec.to_attempt}, restart {rec.restart_s if rec.restart_s is not None else '?'} s",
-            markup=False,
-        )
+        console.print(f"interruption {rec.interruption}: {restart_line(rec)}", markup=False, soft_wrap=True)
     console.print(f"{result.status}: {result.reason} ({result.attempts} attempts)", markup=False)
     raise typer.Exit({"ok": 0, "failed": 1, "stopped": 130, "paused": 75}[result.status])
+
+
+def restart_line(rec: RestartPhases) -> str:
+    """One interruption as the console says it: what happened, where the next attempt
+    resumed from (said loudly when from scratch: everything trained was lost), R."""
+    if rec.to_attempt is None:
+        return f"{rec.cause} ({rec.detail}) in attempt {rec.from_attempt}; no restart followed"
+    if rec.resumed_from_step >= 0:
+        resumed = f"resumed from step {rec.resumed_from_step}"
+    else:
+        resumed = "RESTARTED FROM SCRATCH (no validated checkpoint: every step trained so far is lost)"
+    restart = f"{rec.restart_s:.2f}" if rec.restart_s is not None else "?"
+    attempts = f"attempt {rec.from_attempt}->{rec.to_attempt}"
+    return f"{rec.cause} ({rec.detail}) {attempts}, {resumed}, restart {restart} s"
 
 
 @app.command()

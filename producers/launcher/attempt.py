@@ -23,13 +23,14 @@ What ends an attempt, checked every ``poll_s``:
   quarantined (it leaves the world).
 
 Every exit after the decision to stop is reported ``requested=True``. The ranks' pids are
-journaled once spawned: the ranks outlive a killed launcher (own sessions), and its
-successor ends them by pid (:mod:`.recovery`).
+journaled once spawned. Each rank runs in a session of its own but dies with this
+launcher (:mod:`.agent_bound`); a successor still ends by pid or environment whatever a
+killed one left (:mod:`.recovery`).
 
-Each rank's stderr is teed (torch elastic's ``tee``, torchrun's ``--tee 2``, without a
-line prefix: the console shows what it showed) to
-``attempt-N/logs/.../attempt_N/<local rank>/stderr.log``, beside torch elastic's error
-file (TORCHELASTIC_ERROR_FILE): what a failed rank reported, for :mod:`.startup`.
+Each rank's stdout and stderr go to its files, ``attempt-N/rank-R/{stdout,stderr}.log``
+under the log root, beside torch elastic's error file (TORCHELASTIC_ERROR_FILE): what a
+failed rank reported, for :mod:`.startup`; :mod:`.rank_output` copies their lines to the
+console, prefixed by rank (torchrun's ``--tee``).
 """
 
 from __future__ import annotations
@@ -47,11 +48,13 @@ from typing import Any
 import torch.distributed as dist
 
 from ...schemas import RUN_LEVEL_RANK, RunStarted
+from .agent_bound import bound
 from .config import free_port, kill_at
 from .context import LaunchContext
 from .hot import HotRanks
 from .plan import Placement
 from .rank_env import rank_env
+from .rank_output import Console, Owner, RankLogsSpecs, RankOutput
 from .records import LaunchResult, RankEnd, RestartCause, RestartPhases, closed_cleanly, peer_lost_of
 from .startup import Reports, completed_a_step
 from .world import World
@@ -71,8 +74,11 @@ class AttemptRunner:
         self.ctx = ctx
         self.config, self.run_dir, self.pool, self.state = ctx.config, ctx.run_dir, ctx.pool, ctx.state
         self.resume, self.restarts, self.events, self.clock = ctx.resume, ctx.restarts, ctx.events, ctx.clock
+        #: The ranks' lines on the console and in their files (--tee, --redirects).
+        self.output = RankOutput(Console(self.config.tee, self.config.redirects))
         #: --restart in-process: the processes that outlive attempts (hot.py).
-        self.hot = HotRanks(self.config, self.run_dir) if self.config.restart == "in-process" else None
+        in_process = self.config.restart == "in-process"
+        self.hot = HotRanks(self.config, self.run_dir, self.output) if in_process else None
         self._placement: Placement | None = None  # the last attempt's
         #: The last attempt's ranks' error and stderr files (none under in-process restart).
         self.reports: Reports = {}
@@ -139,6 +145,8 @@ class AttemptRunner:
         finally:
             if not watch.held:  # in process, the survivors wait for the next attempt
                 ctx.close(signal.SIGKILL, timeout=1)  # no-op when all are gone; frees the log files
+            if self.hot is None:  # the attempt's last lines on the console before what follows
+                self.output.drain(Path(p) for p in (*ctx.stdouts.values(), *ctx.stderrs.values()))
             self.state.busy = frozenset()  # a node left by this attempt may be self-tested now
         stopped = self.state.stop.is_set()
         if interruption is not None:
@@ -182,10 +190,12 @@ class AttemptRunner:
         attempt that never came, the warm spares)."""
         if self.hot is not None:
             self.hot.close(signal.SIGTERM, self.config.term_timeout_s)
+        self.output.close()
 
     def _spawn(self, attempt: int, envs: list[dict[str, str]]) -> Any:
-        """One process per environment (in local-rank order), each in a session of its own."""
-        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
+        """One process per environment (in local-rank order), each in a session of its own
+        and bound to this launcher (agent_bound.py), its streams to its rank's files."""
+        from torch.distributed.elastic.multiprocessing import Std, start_processes
         from torch.distributed.elastic.multiprocessing.api import SubprocessContext
 
         cfg = self.config
@@ -193,20 +203,21 @@ class AttemptRunner:
         # SignalException); keep ours (stop(): a clean teardown and status "stopped").
         main = threading.current_thread() is threading.main_thread()
         saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
+        program = bound(cfg.command)
         ctx = start_processes(
             name=f"trainguard-{cfg.run_id}-{attempt}",
-            entrypoint=cfg.command[0],
-            args={i: tuple(cfg.command[1:]) for i in range(len(envs))},
+            entrypoint=program[0],
+            args={i: tuple(program[1:]) for i in range(len(envs))},
             envs=dict(enumerate(envs)),
-            # stderr teed to a file, unprefixed (what a failed rank reported: startup.py)
-            logs_specs=DefaultLogsSpecs(
-                log_dir=str(self.run_dir / f"attempt-{attempt}" / "logs"), tee=Std.ERR
-            ),
-            log_line_prefixes=dict.fromkeys(range(len(envs)), ""),
+            logs_specs=RankLogsSpecs(cfg.log_root),  # both streams to files; RankOutput shows them
         )
         for sig, handler in saved.items():
             signal.signal(sig, handler)
         assert isinstance(ctx, SubprocessContext)  # a str entrypoint: one binary per rank
+        for i, env in enumerate(envs):
+            owner = Owner(f"rank{env['RANK']}", int(env["LOCAL_RANK"]))
+            self.output.follow(Path(ctx.stdouts[i]), Std.OUT, owner)
+            self.output.follow(Path(ctx.stderrs[i]), Std.ERR, owner)
         return ctx
 
     def _agent_store(self, attempt: int) -> int:

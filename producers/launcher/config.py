@@ -3,8 +3,10 @@ test hook (kill points), and small helpers to build a command and a port."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -121,6 +123,15 @@ class LauncherConfig:
     #: to end on their own before the teardown, so that the same error on other nodes is
     #: seen (producers/launcher/startup.py); a rank blocked in a collective is torn down after it.
     startup_settle_s: float = 2.0
+    #: --log-dir (torchrun's): the base directory of the ranks' log files, a directory per
+    #: run below it (log_root). None: the launcher's files' directory (run dir)/logs.
+    log_dir: Path | None = None
+    #: --tee (torchrun's Std: 0 none, 1 stdout, 2 stderr, 3 both, or per local rank
+    #: "0:3,1:2"): the ranks' streams copied to the console with a [rankN]: prefix. Every
+    #: stream is in the ranks' log files whatever these say (rank_output.py).
+    tee: str = "3"
+    #: --redirects (torchrun's Std): streams kept off the console (their log files only).
+    redirects: str = "0"
 
     @property
     def node(self) -> str:
@@ -147,6 +158,15 @@ class LauncherConfig:
         base = self.shared_dir
         return base / "hosts" / self.node if self.rendezvous is not None else base
 
+    @property
+    def log_root(self) -> Path:
+        """The ranks' log files (producers/launcher/rank_output.py): --log-dir/RUN_ID (across
+        hosts /NODE too: one agent's ranks each), else the run dir's logs/."""
+        if self.log_dir is None:
+            return self.resolved_run_dir / "logs"
+        root = self.log_dir / self.run_id
+        return root / self.node if self.rendezvous is not None else root
+
 
 def free_port(addr: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -161,6 +181,18 @@ def rank_program(command: Sequence[str]) -> tuple[str, ...]:
     if command and command[0].endswith(".py"):
         return (sys.executable, "-u", *command)
     return tuple(command)
+
+
+def default_run_id(command: Sequence[str], cwd: Path) -> str:
+    """The run id when none is given (one host): the script's name and a digest of the
+    working directory and the command, e.g. ``train-1f2e3d4c``. The same command relaunched
+    in the same directory (after a killed launcher, a reboot) is the same run and resumes
+    it; another script, other arguments or another directory is another run."""
+    first = Path(command[0]).name if command else "run"
+    script = next((Path(a).stem for a in command if a.endswith(".py")), first)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", script).strip("-.")[:40] or "run"
+    digest = hashlib.sha256("\0".join([str(cwd), *command]).encode()).hexdigest()[:8]
+    return f"{name}-{digest}"
 
 
 def python_command(script: str, *args: str) -> tuple[str, ...]:

@@ -20,6 +20,11 @@ environment and each failed rank to a warm spare (a process of the same command 
 imported everything and idles: ``spare/<worker>/ready``), or to a new process when no
 spare is ready. Spares are topped up again in the background. What cannot go on in
 process (no survivor, the launcher's own restart) is the full restart of today.
+
+Every process is bound to the launcher (agent_bound.py: it dies with it, a warm spare
+too). Its streams go to ``workers/<worker>.{stdout,stderr}.log`` under the log root;
+rank_output.py copies each line to the console, prefixed by the rank the process serves
+(``[spare-N]:`` before it has one), and into that rank's files of the attempt.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from subprocess import Popen
 from typing import Any
 
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.api import Std
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
 from ...processors.core.stacks import odd_stack
@@ -51,7 +57,9 @@ from ..training.inprocess import (
     spare_ready_key,
     stack_key,
 )
+from .agent_bound import bound
 from .config import LauncherConfig, rank_program
+from .rank_output import Console, Owner, RankOutput, rank_dir
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +71,12 @@ SHARED_WAIT_S = 2.0
 class HotRanks:
     """The run's rank processes and warm spares, across attempts."""
 
-    def __init__(self, config: LauncherConfig, run_dir: Path) -> None:
+    def __init__(self, config: LauncherConfig, run_dir: Path, output: RankOutput | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
+        self.output = output or RankOutput(Console(config.tee, config.redirects))
+        #: worker -> (attempt, rank, local rank) it serves: where its lines go (rank_output.py).
+        self.serving: dict[str, tuple[int, int, int]] = {}
         host = config.master_addr
         self.control = dist.TCPStore(
             host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
@@ -88,7 +99,7 @@ class HotRanks:
         """A rank's environment with this attempt's store, its worker name and its error
         file (torch elastic's process layer, which names one per rank in a full restart,
         does not start these processes)."""
-        errors = self.run_dir / f"attempt-{attempt}" / "errors" / rank_env["RANK"]
+        errors = rank_dir(self.config.log_root, attempt, int(rank_env["RANK"]))
         errors.mkdir(parents=True, exist_ok=True)
         ours = {
             ENV_STORE: self.address,
@@ -137,8 +148,10 @@ class HotRanks:
             self.top_up(len(envs))
             self.wait_ready(len(envs) + self.config.warm_spares, self.config.restart_wait_s)
         for rank in sorted(envs):
+            local_rank = int(envs[rank].get("LOCAL_RANK", rank))
             if rank in live:
                 worker = self.workers[rank]
+                self.serving[worker] = (attempt, rank, local_rank)
                 self.control.set(
                     env_key(attempt, worker), json.dumps(self.attempt_env(attempt, envs[rank], worker))
                 )
@@ -147,12 +160,14 @@ class HotRanks:
             spare = self._ready_spare()
             if spare is not None:
                 worker, handler = spare
+                self.serving[worker] = (attempt, rank, local_rank)
                 env = self.attempt_env(attempt, envs[rank], worker)
                 self.control.set(env_key(attempt, worker), json.dumps(env))
                 self.control.set(spare_attempt_key(worker), str(attempt))
                 taken["warm"].append(rank)
             else:
                 worker = self._name("rank")
+                self.serving[worker] = (attempt, rank, local_rank)
                 handler = self._spawn(worker, self.attempt_env(attempt, envs[rank], worker))
                 taken["new"].append(rank)
             self.procs[rank], self.workers[rank] = handler, worker
@@ -225,7 +240,8 @@ class HotRanks:
             if ready >= count:
                 return True
             if ready == len(alive) or time.monotonic() > deadline:
-                log.warning("%d of %d workers ready (the others: workers/*.log)", ready, count)
+                log.warning("%d of %d workers ready (the others: %s/workers/*.log)", ready, count,
+                            self.config.log_root)  # fmt: skip
                 return False
             time.sleep(0.02)
 
@@ -244,18 +260,22 @@ class HotRanks:
         return f"{kind}-{self._count - 1}"
 
     def _spawn(self, worker: str, env: Mapping[str, str]) -> SubprocessHandler:
-        logs = self.run_dir / "workers"
+        logs = self.config.log_root / "workers"
         logs.mkdir(parents=True, exist_ok=True)
-        program = rank_program(self.config.command)
-        return SubprocessHandler(
-            program[0],
-            tuple(program[1:]),
-            dict(env),
-            str(logs / f"{worker}.stdout.log"),
-            str(logs / f"{worker}.stderr.log"),
-            0,
-            None,
-        )
+        program = bound(rank_program(self.config.command))
+        out, err = logs / f"{worker}.stdout.log", logs / f"{worker}.stderr.log"
+        handler = SubprocessHandler(program[0], tuple(program[1:]), dict(env), str(out), str(err), 0, None)
+        self.output.follow(out, Std.OUT, lambda: self._owner(worker))
+        self.output.follow(err, Std.ERR, lambda: self._owner(worker))
+        return handler
+
+    def _owner(self, worker: str) -> Owner:
+        """Whose lines `worker`'s streams hold now: the rank it serves, else its own name."""
+        serving = self.serving.get(worker)
+        if serving is None:
+            return Owner(worker)
+        attempt, rank, local_rank = serving
+        return Owner(f"rank{rank}", local_rank, rank_dir(self.config.log_root, attempt, rank))
 
     def kill(self, ranks: list[int], sig: signal.Signals = signal.SIGKILL) -> None:
         """End these ranks' processes (their process groups) and forget them."""

@@ -18,6 +18,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from .agent_bound import ENV_AGENT_PID
 from .config import LauncherConfig
 from .plan import Placement
 from .records import phases_path, progress_path
@@ -102,6 +103,8 @@ def rank_env(
         "TRAINGUARD_PROGRESS_FILE": str(progress_path(run_dir, attempt, rank)),
         "TRAINGUARD_RUN_DIR": str(run_dir),  # the Supervisor's stack dumps and journals
         "TRAINGUARD_SKIP_BATCHES": ",".join(map(str, skip_batches)),
+        # This host's launcher: a rank whose agent is gone ends (agent_bound.py, agent_watch.py).
+        ENV_AGENT_PID: str(os.getpid()),
     }
     if checkpoint_interval_s is not None:  # else the operator's (cfg.env or the launcher's own)
         env["TRAINGUARD_CHECKPOINT_INTERVAL_S"] = f"{checkpoint_interval_s:g}"

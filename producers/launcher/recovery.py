@@ -5,7 +5,10 @@ Every action is journaled, fsynced, before it takes effect (:mod:`.journal`). Th
 successor reads it back and:
 
 - ends the ranks the dead launcher left running (journaled pids, and any process whose
-  environment names this run dir), keeping its quarantines and rollback barriers
+  environment names this run dir): normally none, since every rank dies with its launcher
+  (:mod:`.agent_bound`), but a rank program's own children may be left, and an attempt
+  whose pids were not journaled yet leaves no trace of having run (it is spawned again
+  under its number); it keeps the quarantines and rollback barriers
   (:class:`~.run_state.RunState` is rebuilt from the journal);
 - reports the interrupted attempt's RankExits again (same event ids: duplicates of those
   the predecessor shipped, and the ones it could not ship);

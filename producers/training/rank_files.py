@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import inprocess
+from . import agent_watch, inprocess
 from .config import pg_init_seconds, pg_init_started_ts, process_start_ts
 
 log = logging.getLogger(__name__)
@@ -100,6 +100,7 @@ class ProgressFile:
         self.path = path
         self._fd: int | None = None
         if path is not None:
+            agent_watch.start()  # under a launcher: this rank writes only while it lives
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

@@ -205,26 +205,62 @@ def launch(
         typer.Argument(help="The rank program: train.py args (torchrun's form), or -- python train.py args."),
     ],
     checkpoint_dir: Annotated[
-        str,
+        str | None,
         typer.Option(
             envvar="TRAINGUARD_CHECKPOINT_DIR",
             help="Validated checkpoints: DIR/step-N/VALIDATED. A path every host mounts (or file://), "
-            "or an object store's URL (s3://bucket/ckpt with trainguard[s3]; any fsspec URL).",
+            "or an object store's URL (s3://bucket/ckpt with trainguard[s3]; any fsspec URL). "
+            "Default on one host: $TRAINGUARD_HOME (./.trainguard)/runs/RUN_ID/checkpoints; "
+            "required across hosts.",
         ),
-    ],
+    ] = None,
     state_dir: Annotated[
         Path | None,
         typer.Option(
             envvar="TRAINGUARD_STATE_DIR",
             help="The launcher's files (journal, restart phases; across hosts the hosts' beats and "
             "the quarantine list, so a directory every host mounts). Default: DIR/.trainguard; with "
-            "an object-store DIR, $TRAINGUARD_HOME/launch/RUN_ID on one host, required across hosts.",
+            "the default DIR, its runs/RUN_ID; with an object-store DIR, $TRAINGUARD_HOME/launch/RUN_ID "
+            "on one host, required across hosts.",
         ),
     ] = None,
     nproc: Annotated[int, typer.Option(help="One host: world size (default: --nproc-per-node).")] = 0,
     run_id: Annotated[
-        str, typer.Option(help="The run's id (commands are signed for it; default: --rdzv-id).")
+        str,
+        typer.Option(
+            help="The run's id (commands are signed for it; default: --rdzv-id, else on one host "
+            "one made from the command and the working directory, printed: the same command there "
+            "resumes the run).",
+        ),
     ] = "",
+    log_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--log-dir",
+            "--log_dir",
+            help="torchrun's: base directory of the ranks' log files, LOG_DIR/RUN_ID/attempt-N/rank-R/"
+            "{stdout,stderr}.log (default: the launcher's files' logs/).",
+        ),
+    ] = None,
+    tee: Annotated[
+        str,
+        typer.Option(
+            "--tee",
+            "-t",
+            help="torchrun's: the ranks' streams shown on the console prefixed by [rankN]: (0 none, "
+            "1 stdout, 2 stderr, 3 both; or per local rank, 0:3,1:1). Default 3; a stream in neither "
+            "--tee nor --redirects is shown unprefixed. Both are always in the log files.",
+        ),
+    ] = "3",
+    redirects: Annotated[
+        str,
+        typer.Option(
+            "--redirects",
+            "-r",
+            help="torchrun's: the ranks' streams kept off the console, in their log files only "
+            "(same values as --tee, which wins).",
+        ),
+    ] = "0",
     nnodes: Annotated[
         str, typer.Option("--nnodes", help="torchrun's: hosts, N or MIN:MAX (one agent per host).")
     ] = "",
@@ -329,19 +365,33 @@ def launch(
     if restart not in ("full", "in-process") or warm_spares < 0:
         console.print(f"[red]--restart must be full or in-process (got {restart!r}); --warm-spares >= 0")
         raise typer.Exit(2)
-    from ..producers.launcher.config import FAULT_ENV, LauncherConfig, rank_program
+    from ..home import trainguard_home
+    from ..producers.launcher.config import FAULT_ENV, LauncherConfig, default_run_id, rank_program
     from ..producers.launcher.launcher import Launcher
+    from ..producers.launcher.rank_output import parse_std
     from ..producers.launcher.rendezvous import RendezvousSpec, parse_conf, parse_nnodes
     from ..producers.launcher.wiring import install_signal_handlers, make_actuator
     from ..producers.rank.agent import MemorySink
 
+    across_hosts = bool(nnodes or rdzv_endpoint)
     run_id = run_id or rdzv_id
-    if not run_id:
-        console.print("[red]--run-id (or torchrun's --rdzv-id) is required: commands are signed for it")
-        raise typer.Exit(2)
+    if not run_id and across_hosts:
+        fail("across hosts, --run-id (or torchrun's --rdzv-id) is required: every host's agent names one run")
+    if not checkpoint_dir and across_hosts:
+        fail(
+            "across hosts, --checkpoint-dir is required: a directory every host mounts, or an object "
+            "store's URL (each host's ranks resume from the same checkpoints)"
+        )
+    default_id = not run_id
+    run_id = run_id or default_run_id(command, Path.cwd())
+    for flag, value in (("--tee", tee), ("--redirects", redirects)):
+        try:
+            parse_std(value)
+        except ValueError:
+            fail(f"{flag} must be 0-3 (none, stdout, stderr, both) or per local rank: 0:3,1:2, not {value!r}")
     rendezvous = None
     try:
-        if nnodes or rdzv_endpoint:  # one agent per host (docs/multihost.md)
+        if across_hosts:  # one agent per host (docs/multihost.md)
             low, high = parse_nnodes(nnodes or "1")
             if not rdzv_endpoint or nproc_per_node < 1:
                 raise ValueError(
@@ -366,7 +416,10 @@ def launch(
     except ValueError as exc:
         console.print(f"[red]{exc}", markup=False)
         raise typer.Exit(2) from None
-    location = _checkpoint_location(checkpoint_dir)
+    default_dir = trainguard_home().resolve() / "runs" / run_id
+    if checkpoint_dir is None:  # one host: its launcher files beside them, not inside
+        state_dir = state_dir or default_dir
+    location = _checkpoint_location(checkpoint_dir or str(default_dir / "checkpoints"))
     if isinstance(location, str) and rendezvous is not None and state_dir is None:
         fail(
             f"--checkpoint-dir {location} is an object store: across hosts, --state-dir must name a "
@@ -396,9 +449,29 @@ def launch(
         bootstrap="" if offline else resolve_bootstrap(bootstrap),
         topic_prefix=topic_prefix,
         secret_file=os.environ.get("TRAINGUARD_SECRET_FILE", ""),
+        log_dir=log_dir.resolve() if log_dir is not None else None,
+        tee=tee,
+        redirects=redirects,
         # Test hook (kill points of producers/launcher/config.py); not passed on to the ranks.
         fault=os.environ.pop(FAULT_ENV, ""),
     )
+    # Said once, before the ranks' output: what the run chose for itself, and where to look.
+    if default_id:
+        console.print(
+            f"run id {run_id} (the default, from the command and the working directory: the same "
+            "command here resumes this run; --run-id names another)",
+            markup=False,
+            soft_wrap=True,
+        )
+    if checkpoint_dir is None:
+        console.print(
+            f"checkpoints in {location} (the default: --checkpoint-dir to choose; a run across "
+            "hosts needs storage every host mounts)",
+            markup=False,
+            soft_wrap=True,
+        )
+    logs = f"rank logs in {config.log_root}/attempt-N/rank-R/ (stdout.log, stderr.log)"
+    console.print(logs, markup=False, soft_wrap=True)
     if offline:
         launcher = Launcher(config, MemorySink())
         install_signal_handlers(launcher)

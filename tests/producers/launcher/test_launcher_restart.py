@@ -5,8 +5,9 @@ restart action, then started again on the same run dir.
 itself at a named point of the action (producers/launcher/config.py, FAULT_POINTS), so the kill
 lands deterministically mid-action. The successor must not repeat what was executed
 (one record per interruption and per command id, one EXECUTED ack per command), keep
-the attempt numbering continuous, end the ranks the dead launcher left running, and
-finish the run from the right validated checkpoint.
+the attempt numbering continuous, find none of the dead launcher's ranks left running
+(they die with it: issue 44, producers/launcher/agent_bound.py), and finish the run from
+the right validated checkpoint.
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ STEPS = 20
 #: final.json at the end. FAKE_CRASH="rank:step:attempt" SIGKILLs that rank at that step
 #: (once checkpoint 10 is validated) and blocks the others at their next step, as a
 #: collective whose peer died would. FAKE_HANG=attempt: every rank hangs at its second step.
-#: A rank whose launcher died goes on "training" (sleeps) until someone ends it, as a long
-#: run's ranks would.
+#: A rank whose launcher died would go on "training" (sleeps) until someone ended it, as a
+#: long run's ranks would; it is bound to die with its launcher instead (issue 44).
 FAKE_RANK = textwrap.dedent(
     """
     import json, os, signal, time
@@ -251,8 +252,9 @@ def test_a_journaled_pause_holds_until_a_clean_end_and_a_release_undoes_a_quaran
 @pytest.mark.parametrize(
     ("faults", "causes"),
     [
-        # Killed with the crashed attempt's survivors still running (blocked): the successor
-        # ends them and finishes the same interruption.
+        # Killed with the crashed attempt's survivors still running (blocked): they die with
+        # it (issue 44: ranks never outlive their agent); the successor finishes the same
+        # interruption.
         (["after-interruption:0"], ["crash"]),
         # Killed between the teardown and the next spawn.
         (["after-teardown:0"], ["crash"]),
@@ -261,10 +263,11 @@ def test_a_journaled_pause_holds_until_a_clean_end_and_a_release_undoes_a_quaran
         # Killed with the next attempt's ranks spawned and their pids journaled: that attempt
         # is lost, a restart of cause "launcher".
         (["after-spawn:1"], ["crash", "launcher"]),
-        # The same with the pids not journaled yet: the successor finds the ranks by their
-        # environment, or (seen under CI load) they finished on their own before it looked,
-        # and then it can only take the attempt for never spawned and spawn it again.
-        (["mid-spawn:1"], ["crash", "launcher"]),
+        # The same with the pids not journaled yet: the ranks died with the launcher (issue
+        # 44), so nothing says they ran: the attempt is taken for never spawned and spawned
+        # again under its number. (Before issue 44 the successor found them running by their
+        # environment, a restart of cause "launcher".)
+        (["mid-spawn:1"], ["crash"]),
         # The successor killed too, in its own recovery: a third launcher finishes it.
         (["after-interruption:0", "before-spawn:1"], ["crash"]),
     ],
@@ -277,17 +280,16 @@ def test_launcher_killed_mid_restart_after_a_crash(
     for fault in faults:
         killed(launch(run, fault, crash), run)
     finished(launch(run, env=crash), run)
-    if faults == ["mid-spawn:1"] and [r["cause"] for r in run.restarts()] == ["crash"]:
-        causes = ["crash"]  # the orphans had ended themselves: nothing of theirs to end
     assert_restarted_once_each(run, causes)
     assert run.restarts()[0]["rank"] == 1 and run.restarts()[0]["signal"] == 9
     assert [r["resumed_from_step"] for r in run.restarts()][:1] == [10]
     assert_no_orphans(run)
     assert final_state(run) == list(range(STEPS))  # resumed from a consistent validated checkpoint
     if faults[0] == "after-interruption:0":
-        # The survivors the dead launcher left were ended by its successor, not by themselves.
-        (orphans, *_) = run.journal("orphans")
-        assert sorted(orphans["pids"].values()) == [0, 0, 0]
+        # The survivors died with the launcher that left them (issue 44; before it, its
+        # successor found attempt 0's three survivors running and ended them): the
+        # successor's recovery had nothing left to end.
+        assert run.journal("orphans") == []
 
 
 # --------------------------------------------------------------------------- commands, real broker
@@ -385,7 +387,8 @@ def test_launcher_killed_mid_command(
     assert len(records) == 1 and records[0]["ok"]
     assert_no_orphans(run)
     if kind == "quarantine":
-        # Attempt 0's ranks were left running by the dead launcher: its death is the restart.
+        # Attempt 0's ranks were running when the launcher died (and died with it): its death
+        # is the restart.
         assert_restarted_once_each(run, ["launcher"])
         nodes = [json.loads((run.out / f"env-1-{r}.json").read_text())["TRAINGUARD_NODE"] for r in range(4)]
         assert nodes == ["node-0000", "node-0000", "spare-0000", "spare-0000"]
@@ -478,9 +481,9 @@ def test_rank_supervisor_killed_between_executing_and_acking(
 
 def test_torch_run_with_its_launcher_killed_mid_restart_ends_bitwise(tmp_path: Path) -> None:
     """The README's example on 4 gloo ranks: rank 3 SIGKILLed at step 27, the launcher
-    SIGKILLed with the interruption journaled and the survivors still up; its successor
-    ends them, resumes from the newest validated checkpoint (19) and the run ends with the
-    uninterrupted run's weights, bit for bit."""
+    SIGKILLed with the interruption journaled and the survivors still up (they die with
+    it); its successor resumes from the newest validated checkpoint (19) and the run ends
+    with the uninterrupted run's weights, bit for bit."""
     env = {"TRAIN_STEPS": "40", "TRAIN_CHECKPOINT_EVERY": "10", "OMP_NUM_THREADS": "1"}
     clean = make_run(tmp_path / "clean")
     finished(launch(clean, env=env, script=EXAMPLE), clean, 120)

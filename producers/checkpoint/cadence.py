@@ -36,7 +36,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from ...common.checkpoint_interval import MAX_S, MIN_S, optimal_s
+from ...common.checkpoint_interval import MAX_S, MIN_S, optimal_s, prior_mtbf_s
 
 #: Checkpoint cost samples the derived interval takes its median over.
 COST_SAMPLES = 20
@@ -62,8 +62,17 @@ class CheckpointCadence:
     _step_s: deque[float] = field(default_factory=deque)
     _costs: deque[float] = field(default_factory=lambda: deque(maxlen=COST_SAMPLES))
     _saves: int = 0  # saves this process took (the first one measures C)
+    _said: bool = False  # derived_note() said the derived interval
     _begun: tuple[int, float] | None = None  # (step, time) of the latest step begun
     _saved: tuple[int, float] | None = None  # (step, time) of the latest save, or the start
+
+    @classmethod
+    def for_run(
+        cls, interval_s: float | None, every_steps: int | None, mtbf_prior_s: float | None, world_size: int
+    ) -> CheckpointCadence:
+        """A rank's cadence: the interval in force, a fixed one, or the one derived from
+        `mtbf_prior_s` (None: the seed's prior for `world_size`)."""
+        return cls(interval_s, every_steps=every_steps, prior_mtbf_s=mtbf_prior_s or prior_mtbf_s(world_size))
 
     def __post_init__(self) -> None:
         if self.every_steps is not None and self.every_steps < 1:
@@ -135,6 +144,31 @@ class CheckpointCadence:
         """No interval in force and no cost measured yet: the next save measures C (again,
         if the step after the last one did not follow it)."""
         return self.interval_s is None and self.prior_mtbf_s is not None and not self._costs
+
+    def opening_note(self, world_size: int) -> str | None:
+        """What a run starting with no interval in force is told (None: one is in force)."""
+        if not self.measuring_cost() or self.every_steps is not None or self.prior_mtbf_s is None:
+            return None
+        return (
+            "no checkpoint interval in force yet (offline, or before the processor sends one): the "
+            "first checkpoint once the step time is measured, then Young/Daly from its cost and the "
+            f"prior MTBF ({self.prior_mtbf_s / 3600:.4g} h for {world_size} ranks)"
+        )
+
+    def follow(self, interval_s: float | None) -> str | None:
+        """Take the interval in force (the last SetCheckpointInterval, else the launcher's);
+        what is worth saying now: a new interval, or the derived one the first time."""
+        if interval_s != self.interval_s:
+            self.set_interval(interval_s)
+            return self.describe()
+        return self.derived_note()
+
+    def derived_note(self) -> str | None:
+        """The derived interval, the first time there is one (None after, or before)."""
+        if self._said or self.derived() is None:
+            return None
+        self._said = True
+        return self.describe()
 
     def saved(self, step: int, now: float) -> None:
         """A checkpoint of `step` was taken: count again from it."""

@@ -91,6 +91,7 @@ class CheckHost(Protocol):
     self_check_results: list[grad_checks.SelfCheckResult]
     ring_results: list[ring_check.RingResult]
     cross_results: list[cross_check.CrossResult]
+    checkpoint: Any  # its CheckpointManager (or the loop's own saving: None)
 
     def collective_device(self) -> torch.device: ...
 
@@ -224,6 +225,9 @@ class ReplayChecks:
             log.exception("rank %d step %d: ring check %s not run", host.rank, scope.step, check_id)
             return
         host.ring_results.append(result)
+        # Retention keeps the checkpoint a rollback to this check would name (catalog.py).
+        if (marks := getattr(host.checkpoint, "watermarks", None)) is not None:
+            marks.append(scope.step)
         host.counters.ring_checks += 1
         host.counters.ring_check_s += result.seconds
         host.agent.ring_check(scope.step, check_id, result.own_value, result.peer_rank, result.peer_value)

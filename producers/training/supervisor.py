@@ -88,7 +88,6 @@ from typing import Any, Literal
 
 import torch
 
-from ...common.checkpoint_interval import prior_mtbf_s
 from ...common.quantiles import RunningQuantile
 from ...kafka.topics import topic_names
 from ...schemas import auth
@@ -205,20 +204,12 @@ class Supervisor:
         self.control = RankControl(checkpoint_interval_s=self.config.checkpoint_interval_s)
         self.self_check_results: list[grad_checks.SelfCheckResult] = []
         self._clock = clock
-        self.cadence = CheckpointCadence(
-            self.config.checkpoint_interval_s,
-            every_steps=self.config.checkpoint_every_steps,
-            prior_mtbf_s=self.config.mtbf_prior_s or prior_mtbf_s(world_size),
+        cfg = self.config
+        self.cadence = CheckpointCadence.for_run(
+            cfg.checkpoint_interval_s, cfg.checkpoint_every_steps, cfg.mtbf_prior_s, world_size
         )
-        self._said_cadence = False  # rank 0 says the derived interval once
-        if rank == 0 and self.cadence.measuring_cost() and self.cadence.every_steps is None:
-            log.warning(
-                "trainguard: no checkpoint interval in force yet (offline, or before the processor "
-                "sends one): the first checkpoint once the step time is measured, then Young/Daly "
-                "from its cost and the prior MTBF (%.4g h for %d ranks)",
-                self.cadence.prior_mtbf_s / 3600 if self.cadence.prior_mtbf_s else 0.0,
-                world_size,
-            )
+        if rank == 0 and (note := self.cadence.opening_note(world_size)):
+            log.warning("trainguard: %s", note)  # rank 0 says the cadence once at the start
         #: (step, checkpoint due) as the ranks agreed in check(); cleared by checkpoint_saved.
         self._agreed: tuple[int, bool] | None = None
         self._grad_norms = RunningQuantile()
@@ -386,12 +377,8 @@ class Supervisor:
             return True
         with self.control.lock:
             interval = self.control.checkpoint_interval_s
-        if interval != self.cadence.interval_s:
-            self.cadence.set_interval(interval)
-            log.info("rank %d: checkpoint %s", self.rank, self.cadence.describe())
-        if not self._said_cadence and self.rank == 0 and self.cadence.derived() is not None:
-            self._said_cadence = True
-            log.warning("trainguard: checkpoint %s", self.cadence.describe())
+        if (note := self.cadence.follow(interval)) and self.rank == 0:
+            log.warning("trainguard: checkpoint %s", note)
         if step is None:
             step = self.control.current_step
         return self.cadence.due(step, time.monotonic() if now is None else now)
@@ -484,7 +471,6 @@ class Supervisor:
         self.checks.end_of_step(scope)
         self.checks.ring_check(scope)
         self.checks.cross_check(scope)
-        self._note_watermark()
         due = scope.checkpoint_due  # None: check() was not called, so nothing was agreed
         if due is None:
             due = self.checkpoint is not None and self._wants_checkpoint(scope.step)
@@ -492,13 +478,6 @@ class Supervisor:
             self.agent.phase = "checkpoint"
             self.checkpoint.save(scope.step)
             self.checkpoint_saved(scope.step)
-
-    def _note_watermark(self) -> None:
-        """A ring check ran at this step: retention keeps the checkpoint a rollback to it
-        would name (producers/checkpoint/catalog.py, rollback ancestors)."""
-        marks = getattr(self.checkpoint, "watermarks", None)
-        if self.ring_results and marks is not None and self.ring_results[-1].step not in marks:
-            marks.append(self.ring_results[-1].step)
 
     def take_sigterm(self) -> None:
         """SIGTERM (the launcher's teardown) ends this rank the supervisor's way, replacing a

@@ -92,6 +92,8 @@ def test_without_an_interval_the_prior_mtbf_and_the_measured_cost_give_youngs_in
     mtbf = 10 * 3600.0  # a 10 h prior: T* = sqrt(2 x 2 s x 36,000 s) = 379 s
     cadence = CheckpointCadence(prior_mtbf_s=mtbf, min_samples=5)
     assert "once the first checkpoint's cost is measured" in cadence.describe()
+    assert "prior MTBF (10 h for 8 ranks)" in str(cadence.opening_note(8))  # said at the start
+    assert cadence.follow(None) is None  # nothing derived yet: nothing to say
     saved = run_costly(cadence, 6000, step_s=0.5, cost_s=2.0)
     assert saved[0] == 5  # five step times measured: the first save, which measures C
     assert cadence.cost_s() == pytest.approx(2.0)
@@ -101,6 +103,9 @@ def test_without_an_interval_the_prior_mtbf_and_the_measured_cost_give_youngs_in
     gaps = {b - a for a, b in zip(saved[1:], saved[2:], strict=False)}
     assert gaps == {round(young / 0.5)}
     assert cadence.describe().startswith(f"every {young:g}s (young: C=2s measured, M=10 h prior")
+    assert cadence.follow(None) == cadence.describe() and cadence.follow(None) is None  # said once
+    assert cadence.follow(30.0) == "every 30s = 60 steps of 0.5s"  # a SetCheckpointInterval
+    assert cadence.opening_note(8) is None  # an interval in force
 
 
 def test_the_derived_interval_is_clamped_and_an_interval_in_force_replaces_it() -> None:

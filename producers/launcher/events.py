@@ -22,6 +22,7 @@ from ...schemas import RestartPhases as RestartPhasesEvent
 from ..rank.agent import EventSink  # a TelemetryShipper satisfies EventSink
 from .node_selftest import NodeSelfTestReport
 from .records import RankEnd, RestartPhases, phases_path, progress_path, read_json, read_progress
+from .story import Story
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,8 @@ class LauncherEvents:
         self._id_prefix = hashlib.sha256(nonce.encode()).hexdigest()[:16]
         self._run_prefix = hashlib.sha256(f"run:{run_id}".encode()).hexdigest()[:16]
         self._published: set[int] = set()  # interruptions whose RestartPhases went out
+        #: The console's line of a restart done (across hosts; the launcher sets it).
+        self.story: Story | None = None
 
     def rank_exit(self, end: RankEnd, ranks: Sequence[int] | None = None) -> None:
         """The RankExit of one rank: its own newest completed step and the newest any rank
@@ -107,6 +110,8 @@ class LauncherEvents:
             phases={name: max(0.0, s) for name, s in measured.items() if s is not None},
             resumed_from_step=rec.resumed_from_step,
         )
+        if self.story is not None and rec.complete:
+            self.story.restarted(rec)
 
     def self_test_result(self, report: NodeSelfTestReport, purpose: str, command_id: str) -> None:
         summary = report.summary()

@@ -91,7 +91,8 @@ from .run_state import RunState
 from .spare_selftest import Runner
 from .spares import SpareAdmission
 from .startup import StartupFailures
-from .world import HostWorld, LocalWorld, NoWorld, WorldFormation
+from .story import Story, headline
+from .world import HostWorld, LocalWorld, NoWorld, SpareCall, WorldFormation
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +147,8 @@ class Launcher:
             self.world = HostWorld(config, config.node, state, self.resume, rendezvous, self.tester)
         else:
             self.world = LocalWorld(config, self.pool, state, self.resume, self.spares)
+        #: Across hosts, one line per event on this agent's console (story.py).
+        self.story = self.events.story = Story(config.node, enabled=config.rendezvous is not None)
 
     # ------------------------------------------------------------------ the run's state
     @property
@@ -296,10 +299,19 @@ class Launcher:
                 if no.after_interruption:
                     if pending is not None:
                         self.restarts.finish(pending, result)
-                    log.error("%s", no.reason)
+                    log.info("%s", no.reason)  # the CLI's last line says it, once
                 result.status, result.reason = no.status, no.reason
                 break
             first, reuse = False, None
+            if pending is None and world.called is not None:  # a spare: its share of the interruption
+                pending = self._called(world.called)
+            if pending is not None and world.left:
+                pending.hosts_lost = sorted(world.left)
+                pending.replaced_by = {
+                    old: new for old, new in world.placement.moved.values() if old in world.left
+                }
+                pending.detail = headline(pending)[:500]
+            self.story.world(world, pending, self.run_dir, self.attempts.reports)
             self.journal.append(
                 "attempt",
                 attempt=world.attempt,
@@ -331,7 +343,7 @@ class Launcher:
                 self.restarts.finish(pending, result)
                 pending = None
             if end == "ok":
-                result.status, result.reason = "ok", f"all {cfg.nproc} ranks exited 0"
+                result.status, result.reason = "ok", f"all {world.placement.world_size} ranks exited 0"
                 break
             if end == "stopped":
                 result.status, result.reason = "stopped", "the launcher was stopped"
@@ -353,6 +365,15 @@ class Launcher:
                 result.status, result.reason = "stopped", "the launcher was stopped"
                 break
             pending = interruption
+
+    def _called(self, called: SpareCall) -> RestartPhases:
+        """A spare agent joins in a lost host's place: the interruption its ranks restart
+        after, from that host's last beat (its R is measured and recorded as a survivor's)."""
+        lost = sorted(called.lost)
+        detail = "; ".join(called.lost[host].removeprefix("host lost: ") for host in lost)
+        return self.restarts.interruption(
+            RestartCause.HOST_LOST, detail, called.attempt, called.fault_ts, called.detected_ts, node=lost[0]
+        )
 
     def _waits_for_decisions(self, interruption: RestartPhases) -> bool:
         """After a crash, the processor's decisions about it get decision_wait_s before the

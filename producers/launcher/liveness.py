@@ -87,6 +87,11 @@ class Liveness:
             return 0.0
         return now - last[1]
 
+    def quiet_s(self, node: str) -> float:
+        """Seconds since `node`'s counter last changed, on this observer's clock: how long
+        ago a host found stale was last alive, at most one beat interval before it died."""
+        return self._observe(node)
+
     def stale(self, nodes: Iterable[str], stale_s: float) -> list[str]:
         """The hosts among `nodes` whose beat has not changed for `stale_s` seconds."""
         return sorted(n for n in nodes if self._observe(n) >= stale_s)

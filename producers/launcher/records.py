@@ -25,6 +25,10 @@ class RestartCause(StrEnum):
     LAUNCHER = "launcher"  # the launcher died with the attempt running; its successor ended it
     MEMBERSHIP = "membership"  # across hosts: a host waits to join (below MAX): the world re-forms
     QUARANTINED = "quarantined"  # across hosts: this host was quarantined mid-attempt: it leaves
+    #: Across hosts, a spare's (--spare) share of an interruption: a host of the run was lost
+    #: (or quarantined) and this agent joins in its place; its restart is measured as the
+    #: survivors' is, from the lost host's last beat.
+    HOST_LOST = "host_lost"
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,10 @@ class RestartPhases:
     #: restart: "pause" (the same start-up error again: startup.py), and its reason.
     decision: str = ""
     decision_reason: str = ""
+    #: Across hosts: the hosts of the interrupted world that the next one has not (lost or
+    #: quarantined), and the host that took each one's ranks (none: the world shrank).
+    hosts_lost: list[str] = field(default_factory=list)
+    replaced_by: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

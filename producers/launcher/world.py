@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from .config import LauncherConfig, free_port
@@ -29,11 +29,24 @@ from .plan import NodePool, Placement, PoolExhausted, plan
 from .rendezvous import HostRendezvous, NoRound, Proposal
 from .resume import ResumeChoice
 from .run_state import RunState
-from .shared_quarantine import SharedQuarantine
+from .shared_quarantine import SharedQuarantine, refusal
 from .spare_selftest import NodeTester
 from .spares import SpareAdmission
+from .story import Story, gone
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SpareCall:
+    """Why a spare agent (--spare) joined the run: the world it saw lose hosts."""
+
+    attempt: int  # that world's attempt
+    hosts: tuple[str, ...]  # its hosts, in group-rank order
+    lost: Mapping[str, str]  # host -> why it is out (its beat stopped, or quarantined)
+    #: Wall clock: the last beat of the host found lost (a quarantine's: when it was seen).
+    fault_ts: float
+    detected_ts: float
 
 
 @dataclass(frozen=True)
@@ -53,6 +66,12 @@ class World:
     rendezvous_s: float | None = None
     #: Across hosts: the store of that round, shared by every host of the attempt.
     shared_store: Any = None
+    #: Across hosts: the world this one follows (this host's last one; for a spare, the
+    #: one it joins), and its hosts this one has not, with why (story.py tells them).
+    before: Placement | None = None
+    left: Mapping[str, str] = field(default_factory=dict)
+    #: A spare's first world: why it came (its share of the interruption: launcher.py).
+    called: SpareCall | None = None
 
 
 class NoWorld(Exception):
@@ -155,6 +174,8 @@ class HostWorld:
         self.reasons: dict[str, str] = {}
         self.beat = HostBeat(config.shared_dir, node).start()
         self.waiting_as_spare = config.spare
+        self.story = Story(node)
+        self.called: SpareCall | None = None  # set when a spare joins, taken by its first world
 
     def _learn(self, listed: dict[str, str]) -> None:
         """Quarantines decided elsewhere, journaled here too (a relaunched agent keeps them)."""
@@ -188,14 +209,16 @@ class HostWorld:
 
     def _refusal(self) -> str:
         why = self.reasons.get(self.node) or self.shared.nodes().get(self.node, "quarantined")
-        return f"{self.node} is quarantined for run {self.config.run_id} ({why}): it does not rejoin"
+        return refusal(self.node, self.config.run_id, why)
 
     def _wait_until_needed(self) -> None:
         """A spare (--spare) stays out of the rendezvous, where it would grow a world below
         MAX, until the run needs a host: one of the newest world's hosts stopped beating
         or is on the quarantine list. The run finished without it: NoWorld, status ok."""
         live = Liveness(self.config.shared_dir)
-        log.info("%s waits as a spare for run %s", self.node, self.config.run_id)
+        self.story.say(
+            f"waits as a spare for run {self.config.run_id}: it joins when one of its hosts is lost"
+        )
         ahead = self.config.self_test_spares == "ahead"
         while not self.state.stop.wait(0.5):
             if self.tester is not None and ahead and not self.tester.fresh(self.node):
@@ -206,11 +229,20 @@ class HostWorld:
                 raise NoWorld(
                     f"spare {self.node} not needed: run {self.config.run_id} finished", False, status="ok"
                 )
-            gone = live.stale(nodes, self.config.host_stale_s)
-            out = [n for n in nodes if n in self.shared.nodes()]
-            if attempt >= 0 and (gone or out):
+            stale = live.stale(nodes, self.config.host_stale_s)
+            listed = self.shared.nodes()
+            out = [n for n in nodes if n in listed and n not in stale]
+            if attempt >= 0 and (stale or out):
+                now, quiet = time.time(), {n: live.quiet_s(n) for n in stale}
+                lost = {
+                    n: f"host lost: its beat stopped {s:.1f} s ago, in attempt {attempt}"
+                    for n, s in quiet.items()
+                }
+                lost |= {n: listed[n] for n in out}
+                self.called = SpareCall(attempt, nodes, lost, now - max(quiet.values(), default=0.0), now)
                 self._prove_now()
-                log.info("%s joins as a spare: %s out of attempt %d", self.node, gone + out, attempt)
+                for host, why in sorted(lost.items()):
+                    self.story.say(f"{gone(host, why)}; {self.node} takes its place")
                 self.waiting_as_spare = False
                 return
         raise NoWorld(f"spare {self.node} stopped while waiting", False, status="stopped")
@@ -256,15 +288,25 @@ class HostWorld:
         self._learn({node: "quarantined by another host" for node in agreed.quarantined})
         with state.lock:
             previous = state.placement
-        if previous is not None and self.node in previous.nodes:
-            for lost in [h for h in previous.nodes if h not in agreed.hosts and h != self.node]:
+        survivor = previous is not None and self.node in previous.nodes
+        called, self.called = self.called, None
+        before = previous if survivor or called is None else self._placement(called.hosts)
+        gone_hosts = [h for h in before.nodes if h not in agreed.hosts and h != self.node] if before else []
+        if survivor:
+            for lost in gone_hosts:
                 why = f"host lost: its agent left the rendezvous during attempt {state.attempt}"
                 self._quarantine(lost, why)
+        listed = self.shared.nodes()  # the decision's reason, whoever made it
+        reasons = dict(called.lost) if called is not None else {}
+        out = {
+            h: listed.get(h) or reasons.get(h) or self.reasons.get(h, "left the rendezvous")
+            for h in gone_hosts
+        }
         with state.lock:
             if self.node in state.quarantined:
                 raise NoWorld(self._refusal())
             state.attempt = agreed.attempt
-            placement = Placement(agreed.hosts, agreed.nproc_per_node, agreed.world_size, {})
+            placement = self._placement(agreed.hosts, before)
             state.placement = placement
             state.busy = frozenset({self.node})
         left = self.resume.none_left(agreed.resume)
@@ -281,7 +323,23 @@ class HostWorld:
             nodes_waiting=self.rendezvous.nodes_waiting,
             rendezvous_s=time.monotonic() - joined,
             shared_store=self.rendezvous.store,
+            before=before,
+            left=out,
+            called=called,
         )
+
+    def _placement(self, hosts: tuple[str, ...], before: Placement | None = None) -> Placement:
+        """`hosts` in group-rank order, each with `ranks_per_node` ranks; with `before` of
+        the same size, the slots whose host changed (a lost host's ranks, to its replacement)."""
+        rpn = self.config.ranks_per_node
+        moved: dict[int, tuple[str, str]] = {}
+        if before is not None and len(before.nodes) == len(hosts):
+            moved = {
+                i: (old, new)
+                for i, (old, new) in enumerate(zip(before.nodes, hosts, strict=True))
+                if old != new
+            }
+        return Placement(hosts, rpn, len(hosts) * rpn, moved)
 
     def close(self, clean: bool) -> None:
         """The run is over for this host: its beat stops. After a clean end the rendezvous

@@ -134,6 +134,26 @@ def _checkpoint_location(given: str) -> Path | str:
     return location if is_url(location) else Path(location).resolve()
 
 
+def _host_agent(state_dir: Path | None, checkpoint_dir: str | None, node_name: str, run_id: str) -> None:
+    """An agent across hosts, before torch is imported: a quarantined host's leaves at once
+    with one line (no journal, no recovery, no record); the others tell their story on the
+    console (launcher/story.py), the ranks' lost-peer tracebacks left to their log files
+    (launcher/peer_tracebacks.py)."""
+    import atexit
+    import socket
+    import sys
+
+    from ..producers.launcher.peer_tracebacks import PeerLossFilter
+    from ..producers.launcher.shared_quarantine import refused_at_start
+    from ..producers.launcher.story import tell_console
+
+    refused = refused_at_start(state_dir, checkpoint_dir, node_name or socket.gethostname(), run_id)
+    if refused is not None:
+        fail(refused, code=1)
+    atexit.register(PeerLossFilter(sys.stderr).install().close)  # held lines out before the exit
+    tell_console(sys.stderr)
+
+
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
 
 
@@ -357,6 +377,8 @@ def launch(
     agent per host with torchrun's flags (--nnodes, --nproc-per-node, --rdzv-*; its files in
     DIR/.trainguard/hosts/NODE; docs/multihost.md). Exit 0 ok, 1 failed, 130 stopped, 75 paused
     (a PauseRun: the run fails at one step on every node; fix the data or code, then relaunch)."""
+    if nnodes or rdzv_endpoint:  # one agent per host (docs/multihost.md)
+        _host_agent(state_dir, checkpoint_dir, node_name, run_id or rdzv_id)
     if self_test not in ("on-demand", "ahead", "off"):
         console.print(f"[red]--self-test must be on-demand, ahead or off (got {self_test!r})")
         raise typer.Exit(2)
@@ -497,7 +519,9 @@ def launch(
             shipper.close()
     for rec in result.restarts:
         console.print(f"interruption {rec.interruption}: {restart_line(rec)}", markup=False, soft_wrap=True)
-    console.print(f"{result.status}: {result.reason} ({result.attempts} attempts)", markup=False)
+    console.print(
+        f"{result.status}: {result.reason} ({result.attempts} attempts)", markup=False, soft_wrap=True
+    )
     raise typer.Exit({"ok": 0, "failed": 1, "stopped": 130, "paused": 75}[result.status])
 
 

@@ -161,10 +161,12 @@ def test_a_lost_host_is_replaced_by_a_spare_named_by_the_processor_and_the_run_e
             assert time.monotonic() < deadline, "host-b was never quarantined"
             time.sleep(0.1)
         assert "host lost" in listed.nodes()["host-b"]
-        # The host comes back (its agent restarted with the same name): it is not readmitted.
+        # The host comes back (its agent restarted with the same name): it is not readmitted,
+        # and says why in one line, writing nothing (no journal record, no restart record).
         back = start("host-b", log="host-b-again")
         assert back.wait(120) == 1
-        assert f"host-b is quarantined for run {run_id}" in log_tail(tmp_path, "host-b-again")
+        (refused,) = log_tail(tmp_path, "host-b-again").splitlines()
+        assert refused.startswith(f"host-b is quarantined for run {run_id} ("), refused
         for name in ("host-a", "host-c", "spare-1"):
             assert agents[name].wait(300) == 0, log_tail(tmp_path, name)
     finally:
@@ -176,6 +178,15 @@ def test_a_lost_host_is_replaced_by_a_spare_named_by_the_processor_and_the_run_e
         (restart,) = [json.loads(line) for line in restarts.open()]
         assert restart["cause"] == "crash" and restart["resumed_from_step"] >= 49, restart
         assert "(lost a peer: " in restart["detail"], restart
+        assert (restart["hosts_lost"], restart["replaced_by"]) == (["host-b"], {"host-b": "spare-1"})
+    # The spare recorded its share too; host-b's relaunch recorded nothing. One decision on
+    # the shared list, whichever agents saw host-b lost or executed its QuarantineNode.
+    (taken,) = [
+        json.loads(line) for line in (ckpt / ".trainguard" / "hosts" / "spare-1" / "restarts.jsonl").open()
+    ]
+    assert (taken["cause"], taken["node"], taken["complete"]) == ("host_lost", "host-b", True), taken
+    assert not (ckpt / ".trainguard" / "hosts" / "host-b" / "restarts.jsonl").exists()
+    assert len(SharedQuarantine(ckpt / ".trainguard").path.read_text().splitlines()) == 1
     (spare_attempt,) = [r for r in journal(ckpt, "spare-1") if r["op"] == "attempt"]
     assert "host-b" not in spare_attempt["nodes"] and spare_attempt["resume"] >= 49
     # The spare proved its host while it waited (self-test "ahead", the default), once.

@@ -135,8 +135,8 @@ def compare(args: argparse.Namespace) -> None:
     runs: dict[str, list[dict[str, object]]] = {name: [] for name in variants}
     with local_stack(args.workdir, POLICY, args.metrics_port, {"TRAINGUARD_SECRET": secret}) as stack:
         for i in range(args.runs):
-            for name, flags in variants.items():  # alternated: load drifts hit every variant alike
-                workdir = args.workdir / f"run-{i}-{len(runs[name])}-{name.split()[0].strip(',')}"
+            for v, (name, flags) in enumerate(variants.items()):  # alternated: load drifts hit all alike
+                workdir = args.workdir / f"run-{i}-variant-{v}"  # each variant's files kept apart
                 if flags is None:
                     result = run_torchrun(workdir, args.compare_steps, f"1:{args.kill_step}")
                     if not result.get("ok"):

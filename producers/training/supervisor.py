@@ -71,14 +71,11 @@ heartbeats come from the shipper's thread, so they continue while a step is stuc
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import logging
 import math
 import os
-import signal
 import socket
-import sys
 import threading
 import time
 from collections import deque
@@ -110,6 +107,7 @@ from .config import (
     supervisor_arguments,
 )
 from .device_fault import WrongDevice, install_wrong_device
+from .exit_hooks import ExitHooks
 from .gpu_health import GpuHealthSampler, HealthReader, open_reader
 from .peer_loss import peer_lost
 from .rank_files import ProgressFile, note_closed, note_exit, write_phases
@@ -134,7 +132,7 @@ __all__ = [
 # --------------------------------------------------------------------------- supervisor
 
 
-class Supervisor:
+class Supervisor(ExitHooks):
     """One rank's supervision: agent, shipper, actuator and handlers, GPU health.
 
     Telemetry goes to `sink` when given (no broker: tests, dry runs), else to Kafka at
@@ -289,16 +287,7 @@ class Supervisor:
         elif self.config.instrument_ddp and model is not None:
             fsdp.instrument(self, model)  # FSDP (fully_shard): none without an FSDP module
 
-        self._sigterm_installed = False
-        self._exit_flush_started = False
-        # A survivor of a peer's crash ends by an exception (gloo's "connection reset") or by
-        # the launcher's SIGTERM: either way its last StepTimings leave the shipper first.
-        atexit.register(self._flush_at_exit)
-        # An uncaught error says whether a peer was lost (peer_loss.py): noted for the launcher.
-        self._previous_excepthook = sys.excepthook
-        sys.excepthook = self._note_uncaught
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            self.take_sigterm()
+        self._install_exit_hooks()  # an error or SIGTERM ends the rank the supervisor's way
         restartable = inprocess.current()
         if restartable is not None:  # the attempt may end in this process (inprocess.py)
             restartable.on_restart(self._end_attempt)
@@ -479,49 +468,6 @@ class Supervisor:
             self.checkpoint.save(scope.step)
             self.checkpoint_saved(scope.step)
 
-    def take_sigterm(self) -> None:
-        """SIGTERM (the launcher's teardown) ends this rank the supervisor's way, replacing a
-        framework's handler (Lightning's runs a collective inside it: with peers gone it
-        raises, and the launcher's requested stop would read as a lost peer)."""
-        if self.shipper is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._exit_on_sigterm)
-            self._sigterm_installed = True
-
-    def _exit_on_sigterm(self, signum: int, frame: object) -> None:
-        """SIGTERM (the launcher's teardown): ship what is queued, bounded by exit_flush_s,
-        then end at once as the default action would (no thread joins: a checkpoint thread
-        stuck in a collective with dead peers would keep the rank, and its heartbeats,
-        alive). The flush runs on its own thread: the interrupted main thread may hold the
-        shipper's lock. A rank blocked in a collective runs this once the call returns; the
-        launcher's SIGKILL after its term timeout bounds that."""
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if self._exit_flush_started:  # atexit is flushing already (an exception exit): let it
-            return
-        self.agent.exited = True  # no more heartbeats: the rank is going, not hung
-        flush = threading.Thread(target=self._flush_at_exit, name="trainguard-exit-flush", daemon=True)
-        flush.start()
-        flush.join(self.config.exit_flush_s + 1.0)
-        os._exit(128 + signum)
-
-    def _note_uncaught(self, kind: type[BaseException], error: BaseException, tb: Any) -> None:
-        """sys.excepthook: the rank is dying of `error`. A lost peer's error is noted in the
-        phases file, so that the launcher's RankExit says so (not a culprit)."""
-        why = peer_lost(error)
-        if why is not None:
-            note_exit(self.phases_file, why)
-        self._previous_excepthook(kind, error, tb)
-
-    def _flush_at_exit(self) -> None:
-        """atexit: the process ends without close() (an exception, SIGTERM): ship what is
-        queued within exit_flush_s. No RankExit: the launcher reports how it ended."""
-        if self._closed or self._exit_flush_started:
-            return
-        self._exit_flush_started = True
-        try:
-            self._close_telemetry(self.config.exit_flush_s)
-        except Exception:
-            log.exception("trainguard: flushing telemetry at exit failed")
-
     def _drain(self, block: bool) -> None:
         marks = self._marks
         while self._pending:
@@ -577,12 +523,8 @@ class Supervisor:
         if self._closed:
             return False
         self._closed = True
-        atexit.unregister(self._flush_at_exit)
-        if sys.excepthook == self._note_uncaught:
-            sys.excepthook = self._previous_excepthook
+        self._remove_exit_hooks()
         self.progress.close()
-        if self._sigterm_installed and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
         self._ticker_stop.set()
         return True
 

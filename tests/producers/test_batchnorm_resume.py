@@ -41,6 +41,7 @@ def launch(framework: str, workdir: Path, kill: bool) -> tuple[subprocess.Comple
     command = [
         sys.executable, "-m", "trainguard", "launch", "--offline", "--nproc", "2",
         "--run-id", run_id, "--checkpoint-dir", str(ckpt), "--max-restarts", "1",
+        "--self-test", "off",  # no spare joins here: the suite's two cores train, not test spares
         "--", sys.executable, str(JOB), framework,
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")} | {"OMP_NUM_THREADS": "1"}

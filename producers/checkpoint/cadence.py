@@ -61,7 +61,6 @@ class CheckpointCadence:
     max_s: float = MAX_S
     _step_s: deque[float] = field(default_factory=deque)
     _costs: deque[float] = field(default_factory=lambda: deque(maxlen=COST_SAMPLES))
-    _saves: int = 0  # saves this process took (the first one measures C)
     _said: bool = False  # derived_note() said the derived interval
     _begun: tuple[int, float] | None = None  # (step, time) of the latest step begun
     _saved: tuple[int, float] | None = None  # (step, time) of the latest save, or the start
@@ -85,7 +84,8 @@ class CheckpointCadence:
         if self._begun is not None and step == self._begun[0] + 1 and now >= self._begun[1]:
             took = now - self._begun[1]
             median = self.step_s()
-            if self._saves and self._saved is not None and self._saved[0] == step - 1 and median is not None:
+            # a real save: the start's stand-in (the first step - 1) never precedes a later begin
+            if self._saved is not None and self._saved[0] == step - 1 and median is not None:
                 self._costs.append(max(0.0, took - median))
             self._step_s.append(took)
         self._begun = (step, now)
@@ -173,7 +173,6 @@ class CheckpointCadence:
     def saved(self, step: int, now: float) -> None:
         """A checkpoint of `step` was taken: count again from it."""
         self._saved = (step, now)
-        self._saves += 1
 
     def describe(self) -> str:
         if self.every_steps is not None:

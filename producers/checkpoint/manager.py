@@ -184,10 +184,10 @@ class CheckpointManager:
         self.reporter = reporter
         #: Validated checkpoints retention keeps (module docstring).
         self.keep = keep
-        #: Steps saved and not yet validated, failed or dropped: retention leaves them be.
         #: Steps of the latest cross-rank checks this rank ran (the Supervisor's): retention
         #: keeps each one's rollback ancestor (catalog.py).
         self.watermarks: deque[int] = deque(maxlen=2)
+        #: Steps saved and not yet validated, failed or dropped: retention leaves them be.
         self._busy: Counter[int] = Counter()
         self._busy_lock = threading.Lock()
         #: In-process restart ended this attempt: its validator deletes nothing more (the

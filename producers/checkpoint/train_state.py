@@ -50,7 +50,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import _get_fqns, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    _get_fqns,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
 from torch.utils.data import Sampler
 
 __all__ = ["BufferLayout", "ResumableSampler", "TrainState", "buffer_layout", "capture_rng", "restore_rng"]
@@ -271,7 +276,7 @@ class TrainState:
         own = state_dict[self.rank_key]
         model_sd = {**state_dict["model"], **own.get("buffers", {})}
         if self.buffers == "rank0" and self.rank != self.buffer_owner:
-            live = get_state_dict(self.model, self.optimizer)[0]
+            live = get_model_state_dict(self.model)  # the buffers' live values: no optimizer state
             for key in buffer_keys(self.model, live) - model_sd.keys():
                 model_sd[key] = live[key]
         set_state_dict(

@@ -41,14 +41,12 @@ import os
 import signal
 import threading
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-
 from ...schemas import RUN_LEVEL_RANK, RunStarted
 from .agent_bound import bound
+from .agent_store import AgentStores
 from .config import free_port, kill_at
 from .context import LaunchContext
 from .hot import HotRanks
@@ -82,7 +80,7 @@ class AttemptRunner:
         self._placement: Placement | None = None  # the last attempt's
         #: The last attempt's ranks' error and stderr files (none under in-process restart).
         self.reports: Reports = {}
-        self._stores: dict[int, dist.TCPStore] = {}  # attempt -> the store this launcher serves
+        self.stores = AgentStores(self.config.master_addr)  # the full restart's, one host (agent_store.py)
 
     def run(
         self, world: World, pending: RestartPhases | None, result: LaunchResult
@@ -93,7 +91,7 @@ class AttemptRunner:
         cfg, attempt, placement, resume = self.config, world.attempt, world.placement, world.resume
         agent_store = self.hot is None and world.master_port is None
         if agent_store:  # one host, full restarts: this launcher serves the attempt's store
-            port = self._agent_store(attempt)
+            port = self.stores.port(attempt)
         else:  # across hosts rank 0 serves it at the agreed port; in process, hot.py's store
             port = world.master_port if world.master_port is not None else free_port(cfg.master_addr)
         (self.run_dir / f"attempt-{attempt}").mkdir(parents=True, exist_ok=True)
@@ -219,17 +217,6 @@ class AttemptRunner:
             self.output.follow(Path(ctx.stdouts[i]), Std.OUT, owner)
             self.output.follow(Path(ctx.stderrs[i]), Std.ERR, owner)
         return ctx
-
-    def _agent_store(self, attempt: int) -> int:
-        """The port of attempt `attempt`'s store, served by this launcher as torchrun's agent
-        serves it (TORCHELASTIC_USE_AGENT_STORE=True): no free port to race for, and a
-        rank 0 that dies does not take the store from the survivors still reading it. The
-        previous attempt's store is kept while its last ranks may still hold it."""
-        store = dist.TCPStore(
-            self.config.master_addr, 0, is_master=True, wait_for_workers=False, timeout=timedelta(minutes=5)
-        )
-        self._stores = {a: s for a, s in self._stores.items() if a >= attempt - 1} | {attempt: store}
-        return int(store.port)
 
     def _env(self, rank: int, world: World, port: int, agent_store: bool = False) -> dict[str, str]:
         with self.state.lock:  # the actuator thread may be adding one

@@ -58,6 +58,7 @@ from ..training.inprocess import (
     stack_key,
 )
 from .agent_bound import bound
+from .agent_store import AgentStores
 from .config import LauncherConfig, rank_program
 from .rank_output import Console, Owner, RankOutput, rank_dir
 
@@ -87,7 +88,7 @@ class HotRanks:
         self.workers: dict[int, str] = {}
         #: Idle spares, oldest first: (worker, process).
         self.spares: list[tuple[str, SubprocessHandler]] = []
-        self._stores: dict[int, dist.TCPStore] = {}  # attempt -> its process group's store
+        self.stores = AgentStores(config.master_addr)  # each attempt's process group's store
         self._count = 0
         #: The last start's ranks kept in process, given to a warm spare, to a new process.
         self.taken: dict[str, list[int]] = {}
@@ -109,22 +110,9 @@ class HotRanks:
         }
         if self.shared is not None:  # across hosts: rank 0 serves the store (the plan's port)
             return {**rank_env, **ours}
-        store = self._stores.get(attempt)
-        if store is None:
-            store = dist.TCPStore(
-                self.config.master_addr,
-                0,
-                is_master=True,
-                wait_for_workers=False,
-                timeout=timedelta(minutes=5),
-            )
-            self._stores = {
-                a: s for a, s in self._stores.items() if a >= attempt - 1
-            }  # the last one's ranks may still hold it
-            self._stores[attempt] = store
         return {
             **rank_env,
-            "MASTER_PORT": str(store.port),
+            "MASTER_PORT": str(self.stores.port(attempt)),
             "TORCHELASTIC_USE_AGENT_STORE": "True",
             **ours,
         }

@@ -70,12 +70,16 @@ class SpareAdmission:
             except PoolExhausted:
                 return []  # the placement itself says so
             before = set(state.placement.nodes) if state.placement is not None else set()
-        own = set(self.pool.nodes[: self.pool.slots(self.config.nproc)])
+        own = self._own()
         return [n for n in nxt.nodes if n not in own and n not in before and not self.tester.fresh(n)]
+
+    def _own(self) -> set[str]:
+        """The job's own nodes: the pool's first, as many as the world needs."""
+        return set(self.pool.nodes[: self.pool.slots(self.config.nproc)])
 
     def idle_spares(self) -> list[str]:
         """Spares no rank uses: not the job's own nodes, not quarantined, not placed."""
-        own = set(self.pool.nodes[: self.pool.slots(self.config.nproc)])
+        own = self._own()
         with self.state.lock:
             out = set(self.state.quarantined)
             placed = set(self.state.placement.nodes) if self.state.placement is not None else set()

@@ -118,6 +118,10 @@ class ReasonCode(StrEnum):
     HOST_LOST = "host_lost"
     # ranks died of a lost peer and no host went silent: culprit unknown
     PEER_LOST = "peer_lost"
+    # elastic training (issue 45): capacity lost with no spare ready; the planned grow-back
+    CAPACITY_WAIT = "capacity_wait"
+    CAPACITY_SHRINK = "capacity_shrink"
+    CAPACITY_GROW = "capacity_grow"
 
 
 class Reason(Record):

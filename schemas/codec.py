@@ -117,6 +117,17 @@ UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
     ("heartbeat", 1): lambda body: {**body, "phase": ""},
     # run_started/1 predates placement groups: the run declares none.
     ("run_started", 1): lambda body: {**body, "placement_groups": {}},
+    # run_started/2 predates the spares count (issue 45): not said.
+    ("run_started", 2): lambda body: {**body, "spares": None},
+    # goodput_report/1 predates elastic training: no time at a smaller world.
+    ("goodput_report", 1): lambda body: {**body, "narrow_s": 0.0},
+    # interruption_decided/1 predates the capacity decision (issue 45): none was made.
+    ("interruption_decided", 1): lambda body: {
+        **body,
+        "capacity": None,
+        "world_size": None,
+        "expected_replacement_s": None,
+    },
     # gpu_health/1 predates the v2 readings (memory temperature, clocks, power, throttle
     # reasons, lifetime ECC, NVLink CRC): none of them was read.
     ("gpu_health", 1): lambda body: dict(body),

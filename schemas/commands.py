@@ -9,7 +9,7 @@ so a decision re-made after a processor restart has the same id.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -178,12 +178,31 @@ class InterruptionDecided(Command):
     """The processor decided all it will about the interruption of ``attempt``: what it
     implies (a QuarantineNode...) was sent before this, on the run's partition. The
     launcher restarts as soon as it has this (issue 18), instead of waiting out its
-    ``decision_wait_s``, which is left as the bound for a processor that does not answer."""
+    ``decision_wait_s``, which is left as the bound for a processor that does not answer.
+
+    v2 (issue 45, elastic training): where the interruption takes nodes out and no spare is
+    known to be ready, what to do if none is: ``capacity`` "wait" for the replacement, or
+    "shrink" (go on at ``world_size`` ranks, grow back at a checkpoint once it is there),
+    by the rule of trainguard/common/elastic.py; ``reason`` then says why, with its numbers."""
 
     KIND: ClassVar[str] = "interruption_decided"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
 
     interruption_id: str = Field(min_length=1, max_length=200)
+    capacity: Literal["wait", "shrink"] | None = Field(
+        default=None,
+        description="With no spare ready for the nodes lost: wait for a replacement, or shrink; "
+        "None: no capacity decision (nothing lost, or spares are ready for it).",
+    )
+    world_size: int | None = Field(
+        default=None, ge=1, description="shrink: the smaller world to go on at; None otherwise."
+    )
+    expected_replacement_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="The replacement's expected arrival (seconds after the interruption) the "
+        "decision assumed: the run's history, else the policy's prior; None: no decision.",
+    )
 
     def targets(self, rank: int) -> bool:
         return rank == RUN_LEVEL_RANK  # the launcher's alone

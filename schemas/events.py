@@ -24,7 +24,7 @@ class RunStarted(Envelope):
     """A launcher (or the simulator) registers an attempt of a run before its ranks report."""
 
     KIND: ClassVar[str] = "run_started"
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3
 
     world_size: int = Field(ge=1, le=1_048_576)
     ranks_per_node: int = Field(ge=1, le=1024)
@@ -38,6 +38,14 @@ class RunStarted(Envelope):
     # a whole by the group slowdown detector like the racks.
     placement_groups: dict[str, list[str]] = Field(
         default_factory=dict, description="group -> its nodes (a node may be in several groups)."
+    )
+    # v3 (issue 45): the spares the launcher holds ready, which say whether a lost node is
+    # replaced at once or the policy must choose between waiting and a smaller world.
+    spares: int | None = Field(
+        default=None,
+        ge=0,
+        description="Proven spare nodes ready for this run as the attempt starts; None: not "
+        "said (the core then decides, for every node lost, what to do if none is ready).",
     )
 
 
@@ -324,6 +332,8 @@ class InterruptionCause(StrEnum):
     NON_FINITE = "non_finite"
     EVICTION = "eviction"
     OPERATOR = "operator"
+    #: A planned stop at a checkpoint to grow a smaller world back to full size (issue 45).
+    ELASTIC = "elastic"
 
 
 class Derived(Envelope):
@@ -554,10 +564,10 @@ class IntervalUpdate(Derived):
 class GoodputReport(Derived):
     """Where a run's time went over a trailing window of event time (seed §6):
     goodput = (1 - (checkpoint + lost + restart) / elapsed) x ideal/actual step time,
-    the last factor being 1 - straggler_s / (elapsed - restart)."""
+    the last factor being 1 - (straggler_s + narrow_s) / (elapsed - restart). v2: narrow_s."""
 
     KIND: ClassVar[str] = "goodput_report"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
 
     window_s: float = Field(gt=0, description="The trailing window (1 h, 24 h, 7 d by default).")
     elapsed_s: float = Field(ge=0, description="Run time inside the window.")
@@ -567,6 +577,12 @@ class GoodputReport(Derived):
         ge=0, description="From each interruption's detection to the next attempt's first step."
     )
     straggler_s: float = Field(ge=0, description="Training time lost to the slowest rank's pace.")
+    narrow_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="Training time lost to a smaller world (issue 45): (1 - W'/W) of each second "
+        "trained at W' of the full W ranks, the global batch the same (ETTR's reduced width).",
+    )
     goodput: float = Field(ge=0, le=1)
     interruptions: int = Field(default=0, ge=0, description="Interruptions detected inside the window.")
 

@@ -15,6 +15,9 @@ Layout (flattened by DCP to ``app.model.<fqn>``, ``app.rank3.rng.torch`` ...)::
 Model and optimizer are keyed by name and deduplicated across ranks by DCP; the RNG
 states, the sampler position and ``extra`` differ per rank, so they sit under the rank's
 own key (a shared key would be written by one rank only and the others' states lost).
+An elastic job's state (``per_rank=False``, producers/training/elastic.py) is the same on
+every rank, so it sits under ``job`` instead, with no RNG states, and loads at any world
+size.
 
 Buffers (BatchNorm's running statistics) are not replicated like parameters: every rank
 updates its own copy in its forward, so the ranks' copies differ, and DCP's deduplication
@@ -225,6 +228,7 @@ class TrainState:
         *,
         rank: int | None = None,
         buffers: tuple[BufferLayout, int] | None = None,
+        per_rank: bool = True,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -235,12 +239,19 @@ class TrainState:
         self.rank = rank
         #: Where this run's checkpoints keep the buffers, and the rank whose copy (rank0).
         self.buffers, self.buffer_owner = buffers if buffers is not None else buffer_layout(model)
+        #: False: an elastic job's state (producers/training/elastic.py), the same on every
+        #: rank and loadable at any world size: no per-rank section, no RNG states (its
+        #: randomness is seeded per shard and step); the sampler and ``extra`` under "job".
+        self.per_rank = per_rank
+        if not per_rank and self.buffers == "per-rank":
+            self.buffers, self.buffer_owner = "model", -1  # no rank's section to keep them in
         #: The layout of the checkpoint being loaded (its manifest's; CheckpointManager sets it).
         self.load_layout: BufferLayout = self.buffers
 
     @property
     def rank_key(self) -> str:
-        return f"rank{self.rank}"
+        """Where this rank's own state sits: ``rank<r>``, or ``job`` (not per rank)."""
+        return f"rank{self.rank}" if self.per_rank else "job"
 
     def manifest(self) -> dict[str, Any]:
         """What a checkpoint's manifest says of this state's layout."""
@@ -256,10 +267,9 @@ class TrainState:
 
     def _state(self, layout: BufferLayout, saving: bool) -> dict[str, Any]:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        own: dict[str, Any] = {
-            "rng": capture_rng(),
-            "extra": {name: _extra_state(value) for name, value in self.extra.items()},
-        }
+        own: dict[str, Any] = {"extra": {name: _extra_state(value) for name, value in self.extra.items()}}
+        if self.per_rank:
+            own["rng"] = capture_rng()
         if self.sampler is not None:
             own["sampler"] = self.sampler.state_dict()
         if layout == "per-rank":
@@ -295,4 +305,5 @@ class TrainState:
                 current.load_state_dict(saved)
             else:
                 self.extra[name] = saved
-        restore_rng(own["rng"])  # last: nothing after it may draw
+        if "rng" in own:
+            restore_rng(own["rng"])  # last: nothing after it may draw

@@ -45,10 +45,12 @@ from pathlib import Path
 from typing import Any
 
 from ...schemas import RUN_LEVEL_RANK, RunStarted
+from ..training.inprocess import RESIZED
 from .agent_bound import bound
 from .agent_store import AgentStores
 from .config import free_port, kill_at
 from .context import LaunchContext
+from .elastic import should_grow
 from .hot import HotRanks
 from .plan import Placement
 from .rank_env import rank_env
@@ -160,14 +162,18 @@ class AttemptRunner:
         assert self.hot is not None
         in_process = pending is not None and pending.path == "in-process"
         last = self._placement
-        if in_process and last is not None:  # a survivor keeps its rank only on its node, in a
-            resized = last.world_size != world.placement.world_size  # world of the same size
-            moved = [
+        resized = last is not None and last.world_size != world.placement.world_size
+        if in_process and last is not None and resized and self.config.elastic:
+            self._renumber(last, world.placement)  # a smaller world, or grown back
+        elif in_process and last is not None:  # a survivor keeps its rank only on its node, in a
+            moved = [  # world of the same size
                 r
                 for r in self.hot.survivors()
                 if resized or r not in envs or last.node_of(r) != world.placement.node_of(r)
             ]
             self.hot.kill(moved)
+        if self.config.elastic:  # the processes to grow back with start now (hot.top_up)
+            self.hot.missing = self.config.nproc - world.placement.world_size
         if in_process and not self.hot.survivors():
             assert pending is not None
             pending.path = "full"  # nobody left to go on: every process is new
@@ -176,6 +182,16 @@ class AttemptRunner:
         if pending is not None and in_process:
             pending.warm_ranks, pending.new_ranks = self.hot.taken["warm"], self.hot.taken["new"]
         return _HotGroup(self.hot, procs)
+
+    def _renumber(self, last: Placement, placement: Placement) -> None:
+        """Elastic training: the survivors (on nodes still in the pool) take the new
+        world's first ranks in their old order; the new world's other ranks go to warm
+        spares (hot.start)."""
+        assert self.hot is not None
+        with self.state.lock:
+            out = set(self.state.quarantined)
+        keep = [r for r in self.hot.survivors() if last.node_of(r) not in out][: placement.world_size]
+        self.hot.renumber({old: new for new, old in enumerate(keep)})
 
     def prewarm(self, ranks: int) -> None:
         """In-process restart: start importing the first attempt's `ranks` workers and the
@@ -284,6 +300,7 @@ class _Watch:
         grace_until: float | None = None
         interruption: RestartPhases | None = None
         next_phases = next_membership = 0.0
+        grow_asked = False
         while self.live:
             now = runner.clock()
             crashed = [(r, rc) for r, rc in self.reap(now) if rc != 0]
@@ -314,6 +331,11 @@ class _Watch:
                 interruption = self._left_alive(now)
                 if interruption is not None:
                     break
+                if not grow_asked and should_grow(cfg, placement.world_size, runner.hot.ready()):
+                    grow_asked = True  # the ranks checkpoint at a step they agree on, then leave
+                    log.warning("attempt %d: spares ready: the world of %d grows back to %d at a "
+                                "checkpoint boundary", attempt, placement.world_size, cfg.nproc)  # fmt: skip
+                    runner.hot.resize(attempt)
             if state.stop.is_set():
                 self.teardown()
                 break
@@ -423,6 +445,8 @@ class _Watch:
         left = runner.hot.left(self.attempt, sorted(self.live))
         if not left or any(self.procs[r].poll() is not None for r in self.live):
             return None  # a rank here died: the next poll takes it as the crash, the cause
+        if any(why.startswith(RESIZED) for why in left.values()):
+            return self._resized(left, now)
         rank = min(left)
         interruption = runner.restarts.interruption(
             RestartCause.CRASH, f"rank {rank} left the attempt alive (lost a peer: {left[rank]})",
@@ -434,6 +458,24 @@ class _Watch:
             self.exit(RankEnd(self.attempt, r, self.placement.node_of(r), None, now, False, left=True))
         self.held = True
         runner.hot.abort(self.attempt)
+        return interruption
+
+    def _resized(self, left: dict[int, str], now: float) -> RestartPhases | None:
+        """Elastic training: the ranks left at the checkpoint they agreed on for a resize
+        (a planned change: requested exits, no lost peer), once all of them have."""
+        runner = self.runner
+        assert runner.hot is not None
+        if len(left) < len(self.live):
+            return None  # the others leave at the same step, a moment later
+        interruption = runner.restarts.interruption(
+            RestartCause.RESIZE, f"{left[min(left)]}: spares ready for a world of {runner.config.nproc}",
+            self.attempt, now, now,
+        )  # fmt: skip
+        interruption.path = "in-process"
+        for r in sorted(left):
+            self.live.discard(r)
+            self.exit(RankEnd(self.attempt, r, self.placement.node_of(r), None, now, True, left=True))
+        self.held = True
         return interruption
 
     def _quarantined(self) -> bool:

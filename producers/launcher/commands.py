@@ -228,6 +228,10 @@ class LauncherCommands:
         state = self.state
         with state.lock:
             detail = f"attempt {command.attempt}'s interruption decided: the restart goes on"
+            capacity = getattr(command, "capacity", None)
+            if capacity is not None:
+                state.capacity[command.attempt] = str(capacity)
+                detail += f"; lost capacity: {capacity}"
             state.record(command, detail)
             state.decided.add(command.attempt)
         return detail

@@ -119,6 +119,11 @@ class LauncherConfig:
     #: In-process restart: how long a survivor waits in the store for the next attempt
     #: before it gives up (the launcher ends it sooner when it restarts in full instead).
     restart_wait_s: float = 300.0
+    #: Elastic training (--min-nproc; issue 45, docs/elastic.md): under in-process restart,
+    #: a rank lost with no ready spare lets the survivors go on in a smaller world of at
+    #: least this many ranks (when the policy prefers it to waiting), and the world grows
+    #: back at a checkpoint boundary once a spare is ready. None: never smaller than nproc.
+    min_nproc: int | None = None
     #: After a rank's error before any rank completed a step: how long the other ranks get
     #: to end on their own before the teardown, so that the same error on other nodes is
     #: seen (producers/launcher/startup.py); a rank blocked in a collective is torn down after it.
@@ -148,6 +153,11 @@ class LauncherConfig:
         if isinstance(self.checkpoint_dir, str) and is_url(self.checkpoint_dir):
             return trainguard_home() / "launch" / self.run_id
         return Path(self.checkpoint_dir) / ".trainguard"
+
+    @property
+    def elastic(self) -> bool:
+        """The world may shrink below nproc (and grow back): --min-nproc under in-process restart."""
+        return self.restart == "in-process" and self.min_nproc is not None and self.min_nproc < self.nproc
 
     @property
     def resolved_run_dir(self) -> Path:

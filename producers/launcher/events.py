@@ -76,7 +76,8 @@ class LauncherEvents:
             stack_dump_ref=str(info.get("stack_dump_ref", ""))[:2000],
             stack_signature=str(info.get("stack_signature", ""))[:2000],
             job_step=max(-1, job_step),
-            peer_lost=end.left or (bool(info.get("peer_lost")) and not end.requested and end.signal is None),
+            peer_lost=not end.requested
+            and (end.left or (bool(info.get("peer_lost")) and end.signal is None)),
         )
         if not end.requested and (wake := getattr(self.sink, "wake", None)) is not None:
             wake()  # the processor decides on it while the launcher waits

@@ -53,6 +53,7 @@ from ..training.inprocess import (
     abort_key,
     env_key,
     left_key,
+    resize_key,
     spare_attempt_key,
     spare_ready_key,
     stack_key,
@@ -94,6 +95,9 @@ class HotRanks:
         self.taken: dict[str, list[int]] = {}
         #: Across hosts: the store the hosts of the current attempt share (None: one host).
         self.shared: Any = None
+        #: Elastic training: ranks the world is short of (a smaller world runs): workers
+        #: started beyond the warm spares, to grow back with once ready.
+        self.missing = 0
 
     # ------------------------------------------------------------ an attempt's processes
     def attempt_env(self, attempt: int, rank_env: Mapping[str, str], worker: str) -> dict[str, str]:
@@ -163,6 +167,23 @@ class HotRanks:
         self.top_up()
         return {r: self.procs[r].proc for r in envs}
 
+    def renumber(self, ranks: Mapping[int, int]) -> None:
+        """Elastic training: the survivors take the ranks of a world of another size (old
+        rank -> new rank); a survivor left out is ended."""
+        procs, workers = self.procs, self.workers
+        self.kill([r for r in procs if r not in ranks])
+        self.procs = {ranks[r]: h for r, h in procs.items() if r in ranks}
+        self.workers = {ranks[r]: w for r, w in workers.items() if r in ranks}
+
+    def ready(self) -> int:
+        """Warm spares ready (imported, idling) now."""
+        return sum(1 for w, h in self.spares if h.proc.poll() is None and self._ready(w))
+
+    def resize(self, attempt: int) -> None:
+        """Ask `attempt`'s ranks to checkpoint at a step they agree on and leave there, in
+        their processes, for a world of another size (inprocess.WorldResize)."""
+        self.control.set(resize_key(attempt), "1")
+
     def culprits(self, attempt: int, ranks: list[int], world: list[int], timeout_s: float) -> list[int]:
         """After an Abort with stack dumps: the ranks of `world` whose stack is the odd one
         out (the processor's rule, processors/core/stacks.py), once every rank noted its
@@ -207,7 +228,7 @@ class HotRanks:
     def top_up(self, extra: int = 0) -> None:
         """Start workers until `warm_spares` + `extra` are alive (ready once imported)."""
         self.spares = [(w, h) for w, h in self.spares if h.proc.poll() is None]
-        while len(self.spares) < self.config.warm_spares + extra:
+        while len(self.spares) < self.config.warm_spares + extra + self.missing:
             worker = self._name("spare")
             env = {
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),

@@ -79,6 +79,7 @@ from .attempt import AttemptRunner
 from .commands import LauncherCommands
 from .config import LauncherConfig, kill_at
 from .context import LaunchContext
+from .elastic import next_size
 from .events import LauncherEvents
 from .journal import JOURNAL_NAME, ActionJournal, AttemptRecord
 from .plan import NodePool, Placement, make_pool
@@ -293,6 +294,7 @@ class Launcher:
         while True:
             if self._paused(result, pending):
                 break
+            self.world.size = self._size(pending)
             try:
                 world = self.world.form(first, reuse)
             except NoWorld as no:
@@ -305,6 +307,8 @@ class Launcher:
             first, reuse = False, None
             if pending is None and world.called is not None:  # a spare: its share of the interruption
                 pending = self._called(world.called)
+            if pending is not None:
+                pending.world_size = world.placement.world_size
             if pending is not None and world.left:
                 pending.hosts_lost = sorted(world.left)
                 pending.replaced_by = {
@@ -366,6 +370,23 @@ class Launcher:
                 break
             pending = interruption
 
+    def _size(self, pending: RestartPhases | None) -> int | None:
+        """Elastic training (elastic.py): the next world's size after an in-process
+        interruption, the decision in its record when the world changes size."""
+        hot = self.attempts.hot
+        last = self.state.placement
+        if pending is None or pending.path != "in-process" or hot is None or not self.config.elastic:
+            return None
+        with self.state.lock:
+            capacity = self.state.capacity.get(pending.from_attempt)
+        sizing = next_size(self.config, len(hot.survivors()), hot.ready(), capacity)
+        before = last.world_size if last is not None else self.config.nproc
+        if sizing.size != before:
+            pending.decision = "shrink" if sizing.size < before else "grow"
+            pending.decision_reason = sizing.reason[:500]
+            log.warning("trainguard: %s -> %s", before, sizing.text)
+        return sizing.size
+
     def _called(self, called: SpareCall) -> RestartPhases:
         """A spare agent joins in a lost host's place: the interruption its ranks restart
         after, from that host's last beat (its R is measured and recorded as a survivor's)."""
@@ -380,6 +401,8 @@ class Launcher:
         restart. Across hosts after any interruption but a host joining: the world re-forms
         at once when every host is back in the round, so a host that the processor
         quarantines for this attempt (a hang's culprit) must know it before it rejoins."""
+        if interruption.cause is RestartCause.RESIZE:  # planned: nothing to decide
+            return False
         if self.config.rendezvous is not None:
             return interruption.cause is not RestartCause.MEMBERSHIP
         if interruption.path == "in-process":  # a hang's culprit is quarantined before the placement

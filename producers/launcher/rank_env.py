@@ -18,6 +18,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..training.elastic import ENV_SHARDS
 from .agent_bound import ENV_AGENT_PID
 from .config import LauncherConfig
 from .plan import Placement
@@ -46,6 +47,12 @@ def _omp_threads(local_world: int) -> dict[str, str]:
     if "OMP_NUM_THREADS" in os.environ:
         return {"OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"]}
     return {"OMP_NUM_THREADS": "1"} if local_world > 1 else {}
+
+
+def _full_world(cfg: LauncherConfig) -> int:
+    """Across hosts: MAX hosts x ranks per host (--nnodes MIN:MAX)."""
+    assert cfg.rendezvous is not None
+    return cfg.rendezvous.max_nodes * cfg.ranks_per_node
 
 
 def rank_env(
@@ -103,6 +110,8 @@ def rank_env(
         "TRAINGUARD_PROGRESS_FILE": str(progress_path(run_dir, attempt, rank)),
         "TRAINGUARD_RUN_DIR": str(run_dir),  # the Supervisor's stack dumps and journals
         "TRAINGUARD_SKIP_BATCHES": ",".join(map(str, skip_batches)),
+        # The job's data shards: its full world, whatever this attempt's size (elastic.py).
+        ENV_SHARDS: str(cfg.nproc if cfg.rendezvous is None else _full_world(cfg)),
         # This host's launcher: a rank whose agent is gone ends (agent_bound.py, agent_watch.py).
         ENV_AGENT_PID: str(os.getpid()),
     }

@@ -29,6 +29,9 @@ class RestartCause(StrEnum):
     #: (or quarantined) and this agent joins in its place; its restart is measured as the
     #: survivors' is, from the lost host's last beat.
     HOST_LOST = "host_lost"
+    #: Elastic training (issue 45): a planned change of the world's size at a checkpoint
+    #: boundary, the ranks in their processes (grow back once a spare is ready).
+    RESIZE = "resize"
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,9 @@ class RestartPhases:
     #: quarantined), and the host that took each one's ranks (none: the world shrank).
     hosts_lost: list[str] = field(default_factory=list)
     replaced_by: dict[str, str] = field(default_factory=dict)
+    #: The world the restart resumed at (0: not started); under elastic training it may be
+    #: smaller than the run's (decision "shrink") or grow back ("grow"), with the reason.
+    world_size: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -67,6 +67,9 @@ class RunState:
         self.taken: set[str] = set(state.taken)
         #: Attempts whose interruption the processor has decided on (InterruptionDecided).
         self.decided: set[int] = set()
+        #: Elastic training: the processor's choice for an attempt's lost capacity
+        #: ("wait" or "shrink", InterruptionDecided.capacity).
+        self.capacity: dict[int, str] = {}
         self.request: StopRequest | None = None  # ends the running attempt
         self.evict: StopRequest | None = None  # ends it at the next validated checkpoint
         self.forced_resume: int | None = None  # the next attempt's resume step, if named

@@ -93,6 +93,8 @@ class NoWorld(Exception):
 
 class WorldFormation(Protocol):
     config: LauncherConfig
+    #: Elastic training: the size of the next world (None: the run's full size).
+    size: int | None
 
     def form(self, first: bool, reuse: AttemptRecord | None) -> World:
         """The next attempt's world (`first`: this launcher's first attempt; `reuse`: the
@@ -132,6 +134,7 @@ class LocalWorld:
         spares: SpareAdmission,
     ) -> None:
         self.config, self.pool, self.state, self.resume, self.spares = config, pool, state, resume, spares
+        self.size: int | None = None
 
     def form(self, first: bool, reuse: AttemptRecord | None) -> World:
         state = self.state
@@ -140,7 +143,8 @@ class LocalWorld:
         self.spares.admit()
         with state.lock:
             try:
-                state.placement = plan(self.pool, state.quarantined, self.config.nproc, state.placement)
+                size = self.config.nproc if first or self.size is None else self.size
+                state.placement = plan(self.pool, state.quarantined, size, state.placement)
             except PoolExhausted as exc:
                 raise NoWorld(str(exc), after_interruption=False) from None
             state.busy = frozenset(state.placement.nodes)  # until the attempt's ranks are gone
@@ -167,6 +171,7 @@ class HostWorld:
         tester: NodeTester | None = None,
     ) -> None:
         self.config, self.node, self.state, self.resume = config, node, state, resume
+        self.size: int | None = None  # across hosts the rendezvous round sizes the world
         self.rendezvous = rendezvous
         #: A spare agent proves its own host with it while it waits (self_test_spares).
         self.tester = tester if config.self_test_spares != "off" else None

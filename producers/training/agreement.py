@@ -27,15 +27,17 @@ log = logging.getLogger(__name__)
 def agree(
     control: RankControl,
     verdict: Verdict,
-    wants_checkpoint: bool,
+    wants_checkpoint: int,
     rank: int,
     device: Callable[[], torch.device],
     enabled: bool = True,
     self_check: bool = False,
-) -> tuple[Verdict, bool, int | None, int | None, bool | None]:
-    """(the verdict, checkpoint now, the ring check to run at this step's end, the cross
-    check to run, the self-check replay). The ring check: -1 none; None no agreement ran,
-    so each rank runs its own at its first step >= the command's. The cross check: the
+) -> tuple[Verdict, int, int | None, int | None, bool | None]:
+    """(the verdict, checkpoint now (``wants_checkpoint``'s codes: 0 no, 1 yes, 2 yes and
+    then leave the attempt for a resize: :class:`.inprocess.WorldResize`), the ring check
+    to run at this step's end, the cross check to run, the self-check replay). The ring
+    check: -1 none; None no agreement ran, so each rank runs its own at its first step >=
+    the command's. The cross check: the
     key, 0 none, None no agreement ran. The self-check replay: True when a rank offered
     `self_check` (a sharded model's, whose replay every rank joins: :mod:`.fsdp`), None
     when no agreement ran. No agreement runs without torch.distributed, in a world of one,
@@ -52,7 +54,7 @@ def agree(
         log.warning("rank %d: cross check %s dropped: a rank it names never held it", rank, check)
     mine = [
         _CODES[verdict],
-        int(wants_checkpoint),
+        int(wants_checkpoint),  # MAX: one rank's resize makes it everyone's
         int(self_check),
         *ring_check.agreement_codes(pending),
         *cross_check.agreement_codes(head, rank),
@@ -69,5 +71,5 @@ def agree(
     due = -1 if ring.run is None else ring.run
     cross = cross_check.agreed(rest[3:]) or 0
     if verdict is not Verdict.APPLY or worst == 0:
-        return verdict, bool(checkpoint), due, cross, bool(replay)
-    return Verdict.PEER, bool(checkpoint), due, cross, bool(replay)
+        return verdict, checkpoint, due, cross, bool(replay)
+    return Verdict.PEER, checkpoint, due, cross, bool(replay)

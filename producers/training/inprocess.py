@@ -34,7 +34,8 @@ and leaves with the original error if the launcher is gone.
 Keys in the launcher's control store (producers/launcher/hot.py writes the other side):
 ``spare/<worker>/ready`` (a spare idles), ``spare/<worker>/attempt`` (its assignment),
 ``env/<attempt>/<worker>`` (a JSON environment), ``left/<attempt>/<worker>`` (a survivor
-reached the barrier, with its error), ``abort/<attempt>`` (end that attempt's
+reached the barrier, with its error), ``resize/<attempt>`` (a planned change of the world's
+size: checkpoint at an agreed step, then leave: :class:`WorldResize`), ``abort/<attempt>`` (end that attempt's
 collectives: NCCL's abort; gloo's cannot be aborted, the launcher ends the stuck rank).
 """
 
@@ -63,9 +64,23 @@ T = TypeVar("T")
 ENV_STORE = "TRAINGUARD_RESTART_STORE"  # host:port of the launcher's control store
 ENV_WORKER = "TRAINGUARD_WORKER"  # this process's name in it
 ENV_WAIT_S = "TRAINGUARD_RESTART_WAIT_S"  # how long a survivor or a spare waits for the launcher
+#: A resize waits for the next checkpoint the cadence makes due, at most this long (then
+#: one is taken for it): the world stays small no longer than that once capacity is back.
+ENV_GROW_WITHIN_S = "TRAINGUARD_GROW_WITHIN_S"
 PREFIX = "trainguard/"
 POLL_S = 0.02  # the store is local to the launcher: a check is one round trip on loopback
 WAIT_SLICE = timedelta(seconds=0.2)  # how often a collective's wait looks for the launcher's abort
+
+
+#: How a rank's planned leaving (:class:`WorldResize`) reads in ``left/<attempt>/<worker>``.
+RESIZED = "the world is resized"
+
+
+class WorldResize(RuntimeError):
+    """A planned membership change (elastic training, issue 45): the launcher asked for a
+    world of another size, the ranks agreed on a step, checkpointed at it and leave the
+    attempt there, in their processes (the Supervisor raises it at that step's end; its
+    message starts with :data:`RESIZED`)."""
 
 
 class AttemptAborted(RuntimeError):
@@ -93,6 +108,10 @@ def abort_key(attempt: int) -> str:
     return f"{PREFIX}abort/{attempt}"
 
 
+def resize_key(attempt: int) -> str:
+    return f"{PREFIX}resize/{attempt}"
+
+
 def stack_key(attempt: int, rank: int) -> str:
     return f"{PREFIX}stack/{attempt}/{rank}"
 
@@ -116,25 +135,39 @@ class Restartable:
         self._kept: dict[str, Any] = {}
         #: Set by the abort watch when the launcher ends the attempt; cleared per attempt.
         self.aborting = threading.Event()
+        #: Set by the same watch when the launcher asks for a world of another size (a
+        #: spare is back): the Supervisor checkpoints at a step the ranks agree on and
+        #: leaves there (:class:`WorldResize`); cleared per attempt.
+        self.resizing = threading.Event()
         #: Gloo process groups of ended attempts: not destroyed (a pending operation would
         #: block the destroy until gloo's timeout), only forgotten by torch.distributed.
         self._ended_groups: list[Any] = []
-        self._abort = _AbortWatch(store, self.aborting)
+        self._abort = _AbortWatch(store, self.aborting, self.resizing)
 
     @property
     def attempt(self) -> int:
         return int(os.environ.get("TRAINGUARD_ATTEMPT", "0"))
+
+    def resize_now(self, checkpoint_due: bool) -> bool:
+        """The launcher asked for a resize and this step is its boundary: a checkpoint is
+        due anyway, or the resize has waited ``TRAINGUARD_GROW_WITHIN_S`` (default 60 s)."""
+        since = self._abort.resizing_since
+        if not self.resizing.is_set() or since is None:
+            return False
+        within = float(os.environ.get(ENV_GROW_WITHIN_S, "60"))
+        return checkpoint_due or time.monotonic() - since >= within
 
     def run(self, main: Callable[[], T]) -> T:
         if is_spare(self.worker):
             self._await_assignment()
         while True:
             self.aborting.clear()
+            self.resizing.clear()
             self._abort.watch(self.attempt)
             try:
                 return main()
             except Exception as error:  # BaseException (SystemExit, KeyboardInterrupt) ends the process
-                why = peer_lost(error)
+                why = str(error) if isinstance(error, WorldResize) else peer_lost(error)
                 if why is None:
                     raise
                 _release_frames(error)  # they hold the old model, DDP and its process group
@@ -301,9 +334,11 @@ class _AbortWatch:
     any collective raises. Gloo's cannot be aborted (NOTES.md): a rank stuck in a gloo
     collective outside :func:`wait` waits until its peers' connections close."""
 
-    def __init__(self, store: Any, aborting: threading.Event) -> None:
+    def __init__(self, store: Any, aborting: threading.Event, resizing: threading.Event) -> None:
         self.store = store
         self.aborting = aborting
+        self.resizing = resizing
+        self.resizing_since: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -318,9 +353,12 @@ class _AbortWatch:
         self._stop.set()
 
     def _run(self, attempt: int, stop: threading.Event) -> None:
-        key = abort_key(attempt)
+        key, resize = abort_key(attempt), resize_key(attempt)
         while not stop.wait(0.1):
             try:
+                if not self.resizing.is_set() and self.store.check([resize]):
+                    self.resizing_since = time.monotonic()
+                    self.resizing.set()
                 if not self.store.check([key]):
                     continue
             except Exception:

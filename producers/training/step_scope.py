@@ -47,6 +47,8 @@ class StepScope:
         self.verdict: Verdict | None = None
         #: Save a checkpoint at the end of this step: decided in check(), agreed over ranks.
         self.checkpoint_due: bool | None = None
+        #: ...and then leave the attempt: the launcher resizes the world (elastic.py).
+        self.resize_due = False
         #: The ranks agreed in check() (None: no agreement ran): run the pending ring check
         #: due from this step (-1: none) at the end of this step.
         self.ring_check_due: int | None = None

@@ -396,8 +396,11 @@ class Supervisor(ExitHooks):
             norm = None if grad_norm is None else float(grad_norm)
         scope.loss, scope.grad_norm = loss_f, norm
         verdict = self._local_verdict(scope.step, loss_f, norm)
-        wants_checkpoint = self._wants_checkpoint(scope.step)
-        verdict, due, scope.ring_check_due, scope.cross_check_due, scope.self_check_due = agree(
+        wants_checkpoint = int(self._wants_checkpoint(scope.step))
+        restartable = inprocess.current()
+        if restartable is not None and restartable.resize_now(bool(wants_checkpoint)):
+            wants_checkpoint = 2  # a planned resize at this boundary: checkpoint, then leave
+        verdict, code, scope.ring_check_due, scope.cross_check_due, scope.self_check_due = agree(
             self.control,
             verdict,
             wants_checkpoint,
@@ -406,6 +409,7 @@ class Supervisor(ExitHooks):
             self.config.agree_on_skip,
             self_check=self.checks.offer_self_check(scope),
         )
+        due, scope.resize_due = code > 0, code == 2
         scope.checkpoint_due, self._agreed = due, (scope.step, due)
         scope.verdict = verdict
         if verdict is Verdict.APPLY:
@@ -467,6 +471,18 @@ class Supervisor(ExitHooks):
             self.agent.phase = "checkpoint"
             self.checkpoint.save(scope.step)
             self.checkpoint_saved(scope.step)
+        if scope.resize_due:
+            self._leave_for_resize(scope.step)
+
+    def _leave_for_resize(self, step: int) -> None:
+        """The ranks agreed to resize at `step` (the launcher asked: elastic.py): its
+        checkpoint is written and validated, then the attempt ends here, in this process,
+        and the next one (of the new size) resumes from it: no work lost."""
+        wait = getattr(self.checkpoint, "wait_validated", None)
+        if wait is not None:
+            wait()  # rank 0's validation; every rank's write
+        log.warning("rank %d: leaving the attempt at step %d for a resize of the world", self.rank, step)
+        raise inprocess.WorldResize(f"{inprocess.RESIZED} at the checkpoint of step {step}")
 
     def _drain(self, block: bool) -> None:
         marks = self._marks

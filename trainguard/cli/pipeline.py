@@ -334,6 +334,15 @@ def launch(
             "each ready to take a failed rank (implies --restart in-process)."
         ),
     ] = 0,
+    min_nproc: Annotated[
+        int | None,
+        typer.Option(
+            help="Elastic training on one host (docs/elastic.md): when a rank is lost and no warm spare "
+            "is ready, the survivors go on in a world of at least this many ranks, the same global "
+            "batch, and grow back to --nproc at a checkpoint boundary once a new process is ready "
+            "(implies --restart in-process; the script uses ElasticBatches). Default: never smaller."
+        ),
+    ] = None,
     nodes_per_rack: Annotated[int, typer.Option(help="Nodes per modelled rack.")] = 4,
     max_restarts: Annotated[
         int, typer.Option("--max-restarts", "--max_restarts", help="Restarts before giving up (any cause).")
@@ -382,8 +391,11 @@ def launch(
     if self_test not in ("on-demand", "ahead", "off"):
         console.print(f"[red]--self-test must be on-demand, ahead or off (got {self_test!r})")
         raise typer.Exit(2)
-    if warm_spares:
+    if warm_spares or min_nproc is not None:
         restart = "in-process"
+    if min_nproc is not None and not 1 <= min_nproc <= nproc:
+        console.print(f"[red]--min-nproc must be between 1 and --nproc {nproc} (got {min_nproc})")
+        raise typer.Exit(2)
     if restart not in ("full", "in-process") or warm_spares < 0:
         console.print(f"[red]--restart must be full or in-process (got {restart!r}); --warm-spares >= 0")
         raise typer.Exit(2)
@@ -458,6 +470,7 @@ def launch(
         spare=spare,
         restart=restart,  # type: ignore[arg-type]  # checked above
         warm_spares=warm_spares,
+        min_nproc=min_nproc,
         checkpoint_dir=location,
         state_dir=state_dir.resolve() if state_dir is not None else None,
         spares=spares,

@@ -313,7 +313,7 @@ def goodput_over(state: GoodputState, window_s: float) -> float:
         if key > since:
             inside.add(bucket)
     b = inside
-    return Breakdown(window_s, b.elapsed, b.checkpoint, b.lost, b.restart, b.straggler).goodput
+    return Breakdown(window_s, b.elapsed, b.checkpoint, b.lost, b.restart, b.straggler, 0, b.narrow).goodput
 
 
 def _sdc_checks(run: RunState, view: RunView) -> SdcChecks:

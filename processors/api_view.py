@@ -124,8 +124,8 @@ class RunsView:
                 _quarantined(run, command.node, *args)
             elif isinstance(command, ReleaseNode):
                 run.quarantined.pop(command.node, None)
-            elif isinstance(command, InterruptionDecided):  # the launcher's go-ahead, not a decision
-                continue
+            elif isinstance(command, InterruptionDecided) and command.capacity is None:
+                continue  # the launcher's go-ahead; a decision when it says wait or shrink (issue 45)
             reason, caused_by = command.reason, command.caused_by
             _on_decision(
                 run, _decision(command.command_id, command.KIND, command.issued_ts, reason, caused_by)

@@ -373,7 +373,8 @@ VIEW_DDL: tuple[str, ...] = (
     FROM phases
     GROUP BY source, phase""",
     # Decisions: the core's commands and its decision events, each with its reason and the
-    # ids of what caused it.
+    # ids of what caused it. The launcher's go-ahead (interruption_decided) is one only when
+    # it carries a capacity decision (issue 45: wait for a replacement, or a smaller world).
     """
     CREATE OR REPLACE VIEW decision AS
     SELECT run_id, event_id AS decision_id, kind, ts AS "at",
@@ -386,7 +387,7 @@ VIEW_DDL: tuple[str, ...] = (
     SELECT run_id, command_id, kind, issued_ts, reason_code, reason_text,
            CAST(payload->'caused_by' AS VARCHAR[])
     FROM command
-    WHERE kind <> 'interruption_decided'  -- the launcher's go-ahead, not a decision of its own""",
+    WHERE kind <> 'interruption_decided' OR payload->>'capacity' IS NOT NULL""",
     # The timeline (seed §3 /timeline): every interruption with its cost and the decisions it
     # caused (directly, or through a decision it caused: the quarantine's command), each
     # with its reason. A decision shares a cause with the interruption when both follow the
@@ -426,7 +427,9 @@ VIEW_DDL: tuple[str, ...] = (
            CAST(payload->>'lost_s' AS DOUBLE)       AS lost_s,
            CAST(payload->>'restart_s' AS DOUBLE)    AS restart_s,
            CAST(payload->>'straggler_s' AS DOUBLE)  AS straggler_s,
-           CAST(payload->>'goodput' AS DOUBLE)      AS goodput
+           CAST(payload->>'goodput' AS DOUBLE)      AS goodput,
+           -- v2 (issue 45): training time lost to a smaller world; none before
+           coalesce(CAST(payload->>'narrow_s' AS DOUBLE), 0.0) AS narrow_s
     FROM raw_event
     WHERE kind = 'goodput_report'""",
     # Goodput by UTC day, per run: the core's trailing 24-hour report (window_s = 86400), the

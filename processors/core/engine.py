@@ -59,6 +59,7 @@ from ...schemas import (
 from ...schemas.codec import RejectReason, rank_out_of_range
 from . import (
     baseline,
+    capacity,
     diagnosis,
     eviction,
     group_slowdown,
@@ -75,7 +76,7 @@ from . import (
 )
 from . import goodput as accounting
 from .ids import derived_id
-from .outputs import Forward, Reject, abort_for, decided, node_of
+from .outputs import Forward, Reject, abort_for, node_of
 from .policy import CorePolicy
 from .stack_window import open_window, window_closed
 from .stacks import hang_culprit
@@ -222,7 +223,7 @@ def _consequences(run: RunState, outputs: list[Output], policy: CorePolicy) -> l
             for found in found_now:  # back to the clean ancestor of every device found at once
                 outputs += _roll_back(run, found, found_now)
         for interruption in [o for o in outputs if isinstance(o, Interruption)]:
-            if interruption.cause != InterruptionCause.EVICTION:  # planned: not a failure
+            if interruption.cause not in capacity.PLANNED:  # planned: not a failure
                 starting = interruption.step <= run.resumed_from_step  # no step done in its attempt
                 outputs += baseline.on_interruption(run.baseline, run, interruption, policy.baseline)
                 pages = paging.on_interruption(
@@ -239,10 +240,12 @@ def _consequences(run: RunState, outputs: list[Output], policy: CorePolicy) -> l
             node_tests.note_released(run.paging, back)
         for recovered in [o for o in outputs if isinstance(o, InterruptionRecovered)]:
             eviction.on_recovered(run.eviction, recovered, policy.eviction)
+            capacity.on_recovered(run.capacity, recovered, policy.elastic)
         for update in [o for o in outputs if isinstance(o, MtbfUpdate)]:  # M moved: re-derive T
             outputs += interval.rederive(run.interval, run.run_id, update, update.mtbf_s, policy.interval)
-        # last: what each interruption implies is out before the launcher is told to go on
-        outputs += [decided(o) for o in outputs if isinstance(o, Interruption)]
+        # last: what each interruption implies is out before the launcher is told to go on,
+        # with the capacity decision when it took nodes out that no ready spare covers
+        outputs += [capacity.decide(run, o, outputs, policy) for o in outputs if isinstance(o, Interruption)]
     return outputs
 
 
@@ -392,7 +395,9 @@ def _on_run_started(run: RunState, event: RunStarted, policy: CorePolicy) -> lis
     opened = run.open_interruption
     if opened is not None and event.attempt > run.attempt and opened.launched_ts is None:
         opened.launched_ts = event.ts  # the restart's reschedule phase ends here
+    capacity.on_run_started(run.capacity, run, event, policy.elastic)  # before the world changes
     run.world_size = event.world_size
+    accounting.set_width(run.goodput, event.world_size, run.capacity.full_world)
     run.ranks_per_node = event.ranks_per_node
     run.nodes = tuple(event.nodes)
     run.racks = dict(event.racks)
@@ -425,7 +430,20 @@ def _undeclared_restart(run: RunState, event: Envelope) -> Interruption:
     """A new attempt started although the core declared no interruption: the planned
     restart of an eviction it issued (at a checkpoint boundary: a cost to account, not a
     failure; it stopped when its ranks did), or something only the launcher saw. Either
-    way it is recorded, so the timeline stays complete."""
+    way it is recorded, so the timeline stays complete. A smaller world growing back to
+    full size is planned too (capacity.py)."""
+    grown = capacity.take_grow(run.capacity)
+    if grown:
+        stopped = max((r.last_seen_ts for r in run.ranks.values()), default=event.ts)
+        return _interruption(
+            run,
+            cause=InterruptionCause.ELASTIC,
+            detected_by="elastic",
+            cause_id=grown,
+            at=min(stopped, event.ts),
+            culprit=-1,
+            reason=capacity.grow_reason(run, grown, event.attempt),
+        )
     evicted = eviction.issued_in(run.eviction, run.attempt)
     if evicted is not None:
         decision_id, rank = evicted

@@ -9,9 +9,14 @@ measured, not modelled: `checkpoint` is the blocking time of the checkpoints wri
 charged to the minutes in which that work was done, so that no window loses more time
 than it holds),
 `restart` the time from each interruption's detection to the next attempt's first step,
-and ideal/actual = 1 - straggler / (elapsed - restart), where `straggler` accrues, while a
-straggler is flagged, (1 - 1/slowdown) of the training time (the job runs at its slowest
-rank's pace; the seed's "a single 20%-slow rank multiplies the second term by 0.83").
+and ideal/actual = 1 - (straggler + narrow) / (elapsed - restart), where `straggler` accrues,
+while a straggler is flagged, (1 - 1/slowdown) of the training time (the job runs at its
+slowest rank's pace; the seed's "a single 20%-slow rank multiplies the second term by 0.83"),
+and `narrow`, while the run trains at W' of its full W ranks (elastic training, issue 45: the
+same global batch, each step W/W' as long), (1 - W'/W) of it: the effective training time
+ratio's reduced width (Meta, "Revisiting Reliability in Large-Scale ML Research Clusters",
+HPCA 2025). Both together: a second at width w behind a rank `slowdown` times slower does
+w/slowdown of a second's work.
 
 Time is kept in one-minute buckets of the run's clock (its newest event ts), and the
 state of a week-long run stays small. A window's sum is kept incrementally: running totals
@@ -59,6 +64,7 @@ class Breakdown:
     restart: float
     straggler: float
     interruptions: int = 0
+    narrow: float = 0.0
 
     @property
     def goodput(self) -> float:
@@ -66,7 +72,7 @@ class Breakdown:
             return 1.0
         overhead = (self.checkpoint + self.lost + self.restart) / self.elapsed
         training = self.elapsed - self.restart
-        pace = 1.0 - self.straggler / training if training > 0 else 1.0
+        pace = 1.0 - (self.straggler + self.narrow) / training if training > 0 else 1.0
         return max(0.0, min(1.0, (1.0 - overhead) * pace))
 
 
@@ -98,6 +104,8 @@ def advance(state: GoodputState, ts: float, interrupted: bool, policy: GoodputPo
         return
     previous, state.clock = state.clock, ts
     slow = 0.0 if interrupted or not state.slowdowns else 1.0 - 1.0 / max(state.slowdowns.values())
+    width = state.width
+    narrow = 0.0 if interrupted else 1.0 - width
     # The time since the previous event belongs to the minutes it spans (a quiet gap, such
     # as a long restart, is not all charged to the minute that ends it). Those minutes are
     # newer than every window's cursor: no window to correct.
@@ -112,9 +120,13 @@ def advance(state: GoodputState, ts: float, interrupted: bool, policy: GoodputPo
         if interrupted:
             bucket.restart += part
             totals.restart += part
-        elif slow:
-            bucket.straggler += part * slow
-            totals.straggler += part * slow
+            continue
+        if slow:
+            bucket.straggler += part * slow * width
+            totals.straggler += part * slow * width
+        if narrow:
+            bucket.narrow += part * narrow
+            totals.narrow += part * narrow
     # Drop minutes older than the longest window once that window's sum has passed them.
     longest = state.slid.get(max(policy.windows_s))
     horizon = int((ts - max(policy.windows_s)) // _MINUTE)
@@ -122,6 +134,11 @@ def advance(state: GoodputState, ts: float, interrupted: bool, policy: GoodputPo
         horizon = min(horizon, longest.cursor + 1)
         while state.minutes and next(iter(state.minutes)) < horizon:
             state.minutes.popitem(last=False)
+
+
+def set_width(state: GoodputState, world_size: int, full_world: int) -> None:
+    """The run trains at `world_size` of its `full_world` ranks from now (RunStarted)."""
+    state.width = min(1.0, world_size / full_world) if full_world > 0 else 1.0
 
 
 def on_interruption(state: GoodputState, interruption: Interruption, step_times: list[float]) -> None:
@@ -176,6 +193,7 @@ def breakdown(state: GoodputState, now: float, window_s: float) -> Breakdown:
             t.checkpoint - inside.checkpoint,
             t.straggler - inside.straggler,
             t.interruptions - inside.interruptions,
+            t.narrow - inside.narrow,
         )
     elif since > slid.cursor:
         minutes = state.minutes
@@ -198,6 +216,7 @@ def breakdown(state: GoodputState, now: float, window_s: float) -> Breakdown:
         restart=t.restart - out.restart,
         straggler=t.straggler - out.straggler,
         interruptions=t.interruptions - out.interruptions,
+        narrow=t.narrow - out.narrow,
     )
 
 
@@ -207,7 +226,14 @@ def total(state: GoodputState) -> Breakdown:
         return breakdown(state, state.clock, max(state.slid))
     t = state.totals
     return Breakdown(
-        _MINUTE * len(state.minutes), t.elapsed, t.checkpoint, t.lost, t.restart, t.straggler, t.interruptions
+        _MINUTE * len(state.minutes),
+        t.elapsed,
+        t.checkpoint,
+        t.lost,
+        t.restart,
+        t.straggler,
+        t.interruptions,
+        t.narrow,
     )
 
 
@@ -228,7 +254,7 @@ def reports(state: GoodputState, run_id: str, cause: Envelope, policy: GoodputPo
         text = (
             f"goodput {b.goodput:.3f} over the last {_span(window)}: of {b.elapsed:,.0f} s, "
             f"checkpoints {b.checkpoint:,.0f} s, lost work {b.lost:,.0f} s, restarts {b.restart:,.0f} s, "
-            f"stragglers {b.straggler:,.0f} s"
+            f"stragglers {b.straggler:,.0f} s" + (f", a smaller world {b.narrow:,.0f} s" if b.narrow else "")
         )
         out.append(
             GoodputReport(
@@ -247,6 +273,7 @@ def reports(state: GoodputState, run_id: str, cause: Envelope, policy: GoodputPo
                 lost_s=b.lost,
                 restart_s=b.restart,
                 straggler_s=b.straggler,
+                narrow_s=b.narrow,
                 goodput=b.goodput,
                 interruptions=b.interruptions,
             )

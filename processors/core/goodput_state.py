@@ -20,6 +20,8 @@ class Minute:
     checkpoint: float = 0.0
     straggler: float = 0.0
     interruptions: int = 0
+    #: Training time lost to a smaller world (issue 45): (1 - W'/W) of each second at W'.
+    narrow: float = 0.0
 
     def add(self, other: Minute) -> None:
         self.elapsed += other.elapsed
@@ -28,6 +30,7 @@ class Minute:
         self.checkpoint += other.checkpoint
         self.straggler += other.straggler
         self.interruptions += other.interruptions
+        self.narrow += other.narrow
 
 
 @mypyc_attr(serializable=True)  # compiled (compiled.py): pickled by snapshots
@@ -50,6 +53,9 @@ class GoodputState:
     slid: dict[float, Slid] = field(default_factory=dict)
     #: Slowdown of each flagged straggler (rank -> compute / median compute).
     slowdowns: dict[int, float] = field(default_factory=dict)
+    #: The world trained at, as a fraction of the run's full world (elastic training: the
+    #: global batch is the same, so a second at W' of W ranks does W'/W of a second's work).
+    width: float = 1.0
     checkpoints: set[tuple[int, int]] = field(default_factory=set)
     counted: set[str] = field(default_factory=set)
     last_report_ts: float | None = None

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
-from ...schemas import Abort, Derived, Envelope, Interruption, InterruptionDecided
+from ...schemas import Abort, Derived, Envelope, Interruption, InterruptionDecided, Reason
 from ...schemas.codec import RejectReason
 from .ids import derived_id
 
@@ -33,18 +33,28 @@ def abort_for(run: RunState, cause: Derived, stack_dump: bool) -> Abort:
     )
 
 
-def decided(interruption: Interruption) -> InterruptionDecided:
+def decided(
+    interruption: Interruption,
+    capacity: Literal["wait", "shrink"] | None = None,
+    world_size: int | None = None,
+    expected_replacement_s: float | None = None,
+    reason: Reason | None = None,
+) -> InterruptionDecided:
     """The launcher may restart after `interruption`: everything decided about it was
-    output before this (issue 18: no fixed wait for decisions)."""
+    output before this (issue 18: no fixed wait for decisions); with the capacity decision
+    when it took nodes out that no ready spare covers (capacity.py, issue 45)."""
     return InterruptionDecided(
         command_id=derived_id("decided", interruption.event_id),
         run_id=interruption.run_id,
         attempt=interruption.attempt,
         ranks=None,
         issued_ts=interruption.ts,
-        reason=interruption.reason,
+        reason=reason or interruption.reason,
         caused_by=[interruption.event_id],
         interruption_id=interruption.interruption_id,
+        capacity=capacity,
+        world_size=world_size,
+        expected_replacement_s=expected_replacement_s,
     )
 
 

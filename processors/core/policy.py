@@ -10,6 +10,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .baseline_state import BaselinePolicy
+from .capacity_state import ElasticPolicy
 from .diagnosis_state import DiagnosisPolicy
 from .eviction_state import EvictionPolicy
 from .goodput import GoodputPolicy
@@ -85,6 +86,7 @@ class CorePolicy(BaseModel):
     goodput: GoodputPolicy = GoodputPolicy()
     retention: RetentionPolicy = RetentionPolicy()
     eviction: EvictionPolicy = EvictionPolicy()
+    elastic: ElasticPolicy = ElasticPolicy()
     rollback_on_sdc: bool = Field(
         True,
         description="On an SDC mismatch, roll back to the clean ancestor (R6); false: quarantine "

@@ -12,6 +12,7 @@ import orjson
 from mypy_extensions import mypyc_attr
 
 from .baseline_state import BaselineState
+from .capacity_state import CapacityState
 from .dedupe import DedupeWindow
 from .diagnosis_state import HealthState
 from .eviction_state import EvictionState
@@ -186,6 +187,8 @@ class RunState:
     eviction: EvictionState = field(default_factory=EvictionState)
     #: Validated checkpoints, for the rollback to the clean ancestor (R6).
     rollback: RollbackState = field(default_factory=RollbackState)
+    #: Elastic training: the full world, spares, and what waits, shrinks and grows cost (issue 45).
+    capacity: CapacityState = field(default_factory=CapacityState)
     seen: DedupeWindow = field(default_factory=DedupeWindow)
     duplicates: int = 0
     stale: int = 0

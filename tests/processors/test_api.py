@@ -219,7 +219,10 @@ def test_timeline_lists_every_interruption_with_its_cost_and_the_decisions_it_ca
     assert crash["reason_code"] == "rank_exited" and "signal 9" in crash["reason"]
     cost_s = crash["phases"]["detect"] + crash["restart_seconds"] + crash["lost_seconds"]
     assert crash["gpu_hours"] == pytest.approx(8 * cost_s / 3600)
-    assert [d["kind"] for d in crash["decisions"]] == ["abort", "quarantine", "quarantine_node"]
+    kinds = [d["kind"] for d in crash["decisions"]]
+    assert kinds == ["abort", "interruption_decided", "quarantine", "quarantine_node"]
+    # issue 45: a node out and no spare said to be ready: what to do if none is (elastic)
+    assert crash["decisions"][1]["reason"].startswith("if no spare is ready:")
     assert (hang["cause"], hang["detected_by"], hang["rank"], hang["node"]) == (
         "hang",
         "progress_watchdog",
@@ -229,7 +232,7 @@ def test_timeline_lists_every_interruption_with_its_cost_and_the_decisions_it_ca
     assert hang["reason_code"] == "odd_stack" and hang["phases"]["detect"] > 3.0  # the stall
     # The abort with stack dump was decided before the interruption was declared.
     kinds = [d["kind"] for d in hang["decisions"]]
-    assert kinds == ["abort", "quarantine", "quarantine_node"]
+    assert kinds == ["abort", "interruption_decided", "quarantine", "quarantine_node"]
     abort = hang["decisions"][0]
     assert abort["at"] < hang["at"] + 1 and abort["reason_code"] == "no_progress"
 

@@ -199,10 +199,13 @@ def test_timeline_lists_each_interruptions_decisions_and_cost(tmp_path: Path) ->
         archive.write([*job.events, *outputs])
         (row,) = timeline(archive)
     assert row["cause"] == "crash" and row["node"] == job.node(9)
-    assert row["decisions"] == ["abort", "quarantine", "quarantine_node"]
+    # issue 45: the node is out and no spare was said to be ready: the capacity decision too
+    assert row["decisions"] == ["abort", "interruption_decided", "quarantine", "quarantine_node"]
     assert any(
         job.node(9) in text and text.startswith("quarantine_node: ") for text in row["decision_reasons"]
     )
+    elastic = "interruption_decided: if no spare is ready:"
+    assert any(text.startswith(elastic) for text in row["decision_reasons"])
     # 4 steps re-done at 60 s each, a 300 s relaunch then the first step: the cost in GPU-hours
     assert row["lost_steps"] == 4 and row["lost_seconds"] == pytest.approx(240.0, rel=0.05)
     assert row["reschedule_seconds"] + row["startup_seconds"] == pytest.approx(row["restart_seconds"])

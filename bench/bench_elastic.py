@@ -15,8 +15,8 @@ trainguard's supervised through a real local broker and processor, with its defa
 Measured by the scripts' own clocks (TRAIN_EVENTS_FILE): R, from the "kill" line to the
 slowest rank's first step after it (for "shrink": at world 3); for "shrink" also the grow's
 R (the launcher's record: the boundary to the first step at world 4) and how long the
-world ran at 3. A checkpoint every 100 steps; the smaller world's steps sleep
-``--shrunk-sleep-s`` so that the new process is ready before the next boundary.
+world ran at 3: until the first checkpoint boundary after the new process is ready (a
+checkpoint every 100 steps).
 
     .venv/bin/python bench/bench_elastic.py [--runs 3]
 """
@@ -51,9 +51,7 @@ def launch(
     ckpt, events = workdir / "ckpt", workdir / "events.jsonl"
     env = {**os.environ, "TRAINGUARD_SECRET": secret, "OMP_NUM_THREADS": "1"}
     env |= {"TRAIN_STEPS": str(args.steps), "TRAIN_CHECKPOINT_EVERY": "100", "TRAIN_EVENTS_FILE": str(events)}
-    env |= {"TRAIN_KILL": f"2:{args.kill_step}:0", "TRAIN_STEP_SLEEP_S": str(args.shrunk_sleep_s)}
-    if "--min-nproc" in flags:  # the new process is ready after the next boundary but one (its docstring)
-        env |= {"TRAIN_HOLD_SPARES": str(args.kill_step - args.kill_step % 100 + 5)}
+    env |= {"TRAIN_KILL": f"2:{args.kill_step}:0"}
     env.pop("TRAINGUARD_SECRET_FILE", None)
     command = [
         sys.executable, "-m", "trainguard", "launch", "--nproc", "4", "--ranks-per-node", "1",
@@ -84,7 +82,6 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--kill-step", type=int, default=137)
-    parser.add_argument("--shrunk-sleep-s", type=float, default=0.03)
     parser.add_argument("--metrics-port", type=int, default=9468)
     parser.add_argument("--workdir", type=Path, default=Path(".trainguard/bench-elastic"))
     args = parser.parse_args()

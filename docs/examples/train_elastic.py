@@ -1,26 +1,30 @@
 """An elastic DDP job (issue 45, docs/elastic.md): the same training at any world size.
 
     trainguard launch --nproc 4 --min-nproc 2 -- python docs/examples/train_elastic.py
+    trainguard launch --nnodes 1:2 --nproc-per-node 2 --restart in-process ... train_elastic.py
 
-A lost rank with no warm spare ready: the survivors go on in a smaller world, in their
-processes; the world grows back to 4 at a checkpoint boundary once the new process is
-ready. What a user writes differently from train_tiny.py (lines marked `# elastic`): the
-data comes from :class:`ElasticBatches` (a fixed global batch cut into shards, each shard's
-dropout seeded by its step and index), each rank sums its shards' weighted losses, and the
-state has no per-rank part (``per_rank=False``), so a checkpoint loads at any world size.
-Dropout, AdamW and a learning-rate schedule: the run ends within floating-point tolerance
-of an uninterrupted one (the shards' gradients are summed in another order), and bitwise
-equal to another run that resized at the same steps.
+A lost rank (or host) with no warm spare ready: the survivors go on in a smaller world, in
+their processes; the world grows back to 4 at a checkpoint boundary once the new process is
+ready (across hosts: once a host joins). What a user writes differently from train_tiny.py
+(lines marked `# elastic`): the data comes from :class:`ElasticBatches` (a fixed global
+batch cut into shards, each shard's dropout seeded by its step and index), each rank sums
+its shards' weighted losses, and the state has no per-rank part (``per_rank=False``), so a
+checkpoint loads at any world size. Dropout, AdamW and a learning-rate schedule: the run
+ends within floating-point tolerance of an uninterrupted one (the shards' gradients are
+summed in another order), and bitwise equal to another run that resized at the same steps.
 
 Settings (tests): TRAIN_STEPS, TRAIN_CHECKPOINT_EVERY (a checkpoint after every N-th
 step; default: trainguard's cadence), TRAIN_SAMPLES_FILE (each rank appends, per step, the
 sample ids it trained), TRAIN_EVENTS_FILE (as train_tiny.py's: first steps, kills, and a
 "step" line from rank 0 every 10 steps), TRAIN_KILL=rank:step:attempt (that rank
 SIGKILLs itself before that step, once the newest checkpoint is validated, so that the
-resume step is known), TRAIN_HOLD_SPARES=step (a worker started after a kill idles until
-rank 0 passed that step: when the world grows back is then known), TRAIN_STEP_SLEEP_S
-(seconds each step of a smaller world sleeps, so that the worker is ready by the next
-boundary).
+resume step is known; a node name in place of the rank: that host's local rank 0 notes
+the kill and waits there, for the test to SIGKILL the host, its agent and ranks),
+TRAIN_GROW_AT=step (a smaller world waits before that step until the launcher asks it to
+grow back, so that it grows back at that step's checkpoint, whenever the new capacity is
+ready), TRAIN_HOLD_AT=step:path (in a smaller world, rank 0 waits before that step until
+the file exists), TRAIN_HOLD_SPARES=step (a worker started after a kill idles until rank 0
+passed that step), TRAIN_STEP_SLEEP_S (seconds each step of a smaller world sleeps).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ STEPS = int(os.environ.get("TRAIN_STEPS", "200"))
 EVERY = os.environ.get("TRAIN_CHECKPOINT_EVERY")
 GLOBAL_BATCH = 64
 EVENTS = os.environ.get("TRAIN_EVENTS_FILE")
+GROW_AT = int(os.environ.get("TRAIN_GROW_AT", "-1"))
 SLEEP_S = float(os.environ.get("TRAIN_STEP_SLEEP_S", "0"))
 
 
@@ -54,6 +59,24 @@ def note(event: str, **fields: object) -> None:
     if EVENTS:
         with open(EVENTS, "a") as fh:
             fh.write(json.dumps({"event": event, "pid": os.getpid(), "ts": time.time(), **fields}) + "\n")
+
+
+def await_grow(world: int, shards: int) -> None:
+    """TRAIN_GROW_AT: a smaller world waits (at most 2 min) for the launcher's resize."""
+    restartable = inprocess.current()
+    deadline = time.monotonic() + 120
+    while world < shards and restartable is not None and not restartable.resizing.is_set():
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
+
+
+def hold_at(step: int, rank: int, world: int, shards: int) -> None:
+    """TRAIN_HOLD_AT=step:path: in a smaller world rank 0 waits before that step until the file exists."""
+    at, _, path = os.environ.get("TRAIN_HOLD_AT", "").partition(":")
+    if at and int(at) == step and rank == 0 and world < shards:
+        while not os.path.exists(path):
+            time.sleep(0.05)
 
 
 def noted(event: str) -> list[dict[str, object]]:
@@ -101,9 +124,15 @@ def main() -> None:
         if len(kill) == 3 and int(kill[2]) == attempt and int(kill[1]) == step:
             ckpt.wait_validated()  # the resume step is then the newest checkpoint's
             dist.barrier()
-            if rank == int(kill[0]):
+            if kill[0] == str(rank):
                 note("kill", rank=rank, attempt=attempt, step=step)
                 os.kill(os.getpid(), signal.SIGKILL)
+            if kill[0] == os.environ.get("TRAINGUARD_NODE") and os.environ.get("LOCAL_RANK") == "0":
+                note("kill", rank=rank, attempt=attempt, step=step, node=kill[0])
+                time.sleep(3600)  # the whole host is killed meanwhile
+        if step == GROW_AT:
+            await_grow(world, data.shards)
+        hold_at(step, rank, world, data.shards)
         mine = data.mine(step, rank, world)  # elastic: this rank's shards of the global batch
         with sup.step(step, torch.tensor([i for _, ids in mine for i in ids])) as s:
             loss = torch.zeros(())

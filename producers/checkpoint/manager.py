@@ -70,6 +70,7 @@ from typing import Any, Protocol
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 from ..training import inprocess
 from ..training.config import checkpoint_keep
@@ -78,7 +79,7 @@ from .commit import ShardCommitter, describe_failure, quiet_intended_overwrite
 from .host_stager import HostStager, state_nbytes
 from .peer_replica import PeerReplica, agree_restore, holder_of, load_into
 from .storage import CheckpointStore
-from .train_state import TrainState
+from .train_state import TrainState, buffer_keys
 from .validate import (
     REJECTED,
     NormBand,
@@ -226,7 +227,7 @@ class CheckpointManager:
         elif self._own_replica:
             self.replica = PeerReplica(rank, world_size, run_id=run_id)
         elif replica is True and self._dist and restartable is not None:
-            self.replica = _kept_replica(restartable, rank, world_size, run_id)
+            self.replica = _kept_replica(restartable, rank, world_size, run_id, _portable(state))
         if restartable is not None:
             restartable.on_restart(self._abandon)
         self.last_restore: tuple[int, str] | None = None  # (step, "own" | "peer" | "storage")
@@ -663,10 +664,22 @@ class CheckpointManager:
             self._report("checkpoint_failed", step, str(self.step_dir(step)), reason)
 
 
-def _kept_replica(restartable: inprocess.Restartable, rank: int, world_size: int, run_id: str) -> PeerReplica:
+def _portable(state: TrainState) -> bool:
+    """The state is the same on every rank, whole in each rank's copy (an elastic job's,
+    with no buffers kept by one rank only): a copy restores any rank of any world."""
+    if getattr(state, "per_rank", True):  # any Stateful may be checkpointed: only ours says
+        return False
+    return state.buffers != "rank0" or not buffer_keys(state.model, get_model_state_dict(state.model))
+
+
+def _kept_replica(
+    restartable: inprocess.Restartable, rank: int, world_size: int, run_id: str, portable: bool = False
+) -> PeerReplica:
     """The peer replica this process kept from its last attempt (its copies are the
-    in-memory restore), on a new group; a new one in a new process or for another rank.
-    Either way one new group per rank, as every rank creates its groups in the same order."""
+    in-memory restore), on a new group; a new one in a new process or for another rank,
+    unless the state is `portable` (elastic training): then its own copies go on under
+    its new rank (PeerReplica.rebind). Either way one new group per rank, as every rank
+    creates its groups in the same order."""
     made: list[PeerReplica] = []
 
     def make() -> PeerReplica:
@@ -677,6 +690,8 @@ def _kept_replica(restartable: inprocess.Restartable, rank: int, world_size: int
     if made:
         return kept
     if (kept.rank, kept.world_size, kept.run_id) == (rank, world_size, run_id) and kept.rejoin():
+        return kept
+    if portable and kept.run_id == run_id and kept.rebind(rank, world_size):
         return kept
     kept.close(wait=False)  # its exchange may be stuck on the lost peer
     restartable.forget("peer-replica")

@@ -476,6 +476,32 @@ class PeerReplica:
         self._group, self._own_group = group, True
         return True
 
+    def rebind(self, rank: int, world_size: int, timeout_s: float = 30.0) -> bool:
+        """Elastic training (producers/training/elastic.py): this process goes on as rank
+        `rank` of a world of `world_size`, and the state it copies is the same on every
+        rank (TrainState ``per_rank=False``), so its own copies are still its own under the
+        new rank; the copies it held are dropped (their source is another rank now). Then
+        as :meth:`rejoin`. False, nothing changed, when the ended attempt's exchange is
+        stuck or the new world has no peer to hold a copy."""
+        if world_size < 2:
+            return False
+        try:
+            self._io.submit(lambda: None).result(timeout=timeout_s)
+        except TimeoutError:
+            log.error("peer replica of rank %d: the ended attempt's exchange is stuck", self.rank)
+            return False
+        self.rank, self.world_size, self.shift = rank, world_size, _shift(world_size, None)
+        self.holder = holder_of(rank, world_size, self.shift)
+        self.source = source_of(rank, world_size, self.shift)
+        for copy in (self.own, self.own_older):
+            if copy is not None:
+                copy.rank, copy.world_size = rank, world_size
+        self.held = self.held_older = self._spare_held = None
+        group = dist.new_group(backend="gloo", timeout=self._timeout)
+        assert isinstance(group, dist.ProcessGroup)  # this rank is a member
+        self._group, self._own_group = group, True
+        return True
+
     def all_steps(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The steps of every own copy and every held copy, once the queued pushes are done."""
         self.wait()

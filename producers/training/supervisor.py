@@ -210,6 +210,8 @@ class Supervisor(ExitHooks):
             log.warning("trainguard: %s", note)  # rank 0 says the cadence once at the start
         #: (step, checkpoint due) as the ranks agreed in check(); cleared by checkpoint_saved.
         self._agreed: tuple[int, bool] | None = None
+        #: Elastic training, a loop that saves itself: the step whose save ends the attempt.
+        self._resize_at: int | None = None
         self._grad_norms = RunningQuantile()
         self._pending: deque[_Pending] = deque()
         self._scope: StepScope | None = None
@@ -356,9 +358,14 @@ class Supervisor(ExitHooks):
         return self._wants_checkpoint(step, now)
 
     def checkpoint_saved(self, step: int, now: float | None = None) -> None:
+        """A loop that saves itself says so after its save of `step`. Under elastic
+        training, when the ranks agreed to resize at that step, the attempt ends here
+        (:class:`.inprocess.WorldResize`): the next one resumes from that checkpoint."""
         self.cadence.saved(step, time.monotonic() if now is None else now)
         self._agreed = (step, False)
         self.counters.checkpoints += 1
+        if self._resize_at == step and self.checkpoint is None:
+            self._leave_for_resize(step)
 
     def _wants_checkpoint(self, step: int | None, now: float | None = None) -> bool:
         """This rank's own answer (consumes a CheckpointNow)."""
@@ -471,16 +478,19 @@ class Supervisor(ExitHooks):
             self.agent.phase = "checkpoint"
             self.checkpoint.save(scope.step)
             self.checkpoint_saved(scope.step)
-        if scope.resize_due:
+        if scope.resize_due and self.checkpoint is not None:
             self._leave_for_resize(scope.step)
+        elif scope.resize_due:  # the loop saves itself: it leaves once it said it saved
+            self._resize_at = scope.step
 
     def _leave_for_resize(self, step: int) -> None:
         """The ranks agreed to resize at `step` (the launcher asked: elastic.py): its
         checkpoint is written and validated, then the attempt ends here, in this process,
         and the next one (of the new size) resumes from it: no work lost."""
+        self._resize_at = None
         wait = getattr(self.checkpoint, "wait_validated", None)
         if wait is not None:
-            wait()  # rank 0's validation; every rank's write
+            wait()  # rank 0's validation; every rank's write (a loop's own save: its own affair)
         log.warning("rank %d: leaving the attempt at step %d for a resize of the world", self.rank, step)
         raise inprocess.WorldResize(f"{inprocess.RESIZED} at the checkpoint of step {step}")
 

@@ -4,8 +4,11 @@
 
 Rank 2 SIGKILLs itself at step 137: the three survivors go on at world 3 in their own
 processes from the newest checkpoint (step 99); the process started for the lost rank
-becomes ready (held until step 105 so that the boundary is known) and the world grows back
-to 4 at the next checkpoint boundary (step 199), the survivors again in their processes.
+becomes ready and the world grows back to 4 at the next checkpoint boundary (step 199: the
+smaller world waits there for the launcher's resize, so that the boundary is known), the
+survivors again in their processes.
+The survivors restore the smaller world from their own host memory (their copies hold no
+per-rank state), the grown world from storage (the new process has no copy).
 Every sample of every epoch is trained exactly once, the final weights are within
 floating-point tolerance of an uninterrupted run's, and bitwise those of a second run that
 shrank and grew at the same steps."""
@@ -33,7 +36,7 @@ pytestmark = pytest.mark.broker
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "docs" / "examples" / "train_elastic.py"
-POLICY = ROOT / "tests" / "producers" / "supervised_policy.yaml"
+POLICY = Path(__file__).with_name("elastic_policy.yaml")
 SECRET = "elastic-test-secret-0123456789abcdef"
 STEPS, SAMPLES, GLOBAL_BATCH = 300, 2048, 64
 #: Float32 sums of the shards' gradients in another order, through 300 AdamW steps.
@@ -92,12 +95,12 @@ def pipeline(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 def launch(pipeline: Processor, workdir: Path, kill: str | None) -> Run:
     workdir.mkdir(parents=True)
     env = {**os.environ, "TRAINGUARD_SECRET": SECRET, "OMP_NUM_THREADS": "1"}
-    env |= {"TRAIN_STEPS": str(STEPS), "TRAIN_CHECKPOINT_EVERY": "100", "TRAIN_STEP_SLEEP_S": "0.03"}
+    env |= {"TRAIN_STEPS": str(STEPS), "TRAIN_CHECKPOINT_EVERY": "100", "TRAIN_GROW_AT": "199"}
     env |= {
         "TRAIN_EVENTS_FILE": str(workdir / "events.jsonl"),
         "TRAIN_SAMPLES_FILE": str(workdir / "samples.jsonl"),
     }
-    env |= {"TRAIN_HOLD_SPARES": "105", "TRAINGUARD_FLUSH_INTERVAL_S": "0.25"}
+    env |= {"TRAINGUARD_FLUSH_INTERVAL_S": "0.25"}
     env.pop("TRAINGUARD_SECRET_FILE", None)
     if kill:
         env["TRAIN_KILL"] = kill
@@ -126,10 +129,12 @@ def test_a_lost_rank_shrinks_the_world_in_process_and_it_grows_back_at_a_checkpo
         assert (shrink["cause"], shrink["rank"], shrink["path"]) == ("crash", 2, "in-process"), shrink
         assert (shrink["decision"], shrink["world_size"], shrink["resumed_from_step"]) == ("shrink", 3, 99)
         assert shrink["new_ranks"] == [] and shrink["warm_ranks"] == [] and shrink["complete"], shrink
+        assert shrink["restore_from"] == {"own": 3}, shrink  # each survivor its own memory copy
         assert shrink["restart_s"] < 2.0, shrink  # the survivors go on at once
         assert (grow["cause"], grow["path"], grow["decision"]) == ("resize", "in-process", "grow"), grow
         assert (grow["world_size"], grow["resumed_from_step"]) == (4, 199), grow  # the boundary: no work lost
         assert grow["new_ranks"] == [] and grow["warm_ranks"] == [3] and grow["complete"], grow
+        assert grow["restore_from"] == {"storage": 4}, grow  # the new process has no copy: storage
 
         firsts = run.first_steps()
         assert {r: w for r, (_, w) in firsts[1].items()} == {0: 3, 1: 3, 2: 3}

@@ -42,7 +42,7 @@ INSTALL = (
 
 #: slurmctld pings a node every SlurmdTimeout/3 s and sets it DOWN once a ping found it
 #: silent for SlurmdTimeout; a ping of a node whose slurmd is gone fails only after ~11 s
-#: of connection retries, so a lost node is DOWN ~25 s after its death (300 s by default).
+#: of connection retries, so a lost node is DOWN 15-25 s after its death (300 s by default).
 SLURMD_TIMEOUT_S = 3
 
 CONF = """\

@@ -80,8 +80,9 @@ def detector_of(output: Derived) -> str | None:
     """The detector a derived event reports for, or None for bookkeeping outputs."""
     if isinstance(output, Interruption):
         # crash, hang, non_finite, ...; an SDC rollback's interruption follows the
-        # SdcMismatch that is the detection; an eviction's follows its straggler flag
-        return None if output.cause.value in ("sdc", "eviction") else output.cause.value
+        # SdcMismatch that is the detection; an eviction's follows its straggler flag; a
+        # smaller world's grow-back (elastic, issue 45) is planned
+        return None if output.cause.value in ("sdc", "eviction", "elastic") else output.cause.value
     if isinstance(output, StragglerFlagged):
         return "straggler"
     if isinstance(output, SdcMismatch):
@@ -242,6 +243,8 @@ class ClosedLoop:
     step_started_ts: dict[int, float]
     phantoms_sent: int = 0
     phantoms_rejected: int = 0
+    #: The core's states after the run, one per worker (shard 0's first).
+    states: list[CoreState] = field(default_factory=list)
 
 
 def closed_loop(
@@ -263,7 +266,7 @@ def closed_loop(
     world = scenario.world_size
     size = shard_size(world, shard_ranks)
     states = [CoreState() for _ in range(max(1, workers))]
-    loop = ClosedLoop(cluster, [], {})
+    loop = ClosedLoop(cluster, [], {}, states=states)
     started = loop.step_started_ts
 
     def feed(events: list[Envelope], forwarded: bool = False) -> None:

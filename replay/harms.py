@@ -35,7 +35,9 @@ Goodput lost per fault (seconds of the run's time; the core's own accounting, at
   - each interruption the fault caused: detection + restart + re-done work, as its
     InterruptionRecovered reports them (phases["detect"] + restart_s + lost_s; the engine's
     GPU-hour cost is world_size x that). An interruption the run never recovered from
-    (the launcher gave up) costs its lost_steps x the median step time.
+    (the launcher gave up) costs its lost_steps x the median step time. A smaller world's
+    planned grow-back (issue 45) is a cost of the loss it followed, with the time trained at
+    the smaller world: (1 - W'/W) of it (the core's goodput counts it too: narrow_s).
   - a slowdown before its detection (or, undetected, until it ends): (detection - onset) x
     (1 - 1/slowdown), the share of the training time a rank `slowdown` x slower costs a
     synchronous job (goodput.py); `slowdown` is the first flag's measured compute ratio,
@@ -297,6 +299,9 @@ def _culprit_truth(
     interruption: Interruption, truths: Sequence[FaultTruth], by_id: dict[str, Derived]
 ) -> FaultTruth | None:
     cause = interruption.cause
+    if cause == InterruptionCause.ELASTIC:  # the grow-back after a loss: that loss's cost
+        loss = by_id.get(interruption.caused_by[0]) if interruption.caused_by else None
+        return _culprit_truth(loss, truths, by_id) if isinstance(loss, Interruption) else None
     if cause == InterruptionCause.SDC:
         found = by_id.get(interruption.caused_by[0]) if interruption.caused_by else None
         return _answered(found if isinstance(found, SdcMismatch) else None, truths)
@@ -315,6 +320,17 @@ def _culprit_truth(
         if truth.rank == interruption.rank or (truth.node is not None and truth.node == interruption.node):
             return truth
     return candidates[0] if candidates else None
+
+
+def _narrow_s(
+    grow: Interruption, recovered: dict[str, InterruptionRecovered], grown: InterruptionRecovered | None
+) -> float:
+    """What a smaller world cost until its grow-back: the time from the shrink's first step
+    to the planned stop, (1 - W'/W) of it (the same global batch over W' of W ranks)."""
+    shrunk = recovered.get(grow.caused_by[0]) if grow.caused_by else None
+    if shrunk is None or grown is None or grown.world_size <= 0:
+        return 0.0
+    return max(0.0, grow.ts - shrunk.ts) * max(0.0, 1.0 - shrunk.world_size / grown.world_size)
 
 
 def _lost(
@@ -340,6 +356,8 @@ def _lost(
             cost = done.phases.get("detect", 0.0) + done.restart_s + done.lost_s
         else:  # never recovered (the launcher gave up): the work it threw away
             cost = interruption.lost_steps * step_s
+        if interruption.cause == InterruptionCause.ELASTIC:
+            cost += _narrow_s(interruption, recovered, done)
         truth = _culprit_truth(interruption, truths, by_id)
         key = truth_label(truth) if truth is not None else UNATTRIBUTED
         lost[key] = lost.get(key, 0.0) + cost

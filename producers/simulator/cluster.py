@@ -18,6 +18,13 @@ collective timeout (``orphan_restart_after_s``) kills the stalled attempt instea
 (SIGABRT, like NCCL's watchdog) and restarts it; after ``max_restarts`` restarts it
 gives up (phase FAILED).
 
+Elastic training (issue 45, capacity.py): when a quarantined node's replacement takes
+``replacement_s`` to arrive, the launcher waits for it or goes on with the survivors in a
+smaller world, as the processor's InterruptionDecided says; a smaller world renumbers its
+ranks over the nodes left (a rank fault strikes the rank so numbered in the attempt it
+strikes in), each step W/W' as long (the same global batch), and grows back at the first
+checkpoint after the replacement arrives.
+
 SDC checks are commanded (seed R3): ``RunSelfCheck`` makes a rank recompute its own
 microbatch at the first step >= the commanded one and report two digests (equal, unless
 a bit flip or an SDC fault strikes it; a deterministically wrong GPU passes), and
@@ -94,6 +101,7 @@ from ...schemas import (
     StepStats,
     StepTiming,
 )
+from .capacity import Capacity, World
 from .factory import EventFactory
 from .periodic import PhaseWheel
 from .scenario import (
@@ -232,6 +240,9 @@ class SimulatedCluster:
         self._released: list[str] = []
         #: Why the run was paused (PauseRun), when it was.
         self.paused: str | None = None
+        #: Replacements that take time, the processor's capacity decisions (issue 45).
+        self.capacity = Capacity(sc)
+        self._restart_token = 0
 
         # Run-level state.
         self.now = start_ts
@@ -262,6 +273,9 @@ class SimulatedCluster:
         self._seq = itertools.count()
 
         # Attempt-level state (reset by _on_restart).
+        #: The attempt's world: its size and the node indices its ranks run on (elastic).
+        self._world = self.capacity.full()
+        self._world_nodes = list(self._nodes)
         self.last_completed = -1
         self.resumed_from_step = -1
         self._live = bytearray(sc.world_size)
@@ -300,9 +314,14 @@ class SimulatedCluster:
     def live_ranks(self) -> int:
         return self._live_count
 
+    @property
+    def world_size(self) -> int:
+        """The ranks of the current attempt (smaller than the scenario's while shrunk)."""
+        return self._world.size
+
     def node_of(self, rank: int) -> str:
         """The node rank runs on in the current attempt."""
-        return self._nodes[rank // self.scenario.ranks_per_node]
+        return self._world_nodes[rank // self.scenario.ranks_per_node]
 
     def advance(self, now: float) -> list[Envelope]:
         """Every event with a timestamp up to `now`, in time order."""
@@ -398,8 +417,10 @@ class SimulatedCluster:
         return "allreduce"
 
     # ================================================================== attempts
-    def _on_restart(self, ts: float, out: list[Envelope]) -> None:
+    def _on_restart(self, ts: float, out: list[Envelope], token: int | None = None) -> None:
         sc = self.scenario
+        if token is not None and token != self._restart_token:
+            return  # superseded (a decision came before the wait for it ran out)
         if self.phase is Phase.PAUSED:
             return  # paused: nothing restarts until a human relaunches
         if sc.max_restarts is not None and self.attempt >= sc.max_restarts:
@@ -408,19 +429,31 @@ class SimulatedCluster:
             self.notes.append(LauncherNote(ts, text))
             self.phase = Phase.FAILED
             return
+        world = self._next_world(ts)
+        if world is None:
+            return  # rescheduled: waiting for a replacement or for the decision
         for index in sorted(self._replace):
+            if not self.capacity.arrived(index, ts):
+                continue  # still missing: the smaller world runs without it
             spare = self._released.pop(0) if self._released else f"spare-{next(self._spares):04d}"
             self._rack_of[spare] = self._rack_of[self._nodes[index]]  # replaced in the same rack
             self.notes.append(LauncherNote(ts, f"{self._nodes[index]} replaced by {spare}"))
             self._nodes[index] = spare
-        self._replace.clear()
+        self._replace = {i for i in self._replace if not self.capacity.arrived(i, ts)}
         self.attempt += 1
         resume = self._restart_from if self._restart_from is not None else self.last_validated_step
         self._restart_from = None
         self.resumed_from_step = self.last_completed = resume
-        self._rank_node = [self._nodes[r // sc.ranks_per_node] for r in range(sc.world_size)]
-        self._live = bytearray(b"\x01" * sc.world_size)
-        self._live_count = sc.world_size
+        if world.size != self._world.size:
+            text = f"attempt {self.attempt} trains at {world.size} of {sc.world_size} ranks"
+            self.notes.append(LauncherNote(ts, text))
+        self._world = world
+        self._world_nodes = [self._nodes[i] for i in world.slots]
+        per = sc.ranks_per_node
+        self._rank_node = [self._world_nodes[r // per] for r in range(world.size)]
+        self._live = bytearray(sc.world_size)
+        self._live[: world.size] = b"\x01" * world.size
+        self._live_count = world.size
         self._hang = None
         self._pending_writes = set()
         self._checkpoint_requested = self._stop_after_checkpoint = False
@@ -440,18 +473,39 @@ class SimulatedCluster:
                 -1,
                 resume,
                 ts,
-                world_size=sc.world_size,
+                world_size=world.size,
                 ranks_per_node=sc.ranks_per_node,
-                nodes=list(self._nodes),
-                racks={node: self._rack_of[node] for node in self._nodes},
+                nodes=list(self._world_nodes),
+                racks={node: self._rack_of[node] for node in self._world_nodes},
                 resumed_from_step=resume,
                 config_digest=self.config_digest,
+                spares=self.capacity.spares(),
             )
         )
         if resume + 1 >= sc.steps:
             self._finish(ts, out)
         else:
             self._start_step(resume + 1, ts)
+
+    def _next_world(self, ts: float) -> World | None:
+        """The world of the attempt starting now: the full one, unless a quarantined node's
+        replacement is not in yet (capacity.py): then a smaller one (shrink), or None with
+        the restart moved to the replacement's arrival (wait) or to the decision's."""
+        missing = self.capacity.missing(self._replace, ts)
+        if not missing:
+            return self.capacity.full()
+        planned = self.capacity.plan(self.attempt, missing, ts)
+        if isinstance(planned, World):
+            return planned
+        self._restart_token += 1
+        if planned is None:  # no decision yet: until it comes, or the wait for it runs out
+            until = self.capacity.awaiting or ts
+            self._schedule(until + self.scenario.decision_wait_s, "restart", (self._restart_token,))
+            return None
+        text = f"no spare: waiting for the replacement ({planned - ts:,.0f} s), then a restart"
+        self.notes.append(LauncherNote(ts, text))
+        self._schedule(planned + self.scenario.restart_delay_s, "restart", (self._restart_token,))
+        return None
 
     def _teardown(self, ts: float, out: list[Envelope], restart_at: float | None = None) -> None:
         """Every rank of the attempt has exited: the launcher restarts it."""
@@ -480,6 +534,10 @@ class SimulatedCluster:
             compute[rank] *= factor
         if sc.noise.active:
             apply_noise(compute, sc.noise, self._rng)
+        scale = 1.0
+        if self._world.size < sc.world_size:  # the same global batch over fewer ranks: the
+            scale = sc.world_size / self._world.size  # step W/W' as long, as goodput counts it
+            compute = [c * scale for c in compute[: self._world.size]]
         self._compute = compute
         stalled = False
         for index, fault in self._stall_faults:
@@ -498,10 +556,10 @@ class SimulatedCluster:
                 )
             else:
                 self._hang = (fault.rank, fault.stack, fault.phase)
-        if stalled or self._live_count < sc.world_size:
+        if stalled or self._live_count < self._world.size:
             self._stall(t0)
             return
-        comm = self._collective * math.exp(sigma * 0.3 * g(0.0, 1.0))
+        comm = self._collective * math.exp(sigma * 0.3 * g(0.0, 1.0)) * scale
         self._compute_t0 = t0 + self._block_next
         self._total = self._block_next + max(compute) + comm
         self._block_next = 0.0
@@ -548,7 +606,7 @@ class SimulatedCluster:
             grad = math.nan
         total, compute, node_of, g = self._total, self._compute, self._rank_node, rng.gauss
         every_rank, rpn = sc.stats_every_rank, max(1, sc.ranks_per_node)
-        for rank in range(sc.world_size):
+        for rank in range(self._world.size):
             loss = mean_loss * (1.0 + 0.02 * g(0.0, 1.0))
             if not live[rank]:
                 continue
@@ -611,7 +669,7 @@ class SimulatedCluster:
 
     def _on_original_node(self, rank: int) -> bool:
         """A hardware fault belongs to the rank's original node: a spare is healthy."""
-        index = rank // self.scenario.ranks_per_node
+        index = self._world.slots[rank // self.scenario.ranks_per_node]
         return self._nodes[index] == self._original_nodes[index]
 
     def _slow_map(self, step: int, ts: float) -> dict[int, Slowdown]:
@@ -627,23 +685,23 @@ class SimulatedCluster:
         for index in active:
             fault = sc.faults[index]
             assert isinstance(fault, SlowFault)
+            world = self._world.size
             if fault.rank is not None:
-                node_index = fault.rank // rpn
-                ranks = [fault.rank] if self._nodes[node_index] == self._original_nodes[node_index] else []
+                ranks = [fault.rank] if fault.rank < world and self._on_original_node(fault.rank) else []
             else:
                 node_ids = [
                     i
-                    for i, name in enumerate(self._nodes)
+                    for i, name in enumerate(self._world_nodes)
                     if name == fault.node or (fault.rack is not None and self._rack_of[name] == fault.rack)
                 ]
-                ranks = [r for i in node_ids for r in range(i * rpn, min((i + 1) * rpn, sc.world_size))]
+                ranks = [r for i in node_ids for r in range(i * rpn, min((i + 1) * rpn, world))]
             for rank in ranks:
                 cause, factor, onset = slow.get(rank, (fault.cause, 1.0, fault.from_step))
                 slow[rank] = (cause, factor * fault.factor, onset)
             if ranks and index not in self._struck:
                 self._struck.add(index)
                 self.fired.append(
-                    FiredFault("slow", ranks[0], self._nodes[ranks[0] // rpn], step, self.attempt, ts)
+                    FiredFault("slow", ranks[0], self._rank_node[ranks[0]], step, self.attempt, ts)
                 )
         self._slow_cache[key] = slow
         return slow
@@ -748,7 +806,7 @@ class SimulatedCluster:
         with the same weights (one extra microbatch each); a rank that is not alive sends
         nothing."""
         sc = self.scenario
-        n = sc.world_size
+        n = self._world.size
         for rank in range(n):
             if not self._live[rank]:
                 continue
@@ -812,6 +870,15 @@ class SimulatedCluster:
         self._exit_all(ts, out, exit_code=-SIGABRT, signal=SIGABRT)
         self._teardown(ts, out)
 
+    def _on_arrival(self, ts: float, out: list[Envelope], index: int) -> None:
+        """A quarantined node's replacement is in: a smaller world grows back at the next
+        checkpoint once nothing is missing (a waiting restart was scheduled for it)."""
+        self.notes.append(LauncherNote(ts, f"the replacement for {self._nodes[index]} arrived"))
+        shrunk = self._world.size < self.scenario.world_size
+        if shrunk and self.phase is Phase.TRAINING and not self.capacity.missing(self._replace, ts):
+            self._stop_after_checkpoint = True
+            self.notes.append(LauncherNote(ts, "every replacement is in: grow back at the next checkpoint"))
+
     def _on_written(self, ts: float, out: list[Envelope], attempt: int, step: int, verified: int) -> None:
         if attempt != self.attempt or step not in self._pending_writes:
             return  # failed (and reported) when its attempt was torn down
@@ -826,9 +893,9 @@ class SimulatedCluster:
                 ts,
                 checkpoint_step=step,
                 uri=uri,
-                shards=sc.world_size,
+                shards=self._world.size,
                 digest=hashlib.sha256(f"{self.run_id}:{step}".encode()).hexdigest()[:32],
-                bytes=sc.world_size * _SHARD_BYTES,
+                bytes=self._world.size * _SHARD_BYTES,
                 blocking_s=sc.checkpoint_blocking_s,
                 write_s=sc.checkpoint_write_s,
             )
@@ -916,13 +983,18 @@ class SimulatedCluster:
     def _quarantine(self, command: QuarantineNode, out: list[Envelope]) -> str:
         if command.node not in self._nodes:
             raise CommandRefused(f"node {command.node} is not part of the job")
-        self._replace.add(self._nodes.index(command.node))
-        return f"{command.node} leaves the pool at the next restart"
+        index = self._nodes.index(command.node)
+        self._replace.add(index)
+        arrival = self.capacity.lost(index, self.now)
+        if arrival is None:
+            return f"{command.node} leaves the pool at the next restart"
+        self._schedule(arrival, "arrival", (index,))
+        return f"{command.node} leaves the pool; no spare: a replacement in {arrival - self.now:,.0f} s"
 
     def _evict(self, command: EvictRank, out: list[Envelope]) -> str:
-        if not 0 <= command.rank < self.scenario.world_size:
-            raise CommandRefused(f"rank {command.rank} is outside world size {self.scenario.world_size}")
-        self._replace.add(command.rank // self.scenario.ranks_per_node)
+        if not 0 <= command.rank < self._world.size:
+            raise CommandRefused(f"rank {command.rank} is outside world size {self._world.size}")
+        self._replace.add(self._world.slots[command.rank // self.scenario.ranks_per_node])
         self._stop_after_checkpoint = True
         return f"rank {command.rank} ({self.node_of(command.rank)}) replaced at the next checkpoint"
 
@@ -939,7 +1011,7 @@ class SimulatedCluster:
 
     def _self_check(self, command: RunSelfCheck, out: list[Envelope]) -> str:
         self._training_or_refuse(command)
-        n = self.scenario.world_size
+        n = self._world.size
         ranks = range(n) if command.ranks is None else sorted(set(command.ranks))
         if any(not 0 <= rank < n for rank in ranks):
             raise CommandRefused(f"self-check ranks {list(ranks)} are outside world size {n}")
@@ -949,7 +1021,7 @@ class SimulatedCluster:
 
     def _cross_rank_check(self, command: RunCrossRankCheck, out: list[Envelope]) -> str:
         self._training_or_refuse(command)
-        n = self.scenario.world_size
+        n = self._world.size
         ranks = command.ranks
         if ranks is None or not 2 <= len(ranks) <= 3 or len(set(ranks)) != len(ranks):
             raise CommandRefused(f"a cross-rank check needs 2 or 3 distinct ranks, got {ranks}")
@@ -961,7 +1033,7 @@ class SimulatedCluster:
 
     def _ring_check(self, command: RunRingCheck, out: list[Envelope]) -> str:
         self._training_or_refuse(command)
-        n = self.scenario.world_size
+        n = self._world.size
         if n < 2 or command.offset % n == 0:
             raise CommandRefused(f"a ring check needs 2+ ranks and an offset not a multiple of {n}")
         first = max(command.step, self.last_completed + 1)
@@ -1057,7 +1129,16 @@ class SimulatedCluster:
         return f"update of step {command.step} skipped ({n} skipped so far; no effect on telemetry)"
 
     def _decided(self, command: InterruptionDecided, out: list[Envelope]) -> str:
-        return f"interruption {command.interruption_id} decided (the simulated restart does not wait)"
+        """The go-ahead; with a capacity decision, what the restart does if a replacement is
+        missing: a restart waiting for it runs now (capacity.py)."""
+        if command.capacity is None:
+            return f"interruption {command.interruption_id} decided (the simulated restart does not wait)"
+        self.capacity.decisions[command.attempt] = (command.capacity, command.world_size)
+        if self.capacity.awaiting is not None and command.attempt == self.attempt:
+            self._restart_token += 1
+            self._schedule(self.now, "restart", (self._restart_token,))
+        world = f" at {command.world_size} ranks" if command.world_size else ""
+        return f"interruption {command.interruption_id} decided: {command.capacity}{world} if one is missing"
 
     _COMMANDS: dict[type[Command], Callable[[SimulatedCluster, Any, list[Envelope]], str]] = {
         Abort: _abort,

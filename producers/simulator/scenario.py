@@ -378,6 +378,21 @@ class Scenario(_Strict):
         description="A stalled attempt that no command aborts is torn down by the simulated "
         "launcher after this long (the collective timeout), then restarted.",
     )
+    replacement_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="Elastic training (issue 45): seconds a replacement for a quarantined node "
+        "takes to arrive, no spare being ready; 0: a spare is always at hand (replaced at the "
+        "restart). The launcher then waits for it and restarts, or goes on at once with the "
+        "survivors in a smaller world (the step W/W' as long) and grows back at the first "
+        "checkpoint after it arrives, as the processor's InterruptionDecided says.",
+    )
+    decision_wait_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="With a replacement to wait for, how long the launcher waits for the "
+        "processor's decision before applying the elastic rule itself (common/elastic.py).",
+    )
     seed: int = 0
     live_speed: float = Field(
         default=1.0,

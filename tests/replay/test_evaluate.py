@@ -15,8 +15,11 @@ from trainguard.replay.evaluate import EXPECTED, expected_detector, run_core, sc
 POLICY = load_policy(str(builtin_policy("evaluate")))
 LIBRARY = Scenario.library()
 #: The 16,384-rank control is exercised by the benchmarks, not the unit suite (minutes of CPU);
-#: the mixed-fault runs are scored by tests/replay/test_harms.py (mixed-256) and the benchmarks.
-QUICK = sorted(name for name in LIBRARY if name != "control-16k" and not name.startswith("mixed-"))
+#: the mixed-fault runs are scored by tests/replay/test_harms.py (mixed-256) and the benchmarks;
+#: the 16,384-rank elastic run by tests/replay/test_capacity.py (its slow variant).
+QUICK = sorted(
+    name for name in LIBRARY if name not in ("control-16k", "elastic-16k") and not name.startswith("mixed-")
+)
 
 
 @pytest.mark.parametrize("name", QUICK)

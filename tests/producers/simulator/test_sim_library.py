@@ -45,6 +45,8 @@ STRAGGLERS = [
 THERMAL_LIMIT_C = 85.0
 #: Several faults in one run (issue 14), scored in tests/replay/test_harms.py.
 MIXED = ["mixed-256", "mixed-2048", "mixed-2048-b"]
+#: A node lost with its replacement 30 minutes away (issue 45), scored in tests/replay/test_capacity.py.
+ELASTIC = ["elastic-1k", "elastic-16k"]
 
 
 _RUNS: dict[str, tuple[SimulatedCluster, list[Envelope]]] = {}
@@ -120,6 +122,7 @@ def test_the_library_has_one_scenario_per_fault_and_two_controls() -> None:
             "control-healthy",
             "control-16k",
             *MIXED,
+            *ELASTIC,
         ]
     )
     assert {path.stem for path in LIBRARY_DIR.glob("*.yaml")} == set(LIBRARY)
@@ -131,7 +134,7 @@ def test_the_library_has_one_scenario_per_fault_and_two_controls() -> None:
         # (the 16,384-rank control runs in real time, live only when named).
         healthy_s = sc.steps * sc.step_time_s
         assert healthy_s / sc.live_speed < 75 or sc.world_size > 1024, name
-        if name not in ("control-16k", "hang-2048", "mixed-2048", "mixed-2048-b"):  # at scale, 2 s steps
+        if name not in ("control-16k", "hang-2048", "mixed-2048", "mixed-2048-b", *ELASTIC):  # at scale
             # 512 for the racks 5% slow: a rack must be a minority of 8, of 64 ranks each
             assert sc.world_size <= (512 if name == "rack-slow-5pct" else 256) and sc.step_time_s == 0.2
             assert sc.gpu_health_interval_s > 0

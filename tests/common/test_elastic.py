@@ -20,7 +20,7 @@ def test_a_long_wait_shrinks_and_the_reason_names_the_numbers() -> None:
     narrow = 8 / 1024
     assert choice.shrink_loss_s == pytest.approx(120 + narrow * 1680 + narrow * 300 + 180)
     assert choice.saving_s == pytest.approx(2400 - choice.shrink_loss_s)
-    for text in ("1016 of 1024 ranks", "1,800 s", "2,400 s", "120 s re-forming", "180 s growing back"):
+    for text in ("1,016 of 1,024 ranks", "1,800 s", "2,400 s", "120 s re-forming", "180 s growing back"):
         assert text in choice.reason, text
 
 

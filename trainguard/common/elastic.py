@@ -68,6 +68,14 @@ class ElasticChoice:
         return self.wait_loss_s - self.shrink_loss_s
 
 
+def _pct(x: float) -> str:
+    """A share as a percentage with the digits it needs (99.95%, not 100.0%; 0.05%, not 0.0%)."""
+    digits = 1
+    while digits < 4 and 0 < x < 1 and round(x * 100, digits) in (0, 100):
+        digits += 1
+    return f"{x * 100:.{digits}f}%"
+
+
 def worlds(limit: int, multiple: int = 1, divides: int = 0) -> tuple[int, ...]:
     """The world sizes up to `limit` a job can train at: multiples of `multiple` (a node,
     a tensor- or pipeline-parallel group), and, with `divides`, those that divide it (the
@@ -103,15 +111,15 @@ def choose(
     eta = replacement_eta_s
     wait = math.inf if eta is None else eta + restart_s
     if survivors >= world_size:
-        reason = f"no capacity lost: {survivors} of {world_size} ranks are there; go on at the full world"
+        reason = f"no capacity lost: {survivors:,} of {world_size:,} ranks are there; go on at the full world"
         return ElasticChoice("wait", world_size, world_size, survivors, eta, 0.0, None, reason)
     fits = [w for w in (allowed if allowed is not None else (survivors,)) if min_world <= w <= survivors]
     smaller = max(fits, default=0)
-    lost = f"{world_size - survivors} of {world_size} ranks lost"
+    lost = f"{world_size - survivors:,} of {world_size:,} ranks lost"
     if not smaller:
         below = (
-            f"{lost}: no world the job can train at between the minimum {min_world} and the "
-            f"{survivors} survivors"
+            f"{lost}: no world the job can train at between the minimum {min_world:,} and the "
+            f"{survivors:,} survivors"
         )
         if eta is None:
             reason = f"{below}, and no replacement is expected: stop"
@@ -121,9 +129,9 @@ def choose(
         )
         return ElasticChoice("wait", world_size, world_size, survivors, eta, wait, None, reason)
     f = smaller / world_size
-    at = f"{smaller} of {world_size} ranks ({f:.1%})"
+    at = f"{smaller:,} of {world_size:,} ranks ({_pct(f)})"
     if eta is None:
-        reason = f"{lost} and no replacement is expected: shrink to {at}, {1 - f:.1%} of every second lost"
+        reason = f"{lost} and no replacement is expected: shrink to {at}, {_pct(1 - f)} of every second lost"
         return ElasticChoice("shrink", smaller, world_size, survivors, None, wait, math.inf, reason)
     shrink = shrink_loss_s(f, eta, shrink_s, grow_s, boundary_s)
     narrow, trained = 1.0 - f, max(0.0, eta - shrink_s)
@@ -132,8 +140,8 @@ def choose(
         "of the full world's training"
     )
     shrinking = (
-        f"shrinking to {at} loses {shrink_s:,.0f} s re-forming + {narrow:.1%} of {trained:,.0f} s "
-        f"at {smaller} ranks ({narrow * trained:,.0f} s) + {narrow:.1%} of {boundary_s:,.0f} s to "
+        f"shrinking to {at} loses {shrink_s:,.0f} s re-forming + {_pct(narrow)} of {trained:,.0f} s "
+        f"at {smaller:,} ranks ({narrow * trained:,.0f} s) + {_pct(narrow)} of {boundary_s:,.0f} s to "
         f"the next checkpoint ({narrow * boundary_s:,.0f} s) + {grow_s:,.0f} s growing back = {shrink:,.0f} s"
     )
     why = f"{lost}, a replacement expected in {eta:,.0f} s: {waiting}; {shrinking}"

@@ -6,15 +6,17 @@ recorded run, see :mod:`.replay`). Decisions are matched across policies by what
 are about, not by id (an id is derived from its cause, and the cause moves when the
 policy does): a straggler flagged or evicted is keyed by its rank, a hang or an
 interruption by its attempt, a page by its rule, a quarantine by its node, a rollback
-by its attempt. For each decision one policy takes at another time, or alone, the row
-says when each acts and what the difference is worth under :mod:`.cost_model`, whose
-rules are explicit there. The checkpoint interval is compared as a schedule over the
+by its attempt, a capacity decision (elastic training: wait for a replacement or shrink)
+by the attempt that lost the node. For each decision one policy takes at another time, or
+alone, the row says when each acts and what the difference is worth under
+:mod:`.cost_model`, whose rules are explicit there. The checkpoint interval is compared as a schedule over the
 run. Counterfactual goodput = the baseline's measured goodput + the candidate's modelled
 saving / the run's elapsed time.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +27,8 @@ from ..schemas import (
     EvictRank,
     HangDetected,
     Interruption,
+    InterruptionCause,
+    InterruptionDecided,
     InterruptionRecovered,
     IntervalUpdate,
     MtbfUpdate,
@@ -120,6 +124,9 @@ def acts_of(replayed: Replayed) -> dict[Key, Act]:
             add(("quarantine", c.node), -1, c.issued_ts, c.reason.text)
         elif isinstance(c, Rollback):
             add(("rollback", f"attempt {c.attempt}"), c.checkpoint_step, c.issued_ts, c.reason.text)
+        elif isinstance(c, InterruptionDecided) and c.capacity is not None:  # step: the world it goes on at
+            text = f"{c.capacity}: {c.reason.text}"
+            add(("capacity", f"attempt {c.attempt}"), c.world_size or -1, c.issued_ts, text)
     return out
 
 
@@ -170,6 +177,80 @@ def _price(key: Key, base: Act | None, cand: Act | None, b: Replayed, c: Replaye
     return Row(kind, subject, base, cand, None, "not modelled (no job time)")
 
 
+def _capacity_row(
+    key: Key, x: Act | None, y: Act | None, base: PolicyRun, cand: PolicyRun, facts: RunFacts
+) -> Row:
+    """Wait against shrink for one loss (cost_model: capacity), from what the recording
+    measured of the baseline's choice."""
+    attempt = int(key[1].split()[1])
+    b, c = _capacity_of(base.replayed, attempt), _capacity_of(cand.replayed, attempt)
+    if b is None or c is None or b.capacity == c.capacity:
+        return Row(key[0], key[1], x, y, None, "not modelled (no capacity decision to compare)")
+    recovered = {r.interruption_id: r for r in base.replayed.derived if isinstance(r, InterruptionRecovered)}
+    # R: restarts onto a ready node (not a wait for a replacement, a shrink or a grow-back)
+    elastic_ids = {
+        d.interruption_id for d in base.replayed.commands if isinstance(d, InterruptionDecided) and d.capacity
+    }
+    elastic_ids |= {
+        d.interruption_id
+        for d in base.replayed.derived
+        if isinstance(d, Interruption) and d.cause == InterruptionCause.ELASTIC
+    }
+    ready = [r.restart_s for r in recovered.values() if r.interruption_id not in elastic_ids]
+    restart = statistics.median(ready) if ready else cand.policy.eviction.default_restart_s
+    updates = [d for d in cand.replayed.derived if isinstance(d, IntervalUpdate)]
+    schedule = cost_model.interval_schedule(updates, cand.policy.interval.initial_s)
+    boundary = [s for start, s in schedule if start <= c.issued_ts][-1] / 2
+    shrinking = c if c.capacity == "shrink" else b
+    full = max(facts.world_size, shrinking.world_size or 0)
+    width = (shrinking.world_size or full) / full
+    waited = recovered.get(b.interruption_id)
+    if b.capacity == "wait":  # the recording waited the replacement out
+        if waited is None:
+            return Row(key[0], key[1], x, y, None, "not modelled (the wait never ended in the recording)")
+        elastic = cand.policy.elastic
+        saving = cost_model.waited_saving(
+            waited.restart_s, restart, width, elastic.shrink_prior_s, elastic.grow_prior_s, boundary
+        )
+        rule = (
+            f"capacity: waited {waited.restart_s:,.0f} s (R {restart:,.0f} s); at {width:.2%} of the world: "
+            f"re-forming {elastic.shrink_prior_s:,.0f} s, growing back {elastic.grow_prior_s:,.0f} s, "
+            f"{boundary:,.0f} s to the checkpoint"
+        )
+        return Row(key[0], key[1], x, y, saving, rule)
+    grow = next(
+        (
+            d
+            for d in base.replayed.derived
+            if isinstance(d, Interruption)
+            and d.cause == InterruptionCause.ELASTIC
+            and d.caused_by[:1] == [b.interruption_id]
+        ),
+        None,
+    )
+    grown = recovered.get(grow.interruption_id) if grow is not None else None
+    if waited is None or grow is None or grown is None:
+        return Row(key[0], key[1], x, y, None, "not modelled (the smaller world never grew back)")
+    cost = waited.restart_s + (1 - width) * max(0.0, grow.ts - waited.ts) + grown.restart_s
+    saving = cost_model.shrunk_saving(cost, grow.ts - b.issued_ts, restart, boundary)
+    rule = (
+        f"capacity: the smaller world cost {cost:,.0f} s (shrink, {1 - width:.2%} of its time, grow); "
+        f"grown back {grow.ts - b.issued_ts:,.0f} s after the loss, R {restart:,.0f} s"
+    )
+    return Row(key[0], key[1], x, y, saving, rule)
+
+
+def _capacity_of(replayed: Replayed, attempt: int) -> InterruptionDecided | None:
+    return next(
+        (
+            c
+            for c in replayed.commands
+            if isinstance(c, InterruptionDecided) and c.capacity is not None and c.attempt == attempt
+        ),
+        None,
+    )
+
+
 def _interval_row(base: PolicyRun, cand: PolicyRun, facts: RunFacts) -> Row | None:
     def schedule(run: PolicyRun) -> list[tuple[float, float]]:
         updates = [d for d in run.replayed.derived if isinstance(d, IntervalUpdate)]
@@ -196,6 +277,9 @@ def differences(base: PolicyRun, cand: PolicyRun, facts: RunFacts) -> list[Row]:
     ):
         x, y = a.get(key), b.get(key)
         if x is not None and y is not None and (x.step, x.ts) == (y.step, y.ts):
+            continue
+        if key[0] == "capacity":
+            rows.append(_capacity_row(key, x, y, base, cand, facts))
             continue
         rows.append(_price(key, x, y, base.replayed, cand.replayed, facts))
     if (interval := _interval_row(base, cand, facts)) is not None:

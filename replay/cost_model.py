@@ -19,6 +19,14 @@ difference by its first-order effect, from quantities measured in the recording
   stalled until the watchdog fires).
 - **Rollback target**: rolling back to a checkpoint k steps newer saves k steps of work
   (k x the median step), at the risk the policy accepted.
+- **Capacity** (elastic training, issue 45: a node lost with no spare ready): the shared
+  rule's terms (trainguard/common/elastic.py) with what the recording measured. A loss the
+  recording waited out for `waited` seconds (detection to training again at full size)
+  had its replacement `waited - R` after it; shrinking to W'/W of the world would have
+  lost shrink + (1 - W'/W) x that time and half a checkpoint interval + grow instead. A
+  loss the recording shrank for, grown back `grown` seconds after it: waiting would have
+  lost (grown - half an interval) + R instead of the shrink, the time at W' and the grow
+  that the recording measured.
 - Everything else that differs (pages, quarantines, self-check schedules, ...) is listed
   with no modelled cost: a page costs a human's attention, not job time, and a
   quarantine's worth depends on failures the recording does not contain.
@@ -30,6 +38,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..common.elastic import shrink_loss_s
 from ..schemas import InterruptionRecovered, IntervalUpdate
 from .decoded import LogColumns
 
@@ -137,3 +146,22 @@ def detection_saving(baseline_at: float | None, candidate_at: float | None) -> f
 def rollback_saving(facts: RunFacts, baseline_step: int, candidate_step: int) -> float:
     """Rolling back to a newer checkpoint re-does fewer steps."""
     return (candidate_step - baseline_step) * facts.step_s
+
+
+def waited_saving(
+    waited_s: float, restart_s: float, fraction: float, shrink_s: float, grow_s: float, boundary_s: float
+) -> float:
+    """A loss the recording waited out (`waited_s`, detection to the first step at full
+    size) that the candidate shrinks to `fraction` of the world for: the seconds of the
+    whole job shrinking saves (negative: it loses)."""
+    eta = max(0.0, waited_s - restart_s)
+    return waited_s - shrink_loss_s(fraction, eta, shrink_s, grow_s, boundary_s)
+
+
+def shrunk_saving(shrunk_cost_s: float, grown_after_s: float, restart_s: float, boundary_s: float) -> float:
+    """A loss the recording shrank for at a measured cost (`shrunk_cost_s`: the shrink, the
+    width lost at W', the grow), grown back `grown_after_s` after it, that the candidate
+    waits out: the replacement came about half an interval before the grow-back; waiting
+    saves the shrink's cost and loses that wait and a restart (negative: it loses)."""
+    eta = max(0.0, grown_after_s - boundary_s)
+    return shrunk_cost_s - (eta + restart_s)

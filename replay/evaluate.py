@@ -31,6 +31,7 @@ from ..schemas import (
     Derived,
     Diagnosis,
     Envelope,
+    GoodputReport,
     GradSpike,
     Interruption,
     SdcMismatch,
@@ -140,6 +141,8 @@ class ScenarioScore:
     harms: Harms = field(default_factory=Harms)
     #: What the scenario's truth forbids and happened (replay/harms.py), one line each.
     violations: list[str] = field(default_factory=list)
+    #: The run's goodput as the core last reported it (its widest window; None: no report).
+    goodput: float | None = None
 
     @property
     def failed(self) -> bool:
@@ -199,7 +202,11 @@ def score(
         scores.setdefault(alarm.detector, DetectorScore()).fp += 1
     expect = expect or Expect()
     harms = assess(truths, outputs, expect, world_size, phantoms, racks, step_started_ts)
-    return ScenarioScore(name, scores, truths, found, misses, false_alarms, harms, harms.violations(expect))
+    reports = [o for o in outputs if isinstance(o, GoodputReport)]
+    last = max(reports, key=lambda r: (r.ts, r.window_s), default=None)
+    goodput = last.goodput if last is not None else None
+    violations = harms.violations(expect)
+    return ScenarioScore(name, scores, truths, found, misses, false_alarms, harms, violations, goodput)
 
 
 def scores_json(scores: Sequence[ScenarioScore]) -> list[dict[str, object]]:
@@ -219,6 +226,7 @@ def scores_json(scores: Sequence[ScenarioScore]) -> list[dict[str, object]]:
                 ],
                 "harms": asdict(h),
                 "violations": scored.violations,
+                "goodput": scored.goodput,
             }
         )
     return out

@@ -177,6 +177,45 @@ def harms_table(title: str, scores: list[Any]) -> Table:
     return table
 
 
+def capacity_table(comparisons: list[Any]) -> Table:
+    """Elastic training (issue 45, replay/capacity.py): per node-lost scenario, the goodput
+    of waiting for the replacement (elastic off) and of the policy's rule (shrink), each the
+    core's accounting over the whole run, with where the time went."""
+    table = Table(title="Elastic: wait or shrink (a node lost, its replacement away; pure core)")
+    columns = (
+        "scenario",
+        "ranks",
+        "replacement s",
+        "policy",
+        "goodput",
+        "run s",
+        "down s",
+        "narrow s",
+        "re-done s",
+        "lost to the fault s",
+        "clean",
+    )
+    for column in columns:
+        table.add_column(column)
+    for c in comparisons:
+        for run in (c.wait, c.shrink):
+            lost = sum(v for k, v in run.score.harms.lost_s.items() if k != "unattributed")
+            table.add_row(
+                c.scenario,
+                f"{c.world_size:,}",
+                f"{c.replacement_s:,.0f}",
+                run.policy,
+                f"{run.goodput:.3f}",
+                f"{run.elapsed_s:,.0f}",
+                f"{run.restart_s:,.0f}",
+                f"{run.narrow_s:,.1f}",
+                f"{run.lost_s:,.0f}",
+                f"{lost:,.0f}",
+                "no" if run.failed else "yes",
+            )
+    return table
+
+
 def scenario_lines(scores: list[Any]) -> list[str]:
     lines = []
     for scenario in scores:

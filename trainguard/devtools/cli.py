@@ -130,10 +130,14 @@ def evaluate(
     """Score every detector on the labelled fault scenarios: TP, FP, FN and detection
     latency; and what a user suffers: false pages, false quarantines, wrong rollback
     targets, restarts into a failing step, phantom records accepted, goodput lost per
-    fault. Through the pure core (always) and the live pipeline on a real broker (--live)."""
-    from ..cli.report import evaluation_table, harms_table, make_console, scenario_lines
+    fault. Through the pure core (always) and the live pipeline on a real broker (--live).
+    A scenario whose lost node's replacement takes time (elastic training, issue 45) runs
+    twice through the pure core, elastic off (wait) and under the policy (shrink), and the
+    goodput of both is printed; the policy's run is the one scored."""
+    from ..cli.report import capacity_table, evaluation_table, harms_table, make_console, scenario_lines
     from ..processors.core.policy import load_policy
     from ..producers.simulator import Scenario
+    from ..replay.capacity import CapacityComparison, capacity_json, compare_capacity
     from ..replay.evaluate import ScenarioScore, run_core, scores_json
     from .stack import builtin_policy
 
@@ -143,15 +147,23 @@ def evaluate(
     if scenario:
         chosen = {name: chosen[name] for name in scenario}
     core = []
+    capacity: list[CapacityComparison] = []
     for name, sc in chosen.items():
         with console.status(f"pure core: {name}"):
-            core.append(run_core(sc, load_policy(str(policy_path)), shard_ranks=shard_ranks, workers=workers))
+            policy_ = load_policy(str(policy_path))
+            if sc.replacement_s > 0:
+                capacity.append(compare_capacity(sc, policy_, shard_ranks=shard_ranks, workers=workers))
+                core.append(capacity[-1].shrink.score)
+            else:
+                core.append(run_core(sc, policy_, shard_ranks=shard_ranks, workers=workers))
     sharded = f", shards of {shard_ranks} ranks over {workers} worker(s)" if shard_ranks else ""
     out.print(evaluation_table(f"Pure core ({len(core)} scenarios{sharded})", core))
     out.print(harms_table("Pure core: what a user suffers", core))
     for line in scenario_lines(core):
         out.print(line, markup=False)
-    failed = any(s.failed for s in core)
+    if capacity:
+        out.print(capacity_table(capacity))
+    failed = any(s.failed for s in core) or any(c.wait.failed or c.shrink.failed for c in capacity)
     scores: list[ScenarioScore] = []
     if live:
         from ..schemas.auth import write_secret_file
@@ -173,7 +185,13 @@ def evaluate(
         out.print(harms_table("Live pipeline: what a user suffers", scores))
         for line in scenario_lines(scores):
             out.print(line, markup=False)
+        for live_score in scores:  # elastic training live: the stack's policy only
+            if chosen[live_score.scenario].replacement_s > 0 and live_score.goodput is not None:
+                text = f"{live_score.scenario}: live goodput {live_score.goodput:.3f} ({policy_path.name})"
+                out.print(f"{text} (its last report)", markup=False)
         failed |= any(s.failed for s in scores)
     if json_out is not None:
-        json_out.write_text(json.dumps({"core": scores_json(core), "live": scores_json(scores)}, indent=1))
+        document = {"core": scores_json(core), "live": scores_json(scores)}
+        document["capacity"] = capacity_json(capacity)
+        json_out.write_text(json.dumps(document, indent=1))
     raise typer.Exit(1 if failed else 0)

@@ -60,8 +60,10 @@ def on_run_started(state: CapacityState, run: RunState, event: RunStarted, polic
     state.spares, state.taken, state.growing = event.spares, 0, ""
     if previous is not None and event.world_size > previous and state.shrunk_by:
         state.growing, state.grow_from = state.shrunk_by, previous
-    if event.world_size < state.full_world:  # smaller: the newest loss decided made it so
-        state.shrunk_by = state.shrunk_by or state.last_loss
+    if event.world_size < state.full_world:  # smaller: the loss it restarts after made it so
+        opened = run.open_interruption
+        loss = opened.interruption_id if opened is not None else state.last_loss
+        state.shrunk_by = state.shrunk_by or loss
     else:
         state.shrunk_by = ""
     if event.world_size >= state.full_world and state.waiting:

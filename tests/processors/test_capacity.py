@@ -169,3 +169,18 @@ def test_the_grow_back_is_planned_and_the_smaller_world_counts_its_width() -> No
     assert b.goodput < 1 - b.narrow / b.elapsed + 1e-9
     # the shrink's recovery measured the shrink, the grow's the grow: neither is a sample of R
     assert list(run.capacity.shrink_s) and list(run.capacity.grow_s) and not run.capacity.restart_s
+
+
+def test_a_world_the_launcher_shrank_on_its_own_grows_back_as_planned() -> None:
+    """Across hosts the survivors may go on smaller before the processor decides (or with
+    a spare said to be ready, no decision at all): the grow-back is still planned, caused
+    by the loss the smaller world restarted after."""
+    job = lose_a_node(ElasticJob(world_size=64, ranks_per_node=8, step_s=10.0, spares=1))
+    job.shrink_to("node-001", resumed_from_step=40)
+    job.steps(30)
+    job.grow_to(64, "spare-000", resumed_from_step=70)
+    job.steps(5)
+    _, outputs = run_all(job.events, POLICY)
+    assert [d.capacity for d in decisions(outputs)] == [None, None]
+    loss, grow = [o for o in outputs if isinstance(o, Interruption)]
+    assert grow.cause == InterruptionCause.ELASTIC and grow.caused_by == [loss.interruption_id]

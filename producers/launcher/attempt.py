@@ -19,8 +19,9 @@ What ends an attempt, checked every ``poll_s``:
 - a PauseRun, a Rollback/ResumeFrom (teardown now), an Abort (the ranks get ``grace_s``
   to dump their stacks and leave on their own, then the teardown), or an EvictRank once
   a checkpoint newer than the one at the command is validated;
-- across hosts, a host waiting to join (the world re-forms with it), or this host
-  quarantined (it leaves the world).
+- across hosts, a host waiting to join (the world re-forms with it; under elastic training
+  the ranks leave at a checkpoint boundary, in their processes), or this host quarantined
+  (it leaves the world).
 
 Every exit after the decision to stop is reported ``requested=True``. The ranks' pids are
 journaled once spawned. Each rank runs in a session of its own but dies with this
@@ -94,6 +95,10 @@ class AttemptRunner:
         agent_store = self.hot is None and world.master_port is None
         if agent_store:  # one host, full restarts: this launcher serves the attempt's store
             port = self.stores.port(attempt)
+        elif self.hot is not None and world.master_port is not None:  # across hosts in process: the
+            port, agent_store = world.master_port, True  # first host's agent serves the store it proposed
+            if not self.hot.stores.keep(attempt, port) and placement.nodes[0] == cfg.node:
+                raise RuntimeError(f"attempt {attempt}: this host's store at port {port} is not served")
         else:  # across hosts rank 0 serves it at the agreed port; in process, hot.py's store
             port = world.master_port if world.master_port is not None else free_port(cfg.master_addr)
         (self.run_dir / f"attempt-{attempt}").mkdir(parents=True, exist_ok=True)
@@ -164,7 +169,7 @@ class AttemptRunner:
         last = self._placement
         resized = last is not None and last.world_size != world.placement.world_size
         if in_process and last is not None and resized and self.config.elastic:
-            self._renumber(last, world.placement)  # a smaller world, or grown back
+            self._renumber(last, world)  # a smaller world, or grown back
         elif in_process and last is not None:  # a survivor keeps its rank only on its node, in a
             moved = [  # world of the same size
                 r
@@ -172,8 +177,8 @@ class AttemptRunner:
                 if resized or r not in envs or last.node_of(r) != world.placement.node_of(r)
             ]
             self.hot.kill(moved)
-        if self.config.elastic:  # the processes to grow back with start now (hot.top_up)
-            self.hot.missing = self.config.nproc - world.placement.world_size
+        if self.config.elastic and world.nodes_waiting is None:  # one host: the processes to grow
+            self.hot.missing = self.config.nproc - world.placement.world_size  # back with start now
         if in_process and not self.hot.survivors():
             assert pending is not None
             pending.path = "full"  # nobody left to go on: every process is new
@@ -183,15 +188,15 @@ class AttemptRunner:
             pending.warm_ranks, pending.new_ranks = self.hot.taken["warm"], self.hot.taken["new"]
         return _HotGroup(self.hot, procs)
 
-    def _renumber(self, last: Placement, placement: Placement) -> None:
-        """Elastic training: the survivors (on nodes still in the pool) take the new
-        world's first ranks in their old order; the new world's other ranks go to warm
-        spares (hot.start)."""
+    def _renumber(self, last: Placement, world: World) -> None:
+        """Elastic training: the survivors (on nodes still in the pool) take this launcher's
+        ranks of the new world (one host: its first ranks; across hosts: this host's) in
+        their old order; its other ranks go to warm spares (hot.start)."""
         assert self.hot is not None
         with self.state.lock:
             out = set(self.state.quarantined)
-        keep = [r for r in self.hot.survivors() if last.node_of(r) not in out][: placement.world_size]
-        self.hot.renumber({old: new for new, old in enumerate(keep)})
+        keep = [r for r in self.hot.survivors() if last.node_of(r) not in out]
+        self.hot.renumber(dict(zip(keep, world.local_ranks, strict=False)))
 
     def prewarm(self, ranks: int) -> None:
         """In-process restart: start importing the first attempt's `ranks` workers and the
@@ -384,8 +389,16 @@ class _Watch:
                 break
             if interruption is None and self.world.nodes_waiting is not None and now >= next_membership:
                 next_membership = now + 1.0
-                waiting = self.world.nodes_waiting()
-                if waiting > 0:  # a host joins below MAX: the world re-forms with it
+                waiting = 0 if grow_asked else self.world.nodes_waiting()
+                if waiting > 0 and cfg.elastic and runner.hot is not None:  # the ranks leave at a
+                    grow_asked = True  # checkpoint boundary, in their processes (_resized)
+                    runner.hot.resize(attempt)
+                    if runner.events.story is not None:
+                        runner.events.story.say(
+                            f"{waiting} host(s) waiting to join: attempt {attempt}'s world of "
+                            f"{placement.world_size} ranks grows at its next checkpoint"
+                        )
+                elif waiting > 0:  # a host joins below MAX: the world re-forms with it
                     interruption = runner.restarts.interruption(
                         RestartCause.MEMBERSHIP, f"{waiting} host(s) waiting to join", attempt, now, now
                     )
@@ -467,10 +480,11 @@ class _Watch:
         assert runner.hot is not None
         if len(left) < len(self.live):
             return None  # the others leave at the same step, a moment later
+        full = runner.config.nproc
+        why = f"spares ready for a world of {full}" if self.world.nodes_waiting is None else "a host joins"
         interruption = runner.restarts.interruption(
-            RestartCause.RESIZE, f"{left[min(left)]}: spares ready for a world of {runner.config.nproc}",
-            self.attempt, now, now,
-        )  # fmt: skip
+            RestartCause.RESIZE, f"{left[min(left)]}: {why}", self.attempt, now, now
+        )
         interruption.path = "in-process"
         for r in sorted(left):
             self.live.discard(r)

@@ -149,6 +149,17 @@ class LauncherCommands:
         """`node` leaves the pool from the next restart on (a command's, or an operator's)."""
         self._known(node)
         state = self.state
+        back = self.shared.readmitted() if self.shared is not None and command is not None else {}
+        since = back.get(node)
+        if command is not None and since is not None and command.attempt <= since:
+            # elastic training: a lost host, self-tested and back since (world.py's readmission)
+            detail = (
+                f"{node} is back in the run since attempt {since}: "
+                f"this quarantine for attempt {command.attempt} is spent"
+            )
+            with state.lock:
+                state.record(command, detail)
+            return detail
         with state.lock:
             detail = self._effect(node)
             state.record(command, detail, quarantine=node)

@@ -111,7 +111,7 @@ class LauncherConfig:
     #: What a rank's fault restarts (--restart): "full", every rank process ended and
     #: spawned again; "in-process" (producers/launcher/hot.py), the survivors stay in their
     #: processes and only the failed ranks' processes are replaced, by a warm spare when
-    #: one is ready. One host only for now (across hosts: full).
+    #: one is ready (docs/inprocess.md; across hosts too).
     restart: Literal["full", "in-process"] = "full"
     #: In-process restart (--warm-spares): processes kept per host with the interpreter,
     #: torch and the user's modules imported, idle until one takes a failed rank.
@@ -124,6 +124,11 @@ class LauncherConfig:
     #: least this many ranks (when the policy prefers it to waiting), and the world grows
     #: back at a checkpoint boundary once a spare is ready. None: never smaller than nproc.
     min_nproc: int | None = None
+    #: Elastic training across hosts (--nnodes MIN:MAX with MIN < MAX under in-process
+    #: restart; docs/elastic.md): after a lost peer, how long the survivors' agents wait for
+    #: every host of the attempt to answer (producers/launcher/roll_call.py) before the ones
+    #: that did go on without the others, in their processes.
+    survivors_wait_s: float = 1.0
     #: After a rank's error before any rank completed a step: how long the other ranks get
     #: to end on their own before the teardown, so that the same error on other nodes is
     #: seen (producers/launcher/startup.py); a rank blocked in a collective is torn down after it.
@@ -156,8 +161,13 @@ class LauncherConfig:
 
     @property
     def elastic(self) -> bool:
-        """The world may shrink below nproc (and grow back): --min-nproc under in-process restart."""
-        return self.restart == "in-process" and self.min_nproc is not None and self.min_nproc < self.nproc
+        """The world may shrink below nproc (and grow back) under in-process restart: on one
+        host with --min-nproc; across hosts with --nnodes MIN:MAX, MIN < MAX (torchrun's)."""
+        if self.restart != "in-process":
+            return False
+        if self.rendezvous is not None:
+            return self.rendezvous.min_nodes < self.rendezvous.max_nodes
+        return self.min_nproc is not None and self.min_nproc < self.nproc
 
     @property
     def resolved_run_dir(self) -> Path:

@@ -52,5 +52,8 @@ def next_size(config: LauncherConfig, survivors: int, ready: int, capacity: str 
 
 
 def should_grow(config: LauncherConfig, size: int, ready: int) -> bool:
-    """A smaller world grows back once the spares ready fill it to full size."""
+    """One host: a smaller world grows back once the spares ready fill it to full size.
+    (Across hosts a host waiting in the rendezvous grows it: attempt.py's watch.)"""
+    if config.rendezvous is not None:
+        return False
     return config.elastic and size < config.nproc and ready >= config.nproc - size

@@ -10,9 +10,9 @@ attempt's process group: the ranks run with torchrun's agent-store contract
 one's keys (pytorch#135712 is that bug for one shared store).
 
 Across hosts (``--nnodes``) each host's agent has a HotRanks of its own (its control store
-stays local: its survivors wait there); rank 0 serves the attempt's store on the port the
-round's plan names (torchrun's contract without an agent store), and the hosts of an
-attempt share the round's own store for what crosses hosts: the abort and the stacks.
+stays local: its survivors wait there); the agent of the plan's first host serves the
+attempt's store, on the port it proposed (agent_store.py), and the hosts of an attempt
+share the round's own store for what crosses hosts: the abort and the stacks.
 
 When a rank dies, the others' collectives fail at once (gloo; NCCL once aborted) and they
 wait in the control store. :class:`HotRanks` then gives each survivor the next attempt's
@@ -112,7 +112,7 @@ class HotRanks:
             ENV_WAIT_S: f"{self.config.restart_wait_s:g}",
             "TORCHELASTIC_ERROR_FILE": str(errors / "error.json"),
         }
-        if self.shared is not None:  # across hosts: rank 0 serves the store (the plan's port)
+        if self.shared is not None:  # across hosts: the first host's agent serves it (the plan's port)
             return {**rank_env, **ours}
         return {
             **rank_env,

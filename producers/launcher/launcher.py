@@ -93,7 +93,7 @@ from .spare_selftest import Runner
 from .spares import SpareAdmission
 from .startup import StartupFailures
 from .story import Story, headline
-from .world import HostWorld, LocalWorld, NoWorld, SpareCall, WorldFormation
+from .world import HostWorld, LocalWorld, NoWorld, SpareCall, World, WorldFormation
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +144,11 @@ class Launcher:
         #: Where each attempt runs: on this host's modelled nodes, or across hosts.
         self.world: WorldFormation
         if config.rendezvous is not None:
-            rendezvous = HostRendezvous(config.rendezvous, config.ranks_per_node)
+            rendezvous = HostRendezvous(config.rendezvous, config.ranks_per_node, config.elastic)
             self.world = HostWorld(config, config.node, state, self.resume, rendezvous, self.tester)
+            if (hot := self.attempts.hot) is not None:  # the attempt's store: the first host's agent's
+                self.world.port_for = hot.stores.reserve
+                self.world.warm = lambda: hot.wait_ready(config.ranks_per_node, config.restart_wait_s)
         else:
             self.world = LocalWorld(config, self.pool, state, self.resume, self.spares)
         #: Across hosts, one line per event on this agent's console (story.py).
@@ -309,6 +312,7 @@ class Launcher:
                 pending = self._called(world.called)
             if pending is not None:
                 pending.world_size = world.placement.world_size
+                self._resized_across_hosts(pending, world)
             if pending is not None and world.left:
                 pending.hosts_lost = sorted(world.left)
                 pending.replaced_by = {
@@ -364,7 +368,9 @@ class Launcher:
                 self.restarts.give_up(interruption, restarts, result)
                 break
             restarts += 1
-            if self._waits_for_decisions(interruption) and self._await_decisions(interruption):
+            if self._survivors_go_on(interruption):
+                pass  # elastic, across hosts: a host was lost and the others go on at once
+            elif self._waits_for_decisions(interruption) and self._await_decisions(interruption):
                 self.restarts.finish(interruption, result)
                 result.status, result.reason = "stopped", "the launcher was stopped"
                 break
@@ -377,6 +383,8 @@ class Launcher:
         last = self.state.placement
         if pending is None or pending.path != "in-process" or hot is None or not self.config.elastic:
             return None
+        if self.config.rendezvous is not None:  # across hosts the hosts that go on size it
+            return None
         with self.state.lock:
             capacity = self.state.capacity.get(pending.from_attempt)
         sizing = next_size(self.config, len(hot.survivors()), hot.ready(), capacity)
@@ -386,6 +394,45 @@ class Launcher:
             pending.decision_reason = sizing.reason[:500]
             log.warning("trainguard: %s -> %s", before, sizing.text)
         return sizing.size
+
+    def _survivors_go_on(self, interruption: RestartPhases) -> bool:
+        """Elastic training across hosts: after this host's ranks lost a peer (they wait in
+        their processes), the survivors' roll call (roll_call.py). True: some host did not
+        answer and the others go on at once in a smaller world, without a rendezvous round
+        or the decision wait (the processor names a lost host only once the next world
+        starts). False: the restart goes on as before (a round, after the decision wait)."""
+        world, cfg = self.world, self.config
+        if not (isinstance(world, HostWorld) and cfg.elastic and interruption.path == "in-process"):
+            return False
+        if interruption.cause is not RestartCause.CRASH:
+            return False
+        with self.state.lock:
+            wait = self.state.capacity.get(interruption.from_attempt) == "wait"
+        return world.roll_call(interruption.from_attempt, wait)
+
+    def _resized_across_hosts(self, pending: RestartPhases, world: World) -> None:
+        """Elastic training across hosts: a world of another size than the last one says
+        so in the restart's record (one host: _size)."""
+        before = world.before
+        if not self.config.elastic or world.nodes_waiting is None or before is None:
+            return
+        size, was = world.placement.world_size, before.world_size
+        if size == was:
+            return
+        spec = self.config.rendezvous
+        assert spec is not None
+        hosts = f"{len(world.placement.nodes)} of {spec.max_nodes} hosts"
+        if size < was:
+            lost = ", ".join(h for h in before.nodes if h not in world.placement.nodes)
+            pending.decision = "shrink"
+            pending.decision_reason = (
+                f"{lost} lost and no host ready to take its place: {hosts} go on in their processes "
+                f"({size} of {self.config.nproc} ranks); the world grows back when a host joins"
+            )[:500]
+        else:
+            pending.decision = "grow"
+            pending.decision_reason = f"a host joined: {hosts}, {size} ranks"[:500]
+        log.warning("trainguard: world %d -> %d: %s", was, size, pending.decision_reason)
 
     def _called(self, called: SpareCall) -> RestartPhases:
         """A spare agent joins in a lost host's place: the interruption its ranks restart

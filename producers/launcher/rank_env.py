@@ -88,7 +88,8 @@ def rank_env(
         "MASTER_ADDR": master_addr or cfg.master_addr,
         "MASTER_PORT": str(port),
         # Full restarts on one host: the launcher serves the attempt's store, as torchrun's
-        # agent does (attempt.py); across hosts rank 0 serves it; hot.py sets its own.
+        # agent does (attempt.py); across hosts rank 0 serves it, or in process the first
+        # host's agent (attempt.py); hot.py sets its own on one host.
         "TORCHELASTIC_USE_AGENT_STORE": str(agent_store),
         "TORCHELASTIC_RUN_ID": cfg.run_id,
         "TORCHELASTIC_RESTART_COUNT": str(attempt),

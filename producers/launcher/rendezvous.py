@@ -34,6 +34,10 @@ _PLAN = "trainguard/plan"
 #: Keep-alives every second, a host dropped after three missed: a lost host is noticed
 #: in ~3 s (torch's defaults, 5 s x 3, take 15 s). A user's --rdzv-conf wins.
 DEFAULT_CONF = {"keep_alive_interval": "1", "keep_alive_max_attempt": "3", "last_call_timeout": "1"}
+#: Elastic training (docs/elastic.md): a lost host does not wait for a round (the survivors'
+#: roll call, roll_call.py); a round grows the world back with a host waiting in it, and
+#: must not complete before that host, which polls the state once a second, joins it.
+ELASTIC_CONF = {"last_call_timeout": "3"}
 
 
 class NoRound(Exception):
@@ -180,7 +184,7 @@ def host_order(joined: Sequence[str], last: Sequence[str]) -> tuple[str, ...]:
 class HostRendezvous:
     """This host's side of the rendezvous: one round per attempt, and the plan agreed in it."""
 
-    def __init__(self, spec: RendezvousSpec, nproc_per_node: int) -> None:
+    def __init__(self, spec: RendezvousSpec, nproc_per_node: int, elastic: bool = False) -> None:
         from torch.distributed.elastic.rendezvous import RendezvousParameters
         from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
@@ -193,7 +197,8 @@ class HostRendezvous:
         self.spec = spec
         self.nproc_per_node = nproc_per_node
         self.plan_timeout_s = float(spec.conf.get("join_timeout", 600))
-        config: dict[str, Any] = {**DEFAULT_CONF, **spec.conf}
+        self.defaults = {**DEFAULT_CONF, **(ELASTIC_CONF if elastic else {})}
+        config: dict[str, Any] = {**self.defaults, **spec.conf}
         params = RendezvousParameters(
             backend=spec.backend,
             endpoint=spec.endpoint,
@@ -225,7 +230,7 @@ class HostRendezvous:
         try:
             info = self.handler.next_rendezvous()
         except RendezvousTimeoutError as exc:
-            timeout = {**DEFAULT_CONF, **spec.conf}.get("join_timeout", "600")
+            timeout = {**self.defaults, **spec.conf}.get("join_timeout", "600")
             raise NoRound(
                 f"no round of {spec.min_nodes} to {spec.max_nodes} hosts formed within {timeout} s"
             ) from exc

@@ -106,6 +106,8 @@ class RunState:
     ) -> None:
         """Under the lock: journal an executed command (or an operator's quarantine)."""
         key = command.command_id if command is not None else f"operator-quarantine:{quarantine}"
+        if command is None and quarantine is None and release is not None:
+            key = f"operator-release:{release}"
         kind = command.KIND if command is not None else "quarantine_node"
         self.commands[key] = self.journal.append(
             "command",

@@ -16,9 +16,10 @@ on (the pool is exhausted, every checkpoint was rejected, this host is quarantin
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from .config import LauncherConfig, free_port
@@ -26,10 +27,11 @@ from .journal import AttemptRecord
 from .liveness import HostBeat, Liveness, newest_world
 from .node_selftest import SELF_TESTS
 from .plan import NodePool, Placement, PoolExhausted, plan
-from .rendezvous import HostRendezvous, NoRound, Proposal
+from .rendezvous import HostRendezvous, NoRound, Proposal, WorldPlan
 from .resume import ResumeChoice
+from .roll_call import RollCall, roll_call
 from .run_state import RunState
-from .shared_quarantine import SharedQuarantine, refusal
+from .shared_quarantine import SharedQuarantine, lost_without_fault, refusal
 from .spare_selftest import NodeTester
 from .spares import SpareAdmission
 from .story import Story, gone
@@ -181,16 +183,33 @@ class HostWorld:
         self.waiting_as_spare = config.spare
         self.story = Story(node)
         self.called: SpareCall | None = None  # set when a spare joins, taken by its first world
+        #: Elastic training: the smaller world the survivors' roll call agreed on, taken by
+        #: the next form (instead of a round), and the seconds the roll call took.
+        self.shrunk: WorldPlan | None = None
+        self.roll_s = 0.0
+        #: The resume step this agent proposed in a roll call that decided on a round.
+        self.proposed_step: int | None = None
+        #: The port this host proposes for the attempt's store, given its address: a free
+        #: one (rank 0 serves it), or under in-process restart one its agent already serves.
+        self.port_for: Callable[[str], int] = free_port
+        #: Under in-process restart: until this host's first workers have imported everything.
+        self.warm: Callable[[], object] | None = None
 
     def _learn(self, listed: dict[str, str]) -> None:
-        """Quarantines decided elsewhere, journaled here too (a relaunched agent keeps them)."""
+        """Quarantines decided elsewhere, journaled here too (a relaunched agent keeps them);
+        and lost hosts readmitted since (their agent back and self-tested: elastic training)."""
         state = self.state
+        back = self.shared.readmitted()
         with state.lock:
             for node, why in sorted(listed.items()):
-                if node not in state.quarantined:
+                if node not in state.quarantined and node not in back:
                     state.record(None, f"{node} is out of the run: {why}", quarantine=node)
                     state.quarantined.add(node)
                     self.reasons[node] = why
+            for node in sorted(state.quarantined & back.keys()):
+                if node not in listed:
+                    state.record(None, f"{node} was lost and is readmitted", release=node)
+                    state.quarantined.discard(node)
 
     def _quarantine(self, node: str, why: str) -> None:
         """A host this agent found lost: out of the run, on shared storage and here."""
@@ -219,7 +238,8 @@ class HostWorld:
     def _wait_until_needed(self) -> None:
         """A spare (--spare) stays out of the rendezvous, where it would grow a world below
         MAX, until the run needs a host: one of the newest world's hosts stopped beating
-        or is on the quarantine list. The run finished without it: NoWorld, status ok."""
+        or is on the quarantine list (elastic training: or that world went on without a
+        lost host). The run finished without it: NoWorld, status ok."""
         live = Liveness(self.config.shared_dir)
         self.story.say(
             f"waits as a spare for run {self.config.run_id}: it joins when one of its hosts is lost"
@@ -236,7 +256,7 @@ class HostWorld:
                 )
             stale = live.stale(nodes, self.config.host_stale_s)
             listed = self.shared.nodes()
-            out = [n for n in nodes if n in listed and n not in stale]
+            out = [n for n in nodes if n in listed and n not in stale] + self._shrunk_without(nodes, listed)
             if attempt >= 0 and (stale or out):
                 now, quiet = time.time(), {n: live.quiet_s(n) for n in stale}
                 lost = {
@@ -251,6 +271,15 @@ class HostWorld:
                 self.waiting_as_spare = False
                 return
         raise NoWorld(f"spare {self.node} stopped while waiting", False, status="stopped")
+
+    def _shrunk_without(self, nodes: tuple[str, ...], listed: Mapping[str, str]) -> list[str]:
+        """Elastic training: the newest world went on without hosts lost (on the list for
+        it, not in that world), below MAX: this spare takes their place (the world grows
+        back to it at a checkpoint boundary)."""
+        spec = self.config.rendezvous
+        if not self.config.elastic or spec is None or not nodes or len(nodes) >= spec.max_nodes:
+            return []
+        return sorted(n for n, why in listed.items() if lost_without_fault(why) and n not in nodes)
 
     def _prove_now(self) -> None:
         """Needed: join with a fresh pass (proven while waiting, or tested now)."""
@@ -267,27 +296,93 @@ class HostWorld:
             self._quarantine(self.node, f"failed its self-test: {why}")
             raise NoWorld(f"spare {self.node} failed its self-test and does not join: {why}")
 
+    def _readmit(self) -> None:
+        """This host is on the run's list. Under elastic training a host lost without a
+        fault of its own (its agent gone) comes back as a spare would: once it passes the
+        node self-test (untested with --self-test off), it is off the list for every agent
+        and rejoins; otherwise, or when the test fails, it does not."""
+        why = self.shared.nodes().get(self.node) or self.reasons.get(self.node, "quarantined")
+        if not (self.config.elastic and lost_without_fault(why)):
+            raise NoWorld(self._refusal())
+        if self.tester is not None:
+            self.tester.start(self.node, SELF_TESTS, "quarantine")  # a suspect back: its test
+            report = self.tester.wait(self.node, self.config.self_test_timeout_s + 30)
+            failed = self.tester.failed.get(self.node) or (None if report else "its self-test never finished")
+            if failed is not None:
+                self.shared.add(self.node, f"failed its self-test: {failed}", by=self.node, again=True)
+                raise NoWorld(f"{self.node} failed its self-test and does not rejoin: {failed}")
+        newest, _, _ = newest_world(self.config.shared_dir)
+        tested = "passed its self-test" if self.tester is not None else "untested (--self-test off)"
+        self.shared.release(self.node, self.node, readmitted_in=newest, reason=f"readmitted: {tested}")
+        with self.state.lock:
+            self.state.record(None, f"{self.node} is back in the run: {tested}", release=self.node)
+            self.state.quarantined.discard(self.node)
+        lost = why.removeprefix("host lost: ")
+        self.story.say(f"{self.node} was lost ({lost}); back: {tested}, it rejoins")
+
+    def _joins_a_running_world(self) -> bool:
+        """The run's newest world is running without this host (it joins, or comes back)."""
+        attempt, nodes, finished = newest_world(self.config.shared_dir)
+        return attempt >= 0 and not finished and self.node not in nodes
+
+    def _proposal(self, first: bool, reuse: AttemptRecord | None) -> Proposal:
+        """What this host knows now, for a round's plan or the survivors' roll call."""
+        state = self.state
+        with state.lock:
+            step = resume_step(state, self.resume, reuse)
+            if self.proposed_step is not None:  # a roll call already took the step
+                step, self.proposed_step = self.proposed_step, None
+            quarantined = tuple(sorted(state.quarantined))
+            last = state.placement
+        hosts = last.nodes if last is not None and self.node in last.nodes else ()
+        next_attempt = state.attempt if first else state.attempt + 1
+        return Proposal(self.node, next_attempt, step, quarantined, hosts=hosts)
+
+    def roll_call(self, attempt: int, wait: bool) -> bool:
+        """Elastic training, after this host's ranks lost a peer in `attempt` (they wait in
+        their processes): the survivors' roll call (roll_call.py). True when the hosts that
+        answered go on without the others in a smaller world (the next form takes it)."""
+        self._learn(self.shared.nodes())
+        state, spec = self.state, self.config.rendezvous
+        with state.lock:
+            last = state.placement
+            out = self.node in state.quarantined
+        if spec is None or last is None or out or self.rendezvous.store is None:
+            return False
+        cfg = self.config
+        call = RollCall(attempt, last.nodes, spec.min_nodes, cfg.ranks_per_node, cfg.survivors_wait_s)
+        started = time.monotonic()
+        mine = self._proposal(False, None)
+        addr = spec.local_addr or socket.getfqdn()
+        answer = replace(mine, addr=addr, port=self.port_for(addr))
+        try:
+            plan = roll_call(self.rendezvous.store, call, answer, wait)
+        except Exception as exc:  # the store's host may be the one lost: a round tells
+            log.warning("the survivors' roll call failed (%s): the world re-forms in a round", exc)
+            plan = None
+        self.roll_s = time.monotonic() - started
+        if plan is None or self.node not in plan.hosts:
+            self.proposed_step = mine.resume
+            return False
+        self.shrunk = plan
+        return True
+
     def form(self, first: bool, reuse: AttemptRecord | None) -> World:
         state = self.state
         if self.waiting_as_spare:
             self._wait_until_needed()
         self._learn(self.shared.nodes())  # what other hosts' agents put on shared storage
         with state.lock:
-            if self.node in state.quarantined:
-                raise NoWorld(self._refusal())
-
-        def propose() -> Proposal:  # once the round is complete: what this host knows then
-            with state.lock:
-                step = resume_step(state, self.resume, reuse)
-                quarantined = tuple(sorted(state.quarantined))
-                last = state.placement
-            hosts = last.nodes if last is not None and self.node in last.nodes else ()
-            next_attempt = state.attempt if first else state.attempt + 1
-            return Proposal(self.node, next_attempt, step, quarantined, hosts=hosts)
+            listed_here = self.node in state.quarantined
+        if listed_here:
+            self._readmit()  # or NoWorld
+        if first and self.warm is not None and self.config.elastic and self._joins_a_running_world():
+            self.warm()  # the world grows to it at a boundary: its ranks wait for no import
 
         joined = time.monotonic()
+        shrunk, self.shrunk = self.shrunk, None
         try:
-            agreed = self.rendezvous.next_world(propose, free_port)
+            agreed = shrunk or self.rendezvous.next_world(lambda: self._proposal(first, reuse), self.port_for)
         except NoRound as exc:
             raise NoWorld(self._no_round(str(exc))) from None
         self._learn({node: "quarantined by another host" for node in agreed.quarantined})
@@ -300,6 +395,11 @@ class HostWorld:
         if survivor:
             for lost in gone_hosts:
                 why = f"host lost: its agent left the rendezvous during attempt {state.attempt}"
+                if shrunk is not None:
+                    why = (
+                        f"host lost: its agent did not answer the survivors of attempt {state.attempt} "
+                        f"within {self.config.survivors_wait_s:g} s"
+                    )
                 self._quarantine(lost, why)
         listed = self.shared.nodes()  # the decision's reason, whoever made it
         reasons = dict(called.lost) if called is not None else {}
@@ -326,7 +426,7 @@ class HostWorld:
             agreed.master_addr,
             agreed.master_port,
             nodes_waiting=self.rendezvous.nodes_waiting,
-            rendezvous_s=time.monotonic() - joined,
+            rendezvous_s=self.roll_s if shrunk is not None else time.monotonic() - joined,
             shared_store=self.rendezvous.store,
             before=before,
             left=out,

@@ -134,11 +134,11 @@ def _checkpoint_location(given: str) -> Path | str:
     return location if is_url(location) else Path(location).resolve()
 
 
-def _host_agent(state_dir: Path | None, checkpoint_dir: str | None, node_name: str, run_id: str) -> None:
+def _host_agent(state: Path | None, ckpt: str | None, node: str, run_id: str, elastic: bool) -> None:
     """An agent across hosts, before torch is imported: a quarantined host's leaves at once
-    with one line (no journal, no recovery, no record); the others tell their story on the
-    console (launcher/story.py), the ranks' lost-peer tracebacks left to their log files
-    (launcher/peer_tracebacks.py)."""
+    with one line (no journal, no record; elastic training readmits a lost host: world.py);
+    the others tell the story on the console (launcher/story.py), lost-peer tracebacks to
+    the ranks' log files (launcher/peer_tracebacks.py)."""
     import atexit
     import socket
     import sys
@@ -147,7 +147,7 @@ def _host_agent(state_dir: Path | None, checkpoint_dir: str | None, node_name: s
     from ..producers.launcher.shared_quarantine import refused_at_start
     from ..producers.launcher.story import tell_console
 
-    refused = refused_at_start(state_dir, checkpoint_dir, node_name or socket.gethostname(), run_id)
+    refused = refused_at_start(state, ckpt, node or socket.gethostname(), run_id, elastic)
     if refused is not None:
         fail(refused, code=1)
     atexit.register(PeerLossFilter(sys.stderr).install().close)  # held lines out before the exit
@@ -324,7 +324,7 @@ def launch(
         typer.Option(
             help="What a rank's fault restarts: full (every rank process spawned again) or in-process "
             "(the survivors stay in their processes; the training script calls "
-            "trainguard.producers.training.inprocess.run(main)). One host only for now."
+            "trainguard.producers.training.inprocess.run(main)); with --nnodes MIN<MAX: elastic."
         ),
     ] = "full",
     warm_spares: Annotated[
@@ -355,6 +355,9 @@ def launch(
             "processor says it decided; offline there is none)."
         ),
     ] = 3.0,
+    survivors_wait_s: Annotated[
+        float, typer.Option(help="Elastic training across hosts: the survivors' wait for the others.")
+    ] = 1.0,
     offline: Annotated[
         bool,
         typer.Option(
@@ -387,7 +390,10 @@ def launch(
     DIR/.trainguard/hosts/NODE; docs/multihost.md). Exit 0 ok, 1 failed, 130 stopped, 75 paused
     (a PauseRun: the run fails at one step on every node; fix the data or code, then relaunch)."""
     if nnodes or rdzv_endpoint:  # one agent per host (docs/multihost.md)
-        _host_agent(state_dir, checkpoint_dir, node_name, run_id or rdzv_id)
+        elastic = (restart == "in-process" or warm_spares > 0) and len(set(nnodes.split(":"))) == 2  # MIN<MAX
+        _host_agent(state_dir, checkpoint_dir, node_name, run_id or rdzv_id, elastic)
+        if min_nproc is not None:
+            fail("--min-nproc is for one host; across hosts the range is --nnodes MIN:MAX")
     if self_test not in ("on-demand", "ahead", "off"):
         console.print(f"[red]--self-test must be on-demand, ahead or off (got {self_test!r})")
         raise typer.Exit(2)
@@ -478,6 +484,7 @@ def launch(
         max_restarts=max_restarts,
         grace_s=grace_s,
         decision_wait_s=0.0 if offline else decision_wait_s,  # offline no processor decides
+        survivors_wait_s=survivors_wait_s,
         self_test_spares=self_test,  # type: ignore[arg-type]  # checked above
         self_test_fresh_s=self_test_fresh_s,
         restart_from_scratch=restart_from_scratch,

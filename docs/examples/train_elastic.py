@@ -22,8 +22,7 @@ resume step is known; a node name in place of the rank: that host's local rank 0
 the kill and waits there, for the test to SIGKILL the host, its agent and ranks),
 TRAIN_GROW_AT=step (a smaller world waits before that step until the launcher asks it to
 grow back, so that it grows back at that step's checkpoint, whenever the new capacity is
-ready), TRAIN_HOLD_AT=step:path (in a smaller world, rank 0 waits before that step until
-the file exists), TRAIN_HOLD_SPARES=step (a worker started after a kill idles until rank 0
+ready), TRAIN_HOLD_SPARES=step (a worker started after a kill idles until rank 0
 passed that step), TRAIN_STEP_SLEEP_S (seconds each step of a smaller world sleeps).
 """
 
@@ -69,14 +68,6 @@ def await_grow(world: int, shards: int) -> None:
         if time.monotonic() > deadline:
             return
         time.sleep(0.05)
-
-
-def hold_at(step: int, rank: int, world: int, shards: int) -> None:
-    """TRAIN_HOLD_AT=step:path: in a smaller world rank 0 waits before that step until the file exists."""
-    at, _, path = os.environ.get("TRAIN_HOLD_AT", "").partition(":")
-    if at and int(at) == step and rank == 0 and world < shards:
-        while not os.path.exists(path):
-            time.sleep(0.05)
 
 
 def noted(event: str) -> list[dict[str, object]]:
@@ -132,7 +123,6 @@ def main() -> None:
                 time.sleep(3600)  # the whole host is killed meanwhile
         if step == GROW_AT:
             await_grow(world, data.shards)
-        hold_at(step, rank, world, data.shards)
         mine = data.mine(step, rank, world)  # elastic: this rank's shards of the global batch
         with sup.step(step, torch.tensor([i for _, ids in mine for i in ids])) as s:
             loss = torch.zeros(())

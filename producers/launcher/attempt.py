@@ -115,6 +115,7 @@ class AttemptRunner:
             nodes=list(placement.nodes),
             racks={node: self.pool.racks.get(node, "") for node in placement.nodes},
             resumed_from_step=resume,
+            spares=self._spares(placement),
         )
         log.info("attempt %d: ranks %s of %d on %s, resume step %d", attempt, list(world.local_ranks),
                  placement.world_size, placement.nodes, resume)  # fmt: skip
@@ -187,6 +188,20 @@ class AttemptRunner:
         if pending is not None and in_process:
             pending.warm_ranks, pending.new_ranks = self.hot.taken["warm"], self.hot.taken["new"]
         return _HotGroup(self.hot, procs)
+
+    def _spares(self, placement: Placement) -> int | None:
+        """What RunStarted says of the spares ready (the core decides about lost capacity
+        only beyond them): under elastic training on one host, the warm spares ready;
+        otherwise on one host the pool's healthy nodes this attempt leaves free; across
+        hosts None (not said: each host knows only its own, and the event is the same from
+        every host)."""
+        if self.config.rendezvous is not None:
+            return None
+        if self.config.elastic and self.hot is not None:
+            return self.hot.ready()
+        with self.state.lock:
+            out = set(self.state.quarantined)
+        return sum(1 for node in self.pool.nodes if node not in out and node not in placement.nodes)
 
     def _renumber(self, last: Placement, world: World) -> None:
         """Elastic training: the survivors (on nodes still in the pool) take this launcher's

@@ -15,8 +15,12 @@ over its directives (three nodes instead of four; no GPUs, one CPU per task on t
   asks (--no-kill on the job and on its step), takes n2 out of the job instead of ending it;
   the run ends with the weights of the clean job and the job ends COMPLETED. Then n2 comes
   back (its slurmd again, the node idle) and its agent is started as the guide says (a
-  one-node job of the script with --agent): today it is refused, in one line, as a lost
-  host is for the rest of its run (docs/multihost.md).
+  one-node job of the script with --agent): it is refused, in one line, as a lost host is
+  for the rest of a run that is not elastic (docs/multihost.md).
+- Elastic training (RESTART=in-process, NNODES=1:2, docs/elastic.md), two nodes and no
+  spare: n2 dies whole; n1 goes on alone in its processes; n2 comes back, its agent is
+  started again as the guide says, passes its self-test and the world grows back to both
+  hosts at a checkpoint; both jobs end COMPLETED, every sample of every epoch trained once.
 """
 
 from __future__ import annotations
@@ -36,12 +40,14 @@ import pytest
 from trainguard.producers.launcher.config import free_port
 from trainguard.producers.launcher.shared_quarantine import SharedQuarantine
 
+from ..producers.launcher.elastic_checks import assert_each_sample_once, trained
 from ..producers.launcher.hosts import EXAMPLE, ROOT, environment, journal, kill_tree
 from .slurm_cluster import SlurmCluster, SlurmUnavailable, slurm_cluster
 
 torch = pytest.importorskip("torch")
 
 SBATCH = ROOT / "docs" / "deploy" / "slurm.sbatch"
+ELASTIC = ROOT / "docs" / "examples" / "train_elastic.py"
 GUIDE = ROOT / "docs" / "deploy" / "slurm.md"
 NODES = ("n1", "n2", "n3")
 STEPS = 300
@@ -155,6 +161,29 @@ def test_the_guides_sbatch_runs_one_agent_per_slurm_node_and_the_spare_ends_ok(
     assert f"ok: spare n3 not needed: run trainguard-run-{job} finished" in out, out[-3000:]
 
 
+def lose_n2_and_bring_it_back(cluster: SlurmCluster, workdir: Path, job: str, env: dict[str, str]) -> str:
+    """Once step 49 is validated: n2 dies whole, slurmctld finds it DOWN, its slurmd comes
+    back (the node idle, ReturnToService=2) and its agent is started as the guide says (a
+    one-node job of the same script, --agent, with the RUN_ID and RDZV_HOST the job printed).
+    The agent's job id."""
+    ckpt, deadline = workdir / "ckpt", time.monotonic() + 240
+    while not (ckpt / "step-000000049" / "VALIDATED").exists():
+        assert time.monotonic() < deadline, f"no checkpoint at step 49: {output(workdir, job)[-3000:]}"
+        assert cluster.job(job)["JobState"] in ("PENDING", "RUNNING"), output(workdir, job)[-3000:]
+        time.sleep(0.1)
+    cluster.lose_node(f"{job}.0", "n2")
+    listed = SharedQuarantine(ckpt / ".trainguard")
+    while "n2" not in listed.nodes():
+        assert time.monotonic() < deadline, f"n2 was never put out: {output(workdir, job)[-3000:]}"
+        time.sleep(0.1)
+    cluster.wait_nodes("down", ["n2"], timeout=90)
+    cluster.start_slurmd("n2")
+    cluster.wait_nodes("idle", ["n2"])
+    back_env = env | {"RUN_ID": f"trainguard-run-{job}"}
+    args = (*HERE[1:], "--nodes=1", "--nodelist=n2", str(SBATCH), "--agent")
+    return sbatch(cluster, workdir, back_env, *args, str(ELASTIC if "RESTART" in env else EXAMPLE))
+
+
 def test_a_lost_slurm_node_is_replaced_by_the_spare_the_job_completes_and_the_host_is_refused_back(
     cluster: SlurmCluster, clean: tuple[Path, str], store: int, tmp_path: Path
 ) -> None:
@@ -164,49 +193,18 @@ def test_a_lost_slurm_node_is_replaced_by_the_spare_the_job_completes_and_the_ho
     env = job_env(tmp_path, store, TRAINGUARD_EXAMPLE_FAULT="slow:0:0:1")
     ckpt = tmp_path / "ckpt"
     job = sbatch(cluster, tmp_path, env, *HERE, str(SBATCH), str(EXAMPLE))
-    deadline = time.monotonic() + 240
-    while not (ckpt / "step-000000049" / "VALIDATED").exists():
-        assert time.monotonic() < deadline, f"no checkpoint at step 49: {output(tmp_path, job)[-3000:]}"
-        assert cluster.job(job)["JobState"] in ("PENDING", "RUNNING"), output(tmp_path, job)[-3000:]
-        time.sleep(0.1)
-    cluster.lose_node(f"{job}.0", "n2")
-
     # n2 is put out of the run; slurmctld finds n2 dead by itself, later, and sets it DOWN
-    # (the job must outlive that: checked at its end).
-    listed = SharedQuarantine(ckpt / ".trainguard")
-    while "n2" not in listed.nodes():
-        assert time.monotonic() < deadline, f"n2 was never quarantined: {output(tmp_path, job)[-3000:]}"
-        time.sleep(0.1)
-    cluster.wait_nodes("down", ["n2"], timeout=90)
-
-    # The host comes back: its slurmd again (the node idle, ReturnToService=2), then its
-    # agent, as the guide says: a one-node job of the same script, --agent, with the run's
-    # RUN_ID and RDZV_HOST (the job printed them).
-    cluster.start_slurmd("n2")
-    cluster.wait_nodes("idle", ["n2"])
-    back_env = env | {"RUN_ID": f"trainguard-run-{job}"}
-    back = sbatch(
-        cluster,
-        tmp_path,
-        back_env,
-        *HERE[1:],
-        "--nodes=1",
-        "--nodelist=n2",
-        str(SBATCH),
-        "--agent",
-        str(EXAMPLE),
-    )
+    # (the job must outlive that: checked at its end); n2 comes back, and its agent.
+    back = lose_n2_and_bring_it_back(cluster, tmp_path, job, env)
     came_back = cluster.wait_job_ended(back, 120)
-    # Today a lost host does not rejoin its run: refused in one line, before torch is
-    # imported, writing nothing.
-    # TODO(shrink/grow-back, --nnodes MIN:MAX): when a returning host grows the world back,
-    # assert here instead that n2's agent job ends COMPLETED and that a later world of
-    # n1's journal holds n2 again (the run must then still be going when n2 returns).
+    # A lost host does not rejoin a run that is not elastic: refused in one line, before
+    # torch is imported, writing nothing (the elastic case: the last test).
     assert (came_back["JobState"], came_back["ExitCode"]) == ("FAILED", "1:0"), output(tmp_path, back)
     (refused,) = output(tmp_path, back).splitlines()
     assert re.fullmatch(
         rf"n2 is quarantined for run trainguard-run-{job} \(host lost: .*\): it does not rejoin", refused
     )
+    listed = SharedQuarantine(ckpt / ".trainguard")
 
     # The node's failure did not end the job (--no-kill on the job: not requeued; on its
     # step: the agents not killed): slurmctld took n2 out of it, and it completed.
@@ -234,3 +232,31 @@ def test_a_lost_slurm_node_is_replaced_by_the_spare_the_job_completes_and_the_ho
     expected, got = final_weights(clean[0] / "ckpt"), final_weights(ckpt)
     assert expected.keys() == got.keys()
     assert all(torch.equal(expected[name], got[name]) for name in expected), "weights diverged"
+
+
+def test_elastic_a_lost_slurm_node_shrinks_the_world_and_its_return_grows_it_back(
+    cluster: SlurmCluster, store: int, tmp_path: Path
+) -> None:
+    # No spare: two nodes. The smaller world waits before step 149 (a checkpoint step)
+    # until n2 is back and asks to join, so that the run is still going when it returns.
+    env = job_env(tmp_path, store, RESTART="in-process", TRAIN_GROW_AT="149")
+    env |= {"NNODES": "1:2", "TRAIN_SAMPLES_FILE": str(tmp_path / "samples.jsonl")}
+    ckpt = tmp_path / "ckpt"
+    two = ("--nodes=2", "--nodelist=n1,n2")
+    job = sbatch(cluster, tmp_path, env, *HERE[1:], *two, str(SBATCH), str(ELASTIC))
+    back = lose_n2_and_bring_it_back(cluster, tmp_path, job, env)
+
+    came_back = cluster.wait_job_ended(back, 240)
+    record = cluster.wait_job_ended(job, 240)
+    out, back_out = output(tmp_path, job), output(tmp_path, back)
+    assert (came_back["JobState"], came_back["ExitCode"]) == ("COMPLETED", "0:0"), back_out[-3000:]
+    ended = (record["JobState"], record["ExitCode"], record["Restarts"])
+    assert ended == ("COMPLETED", "0:0", "0"), out[-3000:]
+    # n1 trained alone after the loss, in its process, then with n2 again from a checkpoint.
+    assert worlds(ckpt, "n1") == [["n1", "n2"], ["n1"], ["n1", "n2"]], out[-3000:]
+    shrink, grow = records(ckpt / ".trainguard" / "hosts" / "n1" / "restarts.jsonl")
+    assert (shrink["path"], shrink["world_size"], shrink["hosts_lost"]) == ("in-process", 1, ["n2"]), shrink
+    assert (grow["cause"], grow["path"], grow["world_size"]) == ("resize", "in-process", 2), grow
+    assert grow["resumed_from_step"] == 149 and grow["complete"], grow
+    # Each sample of each epoch once (the last attempt's training of a step is the one kept).
+    assert_each_sample_once(trained(tmp_path / "samples.jsonl"), STEPS, 2048, 64)

@@ -15,7 +15,6 @@ shrank and grew at the same steps."""
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import subprocess
@@ -29,6 +28,7 @@ from typing import Any
 import pytest
 
 from ...pipeline import Processor, running_processor
+from .elastic_checks import assert_each_sample_once, assert_like_clean, assert_weights, trained
 
 torch = pytest.importorskip("torch")
 
@@ -69,17 +69,8 @@ class Run:
         return out
 
     def trained(self) -> dict[int, list[int]]:
-        """step -> the sample ids its update was made of: the last attempt that trained
-        the step (an attempt resumed from a checkpoint redoes the steps after it)."""
-        rows = [json.loads(line) for line in (self.workdir / "samples.jsonl").read_text().splitlines()]
-        last: dict[int, int] = {}
-        for row in rows:
-            last[row["s"]] = max(last.get(row["s"], -1), row["a"])
-        ids: dict[int, list[int]] = collections.defaultdict(list)
-        for row in rows:
-            if row["a"] == last[row["s"]]:
-                ids[row["s"]] += row["ids"]
-        return ids
+        """step -> the sample ids of its update (elastic_checks.trained)."""
+        return trained(self.workdir / "samples.jsonl")
 
     def final(self) -> dict[str, Any]:
         return dict(torch.load(self.run_dir / "final.pt"))
@@ -145,17 +136,7 @@ def test_a_lost_rank_shrinks_the_world_in_process_and_it_grows_back_at_a_checkpo
         assert pids[2][3] not in pids[0].values()
 
         trained = run.trained()
-        assert sorted(trained) == list(range(STEPS))
-        for step, ids in trained.items():  # the same global batch every step, each sample once
-            assert len(ids) == GLOBAL_BATCH == len(set(ids)), step
-        per_epoch = SAMPLES // GLOBAL_BATCH
-        for epoch in range(STEPS // per_epoch):
-            ids = [i for s in range(epoch * per_epoch, (epoch + 1) * per_epoch) for i in trained[s]]
-            assert sorted(ids) == list(range(SAMPLES)), epoch
-        same = {s: sorted(ids) for s, ids in clean.trained().items()}
-        assert {s: sorted(ids) for s, ids in trained.items()} == same  # the uninterrupted run's order
+        assert_each_sample_once(trained, STEPS, SAMPLES, GLOBAL_BATCH)
+        assert_like_clean(trained, clean.trained())  # the uninterrupted run's data order
 
-    reference, first, second = clean.final(), runs[0].final(), runs[1].final()
-    for name, value in reference.items():
-        assert torch.allclose(first[name], value, rtol=0, atol=TOLERANCE), name
-        assert torch.equal(first[name], second[name]), name  # the elastic path is deterministic
+    assert_weights(clean.final(), runs[0].final(), runs[1].final(), TOLERANCE)

@@ -18,7 +18,6 @@ run's, and bitwise those of a second run that shrank and grew at the same steps.
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import subprocess
@@ -36,6 +35,7 @@ from trainguard.producers.launcher.config import free_port
 from trainguard.producers.launcher.shared_quarantine import SharedQuarantine
 
 from ...pipeline import Processor, running_processor
+from .elastic_checks import assert_each_sample_once, assert_like_clean, assert_weights, trained
 from .hosts import ROOT, kill_tree
 
 torch = pytest.importorskip("torch")
@@ -95,16 +95,8 @@ class Run:
         return out
 
     def trained(self) -> dict[int, list[int]]:
-        """step -> the sample ids of its update, as the last attempt that trained it made it."""
-        rows = [json.loads(line) for line in (self.workdir / "samples.jsonl").read_text().splitlines()]
-        last: dict[int, int] = {}
-        for row in rows:
-            last[row["s"]] = max(last.get(row["s"], -1), row["a"])
-        ids: dict[int, list[int]] = collections.defaultdict(list)
-        for row in rows:
-            if row["a"] == last[row["s"]]:
-                ids[row["s"]] += row["ids"]
-        return ids
+        """step -> the sample ids of its update (elastic_checks.trained)."""
+        return trained(self.workdir / "samples.jsonl")
 
     def final(self) -> dict[str, Any]:
         return dict(torch.load(next(self.shared.glob("**/final.pt"))))
@@ -137,11 +129,15 @@ def starter(
     env = environment(workdir, TRAIN_KILL="host-b:137:0", TRAIN_GROW_AT="190")
 
     def start(node: str, log: str) -> subprocess.Popen[str]:
-        conf = ["--rdzv-conf", "is_host=false"] if node == "host-b" else []
+        # The first round must hold both hosts: torch completes a round of MIN (1) hosts
+        # after its last call, and host-b, slower to start on a loaded machine, once came
+        # after 3 s (the elastic default; then host-a started alone, and host-b's joining
+        # that running world failed in the round's store: a known bug, the issue's note).
+        conf = "last_call_timeout=10" + (",is_host=false" if node == "host-b" else "")
         command = [
             sys.executable, "-m", "trainguard", "launch", "--nnodes", "1:2", "--nproc-per-node", "2",
             "--restart", "in-process", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-            "--rdzv-id", run_id, *conf, "--local-addr", "127.0.0.1", "--node-name", node,
+            "--rdzv-id", run_id, "--rdzv-conf", conf, "--local-addr", "127.0.0.1", "--node-name", node,
             "--checkpoint-dir", str(workdir / "ckpt"), "--max-restarts", "3", "--decision-wait-s", "1",
             "--self-test", self_test,
             "--bootstrap", pipeline.bootstrap, "--topic-prefix", pipeline.prefix, str(EXAMPLE),
@@ -222,17 +218,7 @@ def test_a_lost_host_shrinks_the_world_in_process_and_it_grows_back_when_the_hos
         assert len(set(pid_of[2].values()) - set(pid_of[0].values())) == 2  # host-b's are new
 
         trained = run.trained()
-        assert sorted(trained) == list(range(STEPS))
-        for step, ids in trained.items():  # the same global batch every step, each sample once
-            assert len(ids) == GLOBAL_BATCH == len(set(ids)), step
-        per_epoch = SAMPLES // GLOBAL_BATCH
-        for epoch in range(STEPS // per_epoch):
-            ids = [i for s in range(epoch * per_epoch, (epoch + 1) * per_epoch) for i in trained[s]]
-            assert sorted(ids) == list(range(SAMPLES)), epoch
-        same = {s: sorted(ids) for s, ids in clean.trained().items()}
-        assert {s: sorted(ids) for s, ids in trained.items()} == same  # the uninterrupted run's order
+        assert_each_sample_once(trained, STEPS, SAMPLES, GLOBAL_BATCH)
+        assert_like_clean(trained, clean.trained())  # the uninterrupted run's data order
 
-    reference, first, second = clean.final(), runs[0].final(), runs[1].final()
-    for name, value in reference.items():
-        assert torch.allclose(first[name], value, rtol=0, atol=TOLERANCE), name
-        assert torch.equal(first[name], second[name]), name  # the elastic path is deterministic
+    assert_weights(clean.final(), runs[0].final(), runs[1].final(), TOLERANCE)

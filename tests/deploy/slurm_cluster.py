@@ -228,7 +228,9 @@ def slurm_cluster(nodes: Sequence[str], extra_env: Mapping[str, str] = {}) -> It
     text = CONF.format(root=root, ctld_port=free_port(), munge_socket=socket, slurmd_timeout=SLURMD_TIMEOUT_S)
     text += "".join(NODE.format(name=n, port=free_port(), cpus=cpus) for n in nodes)
     (root / "slurm.conf").write_text(text + PARTITION.format(nodes=",".join(nodes)))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}  # no outer job's
+    # No outer job's Slurm settings, and none of trainguard's (the suite's broker, a secret):
+    # a job gets what its test gives it (an sbatch's job inherits this whole environment).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "TRAINGUARD_", "TRAIN_"))}
     cluster = SlurmCluster(
         root, list(nodes), env | dict(extra_env) | {"SLURM_CONF": str(root / "slurm.conf")}
     )

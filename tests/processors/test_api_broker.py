@@ -152,9 +152,11 @@ def test_every_endpoint_answers_from_the_live_processor_and_bad_requests_get_a_c
     assert entry["interruption_id"] == crash["interruption_id"] and entry["lost_steps"] == 4
     assert entry["gpu_hours"] > 0 and [d["kind"] for d in entry["decisions"]] == [
         "abort",
+        "interruption_decided",  # issue 45: a node out and no spare said ready: wait or shrink
         "quarantine",
         "quarantine_node",
     ]
+    assert entry["decisions"][1]["reason"].startswith("if no spare is ready:")
 
     status, document, _ = live.call("GET", "/openapi.json", headers={})
     assert status == 200 and document["openapi"] == "3.1.0"

@@ -22,8 +22,7 @@ resume step is known; a node name in place of the rank: that host's local rank 0
 the kill and waits there, for the test to SIGKILL the host, its agent and ranks),
 TRAIN_GROW_AT=step (a smaller world waits before that step until the launcher asks it to
 grow back, so that it grows back at that step's checkpoint, whenever the new capacity is
-ready), TRAIN_HOLD_SPARES=step (a worker started after a kill idles until rank 0
-passed that step), TRAIN_STEP_SLEEP_S (seconds each step of a smaller world sleeps).
+ready).
 """
 
 from __future__ import annotations
@@ -50,7 +49,6 @@ EVERY = os.environ.get("TRAIN_CHECKPOINT_EVERY")
 GLOBAL_BATCH = 64
 EVENTS = os.environ.get("TRAIN_EVENTS_FILE")
 GROW_AT = int(os.environ.get("TRAIN_GROW_AT", "-1"))
-SLEEP_S = float(os.environ.get("TRAIN_STEP_SLEEP_S", "0"))
 
 
 def note(event: str, **fields: object) -> None:
@@ -68,21 +66,6 @@ def await_grow(world: int, shards: int) -> None:
         if time.monotonic() > deadline:
             return
         time.sleep(0.05)
-
-
-def noted(event: str) -> list[dict[str, object]]:
-    if not EVENTS or not os.path.exists(EVENTS):
-        return []
-    lines = [json.loads(line) for line in Path(EVENTS).read_text().splitlines() if line]
-    return [line for line in lines if line["event"] == event]
-
-
-def hold_spare() -> None:
-    """TRAIN_HOLD_SPARES: a process started after a kill waits until rank 0 passed that step."""
-    hold = os.environ.get("TRAIN_HOLD_SPARES")
-    if hold and noted("kill"):
-        while not any(int(str(e["step"])) >= int(hold) for e in noted("step")):
-            time.sleep(0.05)
 
 
 def main() -> None:
@@ -144,8 +127,6 @@ def main() -> None:
             note("first_step", rank=rank, attempt=attempt, step=step, world=world)
         if rank == 0 and step % 10 == 0:
             note("step", attempt=attempt, step=step, world=world)
-        if world < data.shards:
-            time.sleep(SLEEP_S)
     ckpt.close()
     if rank == 0:
         run_dir = Path(os.environ.get("TRAINGUARD_RUN_DIR", "."))
@@ -157,5 +138,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    hold_spare()
     inprocess.run(main)

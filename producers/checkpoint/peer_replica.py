@@ -466,14 +466,9 @@ class PeerReplica:
         attempt, and its copies are what it restores. Once the ended attempt's exchange is
         over (it fails at once when a peer is gone), exchange on a new group of the new
         default one; False, with no group made, when that exchange is still stuck."""
-        try:
-            self._io.submit(lambda: None).result(timeout=timeout_s)
-        except TimeoutError:
-            log.error("peer replica of rank %d: the ended attempt's exchange is stuck", self.rank)
+        if not self._settled(timeout_s):
             return False
-        group = dist.new_group(backend="gloo", timeout=self._timeout)
-        assert isinstance(group, dist.ProcessGroup)  # this rank is a member
-        self._group, self._own_group = group, True
+        self._new_group()
         return True
 
     def rebind(self, rank: int, world_size: int, timeout_s: float = 30.0) -> bool:
@@ -483,12 +478,7 @@ class PeerReplica:
         new rank; the copies it held are dropped (their source is another rank now). Then
         as :meth:`rejoin`. False, nothing changed, when the ended attempt's exchange is
         stuck or the new world has no peer to hold a copy."""
-        if world_size < 2:
-            return False
-        try:
-            self._io.submit(lambda: None).result(timeout=timeout_s)
-        except TimeoutError:
-            log.error("peer replica of rank %d: the ended attempt's exchange is stuck", self.rank)
+        if world_size < 2 or not self._settled(timeout_s):
             return False
         self.rank, self.world_size, self.shift = rank, world_size, _shift(world_size, None)
         self.holder = holder_of(rank, world_size, self.shift)
@@ -497,10 +487,23 @@ class PeerReplica:
             if copy is not None:
                 copy.rank, copy.world_size = rank, world_size
         self.held = self.held_older = self._spare_held = None
+        self._new_group()
+        return True
+
+    def _settled(self, timeout_s: float) -> bool:
+        """Until the ended attempt's exchange is over; False when it is still stuck."""
+        try:
+            self._io.submit(lambda: None).result(timeout=timeout_s)
+        except TimeoutError:
+            log.error("peer replica of rank %d: the ended attempt's exchange is stuck", self.rank)
+            return False
+        return True
+
+    def _new_group(self) -> None:
+        """Exchange from now on in a new group of the new default one."""
         group = dist.new_group(backend="gloo", timeout=self._timeout)
         assert isinstance(group, dist.ProcessGroup)  # this rank is a member
         self._group, self._own_group = group, True
-        return True
 
     def all_steps(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The steps of every own copy and every held copy, once the queued pushes are done."""

@@ -245,7 +245,7 @@ class HotRanks:
         deadline = time.monotonic() + timeout_s
         while True:
             alive = [w for w, h in self.spares if h.proc.poll() is None]
-            ready = sum(1 for w in alive if self._ready(w))
+            ready = self.ready()
             if ready >= count:
                 return True
             if ready == len(alive) or time.monotonic() > deadline:

@@ -24,6 +24,7 @@ from ..schemas.commands import (
     Abort,
     CheckpointNow,
     Command,
+    DrainNode,
     EvictRank,
     InterruptionDecided,
     PauseRun,
@@ -73,6 +74,7 @@ EXECUTED_BY: Mapping[type[Command], frozenset[Role]] = {
     PauseRun: frozenset({_LAUNCHER, _SIM}),
     ReleaseNode: frozenset({_LAUNCHER, _SIM}),
     InterruptionDecided: frozenset({_LAUNCHER, _SIM}),  # the launcher restarts without waiting more
+    DrainNode: frozenset({_LAUNCHER, _SIM}),  # the launcher ends the attempt at a boundary, swaps the node
 }
 
 

@@ -122,6 +122,12 @@ class ReasonCode(StrEnum):
     CAPACITY_WAIT = "capacity_wait"
     CAPACITY_SHRINK = "capacity_shrink"
     CAPACITY_GROW = "capacity_grow"
+    # failure prediction (issue 46): a node's health trends, the drain decided by expected
+    # goodput, a node kept out of a launch for its history across runs
+    FAILURE_PREDICTED = "failure_predicted"
+    DRAIN = "drain"
+    DRAIN_DECLINED = "drain_declined"
+    LEMON_NODE = "lemon_node"
 
 
 class Reason(Record):

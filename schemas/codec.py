@@ -131,6 +131,8 @@ UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
     # gpu_health/1 predates the v2 readings (memory temperature, clocks, power, throttle
     # reasons, lifetime ECC, NVLink CRC): none of them was read.
     ("gpu_health", 1): lambda body: dict(body),
+    # gpu_health/2 predates the failure precursors (issue 46): none of them was read.
+    ("gpu_health", 2): lambda body: dict(body),
     # rank_exit/1 predates the job's progress at the exit: unknown.
     ("rank_exit", 1): lambda body: {**body, "job_step": -1},
     # rank_exit/2 predates peer_lost: no exit was known to be a lost peer's consequence.

@@ -208,6 +208,23 @@ class InterruptionDecided(Command):
         return rank == RUN_LEVEL_RANK  # the launcher's alone
 
 
+class DrainNode(Command):
+    """Take `node` out at a checkpoint boundary before it fails (issue 46): the ranks agree
+    on a step, checkpoint there and leave in their processes (no step lost); the node's
+    ranks go to pre-tested warm spares, or the world shrinks when elastic training prefers
+    it; the node is quarantined. The boundary is the next checkpoint the cadence makes due,
+    or a checkpoint `within_s` after the command, whichever comes first."""
+
+    KIND: ClassVar[str] = "drain_node"
+    VERSION: ClassVar[int] = 1
+
+    node: str = Field(min_length=1, max_length=128)
+    within_s: float = Field(ge=0, description="The latest a checkpoint boundary is taken for the drain.")
+
+    def targets(self, rank: int) -> bool:
+        return rank == RUN_LEVEL_RANK  # the launcher's alone
+
+
 COMMAND_KINDS: tuple[type[Command], ...] = (
     CheckpointNow,
     SetCheckpointInterval,
@@ -224,6 +241,7 @@ COMMAND_KINDS: tuple[type[Command], ...] = (
     PauseRun,
     ReleaseNode,
     InterruptionDecided,
+    DrainNode,
 )
 
 

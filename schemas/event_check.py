@@ -60,15 +60,22 @@ GPU_FLOATS: Final = (
 )  # fmt: skip
 GPU_FRACTIONS: Final = ("nic_utilization",)
 GPU_NON_NEGATIVE: Final = ("power_w", "power_limit_w")
-GPU_BOOLS: Final = ("power_capped", "thermal_throttle")
+GPU_BOOLS: Final = (
+    "power_capped", "thermal_throttle", "retired_pages_pending", "remap_pending", "remap_failed", "injected",
+)  # fmt: skip
 GPU_INTS: Final = (
     "nvlink_width", "nvlink_expected_width", "nvlink_retries", "ecc_corrected", "ecc_uncorrected",
     "ecc_corrected_total", "ecc_uncorrected_total", "nvlink_crc_errors",
 )  # fmt: skip
+#: GpuHealth v3's counters, never negative (the model's ge=0).
+GPU_COUNTS: Final = (
+    "retired_pages", "remapped_rows_correctable", "remapped_rows_uncorrectable", "xid_errors", "last_xid",
+    "pcie_replays",
+)  # fmt: skip
 GPU_FIELDS: Final = frozenset(
     {
         "event_id", "run_id", "attempt", "rank", "node", "step", "ts", "present", "throttle_reasons",
-        *GPU_FLOATS, *GPU_FRACTIONS, *GPU_NON_NEGATIVE, *GPU_BOOLS, *GPU_INTS,
+        *GPU_FLOATS, *GPU_FRACTIONS, *GPU_NON_NEGATIVE, *GPU_BOOLS, *GPU_INTS, *GPU_COUNTS,
     }
 )  # fmt: skip
 #: GpuHealth.throttle_reasons
@@ -101,7 +108,7 @@ def _envelope(item: dict[str, Any], run_id: str, size: int) -> bool:
 #: The versions read as rows (schemas/events.py: Heartbeat, StepStats, GpuHealth).
 HEARTBEAT_SCHEMA: Final = "heartbeat/2"
 STATS_SCHEMA: Final = "step_stats/1"
-GPU_SCHEMA: Final = "gpu_health/2"
+GPU_SCHEMA: Final = "gpu_health/3"
 
 
 def common_row(item: Any, run_id: str, size: int) -> Row | None:
@@ -161,7 +168,7 @@ def stats_row(item: dict[str, Any], run_id: str, size: int) -> StatsRow | None:
 
 
 def gpu_row(item: dict[str, Any], run_id: str, size: int) -> GpuRow | None:
-    """A common gpu_health/2 of run `run_id` with a rank below `size`, as a row; None:
+    """A common gpu_health/3 of run `run_id` with a rank below `size`, as a row; None:
     validate it with its model."""
     for key in item:
         if key not in GPU_FIELDS:
@@ -187,6 +194,10 @@ def gpu_row(item: dict[str, Any], run_id: str, size: int) -> GpuRow | None:
     for name in GPU_INTS:
         value = item.get(name)
         if value is not None and (type(value) is not int or not -INT_LIMIT <= value < INT_LIMIT):
+            return None
+    for name in GPU_COUNTS:
+        value = item.get(name)
+        if value is not None and (type(value) is not int or not 0 <= value < INT_LIMIT):
             return None
     reasons = item.get("throttle_reasons")
     if reasons is not None:

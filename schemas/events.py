@@ -131,10 +131,13 @@ class GpuHealth(Envelope):
     A field the device does not support (NVLink on a PCIe card, ECC off) is None, never a guess.
 
     Version 2 (issue 15) adds the memory temperature, the clocks against their maxima, power,
-    the named clock-event (throttle) reasons, lifetime ECC counts and NVLink CRC errors."""
+    the named clock-event (throttle) reasons, lifetime ECC counts and NVLink CRC errors.
+    Version 3 (issue 46) adds the failure precursors: retired pages, remapped rows (pending,
+    failed), XID errors seen since the reader started, PCIe replays; and `injected`, set
+    only by the reader's injection hook (tests, chaos), never by a device."""
 
     KIND: ClassVar[str] = "gpu_health"
-    VERSION: ClassVar[int] = 2
+    VERSION: ClassVar[int] = 3
 
     present: bool
     temperature_c: float | None = None
@@ -161,6 +164,29 @@ class GpuHealth(Envelope):
     ecc_corrected_total: int | None = Field(default=None, description="Over the device's life (aggregate).")
     ecc_uncorrected_total: int | None = Field(default=None, description="Over the device's life (aggregate).")
     nvlink_crc_errors: int | None = Field(default=None, description="NVLink CRC flit + data errors.")
+    retired_pages: int | None = Field(
+        default=None,
+        ge=0,
+        description="Memory pages retired for ECC errors (pre-Ampere; single + double bit).",
+    )
+    retired_pages_pending: bool | None = Field(default=None, description="A page retirement awaits a reset.")
+    remapped_rows_correctable: int | None = Field(
+        default=None, ge=0, description="HBM rows remapped for correctable errors (Ampere and later)."
+    )
+    remapped_rows_uncorrectable: int | None = Field(
+        default=None, ge=0, description="HBM rows remapped for uncorrectable errors (Ampere and later)."
+    )
+    remap_pending: bool | None = Field(default=None, description="A row remap awaits a GPU reset.")
+    remap_failed: bool | None = Field(default=None, description="A row remap failed (no spare row left).")
+    xid_errors: int | None = Field(
+        default=None, ge=0, description="Critical XID events this reader has seen since it started."
+    )
+    last_xid: int | None = Field(default=None, ge=0, description="The most recent XID's code.")
+    pcie_replays: int | None = Field(default=None, ge=0, description="PCIe replay counter.")
+    injected: bool | None = Field(
+        default=None,
+        description="True: the reading came from the injection hook (tests, chaos), not a device.",
+    )
 
 
 class CheckpointWritten(Envelope):
@@ -287,6 +313,20 @@ class NodeSelfTestResult(Envelope):
     reason: Reason
 
 
+class NodeExcluded(Envelope):
+    """The launcher kept a node out of this launch for its history across runs (issue 46): a
+    "lemon" with `failures` failures or quarantines within `window_days` in the archive
+    (trainguard/common/lemons.py). rank -1; node: the node kept out. The core pages once."""
+
+    KIND: ClassVar[str] = "node_excluded"
+    VERSION: ClassVar[int] = 1
+
+    failures: int = Field(ge=0, description="Its failures and quarantines within the window.")
+    window_days: float = Field(gt=0)
+    runs: list[str] = Field(default_factory=list, max_length=64, description="The runs they happened in.")
+    reason: Reason
+
+
 class CheckpointRejected(Envelope):
     """A checkpoint failed verification when the ranks were about to resume from it (rank
     0's report; a REJECTED marker is written next to it, so it is never chosen again). The
@@ -320,6 +360,7 @@ TELEMETRY_KINDS: tuple[type[Envelope], ...] = (
     GroupComputeTimes,
     NodeSelfTestResult,
     CheckpointRejected,
+    NodeExcluded,
 )
 
 # --------------------------------------------------------------------------- derived
@@ -334,6 +375,8 @@ class InterruptionCause(StrEnum):
     OPERATOR = "operator"
     #: A planned stop at a checkpoint to grow a smaller world back to full size (issue 45).
     ELASTIC = "elastic"
+    #: A planned stop at a checkpoint to take out a node predicted to fail (issue 46).
+    DRAIN = "drain"
 
 
 class Derived(Envelope):
@@ -421,6 +464,45 @@ class EvictionDecision(Derived):
     horizon_s: float = Field(gt=0, description="Evict only if payback_s is not longer than this.")
     evictions_resolved: int = Field(ge=0, description="Past evictions of the run that resolved the straggle.")
     evictions_unresolved: int = Field(ge=0, description="Past evictions after which it straggled again.")
+
+
+class FailurePredicted(Derived):
+    """A node's failure precursors (issue 46): its GPUs' error counters and trends against
+    the fleet's own noise, turned into the probability that the node fails within
+    `horizon_s` (processors/core/hazard.py). Made where the node's GPU health is seen (any
+    shard); shard 0 decides about a drain (DrainDecision). node: the node; rank: the GPU
+    with the strongest evidence."""
+
+    KIND: ClassVar[str] = "failure_predicted"
+    VERSION: ClassVar[int] = 1
+
+    probability: float = Field(ge=0, le=1, description="P(the node fails within horizon_s).")
+    horizon_s: float = Field(gt=0)
+    signals: list[str] = Field(
+        min_length=1, max_length=32, description="Each precursor with its numbers, strongest first."
+    )
+    evidence: float = Field(ge=0, description="The strongest signal's surprise: -log10 of its noise p-value.")
+
+
+class DrainDecision(Derived):
+    """Whether to drain a node predicted to fail (issue 46), by expected goodput: drain
+    when probability x (restart_s + lost_work_s) exceeds drain_cost_s. node: the node."""
+
+    KIND: ClassVar[str] = "drain_decision"
+    VERSION: ClassVar[int] = 1
+
+    decision: Literal["drain", "decline"]
+    probability: float = Field(ge=0, le=1)
+    horizon_s: float = Field(gt=0)
+    restart_s: float = Field(
+        ge=0, description="R: what an unplanned restart costs (the run's, else the prior)."
+    )
+    lost_work_s: float = Field(
+        ge=0, description="Work expected lost at a failure: since the last checkpoint."
+    )
+    drain_cost_s: float = Field(ge=0, description="What the drain costs the job: its checkpoint and swap.")
+    expected_saving_s: float = Field(description="probability x (restart_s + lost_work_s) - drain_cost_s.")
+    within_s: float = Field(ge=0, description="drain: the checkpoint boundary to drain at comes within this.")
 
 
 class RanksMissing(Derived):
@@ -540,6 +622,7 @@ PageRule = Literal[
     "same_rack_eviction",
     "no_clean_ancestor",
     "facilities",
+    "lemon_node",
 ]
 PAGE_RULES: tuple[str, ...] = get_args(PageRule)
 
@@ -660,4 +743,6 @@ DERIVED_KINDS: tuple[type[Derived], ...] = (
     GroupSlowdownFlagged,
     GroupSlowdownCleared,
     ResumeRejected,
+    FailurePredicted,
+    DrainDecision,
 )

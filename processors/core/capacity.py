@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from .state import RunState
 
 #: Planned stops: a cost to account, not a failure (no baseline, page or quarantine).
-PLANNED = frozenset({InterruptionCause.EVICTION, InterruptionCause.ELASTIC})
+PLANNED = frozenset({InterruptionCause.EVICTION, InterruptionCause.ELASTIC, InterruptionCause.DRAIN})
 
 
 def on_run_started(state: CapacityState, run: RunState, event: RunStarted, policy: ElasticPolicy) -> None:

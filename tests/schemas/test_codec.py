@@ -53,6 +53,19 @@ SAMPLES: dict[str, dict[str, Any]] = {
         ecc_corrected_total=12,
         ecc_uncorrected_total=0,
         nvlink_crc_errors=3,
+        remapped_rows_correctable=2,
+        remapped_rows_uncorrectable=0,
+        remap_pending=False,
+        remap_failed=False,
+        xid_errors=1,
+        last_xid=63,
+        pcie_replays=0,
+    ),
+    "node_excluded": dict(
+        failures=3,
+        window_days=30.0,
+        runs=["run-a", "run-b"],
+        reason=dict(code="lemon_node", text="3 failures in 30 days"),
     ),
     "node_self_test_result": dict(
         passed=False,
@@ -135,6 +148,24 @@ SAMPLES: dict[str, dict[str, Any]] = {
         goodput=0.683,
         interruptions=1,
     ),
+    "failure_predicted": dict(
+        reason=REASON,
+        probability=0.42,
+        horizon_s=3600.0,
+        signals=["ecc_corrected: 310/h on rank 27, the fleet's 99.9th 6/h"],
+        evidence=14.2,
+    ),
+    "drain_decision": dict(
+        reason=REASON,
+        decision="drain",
+        probability=0.42,
+        horizon_s=3600.0,
+        restart_s=600.0,
+        lost_work_s=900.0,
+        drain_cost_s=35.0,
+        expected_saving_s=595.0,
+        within_s=300.0,
+    ),
     "eviction_decision": dict(
         reason=REASON,
         decision="evict",
@@ -195,6 +226,7 @@ COMMAND_SAMPLES: dict[str, dict[str, Any]] = {
     "pause_run": dict(step=4711),
     "release_node": dict(node="node-012"),
     "interruption_decided": dict(interruption_id="interruption-4e13"),
+    "drain_node": dict(node="node-012", within_s=300.0),
 }
 
 

@@ -15,6 +15,7 @@ from .diagnosis_state import DiagnosisPolicy
 from .eviction_state import EvictionPolicy
 from .goodput import GoodputPolicy
 from .group_state import GroupSlowdownPolicy
+from .hazard_state import PredictionPolicy
 from .interval import IntervalPolicy
 from .paging_state import PagingPolicy
 from .retention import RetentionPolicy
@@ -87,6 +88,7 @@ class CorePolicy(BaseModel):
     retention: RetentionPolicy = RetentionPolicy()
     eviction: EvictionPolicy = EvictionPolicy()
     elastic: ElasticPolicy = ElasticPolicy()
+    prediction: PredictionPolicy = PredictionPolicy()
     rollback_on_sdc: bool = Field(
         True,
         description="On an SDC mismatch, roll back to the clean ancestor (R6); false: quarantine "

@@ -1,0 +1,198 @@
+"""Failure prediction's settings and state (data; behaviour in hazard.py and drain.py).
+
+Apart from the behaviour so that state.py, which holds a run's whole state, imports
+no behaviour module: no import cycle (docs/architecture.md)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: The precursor counters a GpuHealth report carries, each a count that only grows while
+#: the driver is loaded (a reset, a smaller value, starts it again): failures foretold by
+#: memory (ECC, retired pages, remapped rows), the driver (XID) and the links (PCIe,
+#: NVLink). `hw_slowdown` counts the reports whose clock-event reasons include a hardware
+#: slowdown or power brake (a failing power supply or sensor).
+COUNTERS: tuple[str, ...] = (
+    "ecc_corrected",
+    "ecc_uncorrected",
+    "retired_pages",
+    "remapped_rows_correctable",
+    "remapped_rows_uncorrectable",
+    "xid_errors",
+    "pcie_replays",
+    "nvlink_crc_errors",
+    "nvlink_retries",
+    "hw_slowdown",
+)
+#: Flags that count once when they turn true (a remap or retirement that awaits a reset,
+#: a remap that failed: the memory has no spare rows left).
+FLAGS: tuple[str, ...] = ("remap_pending", "remap_failed", "retired_pages_pending")
+#: Levels whose rise over the window is compared with the fleet's rises (a failing fan,
+#: a degrading power stage).
+LEVELS: tuple[str, ...] = ("temperature_c", "power_w")
+SIGNALS: tuple[str, ...] = (*COUNTERS, *FLAGS, *LEVELS)
+
+#: Healthy background of each counter and flag per GPU per day, before the run has measured
+#: its fleet's own (and its floor after: a count is never compared with a rate of 0).
+_BACKGROUND = {
+    "ecc_corrected": 20.0,
+    "ecc_uncorrected": 0.01,
+    "retired_pages": 0.01,
+    "remapped_rows_correctable": 0.02,
+    "remapped_rows_uncorrectable": 0.01,
+    "xid_errors": 0.05,
+    "pcie_replays": 5.0,
+    "nvlink_crc_errors": 20.0,
+    "nvlink_retries": 5.0,
+    "hw_slowdown": 0.5,
+    "remap_pending": 0.01,
+    "remap_failed": 0.002,
+    "retired_pages_pending": 0.01,
+}
+#: The share of a signal's episodes a failure follows within the horizon, as a Beta prior
+#: (hits, misses): what the probability starts from before the run's own outcomes. Memory
+#: that ran out of spare rows, uncorrectable errors and XIDs foretell most; link retries and
+#: a warm GPU the least.
+_PRECISION = {
+    "ecc_corrected": (3.0, 7.0),
+    "ecc_uncorrected": (6.0, 4.0),
+    "retired_pages": (5.0, 5.0),
+    "remapped_rows_correctable": (3.0, 7.0),
+    "remapped_rows_uncorrectable": (6.0, 4.0),
+    "xid_errors": (4.0, 6.0),
+    "pcie_replays": (2.0, 8.0),
+    "nvlink_crc_errors": (2.0, 8.0),
+    "nvlink_retries": (2.0, 8.0),
+    "hw_slowdown": (2.0, 8.0),
+    "remap_pending": (4.0, 6.0),
+    "remap_failed": (7.0, 3.0),
+    "retired_pages_pending": (4.0, 6.0),
+    "temperature_c": (2.0, 8.0),
+    "power_w": (1.0, 9.0),
+}
+#: The smallest spread of a level's rises over a window across the fleet (°C, W): a quiet
+#: fleet's spread is never taken for zero.
+_LEVEL_SPREAD = {"temperature_c": 1.5, "power_w": 25.0}
+
+
+class PredictionPolicy(BaseModel):
+    """Failure prediction (issue 46, seed §9.6): each node's precursors against its fleet's
+    measured noise, calibrated into P(failure within the horizon), and a drain at a
+    checkpoint boundary when it pays in expected goodput. Thresholds derive from the false
+    alarm rate asked for, not from a scenario."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = Field(True, description="False: predict nothing, drain nothing (the baseline).")
+    horizon_s: float = Field(
+        3600.0, gt=0, description="P(failure within this long) is what a prediction states."
+    )
+    window_s: float = Field(
+        3600.0, gt=0, description="A node's counts are compared with the fleet's over this window."
+    )
+    check_every_s: float = Field(300.0, gt=0, description="Event time between two evaluations.")
+    persist_checks: int = Field(
+        2,
+        ge=1,
+        description="A signal must stand out on this many evaluations in a row: noise bursts once, "
+        "a failing part keeps going.",
+    )
+    false_alarms_per_node_day: float = Field(
+        1e-4,
+        gt=0,
+        lt=1,
+        description="The false predictions per node-day the thresholds are derived for (shared over "
+        "the signals and the evaluations of a day, Bonferroni).",
+    )
+    min_fleet_nodes: int = Field(
+        8,
+        ge=2,
+        description="The fleet's noise is measured once this many nodes report a signal; before, "
+        "the background priors stand for it.",
+    )
+    background_per_gpu_day: dict[str, float] = Field(
+        default_factory=lambda: dict(_BACKGROUND),
+        description="Each counter's healthy background per GPU per day: the prior, and the floor.",
+    )
+    precision_prior: dict[str, tuple[float, float]] = Field(
+        default_factory=lambda: dict(_PRECISION),
+        description="Each signal's (hits, misses) Beta prior: the share of its episodes a failure "
+        "follows within the horizon, until the run's own outcomes weigh in.",
+    )
+    level_spread: dict[str, float] = Field(
+        default_factory=lambda: dict(_LEVEL_SPREAD),
+        description="The smallest fleet spread of a level's rise over the window (°C, W).",
+    )
+    drain_swap_prior_s: float = Field(
+        60.0,
+        ge=0,
+        description="A drain's cost besides its checkpoint: the ranks leave at the boundary and a "
+        "pre-tested spare takes the node's place, until the run has measured its own.",
+    )
+    drain_within_s: float = Field(
+        300.0,
+        ge=0,
+        description="A drain waits at most this long for the checkpoint the cadence makes due; "
+        "then it checkpoints at once.",
+    )
+
+
+@dataclass
+class GpuTrack:
+    """One GPU (rank) as its health reports go: the counters' last values, and each
+    signal's increments of the current and recent buckets."""
+
+    node: str
+    last_ts: float = 0.0
+    last: dict[str, float] = field(default_factory=dict)
+    #: Signal -> [(bucket start, increment)], oldest first, the window's buckets only.
+    buckets: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+    #: Level -> [(ts, value)] over the window, oldest first.
+    levels: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+
+
+@dataclass
+class Episode:
+    """A signal standing out on a node: since when, how many evaluations in a row, and its
+    outcome once known (a failure within the horizon, or the horizon passed)."""
+
+    signal: str
+    node: str
+    first_ts: float
+    streak: int = 1
+    evidence: float = 0.0
+    predicted: bool = False  # a FailurePredicted named it
+    drained: bool = False  # the node was drained: its outcome is never known
+
+
+@dataclass
+class HazardState:
+    """Failure prediction's view of one run (one shard's GPUs)."""
+
+    gpus: dict[int, GpuTrack] = field(default_factory=dict)
+    checked_ts: float = 0.0
+    #: (node, signal) -> the episode open now.
+    episodes: dict[tuple[str, str], Episode] = field(default_factory=dict)
+    #: Episodes that ended (the signal went quiet) still awaiting their outcome.
+    closed: list[Episode] = field(default_factory=list)
+    #: Signal -> [hits, misses] of the run's own episodes (a failure on the node within the horizon).
+    outcomes: dict[str, list[int]] = field(default_factory=dict)
+    #: Node -> ts of its last prediction (one per evaluation at most).
+    predicted: dict[str, float] = field(default_factory=dict)
+    #: The fleet's measured noise: signal -> (per-GPU rate per second, dispersion), EWMA.
+    noise: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+
+@dataclass
+class DrainState:
+    """The drain decisions of a run (shard 0): nodes drained, those declined, the costs."""
+
+    #: Node -> (decision id, attempt) of the drain issued for it.
+    drained: dict[str, tuple[str, int]] = field(default_factory=dict)
+    #: Node -> ts of its last declined decision (decided again on a stronger prediction).
+    declined: dict[str, float] = field(default_factory=dict)
+    #: Measured drains: seconds from the stop at the boundary to the next attempt's first step.
+    costs: deque[float] = field(default_factory=lambda: deque(maxlen=32))

@@ -4,7 +4,9 @@ NVML comes from the ``pynvml`` module of the ``nvidia-ml-py`` distribution (pinn
 ``train`` extra), used only if NVML initialises. Where there is no GPU (or no NVML
 driver), the rank reports ``GpuHealth(present=False)`` once and nothing else: numbers are
 never made up (seed R2's diagnosis reads these fields, and a fake "healthy" reading would
-send it the wrong way).
+send it the wrong way). The one exception says so: the injection hook of tests and chaos
+drills (``health_inject.py``, TRAINGUARD_INJECT_HEALTH) reports its counters with
+``injected=True``.
 
 What is read (GpuHealth v2): GPU and memory (HBM) temperature; SM clock against its
 maximum, memory clock; power draw and the enforced limit; the active clock-event
@@ -13,12 +15,24 @@ and uncorrected counts since the driver loaded (volatile) and over the device's 
 (aggregate); NVLink links up against links present, replay + recovery errors and CRC
 (flit + data) errors summed over links.
 
+The failure precursors (GpuHealth v3, issue 46): memory pages retired for ECC errors
+(``nvmlDeviceGetRetiredPages`` for both causes, counted; pre-Ampere) and whether a
+retirement awaits a reset (``nvmlDeviceGetRetiredPagesPendingStatus``); HBM rows
+remapped for correctable and uncorrectable errors, a remap pending and a remap failed
+(``nvmlDeviceGetRemappedRows``; Ampere and later); the PCIe replay counter
+(``nvmlDeviceGetPcieReplayCounter``); critical XID errors, from an NVML event set
+registered for ``nvmlEventTypeXidCriticalError`` when the reader opens and drained
+without waiting (``nvmlEventSetWait(set, 0)`` until it times out) at each sample:
+``xid_errors`` counts the ones seen since the reader started, ``last_xid`` is the newest
+code. A device or driver that refuses the registration leaves both None.
+
 Which GPU: the rank's CUDA device, found in NVML by UUID (NVML ignores
 CUDA_VISIBLE_DEVICES, so indices differ between the two), else by LOCAL_RANK.
 
 Every reading is independent: a field the GPU does not support (NVLink on a PCIe card,
-ECC off) is None, not an error. NVML calls take around a millisecond each, so sampling
-runs on :class:`GpuHealthSampler`'s own thread every `interval_s` (default 30 s).
+ECC off, row remapping before Ampere, a call older pynvml lacks) is None, not an error.
+NVML calls take around a millisecond each, so sampling runs on :class:`GpuHealthSampler`'s
+own thread every `interval_s` (default 30 s; TRAINGUARD_GPU_HEALTH_INTERVAL_S).
 """
 
 from __future__ import annotations
@@ -52,6 +66,14 @@ _MAX_NVLINKS = 18  # NVML_NVLINK_MAX_LINKS on Hopper
 _FI_DEV_MEMORY_TEMP = 82  # NVML_FI_DEV_MEMORY_TEMP
 #: c_nvmlValue_t's member for each NVML_VALUE_TYPE_* (double, uint, ulong, ulonglong, longlong, int, ushort).
 _VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+#: NVML_PAGE_RETIREMENT_CAUSE_*: multiple single-bit ECC errors, a double-bit ECC error.
+_RETIREMENT_CAUSES = (
+    ("NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS", 0),
+    ("NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", 1),
+)
+_XID_CRITICAL = 0x0000000000000008  # nvmlEventTypeXidCriticalError
+#: XID events drained per sample at most (a storm is counted over the next samples).
+_MAX_XIDS_PER_SAMPLE = 1000
 
 
 class HealthReader(Protocol):
@@ -71,12 +93,23 @@ def _try(fn: Callable[..., Any], *args: Any) -> Any:
         return None
 
 
+def _call(nvml: Any, name: str, *args: Any) -> Any:
+    """``nvml.<name>(*args)``, or None when it fails or this pynvml has no such function."""
+    fn = getattr(nvml, name, None)
+    return None if fn is None else _try(fn, *args)
+
+
 class NvmlReader:
     """One device through pynvml. Build it with :func:`open_reader`."""
 
     def __init__(self, nvml: Any, handle: Any) -> None:
         self.nvml = nvml
         self.handle = handle
+        #: Critical XID events seen since the reader started, and the newest one's code.
+        self.xid_errors = 0
+        self.last_xid: int | None = None
+        self._xid_kind = int(getattr(nvml, "nvmlEventTypeXidCriticalError", _XID_CRITICAL))
+        self._events = self._register_xids()
 
     def sample(self) -> dict[str, Any]:
         n, h = self.nvml, self.handle
@@ -106,7 +139,69 @@ class NvmlReader:
             lifetime = _try(n.nvmlDeviceGetTotalEccErrors, h, error_type, n.NVML_AGGREGATE_ECC)
             out[f"ecc_{key}"] = None if volatile is None else int(volatile)
             out[f"ecc_{key}_total"] = None if lifetime is None else int(lifetime)
+        out.update(self._memory())
+        replays = _call(n, "nvmlDeviceGetPcieReplayCounter", h)
+        out["pcie_replays"] = None if replays is None else int(replays)
+        out.update(self._xids())
         return out
+
+    def _memory(self) -> dict[str, Any]:
+        """Retired pages (both causes, counted) and their pending flag; remapped rows."""
+        n, h = self.nvml, self.handle
+        out: dict[str, Any] = {}
+        pages = [
+            _call(n, "nvmlDeviceGetRetiredPages", h, getattr(n, name, cause))
+            for name, cause in _RETIREMENT_CAUSES
+        ]
+        # One cause unread would make the sum a guess: both or nothing.
+        out["retired_pages"] = None if any(p is None for p in pages) else sum(len(p) for p in pages)
+        pending = _call(n, "nvmlDeviceGetRetiredPagesPendingStatus", h)
+        out["retired_pages_pending"] = None if pending is None else bool(int(pending))
+        rows = _call(n, "nvmlDeviceGetRemappedRows", h)  # (corrRows, uncRows, isPending, failureOccurred)
+        if rows is not None and len(rows) == 4:
+            correctable, uncorrectable, remap_pending, remap_failed = (int(v) for v in rows)
+            out["remapped_rows_correctable"] = correctable
+            out["remapped_rows_uncorrectable"] = uncorrectable
+            out["remap_pending"] = bool(remap_pending)
+            out["remap_failed"] = bool(remap_failed)
+        return out
+
+    def _register_xids(self) -> Any:
+        """An NVML event set this device's critical XID errors go to, or None when the
+        device, driver or pynvml cannot register one (xid_errors then stays None)."""
+        n = self.nvml
+        if not hasattr(n, "nvmlDeviceRegisterEvents"):
+            return None
+        events = _call(n, "nvmlEventSetCreate")
+        if events is None:
+            return None
+        try:
+            n.nvmlDeviceRegisterEvents(self.handle, self._xid_kind, events)
+        except Exception as exc:  # NotSupported on some devices and in some containers
+            log.info("NVML XID events unavailable (%s): xid_errors reported as unknown", exc)
+            _call(n, "nvmlEventSetFree", events)
+            return None
+        return events
+
+    def _xids(self) -> dict[str, Any]:
+        """Drains the XID events that came since the last sample, without waiting."""
+        if self._events is None:
+            return {"xid_errors": None, "last_xid": None}
+        for _ in range(_MAX_XIDS_PER_SAMPLE):
+            try:
+                data = self.nvml.nvmlEventSetWait(self._events, 0)
+            except Exception:  # NVMLError_Timeout: none left (any other error: next sample)
+                break
+            if int(getattr(data, "eventType", self._xid_kind)) & self._xid_kind:
+                self.xid_errors += 1
+                self.last_xid = int(data.eventData)
+        return {"xid_errors": self.xid_errors, "last_xid": self.last_xid}
+
+    def close(self) -> None:
+        """Frees the XID event set (NVML frees it at the process's end anyway)."""
+        events, self._events = self._events, None
+        if events is not None:
+            _call(self.nvml, "nvmlEventSetFree", events)
 
     def _field(self, field_id: int) -> float | None:
         """One NVML field value (nvmlDeviceGetFieldValues), or None if not supported."""
@@ -232,3 +327,6 @@ class GpuHealthSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5.0)
+        close = getattr(self.reader, "close", None)
+        if close is not None and (self._thread is None or not self._thread.is_alive()):
+            _try(close)

@@ -108,7 +108,8 @@ from .config import (
 )
 from .device_fault import WrongDevice, install_wrong_device
 from .exit_hooks import ExitHooks
-from .gpu_health import GpuHealthSampler, HealthReader, open_reader
+from .gpu_health import GpuHealthSampler, HealthReader
+from .health_inject import reader_for_rank
 from .peer_loss import peer_lost
 from .rank_files import ProgressFile, note_closed, note_exit, write_phases
 from .replay_checks import ReplayChecks, is_ddp
@@ -221,6 +222,8 @@ class Supervisor(ExitHooks):
         self._ticker: threading.Thread | None = None
         cuda = any(p.is_cuda for p in self.params)
         self._marks: _HostMarks | _CudaMarks = _CudaMarks() if cuda else _HostMarks(clock)
+        # Before any thread starts: a malformed TRAINGUARD_INJECT_HEALTH fails the rank here.
+        reader = reader_for_rank(rank) if gpu_reader == "auto" else gpu_reader
 
         # Telemetry: a sink, or a shipper with heartbeats from its flush thread.
         self.beats = NodeAgents(self.config.heartbeat_interval_s)
@@ -281,7 +284,6 @@ class Supervisor(ExitHooks):
             self.handlers.register(self.actuator)
             self.actuator.start()
 
-        reader = open_reader() if gpu_reader == "auto" else gpu_reader
         self.gpu = GpuHealthSampler(self.agent.gpu_health, reader, self.config.gpu_health_interval_s).start()
 
         if self.config.instrument_ddp and model is not None and is_ddp(model):

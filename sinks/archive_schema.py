@@ -119,6 +119,7 @@ VIEWS = (
     "node_quarantine",
     "interruption_by_cause_node",
     "node_kill",
+    "node_history",
     "checkpoint",
     "rank_health",
     "rank_status",
@@ -130,6 +131,8 @@ VIEWS = (
 #: node was slow, the stop was planned), an operator's restart, or a non-finite loss (its
 #: first reporter is not evidence against its node, processors/core/quarantine.py).
 NODE_KILL_CAUSES = ("crash", "hang", "sdc")
+#: Planned stops that name a node (InterruptionCause): no failure of it (node_history).
+PLANNED_CAUSES = ("eviction", "elastic", "drain")
 
 # GpuHealth fields (schemas/events.py) and their column types: one JSON parse per reading.
 _GPU_HEALTH_STRUCT = (
@@ -551,6 +554,52 @@ VIEW_DDL: tuple[str, ...] = (
     ) n
     LEFT JOIN killed k USING (node_id)
     LEFT JOIN node_quarantine q USING (node_id)""",
+    # What the archive holds for or against each node across runs, one row per record (the
+    # lemon-node history, trainguard/common/lemons.py, whose rule counts the failures in it;
+    # sinks/node_history.py reads it for `trainguard launch`). kind: the interruption's cause
+    # when it names the node as culprit (NODE_KILL_CAUSES); quarantine, the core took it out
+    # (its Quarantine event, its QuarantineNode command); self_test or retest, it failed a
+    # known-answer self-test (retest: as a quarantined suspect); released, a quarantine the
+    # core gave back (attempt: the quarantine's); planned, a planned stop (PLANNED_CAUSES, a
+    # DrainNode). The launcher's own NodeExcluded is no evidence and is not listed.
+    f"""
+    CREATE OR REPLACE VIEW node_history AS
+    WITH raw AS (
+        SELECT event_id, kind, run_id, attempt, node, ts, payload FROM raw_event
+        WHERE kind IN ('quarantine', 'quarantine_released', 'node_self_test_result')
+    ), cmd AS (
+        SELECT command_id, kind, run_id, attempt, payload->>'node' AS node, issued_ts, reason_text
+        FROM command WHERE kind IN ('quarantine_node', 'drain_node')
+    )
+    SELECT node_id, run_id, attempt, "at",
+           CASE WHEN cause IN {NODE_KILL_CAUSES!r} THEN cause ELSE 'planned' END AS kind,
+           CASE WHEN cause IN {NODE_KILL_CAUSES!r} THEN reason_text ELSE cause || ': ' || reason_text END
+               AS detail,
+           interruption_id AS source_id
+    FROM interruption_detected
+    WHERE node_id <> '' AND cause IN {(*NODE_KILL_CAUSES, *PLANNED_CAUSES)!r}
+    UNION ALL
+    SELECT node, run_id, attempt, ts, 'quarantine', payload->'reason'->>'text', event_id
+    FROM raw WHERE kind = 'quarantine'
+    UNION ALL
+    SELECT node, run_id, attempt, issued_ts, 'quarantine', reason_text, command_id
+    FROM cmd WHERE kind = 'quarantine_node'
+    UNION ALL
+    SELECT node, run_id, attempt, issued_ts, 'planned', 'drain: ' || reason_text, command_id
+    FROM cmd WHERE kind = 'drain_node'
+    UNION ALL
+    SELECT node, run_id, attempt, ts,
+           CASE WHEN payload->>'purpose' = 'quarantine' THEN 'retest' ELSE 'self_test' END,
+           (payload->>'purpose') || ' self-test: ' || (payload->'reason'->>'text'), event_id
+    FROM raw WHERE kind = 'node_self_test_result' AND NOT CAST(payload->>'passed' AS BOOLEAN)
+    UNION ALL
+    SELECT r.node, r.run_id, coalesce(q.attempt, c.attempt, r.attempt), r.ts, 'released',
+           r.payload->'reason'->>'text', r.event_id
+    FROM raw r
+    LEFT JOIN raw q
+      ON q.kind = 'quarantine' AND q.run_id = r.run_id AND q.event_id = r.payload->>'quarantine_id'
+    LEFT JOIN cmd c ON c.run_id = r.run_id AND c.command_id = r.payload->>'quarantine_id'
+    WHERE r.kind = 'quarantine_released'""",
     # The seed's checkpoint row: one per checkpoint step of a run attempt, from the ranks'
     # CheckpointWritten (one per rank's part, or one for the whole: shards and bytes are
     # summed over the ranks, each rank's newest report counted once), CheckpointValidated and

@@ -209,6 +209,17 @@ WHERE f.kind = 'straggler_flagged'
 ORDER BY f.ts, f.rank
 """,
     ),
+    _q(
+        "node_history",
+        "What does the archive hold for or against each node across runs: the interruptions it "
+        "caused, its quarantines and failed self-tests, the quarantines given back and the planned "
+        "stops (the history `trainguard launch` keeps lemon nodes out by)?",
+        """
+SELECT node_id, run_id, attempt, utc("at") AS "at", kind, left(detail, 60) AS detail
+FROM node_history
+ORDER BY node_id, "at", kind, source_id
+""",
+    ),
 )
 
 #: The documented queries by name, in the order docs/queries.md shows them.

@@ -498,6 +498,34 @@ def test_stragglers(archive: Path, truth: Truth) -> None:
 # --------------------------------------------------------------------------- idempotency
 
 
+def test_node_history(archive: Path, truth: Truth) -> None:
+    """Each fault's records against its node: the interruption naming it, the core's
+    Quarantine event and QuarantineNode command (the SDC detector's command alone); the
+    eviction is a planned stop. Counted by the lemon rule: one failure per fault but the
+    eviction, node-0003's in both runs."""
+    from trainguard.common.lemons import LemonPolicy, failures
+    from trainguard.sinks.node_history import history
+
+    found = Counter(
+        (r["node_id"], r["run_id"], r["attempt"], r["kind"]) for r in rows(archive, "node_history")
+    )
+    expected: Counter[tuple[str, str, int, str]] = Counter()
+    for i in truth.interrupts:
+        if i.cause == "eviction":
+            expected[(i.node, i.run_id, i.attempt, "planned")] += 1
+            continue
+        expected[(i.node, i.run_id, i.attempt, i.cause)] += 1
+        expected[(i.node, i.run_id, i.attempt, "quarantine")] += 1 if i.cause == "sdc" else 2
+    assert found == expected
+    counted = failures(history(archive), LemonPolicy(), MIDNIGHT + DAY)
+    assert {node: [(f.run_id, f.kind) for f in fs] for node, fs in counted.items()} == {
+        i.node: [(j.run_id, j.cause) for j in truth.interrupts if j.node == i.node]
+        for i in truth.interrupts
+        if i.cause != "eviction"
+    }
+    assert len(counted["node-0003"]) == 2
+
+
 def _relations(db: Db) -> dict[str, int]:
     """Row counts of every table and view."""
     # A keyless table holds a row per batch (run_activity_batches): its view folds them.

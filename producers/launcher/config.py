@@ -142,6 +142,14 @@ class LauncherConfig:
     tee: str = "3"
     #: --redirects (torchrun's Std): streams kept off the console (their log files only).
     redirects: str = "0"
+    #: Lemon nodes (issue 46, producers/launcher/lemons.py): the archive whose history
+    #: across runs keeps them out of the launch (--archive: a directory or an object-store
+    #: URI; "": no history read, no node kept out for it).
+    archive: str = ""
+    #: A node with this many failures within `lemon_days` in the archive is kept out of the
+    #: run, with the reason (trainguard/common/lemons.py; 0: never).
+    lemon_failures: int = 3
+    lemon_days: float = 30.0
 
     @property
     def node(self) -> str:

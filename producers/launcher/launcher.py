@@ -82,6 +82,7 @@ from .context import LaunchContext
 from .elastic import next_size
 from .events import LauncherEvents
 from .journal import JOURNAL_NAME, ActionJournal, AttemptRecord
+from .lemons import LemonGate
 from .plan import NodePool, Placement, make_pool
 from .records import LaunchResult, RestartCause, RestartPhases
 from .recovery import Recovery
@@ -153,6 +154,8 @@ class Launcher:
             self.world = LocalWorld(config, self.pool, state, self.resume, self.spares)
         #: Across hosts, one line per event on this agent's console (story.py).
         self.story = self.events.story = Story(config.node, enabled=config.rendezvous is not None)
+        #: Lemon nodes out of the run before its first attempt (lemons.py).
+        self.lemons = LemonGate(config, self.pool, state, self.events, self.story, clock)
 
     # ------------------------------------------------------------------ the run's state
     @property
@@ -173,6 +176,7 @@ class Launcher:
             self.attempts,
             self.recovery,
             self.world,
+            self.lemons,
         )
         for stage in stages:
             stage.config = config
@@ -287,6 +291,11 @@ class Launcher:
         pending: RestartPhases | None = None
         restarts = 0
         reuse: AttemptRecord | None = None
+        try:
+            self.lemons.keep_out()  # a relaunch too: the journaled ones, and any new
+        except NoWorld as no:
+            result.status, result.reason = no.status, no.reason
+            return
         self.restarts.record_unrecorded(state.replayed, result)
         if state.resuming:
             recovered = self.recovery.recover(result)

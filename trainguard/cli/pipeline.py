@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -23,9 +23,7 @@ from .app import (
     resolve_bootstrap,
     stop_on_signals,
 )
-
-if TYPE_CHECKING:
-    from ..producers.launcher.records import RestartPhases
+from .launch_options import LaunchArchive, LemonDays, LemonFailures, lemon_settings, restart_line
 
 
 @app.command()
@@ -380,6 +378,9 @@ def launch(
         bool,
         typer.Option(help="When every checkpoint was rejected, start again from step 0 (default: stop)."),
     ] = False,
+    archive: LaunchArchive = None,
+    lemon_failures: LemonFailures = 3,
+    lemon_days: LemonDays = 30.0,
     bootstrap: Bootstrap = None,
     topic_prefix: Prefix = "",
 ) -> None:
@@ -488,6 +489,7 @@ def launch(
         self_test_spares=self_test,  # type: ignore[arg-type]  # checked above
         self_test_fresh_s=self_test_fresh_s,
         restart_from_scratch=restart_from_scratch,
+        **lemon_settings(archive, lemon_failures, lemon_days),
         bootstrap="" if offline else resolve_bootstrap(bootstrap),
         topic_prefix=topic_prefix,
         secret_file=os.environ.get("TRAINGUARD_SECRET_FILE", ""),
@@ -543,20 +545,6 @@ def launch(
         f"{result.status}: {result.reason} ({result.attempts} attempts)", markup=False, soft_wrap=True
     )
     raise typer.Exit({"ok": 0, "failed": 1, "stopped": 130, "paused": 75}[result.status])
-
-
-def restart_line(rec: RestartPhases) -> str:
-    """One interruption as the console says it: what happened, where the next attempt
-    resumed from (said loudly when from scratch: everything trained was lost), R."""
-    if rec.to_attempt is None:
-        return f"{rec.cause} ({rec.detail}) in attempt {rec.from_attempt}; no restart followed"
-    if rec.resumed_from_step >= 0:
-        resumed = f"resumed from step {rec.resumed_from_step}"
-    else:
-        resumed = "RESTARTED FROM SCRATCH (no validated checkpoint: every step trained so far is lost)"
-    restart = f"{rec.restart_s:.2f}" if rec.restart_s is not None else "?"
-    attempts = f"attempt {rec.from_attempt}->{rec.to_attempt}"
-    return f"{rec.cause} ({rec.detail}) {attempts}, {resumed}, restart {restart} s"
 
 
 @app.command()

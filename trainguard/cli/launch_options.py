@@ -1,0 +1,73 @@
+"""Parts of `trainguard launch` kept apart from pipeline.py (which holds the command): the
+lemon-node options (issue 46; docs/prediction.md, "Lemon nodes") and the line the command
+prints for each interruption at the end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from .app import DEFAULT_ARCHIVE, fail
+
+if TYPE_CHECKING:
+    from ..producers.launcher.records import RestartPhases
+
+#: The archive's batch log: a directory is an archive when it has one (sinks/lake.py).
+_BATCHES = "_batches"
+
+LaunchArchive = Annotated[
+    str | None,
+    typer.Option(
+        "--archive",
+        envvar="TRAINGUARD_ARCHIVE",
+        help="Lemon nodes: the archive whose failure history across runs keeps them out of this "
+        f"launch (a directory or an object-store URI). Default: {DEFAULT_ARCHIVE}, where `trainguard "
+        "archive` writes, when an archive is there (none: no node is kept out, nothing is said).",
+    ),
+]
+LemonFailures = Annotated[
+    int,
+    typer.Option(
+        "--lemon-failures",
+        help="A node with this many failures in the archive within --lemon-days (a crash, hang or SDC "
+        "it caused, a failed self-test: once per run attempt; a quarantine released or a planned stop "
+        "is none) is kept out of the launch with the reason, and paged (0: never).",
+    ),
+]
+LemonDays = Annotated[
+    float, typer.Option("--lemon-days", help="The days of history --lemon-failures counts.")
+]
+
+
+def lemon_settings(archive: str | None, failures: int, days: float) -> dict[str, Any]:
+    """LauncherConfig's archive, lemon_failures and lemon_days. A named archive must be one;
+    the default is read only when an archive is there; --lemon-failures 0 reads none."""
+    if failures < 0 or not days > 0:
+        fail(f"--lemon-failures must be 0 or more and --lemon-days above 0 (got {failures}, {days:g})")
+    root = ""
+    if failures and archive:
+        root = archive if "://" in archive else str(Path(archive).resolve())
+        if "://" not in archive and not (Path(root) / _BATCHES).is_dir():
+            fail(
+                f"--archive {archive}: no archive there (no {_BATCHES} table); `trainguard archive --db "
+                f"{archive}` writes one, or leave --archive (and TRAINGUARD_ARCHIVE) out"
+            )
+    elif failures and (Path(DEFAULT_ARCHIVE) / _BATCHES).is_dir():
+        root = str(Path(DEFAULT_ARCHIVE).resolve())
+    return {"archive": root, "lemon_failures": failures, "lemon_days": days}
+
+
+def restart_line(rec: RestartPhases) -> str:
+    """One interruption as the console says it: what happened, where the next attempt
+    resumed from (said loudly when from scratch: everything trained was lost), R."""
+    if rec.to_attempt is None:
+        return f"{rec.cause} ({rec.detail}) in attempt {rec.from_attempt}; no restart followed"
+    if rec.resumed_from_step >= 0:
+        resumed = f"resumed from step {rec.resumed_from_step}"
+    else:
+        resumed = "RESTARTED FROM SCRATCH (no validated checkpoint: every step trained so far is lost)"
+    restart = f"{rec.restart_s:.2f}" if rec.restart_s is not None else "?"
+    attempts = f"attempt {rec.from_attempt}->{rec.to_attempt}"
+    return f"{rec.cause} ({rec.detail}) {attempts}, {resumed}, restart {restart} s"

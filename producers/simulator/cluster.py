@@ -75,6 +75,7 @@ from ...schemas import (
     CheckpointWritten,
     Command,
     CrossRankCheck,
+    DrainNode,
     Envelope,
     EvictRank,
     GpuHealth,
@@ -291,6 +292,10 @@ class SimulatedCluster:
         self._pending_writes: set[int] = set()
         self._checkpoint_requested = False
         self._stop_after_checkpoint = False
+        #: A DrainNode in force: the next checkpoint is its boundary (the ranks stop there).
+        self._drain_pending = False
+        #: The drain's boundary step: only its checkpoint's write stops the job.
+        self._leave_at: int | None = None
         self._restart_from: int | None = None
         self._self_check_due: list[tuple[int, int]] = []  # (first step it may run at, rank)
         self._cross_due: list[tuple[int, str, tuple[int, ...]]] = []  # (step, microbatch, ranks)
@@ -456,7 +461,8 @@ class SimulatedCluster:
         self._live_count = world.size
         self._hang = None
         self._pending_writes = set()
-        self._checkpoint_requested = self._stop_after_checkpoint = False
+        self._checkpoint_requested = self._stop_after_checkpoint = self._drain_pending = False
+        self._leave_at = None
         self._block_next = 0.0
         # The resumed state was verified as far as its checkpoint says (R6).
         self._watermark = self._verified_of.get(resume, resume)
@@ -641,6 +647,10 @@ class SimulatedCluster:
             self._pending_writes.add(step)
             verified = self._watermark if sc.sdc_check_every or self._checks_ever else step
             self._schedule(ts + sc.checkpoint_write_s, "written", (a, step, verified))
+            if self._drain_pending and step + 1 < sc.steps:  # the drain's boundary: the ranks
+                self._drain_pending, self._stop_after_checkpoint = False, True  # stop here and
+                self._leave_at, self._step_end = step, None  # leave once it is written
+                return
         if step + 1 >= sc.steps:
             self._finish(ts, out)
         else:
@@ -901,8 +911,8 @@ class SimulatedCluster:
             )
         )
         self._schedule(ts + sc.checkpoint_validate_s, "validated", (attempt, step, uri, verified))
-        if self._stop_after_checkpoint:
-            self._stop_after_checkpoint = False
+        if self._stop_after_checkpoint and self._leave_at in (None, step):
+            self._stop_after_checkpoint, self._leave_at = False, None
             self.notes.append(LauncherNote(ts, f"planned stop at checkpoint {step} to replace nodes"))
             self._exit_all(ts, out, exit_code=-SIGTERM, signal=SIGTERM, requested=True)
             self._restart_from = step
@@ -997,6 +1007,36 @@ class SimulatedCluster:
         self._replace.add(self._world.slots[command.rank // self.scenario.ranks_per_node])
         self._stop_after_checkpoint = True
         return f"rank {command.rank} ({self.node_of(command.rank)}) replaced at the next checkpoint"
+
+    def _drain(self, command: DrainNode, out: list[Envelope]) -> str:
+        """Take a node out before it fails (issue 46) at the next checkpoint boundary: the
+        checkpoint the cadence makes due, or one taken at the first step `within_s` after
+        the command, whichever comes first. The ranks stop at that step and leave once its
+        checkpoint is written (as real ranks wait for its validation); the node is replaced
+        as a quarantined one is (a spare at hand, or the replacement's arrival and the
+        capacity decision: capacity.py), and the next attempt resumes from exactly that
+        step: no step lost. Refused for a node the job never had, or one already out."""
+        node = command.node
+        if node not in self._rack_of:
+            raise CommandRefused(f"node {node} is not part of the job")
+        index = self._nodes.index(node) if node in self._nodes else -1
+        if node not in self._world_nodes or index in self._replace:
+            raise CommandRefused(f"node {node} is already out of the job")
+        self._replace.add(index)
+        arrival = self.capacity.lost(index, self.now)
+        if arrival is not None:
+            self._schedule(arrival, "arrival", (index,))
+        if self.phase is not Phase.TRAINING:
+            return f"{node} leaves the job at the next restart (attempt {self.attempt} is {self.phase})"
+        self._drain_pending = True
+        self._schedule(self.now + command.within_s, "drain_due", (self.attempt,))
+        within = f"{command.within_s:g}s"
+        return f"{node} drains at the next checkpoint boundary (the cadence's, or one within {within})"
+
+    def _on_drain_due(self, ts: float, out: list[Envelope], attempt: int) -> None:
+        """The drain's `within_s` passed before the cadence's checkpoint: one at the next step."""
+        if attempt == self.attempt and self._drain_pending:
+            self._checkpoint_requested = True
 
     def _resume(self, command: ResumeFrom | Rollback, out: list[Envelope]) -> str:
         if command.checkpoint_step not in self.validated:
@@ -1146,6 +1186,7 @@ class SimulatedCluster:
         SetCheckpointInterval: _set_interval,
         QuarantineNode: _quarantine,
         EvictRank: _evict,
+        DrainNode: _drain,
         ResumeFrom: _resume,
         Rollback: _resume,
         RunSelfCheck: _self_check,

@@ -17,6 +17,7 @@ from trainguard.schemas import (
     CheckpointNow,
     CheckpointValidated,
     CheckpointWritten,
+    DrainNode,
     Envelope,
     EvictRank,
     GpuHealth,
@@ -437,6 +438,35 @@ def test_evict_stops_at_the_next_checkpoint_and_resumes_there_on_a_spare() -> No
     [started] = of(RunStarted, events)
     assert started.resumed_from_step == 25 and started.nodes[1] == "spare-0000"
     assert min(t.step for t in of(StepTiming, events) if t.attempt == 1) == 26
+
+
+@pytest.mark.parametrize(("within_s", "boundary"), [(100.0, 25), (1.0, None)])
+def test_a_drain_stops_at_the_next_boundary_and_loses_no_step(within_s: float, boundary: int | None) -> None:
+    """The checkpoint the cadence makes due (step 25), or a checkpoint taken `within_s`
+    after the command, whichever comes first: the ranks stop at that step, the node is
+    swapped for a spare, and the next attempt trains the step after it."""
+    c = cluster(scenario())
+    drive(c, T0 + 1)
+    at_command = c.last_completed
+    detail = c.apply(command(DrainNode, c, node="node-0001", within_s=within_s)).detail
+    assert "node-0001 drains at the next checkpoint boundary" in detail
+    events = drive(c, T0 + 12)
+    timings = [t.step for t in of(StepTiming, events) if t.attempt == 0]
+    stop = max(timings)
+    if boundary is None:  # 1 s of 0.2 s steps after the command, well before the cadence's 25
+        boundary = stop
+        assert at_command + 4 <= boundary <= at_command + 7
+    assert stop == boundary  # no step trained past the boundary: none is lost
+    assert boundary in {w.checkpoint_step for w in of(CheckpointWritten, events)}
+    exits = [e for e in of(RankExit, events) if e.attempt == 0]
+    assert len(exits) == 64 and all(e.requested for e in exits)
+    [started] = of(RunStarted, events)
+    assert started.resumed_from_step == boundary and started.nodes[1] == "spare-0000"
+    assert min(t.step for t in of(StepTiming, events) if t.attempt == 1) == boundary + 1
+    with pytest.raises(CommandRefused, match="already out"):
+        c.apply(command(DrainNode, c, node="spare-0000", within_s=0).model_copy(update={"node": "node-0001"}))
+    with pytest.raises(CommandRefused, match="not part of the job"):
+        c.apply(command(DrainNode, c, node="node-0099", within_s=0))
 
 
 def test_commands_for_another_attempt_are_refused() -> None:

@@ -70,11 +70,32 @@ class EventFactory:
             kind = self._kinds[cls] = _Kind(cls)
         for name in kind.payload:
             data[name] = payload[name] if name in payload else kind.defaults[name]
+        return self._construct(cls, data, kind.fields_set)
+
+    def template(self, cls: type[Envelope]) -> dict[str, Any]:
+        """Every field of `cls` in the schema's order, the payload's defaults filled in and
+        the envelope's left None: copy it, fill it, and :meth:`build` it (a hot loop's
+        events of one kind, without make's per-field lookups)."""
+        defaults = self._kind(cls).defaults
+        return {name: defaults.get(name) for name in cls.model_fields}
+
+    def build(self, cls: type[E], data: dict[str, Any]) -> E:
+        """An event from a dict of all its fields in the schema's order (validated with
+        `validate`)."""
+        return self._construct(cls, data, self._kind(cls).fields_set)
+
+    def _construct(self, cls: type[E], data: dict[str, Any], fields_set: frozenset[str]) -> E:
         if self.validate:
             return cls.model_validate(data)
         obj = object.__new__(cls)
         _set(obj, "__dict__", data)
-        _set(obj, "__pydantic_fields_set__", kind.fields_set)
+        _set(obj, "__pydantic_fields_set__", fields_set)
         _set(obj, "__pydantic_extra__", None)
         _set(obj, "__pydantic_private__", None)
         return obj
+
+    def _kind(self, cls: type[Envelope]) -> _Kind:
+        kind = self._kinds.get(cls)
+        if kind is None:
+            kind = self._kinds[cls] = _Kind(cls)
+        return kind

@@ -27,34 +27,29 @@ a test can check the core's goodput accounting against it.
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from ...schemas import (
-    CheckpointValidated,
-    CheckpointWritten,
     Command,
     Envelope,
-    QuarantineNode,
     RankExit,
-    RunStarted,
-    SetCheckpointInterval,
     StepTiming,
 )
+from .runlevel import DAY_S as _DAY
+from .runlevel import LLAMA3_DAYS, LLAMA3_GPUS, LLAMA3_INTERRUPTIONS, RunLevel, llama3_mtbf_s
 
-#: Llama 3 (Dubey et al., 2024, §3.3.4): 419 unexpected interruptions in 54 days on 16,384 GPUs.
-LLAMA3_INTERRUPTIONS = 419
-LLAMA3_DAYS = 54.0
-LLAMA3_GPUS = 16_384
-_DAY = 86_400.0
-
-
-def llama3_mtbf_s(world_size: int) -> float:
-    """The Llama 3 job MTBF scaled inversely with the world size (3.09 h at 16,384 GPUs)."""
-    return LLAMA3_DAYS * _DAY / LLAMA3_INTERRUPTIONS * LLAMA3_GPUS / world_size
+__all__ = [
+    "LLAMA3_DAYS",
+    "LLAMA3_GPUS",
+    "LLAMA3_INTERRUPTIONS",
+    "Core",
+    "LongRun",
+    "Truth",
+    "llama3_mtbf_s",
+    "simulate",
+]
 
 
 @dataclass(frozen=True)
@@ -110,77 +105,21 @@ class Truth:
 Core = Callable[[Envelope], list[Command]]
 
 
-class _Sim:
+class _Sim(RunLevel):
     def __init__(self, run: LongRun, interval_s: float) -> None:
+        super().__init__(
+            run.run_id, run.world_size, run.ranks_per_node, run.nodes_per_rack, interval_s, run.start_ts
+        )
         self.run = run
         self.rng = random.Random(run.seed)
-        self.interval_s = interval_s
-        n_nodes = math.ceil(run.world_size / run.ranks_per_node)
-        self.nodes = [f"n{i:05d}" for i in range(n_nodes)]
-        self.racks = {node: f"rack{i // run.nodes_per_rack:03d}" for i, node in enumerate(self.nodes)}
-        self.spares = 0
-        self.pending_quarantine: list[str] = []
-        self.attempt = 0
         self.step = -1  # last completed step of the job
         self.ckpt_step = -1  # newest validated checkpoint
         self.ckpt_done_ts = run.start_ts
         self.high_water = -1
-        self.seq = 0
-        self.truth = Truth(intervals=[(run.start_ts, interval_s)])
-
-    def event_id(self) -> str:
-        self.seq += 1
-        return f"{self.run.run_id}-{self.seq:09d}"
-
-    def envelope(self, rank: int, step: int, ts: float) -> dict[str, object]:
-        node = self.nodes[rank // self.run.ranks_per_node] if rank >= 0 else ""
-        return {
-            "event_id": self.event_id(),
-            "run_id": self.run.run_id,
-            "attempt": self.attempt,
-            "rank": rank,
-            "node": node,
-            "step": step,
-            "ts": ts,
-        }
+        self.truth = Truth(intervals=self.intervals, quarantined=self.quarantined)
 
     def next_failure(self, after: float) -> float:
         return after + self.rng.expovariate(1.0 / self.run.failure_mtbf_s)
-
-    def command_handlers(self) -> dict[type[Command], Callable[[Any, float], None]]:
-        """The simulator role's handlers for what a run-level model has: the checkpoint
-        interval and the node pool. The other kinds act on ranks this model does not have
-        (checks, skips, a rank's exit) or on restarts it draws itself (Abort, Rollback), so
-        they are deliberately not modelled here; producers/simulator/cluster.py models
-        every kind per rank (producers/command_roles.py)."""
-        return {SetCheckpointInterval: self._set_interval, QuarantineNode: self._quarantine}
-
-    def apply(self, commands: list[Command], ts: float) -> None:
-        handlers = self.command_handlers()
-        for command in commands:
-            handler = handlers.get(type(command))
-            if handler is not None:
-                handler(command, ts)
-
-    def _set_interval(self, command: SetCheckpointInterval, ts: float) -> None:
-        if command.interval_s != self.interval_s:
-            self.interval_s = command.interval_s
-            self.truth.intervals.append((ts, command.interval_s))
-
-    def _quarantine(self, command: QuarantineNode, ts: float) -> None:
-        if command.node in self.racks:
-            self.pending_quarantine.append(command.node)
-
-    def relaunch_nodes(self) -> None:
-        """Quarantined nodes leave the pool before the restart: a spare takes each place."""
-        for node in self.pending_quarantine:
-            if node in self.nodes:
-                self.spares += 1
-                spare = f"spare{self.spares:05d}"
-                self.racks[spare] = self.racks[node]
-                self.nodes[self.nodes.index(node)] = spare
-                self.truth.quarantined.append(node)
-        self.pending_quarantine.clear()
 
 
 def simulate(run: LongRun, core: Core, interval_s: float = 1800.0) -> Truth:
@@ -202,14 +141,7 @@ def _events(sim: _Sim) -> Iterator[Envelope]:
     launch_ts, first_step_ts = t, t + run.step_s
     while True:
         # ---- launch an attempt (a failure before it launches strikes right after).
-        yield RunStarted(
-            **sim.envelope(-1, sim.ckpt_step, launch_ts),
-            world_size=run.world_size,
-            ranks_per_node=run.ranks_per_node,
-            nodes=sim.nodes,
-            racks=sim.racks,
-            resumed_from_step=sim.ckpt_step,
-        )
+        yield sim.run_started(launch_ts, sim.ckpt_step)
         failure = max(failure, launch_ts)
         restarting = sim.attempt > 0  # the first launch is not a restart
         sim.step = sim.ckpt_step  # an attempt starts from its checkpoint (a failed launch too)
@@ -276,18 +208,4 @@ def _crash(sim: _Sim, ts: float) -> RankExit:
 
 
 def _checkpoint(sim: _Sim, ts: float) -> Iterator[Envelope]:
-    step = sim.step
-    uri = f"sim://{sim.run.run_id}/ckpt/step-{step:09d}"
-    yield CheckpointWritten(
-        **sim.envelope(0, step, ts),
-        checkpoint_step=step,
-        uri=uri,
-        shards=sim.run.world_size,
-        digest=f"sha256:{step:064x}",
-        bytes=0,
-        blocking_s=sim.run.checkpoint_s,
-        write_s=sim.run.checkpoint_s,
-    )
-    yield CheckpointValidated(
-        **sim.envelope(-1, step, ts), checkpoint_step=step, uri=uri, last_verified_step=step
-    )
+    yield from sim.checkpoint(sim.step, ts, sim.run.checkpoint_s)

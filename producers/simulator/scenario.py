@@ -31,6 +31,8 @@ from ...schemas.events import PageRule
 COLLECTIVE_STACK = "collective:allreduce"
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 LIBRARY_DIR = SCENARIO_DIR / "library"
+#: A library file with this section is a run-level fleet scenario (fleet_scenario.py).
+FLEET_SECTION = "fleet"
 
 
 class ScenarioError(ValueError):
@@ -485,12 +487,12 @@ class Scenario(_Strict):
     def load(cls, path: str | Path) -> Scenario:
         """Read and validate a YAML scenario; raises ScenarioError naming each bad field."""
         path = Path(path)
-        try:
-            data = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise ScenarioError(f"{path}: cannot read scenario: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ScenarioError(f"{path}: a scenario is a YAML mapping, got {type(data).__name__}")
+        data = read_mapping(path)
+        if FLEET_SECTION in data:
+            raise ScenarioError(
+                f"{path}: a fleet scenario (run-level, failure prediction: fleet_scenario.py), not a "
+                f"per-rank one: `trainguard evaluate --scenario {path.stem}` runs it"
+            )
         return cls.parse(data, source=str(path))
 
     @classmethod
@@ -517,11 +519,26 @@ class Scenario(_Strict):
     @classmethod
     def library(cls) -> dict[str, Scenario]:
         """The labelled fault scenarios and healthy controls of issue 3, by name, sorted.
-        A control has no truth (``not scenario.faults``): it must raise nothing."""
+        A control has no truth (``not scenario.faults``): it must raise nothing. The
+        library's fleet scenarios (failure prediction, issue 46) are fleet_library()'s."""
         out: dict[str, Scenario] = {}
         for path in sorted(LIBRARY_DIR.glob("*.yaml")):
-            scenario = cls.load(path)
+            data = read_mapping(path)
+            if FLEET_SECTION in data:
+                continue  # a fleet scenario (fleet_scenario.py's fleet_library)
+            scenario = cls.parse(data, source=str(path))
             if scenario.name != path.stem:
                 raise ScenarioError(f"{path}: name {scenario.name!r} differs from the file name")
             out[scenario.name] = scenario
         return out
+
+
+def read_mapping(path: Path) -> dict[str, object]:
+    """A scenario file's YAML mapping (per-rank or fleet), or ScenarioError saying why not."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ScenarioError(f"{path}: cannot read scenario: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: a scenario is a YAML mapping, got {type(data).__name__}")
+    return data

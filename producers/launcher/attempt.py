@@ -19,6 +19,8 @@ What ends an attempt, checked every ``poll_s``:
 - a PauseRun, a Rollback/ResumeFrom (teardown now), an Abort (the ranks get ``grace_s``
   to dump their stacks and leave on their own, then the teardown), or an EvictRank once
   a checkpoint newer than the one at the command is validated;
+- a DrainNode (:mod:`.drain`): in process the ranks leave at a checkpoint boundary they
+  agree on, in their processes; under full restarts as an EvictRank;
 - across hosts, a host waiting to join (the world re-forms with it; under elastic training
   the ranks leave at a checkpoint boundary, in their processes), or this host quarantined
   (it leaves the world).
@@ -47,6 +49,7 @@ from typing import Any
 
 from ...schemas import RUN_LEVEL_RANK, RunStarted
 from ..training.inprocess import RESIZED
+from . import drain
 from .agent_bound import bound
 from .agent_store import AgentStores
 from .config import free_port, kill_at
@@ -351,6 +354,7 @@ class _Watch:
                 interruption = self._left_alive(now)
                 if interruption is not None:
                     break
+                drain.ask(runner.hot, state, attempt, runner.clock, runner.events.story)
                 if not grow_asked and should_grow(cfg, placement.world_size, runner.hot.ready()):
                     grow_asked = True  # the ranks checkpoint at a step they agree on, then leave
                     log.warning("attempt %d: spares ready: the world of %d grows back to %d at a "
@@ -359,6 +363,11 @@ class _Watch:
             if state.stop.is_set():
                 self.teardown()
                 break
+            if runner.hot is None and interruption is None:  # full restarts: the eviction path
+                interruption = drain.due_in_full(runner.restarts, runner.resume, state, attempt, now)
+                if interruption is not None:
+                    self.teardown()
+                    break
             with state.lock:
                 request, evict, pause = state.request, state.evict, state.pause
             if pause is not None and interruption is None:
@@ -489,17 +498,20 @@ class _Watch:
         return interruption
 
     def _resized(self, left: dict[int, str], now: float) -> RestartPhases | None:
-        """Elastic training: the ranks left at the checkpoint they agreed on for a resize
-        (a planned change: requested exits, no lost peer), once all of them have."""
+        """The ranks left at the checkpoint they agreed on for a resize (elastic training)
+        or a drain (a planned change: requested exits, no lost peer), once all of them have."""
         runner = self.runner
         assert runner.hot is not None
         if len(left) < len(self.live):
             return None  # the others leave at the same step, a moment later
         full = runner.config.nproc
         why = f"spares ready for a world of {full}" if self.world.nodes_waiting is None else "a host joins"
-        interruption = runner.restarts.interruption(
-            RestartCause.RESIZE, f"{left[min(left)]}: {why}", self.attempt, now, now
-        )
+        said = left[min(left)]
+        interruption = drain.left_at_boundary(runner.restarts, runner.state, self.attempt, said, now)
+        if interruption is None:
+            interruption = runner.restarts.interruption(
+                RestartCause.RESIZE, f"{said}: {why}", self.attempt, now, now
+            )
         interruption.path = "in-process"
         for r in sorted(left):
             self.live.discard(r)
@@ -508,10 +520,11 @@ class _Watch:
         return interruption
 
     def _quarantined(self) -> bool:
-        """Across hosts: this host was quarantined during the attempt (a QuarantineNode)."""
-        state = self.runner.state
+        """Across hosts: this host was quarantined during the attempt (a QuarantineNode; a
+        DrainNode's host leaves at the boundary instead)."""
+        state, node = self.runner.state, self.runner.config.node
         with state.lock:
-            return self.runner.config.node in state.quarantined
+            return node in state.quarantined and not drain.draining(state, node)
 
     def reap(self, now: float) -> list[tuple[int, int]]:
         ended = []

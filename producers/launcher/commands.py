@@ -12,6 +12,12 @@ never executed, once.
 - QuarantineNode: the node leaves the pool; takes effect at the next restart.
 - EvictRank: quarantines the rank's node and restarts at the next checkpoint boundary:
   as soon as a checkpoint newer than the newest one at the command is VALIDATED.
+- DrainNode: quarantines the node at once and takes it out at the running attempt's next
+  checkpoint boundary, the cadence's or one within the command's ``within_s``: in process
+  the ranks agree on the step, checkpoint there and leave (no step lost), and its ranks go
+  to warm spares or a smaller world; under full restarts the eviction path (drain.py).
+  Refused for a node not in the pool (across hosts: not in the running world) and for one
+  already out (quarantined, or draining); a pool node that holds no rank is quarantined.
 - Rollback / ResumeFrom: stop the group now and restart from the named checkpoint step
   (it must carry a VALIDATED marker; :mod:`.resume`).
 - PauseRun: the run fails at one step on every node (data or code): stop the group if one
@@ -41,6 +47,7 @@ from typing import Any
 from ...schemas import (
     Abort,
     Command,
+    DrainNode,
     EvictRank,
     InterruptionDecided,
     PauseRun,
@@ -57,7 +64,7 @@ from .node_selftest import SELF_TESTS
 from .plan import NodePool, quarantine_effect
 from .records import RestartCause
 from .resume import ResumeChoice
-from .run_state import RunState, StopRequest
+from .run_state import DrainRequest, RunState, StopRequest
 from .shared_quarantine import SharedQuarantine
 from .spares import SpareAdmission
 
@@ -89,6 +96,7 @@ class LauncherCommands:
             Abort: self._journaled(self.abort),
             QuarantineNode: self._journaled(self.quarantine_node),
             EvictRank: self._journaled(self.evict),
+            DrainNode: self._journaled(self.drain),
             Rollback: self._journaled(self.resume_from),
             ResumeFrom: self._journaled(self.resume_from),
             PauseRun: self._journaled(self.pause),
@@ -196,6 +204,74 @@ class LauncherCommands:
             )
         self.spares.prestart()
         return detail
+
+    def drain(self, command: DrainNode, rank: int) -> str:
+        """Take `command.node` out at the next checkpoint boundary (module docstring, drain.py)."""
+        node = command.node
+        self._known(node)
+        in_process = self.config.restart == "in-process"
+        newest = -1 if in_process else self.resume.newest()
+        state = self.state
+        with state.lock:
+            placement, attempt = state.placement, state.attempt
+            if node in state.quarantined:
+                drain = state.drain
+                if drain is not None and node in drain.nodes:
+                    raise ValueError(f"{node} is already draining: it leaves at attempt {attempt}'s boundary")
+                raise ValueError(f"{node} is already out of the run (quarantined)")
+            running = placement is not None and node in placement.nodes
+            if not running and self.shared is not None:
+                raise ValueError(f"host {node} is not in attempt {attempt}'s world")
+            if not running:  # an idle pool node: nothing runs there to drain
+                detail = f"{node} holds no rank of attempt {attempt}: it leaves the pool (nothing to drain)"
+                state.record(command, detail, quarantine=node)
+                state.quarantined.add(node)
+            else:
+                detail = self._drain(command, node, newest)
+        self.spares.prestart()
+        return detail
+
+    def _drain(self, command: DrainNode, node: str, newest: int) -> str:
+        """Under the lock: the drain of `node`, which runs ranks of the attempt, in force."""
+        state = self.state
+        placement, attempt = state.placement, state.attempt
+        assert placement is not None
+        ranks = ", ".join(map(str, placement.ranks_of(node)))
+        boundary = f"the cadence's, or one within {command.within_s:g} s"
+        if self.config.restart != "in-process":
+            boundary = f"full restarts: the first checkpoint validated after step {newest}"
+        detail = (
+            f"{node} (ranks {ranks}) drains at attempt {attempt}'s next checkpoint boundary "
+            f"({boundary}): {self._effect(node)}"
+        )
+        # One record: a relaunch restarts anyway, so only the quarantine must survive one.
+        state.record(command, detail, quarantine=node)
+        state.quarantined.add(node)
+        now = self.clock()
+        deadline = now + command.within_s
+        drain = state.drain
+        if drain is None or drain.attempt != attempt:
+            state.drain = DrainRequest(
+                attempt, [node], [command.command_id], command.issued_ts, now, deadline,
+                command.reason.text[:500], after_step=newest,
+            )  # fmt: skip
+        else:  # another node at the same boundary, at the earlier of the two deadlines
+            drain.nodes.append(node)
+            drain.command_ids.append(command.command_id)
+            drain.deadline_ts = min(drain.deadline_ts, deadline)
+        return detail
+
+    def published(self) -> None:
+        """Across hosts, once the attempt ended at the drain's boundary: the drained hosts
+        on the run's shared list (not before: a --spare agent would join at once and, without
+        elastic training, the world would re-form for it then, losing steps)."""
+        if self.shared is None:
+            return
+        with self.state.lock:
+            drain = self.state.drain
+            nodes, why = (list(drain.nodes), drain.why) if drain is not None else ([], "")
+        for node in nodes:
+            self.shared.add(node, f"drained before a predicted failure: {why}"[:500], by=self.config.node)
 
     def resume_from(self, command: Rollback | ResumeFrom, rank: int) -> str:
         step = command.checkpoint_step

@@ -54,6 +54,7 @@ from ..training.inprocess import (
     env_key,
     left_key,
     resize_key,
+    resize_value,
     spare_attempt_key,
     spare_ready_key,
     stack_key,
@@ -179,10 +180,16 @@ class HotRanks:
         """Warm spares ready (imported, idling) now."""
         return sum(1 for w, h in self.spares if h.proc.poll() is None and self._ready(w))
 
-    def resize(self, attempt: int) -> None:
+    def resize(self, attempt: int, within_s: float | None = None, why: str = "") -> None:
         """Ask `attempt`'s ranks to checkpoint at a step they agree on and leave there, in
-        their processes, for a world of another size (inprocess.WorldResize)."""
-        self.control.set(resize_key(attempt), "1")
+        their processes (inprocess.WorldResize): for a world of another size (the boundary
+        the cadence makes due, or one within TRAINGUARD_GROW_WITHIN_S), or to drain a node
+        (drain.py: at the latest `within_s` from now). A grow asked after a drain leaves the
+        drain's deadline in place."""
+        key = resize_key(attempt)
+        if within_s is None and self.control.check([key]):
+            return
+        self.control.set(key, resize_value(within_s, why))
 
     def culprits(self, attempt: int, ranks: list[int], world: list[int], timeout_s: float) -> list[int]:
         """After an Abort with stack dumps: the ranks of `world` whose stack is the odd one

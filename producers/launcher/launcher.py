@@ -64,6 +64,7 @@ from typing import Any
 from ...schemas import (
     Abort,
     Command,
+    DrainNode,
     EvictRank,
     PauseRun,
     QuarantineNode,
@@ -247,6 +248,9 @@ class Launcher:
     def handle_evict(self, command: EvictRank, rank: int) -> str:
         return self.commands.evict(command, rank)
 
+    def handle_drain(self, command: DrainNode, rank: int) -> str:
+        return self.commands.drain(command, rank)
+
     def handle_resume(self, command: Rollback | ResumeFrom, rank: int) -> str:
         return self.commands.resume_from(command, rank)
 
@@ -356,6 +360,8 @@ class Launcher:
             )
             if end == "restart":
                 kill_at(cfg.fault, "after-teardown", state.attempt)
+            if interruption is not None and interruption.cause is RestartCause.DRAIN:
+                self.commands.published()  # across hosts: the drained host on the shared list
             if pending is not None:
                 self.restarts.finish(pending, result)
                 pending = None
@@ -396,7 +402,10 @@ class Launcher:
             return None
         with self.state.lock:
             capacity = self.state.capacity.get(pending.from_attempt)
-        sizing = next_size(self.config, len(hot.survivors()), hot.ready(), capacity)
+            out = set(self.state.quarantined)
+        # a survivor on a node taken out (a drained node's ranks, alive) goes on nowhere
+        survivors = [r for r in hot.survivors() if last is None or last.node_of(r) not in out]
+        sizing = next_size(self.config, len(survivors), hot.ready(), capacity)
         before = last.world_size if last is not None else self.config.nproc
         if sizing.size != before:
             pending.decision = "shrink" if sizing.size < before else "grow"
@@ -457,7 +466,7 @@ class Launcher:
         restart. Across hosts after any interruption but a host joining: the world re-forms
         at once when every host is back in the round, so a host that the processor
         quarantines for this attempt (a hang's culprit) must know it before it rejoins."""
-        if interruption.cause is RestartCause.RESIZE:  # planned: nothing to decide
+        if interruption.cause in (RestartCause.RESIZE, RestartCause.DRAIN):  # planned: nothing to decide
             return False
         if self.config.rendezvous is not None:
             return interruption.cause is not RestartCause.MEMBERSHIP

@@ -32,6 +32,9 @@ class RestartCause(StrEnum):
     #: Elastic training (issue 45): a planned change of the world's size at a checkpoint
     #: boundary, the ranks in their processes (grow back once a spare is ready).
     RESIZE = "resize"
+    #: Failure prediction (issue 46): a DrainNode took a node out at a checkpoint boundary
+    #: before it failed (planned: the ranks left at a step they agreed on, none lost).
+    DRAIN = "drain"
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,26 @@ class StopRequest:
     evict_after_step: int | None = None
 
 
+@dataclass
+class DrainRequest:
+    """DrainNode commands in force for one attempt (commands.py, drain.py): their nodes
+    leave at the attempt's next checkpoint boundary, the cadence's or one taken by
+    `deadline_ts` (the earliest of the commands' ``within_s`` after each arrived)."""
+
+    attempt: int
+    nodes: list[str]
+    command_ids: list[str]
+    issued_ts: float
+    received_ts: float
+    #: Wall clock: the latest the boundary may come (the launcher's clock).
+    deadline_ts: float
+    why: str
+    #: Full restarts: the newest validated checkpoint at the command (the eviction path).
+    after_step: int = -1
+    #: The ranks were asked (hot.resize), with this deadline (a later drain asks again).
+    asked_by: float | None = None
+
+
 def request_of(data: dict[str, Any]) -> StopRequest:
     """A journaled request back (journal.py's ``command`` record)."""
     known = {f.name for f in dataclasses.fields(StopRequest)}
@@ -72,6 +92,8 @@ class RunState:
         self.capacity: dict[int, str] = {}
         self.request: StopRequest | None = None  # ends the running attempt
         self.evict: StopRequest | None = None  # ends it at the next validated checkpoint
+        #: DrainNode: the nodes leave at the running attempt's next checkpoint boundary.
+        self.drain: DrainRequest | None = None
         self.forced_resume: int | None = None  # the next attempt's resume step, if named
         #: Steps whose batch every later attempt skips (SkipUpdate, journaled).
         self.skip_batches: set[int] = set(state.skip_batches)

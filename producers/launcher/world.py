@@ -115,7 +115,7 @@ def resume_step(state: RunState, resume: ResumeChoice, reuse: AttemptRecord | No
     late = state.request
     if late is not None and late.resume_step is not None:
         resume.take(late)
-    state.request, state.evict = None, None
+    state.request, state.evict, state.drain = None, None, None
     if state.forced_resume is not None:
         step = state.forced_resume
     elif reuse is not None:

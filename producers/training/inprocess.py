@@ -34,9 +34,11 @@ and leaves with the original error if the launcher is gone.
 Keys in the launcher's control store (producers/launcher/hot.py writes the other side):
 ``spare/<worker>/ready`` (a spare idles), ``spare/<worker>/attempt`` (its assignment),
 ``env/<attempt>/<worker>`` (a JSON environment), ``left/<attempt>/<worker>`` (a survivor
-reached the barrier, with its error), ``resize/<attempt>`` (a planned change of the world's
-size: checkpoint at an agreed step, then leave: :class:`WorldResize`), ``abort/<attempt>`` (end that attempt's
-collectives: NCCL's abort; gloo's cannot be aborted, the launcher ends the stuck rank).
+reached the barrier, with its error), ``resize/<attempt>`` (a planned leave: checkpoint at an
+agreed step, then leave: :class:`WorldResize`; for a world of another size, or a node drained
+before it fails; its value, :func:`resize_value`, may carry the latest the boundary may come),
+``abort/<attempt>`` (end that attempt's collectives: NCCL's abort; gloo's cannot be aborted, the
+launcher ends the stuck rank).
 """
 
 from __future__ import annotations
@@ -112,6 +114,28 @@ def resize_key(attempt: int) -> str:
     return f"{PREFIX}resize/{attempt}"
 
 
+def resize_value(within_s: float | None = None, why: str = "") -> str:
+    """What the launcher sets ``resize/<attempt>`` to: ``"1"`` (a grow-back: the boundary
+    within ``TRAINGUARD_GROW_WITHIN_S``), or JSON with the latest the boundary may come,
+    counted from when the rank notes it (a DrainNode's ``within_s``), and why."""
+    if within_s is None:
+        return "1"
+    return json.dumps({"within_s": max(0.0, within_s), "why": why[:500]})
+
+
+def resize_within(value: str) -> float:
+    """The seconds a resize may wait for the checkpoint the cadence makes due, from the
+    key's value (:func:`resize_value`); ``TRAINGUARD_GROW_WITHIN_S`` (default 60) when it
+    names none."""
+    try:
+        within = json.loads(value).get("within_s") if value.startswith("{") else None
+    except (ValueError, AttributeError):
+        within = None
+    if isinstance(within, int | float) and within >= 0:
+        return float(within)
+    return float(os.environ.get(ENV_GROW_WITHIN_S, "60"))
+
+
 def stack_key(attempt: int, rank: int) -> str:
     return f"{PREFIX}stack/{attempt}/{rank}"
 
@@ -149,13 +173,13 @@ class Restartable:
         return int(os.environ.get("TRAINGUARD_ATTEMPT", "0"))
 
     def resize_now(self, checkpoint_due: bool) -> bool:
-        """The launcher asked for a resize and this step is its boundary: a checkpoint is
-        due anyway, or the resize has waited ``TRAINGUARD_GROW_WITHIN_S`` (default 60 s)."""
-        since = self._abort.resizing_since
-        if not self.resizing.is_set() or since is None:
+        """The launcher asked for a planned leave (a resize, a drain) and this step is its
+        boundary: a checkpoint is due anyway, or the leave's deadline passed (the key's
+        ``within_s``, else ``TRAINGUARD_GROW_WITHIN_S``, default 60 s, from when it was noted)."""
+        by = self._abort.resize_by
+        if not self.resizing.is_set() or by is None:
             return False
-        within = float(os.environ.get(ENV_GROW_WITHIN_S, "60"))
-        return checkpoint_due or time.monotonic() - since >= within
+        return checkpoint_due or time.monotonic() >= by
 
     def run(self, main: Callable[[], T]) -> T:
         if is_spare(self.worker):
@@ -338,11 +362,14 @@ class _AbortWatch:
         self.store = store
         self.aborting = aborting
         self.resizing = resizing
-        self.resizing_since: float | None = None
+        #: Monotonic deadline of the planned leave asked for (None: none asked this attempt):
+        #: the earliest of the deadlines the key's values named (a drain may tighten a grow's).
+        self.resize_by: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def watch(self, attempt: int) -> None:
+        self.resize_by = None
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, args=(attempt, self._stop), name="trainguard-abort-watch", daemon=True
@@ -356,9 +383,8 @@ class _AbortWatch:
         key, resize = abort_key(attempt), resize_key(attempt)
         while not stop.wait(0.1):
             try:
-                if not self.resizing.is_set() and self.store.check([resize]):
-                    self.resizing_since = time.monotonic()
-                    self.resizing.set()
+                if self.store.check([resize]):
+                    self._note_resize(bytes(self.store.get(resize)).decode())
                 if not self.store.check([key]):
                     continue
             except Exception:
@@ -370,6 +396,14 @@ class _AbortWatch:
                     log.warning("trainguard: aborting attempt %d's NCCL communicators", attempt)
                     abort()
             return
+
+    def _note_resize(self, value: str) -> None:
+        """The launcher asked for a planned leave: its deadline from now, the earliest one
+        kept (the value is read again at every poll: a drain may come after a grow)."""
+        by = time.monotonic() + resize_within(value)
+        if self.resize_by is None or by < self.resize_by:
+            self.resize_by = by
+        self.resizing.set()
 
 
 _current: Restartable | None = None

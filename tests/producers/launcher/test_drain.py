@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.producers.launcher.records import RestartCause
+from trainguard.producers.launcher.plan import plan
+from trainguard.producers.launcher.records import RestartCause, RestartPhases
 from trainguard.producers.rank.agent import MemorySink
 from trainguard.producers.training import inprocess
 from trainguard.schemas import DrainNode, RankExit, Reason, ReasonCode, RunStarted
@@ -70,6 +71,30 @@ def test_a_drain_under_full_restarts_stops_at_the_next_validated_checkpoint_on_a
     assert seen_env(tmp_path, 1, 2)["TRAINGUARD_NODE"] == "spare-0000"
     # The journal keeps both quarantines: a relaunch does not take the drained node back.
     assert make_launcher(tmp_path, MemorySink(), {}).quarantined == {"node-0001", "spare-0001"}
+
+
+def test_a_drained_nodes_live_ranks_do_not_count_toward_the_next_world(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Elastic training (--min-nproc 2): after node-0001's drain its two ranks are alive but
+    go on nowhere; with no warm spare ready the survivors on node-0000 go on at world 2
+    (and grow back later); with two ready, the world stays 4 on spare-0000."""
+    launcher = make_launcher(tmp_path, MemorySink(), {}, restart="in-process", min_nproc=2)
+    try:
+        hot = launcher.attempts.hot
+        assert hot is not None
+        monkeypatch.setattr(hot, "survivors", lambda: [0, 1, 2, 3])  # every rank left in its process
+        launcher.state.placement = plan(launcher.pool, set(), 4)
+        launcher.state.quarantined.add("node-0001")
+        for ready, size, decision in ((0, 2, "shrink"), (2, 4, "")):
+            monkeypatch.setattr(hot, "ready", lambda ready=ready: ready)
+            pending = RestartPhases(
+                "r1", 0, RestartCause.DRAIN, "", 0, None, -1, "node-0001", None, None, "d1", 0, 0
+            )
+            pending.path = "in-process"
+            assert (launcher._size(pending), pending.decision) == (size, decision)
+    finally:
+        launcher.attempts.close()
 
 
 def test_the_resize_key_carries_the_drains_deadline_to_the_ranks(monkeypatch: pytest.MonkeyPatch) -> None:

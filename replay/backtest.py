@@ -7,9 +7,11 @@ are about, not by id (an id is derived from its cause, and the cause moves when 
 policy does): a straggler flagged or evicted is keyed by its rank, a hang or an
 interruption by its attempt, a page by its rule, a quarantine by its node, a rollback
 by its attempt, a capacity decision (elastic training: wait for a replacement or shrink)
-by the attempt that lost the node. For each decision one policy takes at another time, or
-alone, the row says when each acts and what the difference is worth under
-:mod:`.cost_model`, whose rules are explicit there. The checkpoint interval is compared as a schedule over the
+by the attempt that lost the node, a drain (failure prediction) by its node. For each
+decision one policy takes at another time, or alone, the row says when each acts and
+what the difference is worth under :mod:`.cost_model`, whose rules are explicit there.
+Each policy's failure predictions are also scored against the recording's failures
+(:mod:`.prediction_backtest`). The checkpoint interval is compared as a schedule over the
 run. Counterfactual goodput = the baseline's measured goodput + the candidate's modelled
 saving / the run's elapsed time.
 """
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 
 from ..processors.core import CorePolicy
 from ..schemas import (
+    DrainNode,
     EvictionDecision,
     EvictRank,
     HangDetected,
@@ -43,6 +46,14 @@ from .cost_model import RunFacts
 from .decoded import LogColumns
 from .log import Recording
 from .parallel import replay_spread
+from .prediction_backtest import (
+    PredictionBacktest,
+    RecordedFailure,
+    backtest_prediction,
+    drain_value,
+    node_count,
+    recorded_failures,
+)
 from .replay import Replayed
 
 Key = tuple[str, str]
@@ -85,6 +96,8 @@ class PolicyRun:
     rows: list[Row] = field(default_factory=list)
     saving_s: float = 0.0
     goodput: float | None = None  # counterfactual (the baseline's: measured)
+    #: Failure prediction against the recording's failures (replay/prediction_backtest.py).
+    prediction: PredictionBacktest | None = None
 
 
 @dataclass
@@ -127,6 +140,8 @@ def acts_of(replayed: Replayed) -> dict[Key, Act]:
         elif isinstance(c, InterruptionDecided) and c.capacity is not None:  # step: the world it goes on at
             text = f"{c.capacity}: {c.reason.text}"
             add(("capacity", f"attempt {c.attempt}"), c.world_size or -1, c.issued_ts, text)
+        elif isinstance(c, DrainNode):
+            add(("drain", c.node), -1, c.issued_ts, c.reason.text)
     return out
 
 
@@ -143,6 +158,7 @@ _MATCHED = {
     "evict_rank",
     "quarantine_node",
     "rollback",
+    "drain_node",
 }
 
 
@@ -269,8 +285,27 @@ def _interval_row(base: PolicyRun, cand: PolicyRun, facts: RunFacts) -> Row | No
     return Row("checkpoint interval", "run", act(b), act(c), saving, text)
 
 
+def _drain_row(
+    key: Key,
+    x: Act | None,
+    y: Act | None,
+    base: PolicyRun,
+    cand: PolicyRun,
+    facts: RunFacts,
+    failures: list[RecordedFailure],
+) -> Row:
+    """A node drained by one policy only, or at another time (replay/prediction_backtest.py)."""
+    node = key[1]
+    b = drain_value(node, x.ts, failures, facts, base.policy) if x is not None else None
+    c = drain_value(node, y.ts, failures, facts, cand.policy) if y is not None else None
+    saving = (c.value_s if c else 0.0) - (b.value_s if b else 0.0)
+    valued = c if c is not None else b
+    return Row(key[0], node, x, y, saving, valued.rule if valued is not None else "")
+
+
 def differences(base: PolicyRun, cand: PolicyRun, facts: RunFacts) -> list[Row]:
     a, b = acts_of(base.replayed), acts_of(cand.replayed)
+    failures = recorded_failures(base.replayed)
     rows = []
     for key in sorted(
         set(a) | set(b), key=lambda k: min(x.ts for x in (a.get(k), b.get(k)) if x is not None)
@@ -280,6 +315,9 @@ def differences(base: PolicyRun, cand: PolicyRun, facts: RunFacts) -> list[Row]:
             continue
         if key[0] == "capacity":
             rows.append(_capacity_row(key, x, y, base, cand, facts))
+            continue
+        if key[0] == "drain":
+            rows.append(_drain_row(key, x, y, base, cand, facts, failures))
             continue
         rows.append(_price(key, x, y, base.replayed, cand.replayed, facts))
     if (interval := _interval_row(base, cand, facts)) is not None:
@@ -328,6 +366,9 @@ def backtest(
         log, recovered, mtbf[-1] if mtbf else float("inf"), base.policy.eviction.default_restart_s
     )
     base.goodput = measured_goodput(base.replayed)
+    failures, nodes = recorded_failures(base.replayed), node_count(facts.world_size, log.ranks_per_node)
+    for run in runs:
+        run.prediction = backtest_prediction(run.replayed, failures, facts, run.policy, nodes)
     for run in runs[1:]:
         run.rows = differences(base, run, facts)
         run.saving_s = sum(r.saving_s for r in run.rows if r.saving_s is not None)

@@ -27,6 +27,10 @@ difference by its first-order effect, from quantities measured in the recording
   loss the recording shrank for, grown back `grown` seconds after it: waiting would have
   lost (grown - half an interval) + R instead of the shrink, the time at W' and the grow
   that the recording measured.
+- **Drain** (failure prediction, issue 46: replay/prediction_backtest.py): a drain that
+  takes a node out before its failure in the recording saves that failure's R and lost
+  work, less the drain's C and swap; one whose failure struck before the boundary is
+  worth nothing; one of a node that never failed costs C and the swap.
 - Everything else that differs (pages, quarantines, self-check schedules, ...) is listed
   with no modelled cost: a page costs a human's attention, not job time, and a
   quarantine's worth depends on failures the recording does not contain.

@@ -62,8 +62,9 @@ class LogColumns:
     ts: array[float] = field(default_factory=lambda: array("d"))
     compute_s: array[float] = field(default_factory=lambda: array("d"))
     total_s: array[float] = field(default_factory=lambda: array("d"))
-    #: The world size of the log's last RunStarted (1 when it has none).
+    #: The world size of the log's last RunStarted (1 when it has none), and its ranks per node.
     world_size: int = 1
+    ranks_per_node: int = 8
     #: Every CheckpointWritten's blocking seconds, in log order.
     blocking_s: list[float] = field(default_factory=list)
     #: The earliest and the latest time of the events that are not step timings (the
@@ -98,6 +99,7 @@ class LogColumns:
                 self.total_s.append(event.total_s)  # type: ignore[attr-defined]
             elif kind is RunStarted:
                 self.world_size = event.world_size  # type: ignore[attr-defined]
+                self.ranks_per_node = event.ranks_per_node  # type: ignore[attr-defined]
             elif kind is CheckpointWritten:
                 self.blocking_s.append(event.blocking_s)  # type: ignore[attr-defined]
 

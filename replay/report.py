@@ -60,6 +60,40 @@ def summary_cells(run: PolicyRun, bt: Backtest) -> list[str]:
 
 
 SUMMARY_HEADER = ["policy", "decisions", "differences", "saving (job time)", "GPU-hours", "goodput"]
+PREDICTION_HEADER = [
+    "policy",
+    "predictions",
+    "drains",
+    "precision",
+    "failures drained",
+    "lead p50 / p10 min",
+    "false drains",
+    "per 1,000 node-days",
+    "drains' value (job time)",
+]
+
+
+def prediction_cells(run: PolicyRun) -> list[str]:
+    """A policy's failure prediction against the recording's failures (prediction_backtest.py)."""
+    p = run.prediction
+    if p is None:
+        return [run.name] + ["-"] * (len(PREDICTION_HEADER) - 1)
+    precision = "-" if p.precision is None else f"{p.precision:.0%}"
+    recall = "-" if p.recall is None else f"{p.recall:.0%}"
+    lead = "-" if p.lead_median_s is None else f"{p.lead_median_s / 60:.0f} / {(p.lead_p10_s or 0) / 60:.0f}"
+    return [
+        run.name,
+        str(p.predictions),
+        str(len(p.drains)),
+        precision,
+        f"{recall} ({p.drained}/{p.failures})",
+        lead,
+        str(p.false_drains),
+        f"{p.false_per_1000_node_days:.2f}",
+        seconds(p.value_s),
+    ]
+
+
 DIFF_HEADER = ["decision", "subject", "baseline", "candidate", "acts at", "saving", "cost rule"]
 
 
@@ -175,6 +209,16 @@ def write_report(bt: Backtest, out_dir: Path) -> Path:
         _table(SUMMARY_HEADER, [summary_cells(run, bt) for run in bt.runs]),
         "",
     ]
+    if any(
+        run.prediction is not None and (run.prediction.drains or run.prediction.predictions)
+        for run in bt.runs
+    ):
+        lines += [
+            "## Failure prediction",
+            "",
+            _table(PREDICTION_HEADER, [prediction_cells(r) for r in bt.runs]),
+            "",
+        ]
     for run in bt.runs[1:]:
         lines += [f"## {run.name} against {bt.baseline.name}", ""]
         rows = [difference_cells(row, f.start_ts) for row in run.rows]

@@ -113,10 +113,20 @@ def backtest(
 ) -> None:
     """Replay a recorded run under several policies: the decisions that differ from the
     baseline's, when each acts, its modelled cost or saving (replay/cost_model.py), and
-    each policy's counterfactual goodput; a terminal table and a report file with charts."""
+    each policy's counterfactual goodput; a terminal table and a report file with charts.
+    Failure prediction (issue 46): each policy's drains against the recording's failures
+    (precision, failures drained before they struck, lead, false drains, their value)."""
     from ..processors.core.policy import load_policy
     from ..replay.backtest import backtest
-    from ..replay.report import DIFF_HEADER, SUMMARY_HEADER, difference_cells, summary_cells, write_report
+    from ..replay.report import (
+        DIFF_HEADER,
+        PREDICTION_HEADER,
+        SUMMARY_HEADER,
+        difference_cells,
+        prediction_cells,
+        summary_cells,
+        write_report,
+    )
     from .report import make_console
 
     out = make_console()
@@ -130,6 +140,14 @@ def backtest(
     for run in result.runs:
         summary.add_row(*summary_cells(run, result))
     out.print(summary)
+    if any(
+        run.prediction is not None and (run.prediction.drains or run.prediction.predictions)
+        for run in result.runs
+    ):
+        prediction = Table(*PREDICTION_HEADER, title="failure prediction against the recording's failures")
+        for run in result.runs:
+            prediction.add_row(*prediction_cells(run))
+        out.print(prediction)
     for run in result.runs[1:]:
         table = Table(*DIFF_HEADER, title=f"{run.name} against {result.baseline.name}")
         for row in run.rows:

@@ -216,6 +216,52 @@ def capacity_table(comparisons: list[Any]) -> Table:
     return table
 
 
+def prediction_table(comparisons: list[Any]) -> Table:
+    """Failure prediction (issue 46, replay/prediction.py): per fleet scenario, prediction
+    on against the same run with it off (the same seed), scored against the truth."""
+    table = Table(title="Failure prediction: on against off (the same seed; pure core)")
+    columns = (
+        "scenario",
+        "ranks",
+        "node-days",
+        "drains",
+        "precision",
+        "recall",
+        "recall (all)",
+        "lead p50 / p10 min",
+        "false drains",
+        "per 1,000 node-days",
+        "goodput off -> on",
+        "gained s (pts)",
+        "clean",
+    )
+    for column in columns:
+        table.add_column(column)
+
+    def share(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0%}"
+
+    for c in comparisons:
+        s = c.score
+        lead = "-" if s.lead_median_s is None else f"{s.lead_median_s / 60:.0f} / {s.lead_p10_s / 60:.0f}"
+        table.add_row(
+            s.scenario,
+            f"{s.world_size:,}",
+            f"{s.node_days:,.0f}",
+            str(s.drains),
+            share(s.precision),
+            f"{share(s.recall)} ({s.foretold_drained}/{s.foretold})",
+            f"{share(s.recall_all)} ({s.drained}/{s.failures})",
+            lead,
+            f"{s.false_drains} ({s.early} early)",
+            f"{s.false_per_1000_node_days:.2f}",
+            f"{s.off_goodput:.4f} -> {s.on_goodput:.4f}",
+            f"{s.gained_s:+,.0f} ({s.gained_points:+.2f})",
+            "no" if s.failed else "yes",
+        )
+    return table
+
+
 def scenario_lines(scores: list[Any]) -> list[str]:
     lines = []
     for scenario in scores:

@@ -8,12 +8,19 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ..cli.app import DataDir, bootstrap_fallbacks, broker_app, console, master_secret, principal_env
 from .cli_soak import soak
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ..processors.core.policy import CorePolicy
+    from ..producers.simulator.fleet_scenario import FleetScenario
+    from ..replay.prediction import PredictionComparison
 
 
 def local_bootstrap() -> str | None:
@@ -96,7 +103,11 @@ def demo(
 
 def evaluate(
     scenario: Annotated[
-        list[str] | None, typer.Option(help="Library scenario name(s); default: the whole library.")
+        list[str] | None,
+        typer.Option(
+            help="Library scenario name(s); default: the whole library (its fleet scenarios over "
+            "1,024 ranks only when named)."
+        ),
     ] = None,
     live: Annotated[
         bool,
@@ -133,19 +144,31 @@ def evaluate(
     fault. Through the pure core (always) and the live pipeline on a real broker (--live).
     A scenario whose lost node's replacement takes time (elastic training, issue 45) runs
     twice through the pure core, elastic off (wait) and under the policy (shrink), and the
-    goodput of both is printed; the policy's run is the one scored."""
+    goodput of both is printed; the policy's run is the one scored. A fleet scenario
+    (failure prediction, issue 46: precursor-*, noise-*) runs at run level through the pure
+    core twice with the same seed, prediction on and off: precision, recall, lead time,
+    false drains and the goodput gained (replay/prediction.py); never live."""
     from ..cli.report import capacity_table, evaluation_table, harms_table, make_console, scenario_lines
     from ..processors.core.policy import load_policy
     from ..producers.simulator import Scenario
+    from ..producers.simulator.fleet_scenario import fleet_library
     from ..replay.capacity import CapacityComparison, capacity_json, compare_capacity
     from ..replay.evaluate import ScenarioScore, run_core, scores_json
+    from ..replay.prediction import prediction_json
     from .stack import builtin_policy
 
     out = make_console()
     policy_path = Path(policy) if policy else builtin_policy("evaluate")
-    chosen = Scenario.library()
+    chosen, fleets = Scenario.library(), fleet_library()
     if scenario:
-        chosen = {name: chosen[name] for name in scenario}
+        unknown = [name for name in scenario if name not in chosen and name not in fleets]
+        if unknown:
+            console.print(f"[red]no library scenario {', '.join(unknown)}", markup=False)
+            raise typer.Exit(2)
+        chosen = {name: chosen[name] for name in scenario if name in chosen}
+        fleets = {name: fleets[name] for name in scenario if name in fleets}
+    else:
+        fleets = {name: f for name, f in fleets.items() if f.fleet.world_size <= 1024}
     core = []
     capacity: list[CapacityComparison] = []
     for name, sc in chosen.items():
@@ -157,13 +180,16 @@ def evaluate(
             else:
                 core.append(run_core(sc, policy_, shard_ranks=shard_ranks, workers=workers))
     sharded = f", shards of {shard_ranks} ranks over {workers} worker(s)" if shard_ranks else ""
-    out.print(evaluation_table(f"Pure core ({len(core)} scenarios{sharded})", core))
-    out.print(harms_table("Pure core: what a user suffers", core))
+    if core:
+        out.print(evaluation_table(f"Pure core ({len(core)} scenarios{sharded})", core))
+        out.print(harms_table("Pure core: what a user suffers", core))
     for line in scenario_lines(core):
         out.print(line, markup=False)
     if capacity:
         out.print(capacity_table(capacity))
+    prediction = _prediction(fleets, load_policy(str(policy_path)), out)
     failed = any(s.failed for s in core) or any(c.wait.failed or c.shrink.failed for c in capacity)
+    failed |= any(c.score.failed for c in prediction)
     scores: list[ScenarioScore] = []
     if live:
         from ..schemas.auth import write_secret_file
@@ -193,5 +219,24 @@ def evaluate(
     if json_out is not None:
         document = {"core": scores_json(core), "live": scores_json(scores)}
         document["capacity"] = capacity_json(capacity)
+        document["prediction"] = prediction_json(prediction)
         json_out.write_text(json.dumps(document, indent=1))
     raise typer.Exit(1 if failed else 0)
+
+
+def _prediction(
+    fleets: dict[str, FleetScenario], policy: CorePolicy, out: Console
+) -> list[PredictionComparison]:
+    """The fleet scenarios, prediction on and off (replay/prediction.py), printed."""
+    from ..cli.report import prediction_table
+    from ..replay.prediction import acceptance_lines, compare_prediction
+
+    comparisons = []
+    for name, fleet in fleets.items():
+        with console.status(f"pure core, prediction on and off: {name}"):
+            comparisons.append(compare_prediction(fleet, policy))
+    if comparisons:
+        out.print(prediction_table(comparisons))
+        for line in acceptance_lines([c.score for c in comparisons]):
+            out.print(line, markup=False)
+    return comparisons

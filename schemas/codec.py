@@ -32,7 +32,15 @@ from .event_check import (
     is_heartbeat,
     is_stats,
 )
-from .events import DERIVED_KINDS, TELEMETRY_KINDS, GpuHealth, Heartbeat, StepStats, StepTiming
+from .events import (
+    DERIVED_KINDS,
+    TELEMETRY_KINDS,
+    FailurePredicted,
+    GpuHealth,
+    Heartbeat,
+    StepStats,
+    StepTiming,
+)
 
 #: One record's JSON may not exceed this (a 16,384-rank RunStarted is ~70 KB); a batch may hold many.
 MAX_RECORD_BYTES = 1024 * 1024
@@ -103,6 +111,9 @@ ALL: dict[str, type[Record]] = {**TELEMETRY, **DERIVED, **COMMANDS, **ACKS, "bat
 #: What a telemetry batch's `records` may hold: any telemetry record, or a columnar block
 #: of step timings (schemas/columnar.py), which stands for its rows.
 BATCH_RECORDS: dict[str, type[Record]] = {**TELEMETRY, StepTimings.KIND: StepTimings}
+#: What may come alone on the telemetry topic: any telemetry record, or a shard's failure
+#: prediction forwarded to the run's shard 0, which decides the drain (processors/core/drain.py).
+LONE_RECORDS: dict[str, type[Record]] = {**TELEMETRY, FailurePredicted.KIND: FailurePredicted}
 
 #: "kind/version" of every current telemetry class -> the class (decode_batch's fast path).
 _CURRENT_TELEMETRY: dict[str, type[Envelope]] = {
@@ -312,7 +323,7 @@ def decode_parts(
             kind, _ = _split_schema(obj, raw)
             if kind != Batch.KIND:
                 # A lone event (not batched) is accepted too: single-record producers exist.
-                event = decode_obj(obj, TELEMETRY, raw)
+                event = decode_obj(obj, LONE_RECORDS, raw)
                 assert isinstance(event, Envelope)
                 size = world_size if world_size is not None else registered and registered(event.run_id)
                 if size:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from ...schemas.columnar import StepColumns
 from .goodput import GoodputPolicy, advance
+from .hazard_state import PredictionPolicy
 from .state import RankState, RunPhase
 from .straggler import record
 
@@ -57,6 +58,10 @@ class QuietLimits:
         self.forward_below_s: float = 0.5 * min(hang.floor_s, hang.default_timeout_s, hang.ceiling_s)
         self.recent_reports: int = policy.diagnosis.recent_reports
         self.nvlink_expected_width: int | None = policy.diagnosis.nvlink_expected_width
+        prediction = policy.prediction
+        #: Failure prediction's evaluation period (hazard.due), and its policy; inf: off.
+        self.hazard_every_s: float = prediction.check_every_s if prediction.enabled else math.inf
+        self.prediction: PredictionPolicy = prediction
 
 
 class Timings:
@@ -143,6 +148,7 @@ def fold_quiet(
     check_at = baseline.checked_end_ts + limits.check_every_s
     if coordinator and (goodput.clock - last_report >= every or not baseline.end_ts < check_at):  # type: ignore[operator]
         return i  # the next event reports or checks, whatever it is
+    predict_at = run.hazard.checked_ts + limits.hazard_every_s  # (any shard: hazard.due)
     ranks, window, gp = run.ranks, limits.dedupe_window, limits.goodput
     dedupe = run.seen
     seen = dedupe.ids  # (DedupeWindow.add, inline: looked up once, below)
@@ -188,6 +194,8 @@ def fold_quiet(
             break
         if coordinator and ts > end_ts and ts >= check_at:
             break
+        if ts >= predict_at:
+            break  # failure prediction evaluates
         # Quiet, unless its id was seen (``step`` counts the duplicate): the window's set is
         # looked up once (a set of the window's 200,000 ids, the row's costliest lookup).
         known = len(seen)

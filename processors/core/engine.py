@@ -27,7 +27,9 @@ from ...schemas import (
     CrossRankCheck,
     Derived,
     Diagnosis,
+    DrainNode,
     Envelope,
+    FailurePredicted,
     GpuHealth,
     GroupComputeTimes,
     GroupSlowdownCleared,
@@ -38,6 +40,7 @@ from ...schemas import (
     InterruptionCause,
     InterruptionRecovered,
     MtbfUpdate,
+    NodeExcluded,
     NodeSelfTestResult,
     QuarantineNode,
     RankExit,
@@ -61,8 +64,10 @@ from . import (
     baseline,
     capacity,
     diagnosis,
+    drain,
     eviction,
     group_slowdown,
+    hazard,
     interval,
     node_tests,
     paging,
@@ -143,6 +148,7 @@ def step(
         outputs += sdc.on_step_stats(run.sdc, run, event, policy.sdc, _interruption)
     elif type(event) is GpuHealth:
         diagnosis.observe_health(run.health, run, event, policy.diagnosis)
+        hazard.observe(run.hazard, event.rank, event.node, event.ts, event.__dict__, policy.prediction)
     elif type(event) is StepTiming:
         if rank is not None:
             outputs += _on_step_timing(run, rank, event, policy)
@@ -154,6 +160,8 @@ def step(
     if run.pending_crash is not None and peer_loss.due(run, policy.crash):
         outputs += peer_loss.conclude(run, None, _interruption)
     outputs += baseline.on_time(run.baseline, run, event, policy.baseline)
+    if hazard.due(run.hazard, ts, policy.prediction):
+        outputs += _predictions(run, event, policy)
     if run.eviction.deferred:
         outputs += eviction.on_time(run.eviction, event.ts, run.attempt, policy.eviction)
     outputs = _consequences(run, outputs, policy)
@@ -206,6 +214,10 @@ def _on_other(run: RunState, rank: RankState | None, event: Envelope, policy: Co
         outputs += _on_exit(run, rank, event)
     elif isinstance(event, NodeSelfTestResult):
         outputs += node_tests.on_result(run.paging, event, policy.release_on_self_test_pass)
+    elif isinstance(event, FailurePredicted):  # a shard's prediction: shard 0 decides the drain
+        outputs += drain.on_predicted(run, event, policy)
+    elif isinstance(event, NodeExcluded):
+        outputs += drain.on_excluded(run, event)
     elif isinstance(event, CheckpointRejected):
         outputs += resume.on_rejected(run, event)
         if event.attempt == run.attempt and run.phase == RunPhase.STARTING:
@@ -233,6 +245,10 @@ def _consequences(run: RunState, outputs: list[Output], policy: CorePolicy) -> l
                 outputs += quarantine.on_interruption(run.paging, interruption, starting)
                 outputs += repeat_step.on_pages(run.paging, interruption, pages, policy.paging, starting)
             accounting.on_interruption(run.goodput, interruption, list(run.step_times))
+            if interruption.cause not in capacity.PLANNED and interruption.node:
+                hazard.on_failure(run.hazard, interruption.node, interruption.ts, policy.prediction)
+        for drained in [o for o in outputs if isinstance(o, DrainNode)]:
+            hazard.on_drained(run.hazard, drained.node)
         for leaving in [o for o in outputs if isinstance(o, QuarantineNode)]:  # one node, one action
             eviction.on_node_leaving(run.eviction, leaving.node, leaving.attempt, leaving.command_id)
             node_tests.note_leaving(run.paging, leaving)
@@ -241,6 +257,7 @@ def _consequences(run: RunState, outputs: list[Output], policy: CorePolicy) -> l
         for recovered in [o for o in outputs if isinstance(o, InterruptionRecovered)]:
             eviction.on_recovered(run.eviction, recovered, policy.eviction)
             capacity.on_recovered(run.capacity, recovered, policy.elastic)
+            drain.on_recovered(run, recovered)
         for update in [o for o in outputs if isinstance(o, MtbfUpdate)]:  # M moved: re-derive T
             outputs += interval.rederive(run.interval, run.run_id, update, update.mtbf_s, policy.interval)
         # last: what each interruption implies is out before the launcher is told to go on,
@@ -340,12 +357,24 @@ def _on_shard_event(run: RunState, event: Envelope, policy: CorePolicy) -> list[
     if event.attempt > run.attempt:
         _begin_attempt(run, event, resumed_from_step=run.last_validated_step)
     rank = _rank(run, event)
-    if isinstance(event, StepTiming) and rank is not None:
-        _on_step(run, rank, event)
-        return _stragglers(run, event, policy)
     if isinstance(event, GpuHealth):
         diagnosis.observe_health(run.health, run, event, policy.diagnosis)
-        return []
+        hazard.observe(run.hazard, event.rank, event.node, event.ts, event.__dict__, policy.prediction)
+    predicted = (
+        _predictions(run, event, policy) if hazard.due(run.hazard, event.ts, policy.prediction) else []
+    )
+    if isinstance(event, GpuHealth):
+        return predicted
+    if isinstance(event, StepTiming) and rank is not None:
+        _on_step(run, rank, event)
+        return predicted + _stragglers(run, event, policy)
+    return predicted + _on_shard_rest(run, rank, event, policy)
+
+
+def _on_shard_rest(
+    run: RunState, rank: RankState | None, event: Envelope, policy: CorePolicy
+) -> list[Output]:
+    """A shard's event other than a step timing or a GPU report (_on_shard_event)."""
     if isinstance(event, Heartbeat) and rank is not None:
         if rank.progress_ts is None:
             rank.progress_ts = event.ts
@@ -357,6 +386,22 @@ def _on_shard_event(run: RunState, event: Envelope, policy: CorePolicy) -> list[
         # norm is the same on every rank); a non-finite one may be this rank's alone.
         return [Forward(event, "non-finite step stats")] if sdc.is_non_finite(event) else []
     return [Forward(event, f"{event.KIND} is decided by shard 0")]  # misrouted: still decided
+
+
+def _predictions(run: RunState, event: Envelope, policy: CorePolicy) -> list[Output]:
+    """Failure prediction's evaluation, when due (hazard.py): on shard 0 each prediction is
+    decided at once (drain.py); a shard's goes out and to shard 0, which decides."""
+    nodes = len(run.nodes) or max(1, len(run.ranks) // max(1, run.ranks_per_node))
+    per_node_s = 1.0 / (baseline.mtbf_s(run.baseline, policy.baseline) * nodes)
+    found = hazard.on_time(run.hazard, run.run_id, run.attempt, event.ts, per_node_s, policy.prediction)
+    outputs: list[Output] = []
+    for predicted in found:
+        outputs.append(predicted)
+        if run.coordinator:
+            outputs += drain.on_predicted(run, predicted, policy)
+        else:
+            outputs.append(Forward(predicted, "failure prediction: shard 0 decides the drain"))
+    return outputs
 
 
 def _forward_phase(run: RunState, rank: RankState, event: Heartbeat, policy: CorePolicy) -> list[Output]:
@@ -444,6 +489,26 @@ def _undeclared_restart(run: RunState, event: Envelope) -> Interruption:
             culprit=-1,
             reason=capacity.grow_reason(run, grown, event.attempt),
         )
+    drained = drain.issued_in(run, run.attempt)
+    if drained is not None:
+        command_id, node = drained
+        stopped = max((r.last_seen_ts for r in run.ranks.values()), default=event.ts)
+        culprit = next((r for r, state in sorted(run.ranks.items()) if state.node == node), -1)
+        made = _interruption(
+            run,
+            cause=InterruptionCause.DRAIN,
+            detected_by="prediction",
+            cause_id=command_id,
+            at=min(stopped, event.ts),
+            culprit=culprit,
+            reason=Reason(
+                code=ReasonCode.DRAIN,
+                text=f"attempt {run.attempt} stopped at a checkpoint boundary to drain {node}, "
+                f"predicted to fail; attempt {event.attempt} goes on without it",
+            ),
+        )
+        run.drain.interruptions.add(made.interruption_id)
+        return made
     evicted = eviction.issued_in(run.eviction, run.attempt)
     if evicted is not None:
         decision_id, rank = evicted

@@ -93,7 +93,9 @@ class PredictionPolicy(BaseModel):
     window_s: float = Field(
         3600.0, gt=0, description="A node's counts are compared with the fleet's over this window."
     )
-    check_every_s: float = Field(300.0, gt=0, description="Event time between two evaluations.")
+    check_every_s: float = Field(
+        120.0, gt=0, description="Event time between two evaluations, and the buckets the window is cut into."
+    )
     persist_checks: int = Field(
         2,
         ge=1,
@@ -142,16 +144,18 @@ class PredictionPolicy(BaseModel):
 
 @dataclass
 class GpuTrack:
-    """One GPU (rank) as its health reports go: the counters' last values, and each
-    signal's increments of the current and recent buckets."""
+    """One GPU (rank) as its health reports go. Kept small (16,384 of them): the counters'
+    and flags' last values (a name present: the GPU reports it), the window's buckets of
+    non-zero increments only, and each level's per-bucket sums."""
 
     node: str
+    first_ts: float
     last_ts: float = 0.0
     last: dict[str, float] = field(default_factory=dict)
-    #: Signal -> [(bucket start, increment)], oldest first, the window's buckets only.
+    #: Signal -> [(bucket start, increment)], oldest first, non-zero increments in the window.
     buckets: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
-    #: Level -> [(ts, value)] over the window, oldest first.
-    levels: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+    #: Level -> [[bucket start, sum, samples]], oldest first, over the window.
+    levels: dict[str, deque[list[float]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -196,3 +200,5 @@ class DrainState:
     declined: dict[str, float] = field(default_factory=dict)
     #: Measured drains: seconds from the stop at the boundary to the next attempt's first step.
     costs: deque[float] = field(default_factory=lambda: deque(maxlen=32))
+    #: The planned interruptions the drains made (their recovery is a cost sample).
+    interruptions: set[str] = field(default_factory=set)

@@ -27,11 +27,14 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, cast
 
+import orjson
+
 from ...schemas.event_check import HEARTBEAT_LEN, STATS_LEN, GpuRow, HeartbeatRow, Row, StatsRow
 from .baseline import observe
 from .block import QuietLimits, steady
 from .diagnosis import keep_reading, reading_of
 from .goodput import advance
+from .hazard import observe as observe_hazard
 from .sdc_state import REMEMBERED
 
 if TYPE_CHECKING:
@@ -137,6 +140,9 @@ def _health(run: RunState, row: GpuRow, limits: QuietLimits, size: int) -> bool:
     if (rank := _quiet_rank(run, event_id, attempt, rank_id, ts, limits, size)) is None:
         return False
     _apply(run, rank, event_id, ts, limits)
+    source = row[14]  # the report as parsed, or (an archive's row) its JSON
+    fields = source if isinstance(source, dict) else orjson.loads(source)
+    observe_hazard(run.hazard, rank_id, node, ts, fields, limits.prediction)
     reading = reading_of(
         event_id,
         temperature,
@@ -162,6 +168,8 @@ def _quiet_rank(
     rank = run.ranks.get(rank_id)
     if rank is None or event_id in run.seen.ids:
         return None
+    if ts >= run.hazard.checked_ts + limits.hazard_every_s:
+        return None  # failure prediction evaluates (hazard.due)
     if run.coordinator:
         goodput, baseline, every = run.goodput, run.baseline, limits.report_every_s
         clock, last_report = goodput.clock, goodput.last_report_ts

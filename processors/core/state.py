@@ -18,6 +18,7 @@ from .diagnosis_state import HealthState
 from .eviction_state import EvictionState
 from .goodput_state import GoodputState
 from .group_state import GroupState
+from .hazard_state import DrainState, HazardState
 from .interval import IntervalState
 from .paging_state import PagingState
 from .rollback_state import RollbackState
@@ -189,6 +190,10 @@ class RunState:
     rollback: RollbackState = field(default_factory=RollbackState)
     #: Elastic training: the full world, spares, and what waits, shrinks and grows cost (issue 45).
     capacity: CapacityState = field(default_factory=CapacityState)
+    #: Failure prediction: each GPU's precursors and the fleet's noise (any shard), and the
+    #: drains decided (shard 0) (issue 46).
+    hazard: HazardState = field(default_factory=HazardState)
+    drain: DrainState = field(default_factory=DrainState)
     seen: DedupeWindow = field(default_factory=DedupeWindow)
     duplicates: int = 0
     stale: int = 0

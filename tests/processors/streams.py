@@ -12,6 +12,7 @@ from trainguard.schemas import (
     CheckpointValidated,
     CheckpointWritten,
     Envelope,
+    GpuHealth,
     Heartbeat,
     RankExit,
     RunStarted,
@@ -145,6 +146,11 @@ class Job:
         while self.t < end:
             self.t += self.heartbeat_s
             self.heartbeats(alive, phases)
+        return self
+
+    def health(self, rank: int, **fields: object) -> Job:
+        """Rank `rank` reports its GPU's health now (present, with `fields`)."""
+        self.events.append(GpuHealth(**self._env(rank), present=True, **fields))
         return self
 
     def exit(self, rank: int, **fields: object) -> Job:

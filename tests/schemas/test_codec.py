@@ -439,3 +439,16 @@ def test_a_cross_rank_check_command_of_version_1_is_upcast_with_no_batch_rank() 
     command = decode(orjson.dumps({**body, "step": 100, "ranks": [3, 4, 5], "microbatch_id": "mb-100"}))
     assert isinstance(command, RunCrossRankCheck) and command.batch_rank is None
     assert (command.step, command.ranks, command.microbatch_id) == (100, [3, 4, 5], "mb-100")
+
+
+def test_a_shards_failure_prediction_decodes_alone_on_the_telemetry_topic() -> None:
+    """A shard forwards its FailurePredicted to shard 0 as a lone record on the telemetry
+    topic (processors/core/drain.py decides there); any other derived record alone there is
+    refused as an unknown kind."""
+    from trainguard.schemas import decode_batch, encode
+
+    predicted = build("failure_predicted")
+    decoded = decode_batch(encode(predicted))
+    assert decoded.events == [predicted] and not decoded.rejections
+    other = decode_batch(encode(build("drain_decision")))
+    assert not other.events and other.rejections

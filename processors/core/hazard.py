@@ -1,0 +1,505 @@
+"""Failure prediction, the detector (issue 46, seed §9.6): each node's failure precursors
+against the fleet's own noise, turned into P(the node fails within the horizon).
+
+Every GPU's health report folds into per-signal increments, bucketed by evaluation
+(:func:`observe`: counters that only grow, flags that turn true, levels that drift). Every
+``check_every_s`` of event time (:func:`on_time`) each node's count of each signal over the
+window is compared with what the fleet's noise makes of that many GPUs over that long:
+
+- **the noise is measured, not assumed**: the fleet's per-GPU rate of each counter (the
+  nodes standing out left aside) and its dispersion (variance over mean of the nodes'
+  counts: bursts make it large), smoothed over evaluations; the policy's background is
+  the prior before ``min_fleet_nodes`` nodes report, and the floor after;
+- **activity, not volume**: a node's bucket of a counter is active when its count is one
+  the fleet's rate makes rare (p <= 1e-3 under Poisson); the node stands out when more of
+  its window's buckets are active than the fleet's share of active buckets allows (a
+  binomial tail), so a burst, however large, is one bucket, and a part that keeps failing
+  is many; a level's rise is a robust z against the fleet's rises;
+- **the threshold derives from the false alarms asked for** per node-day, shared over
+  the signals and the day's evaluations (Bonferroni); a signal stands out when its window
+  is that surprising AND its latest bucket is still active (a part that is failing keeps
+  going; a burst stops), and a prediction needs ``persist_checks`` evaluations in a row;
+- **calibration**: P = 1 - (1 - p0) x prod(1 - q_s) over the signals standing out, where p0
+  is the node's share of the run's failure rate over the horizon and q_s the share of the
+  signal's episodes that a failure of the node followed within the horizon: a Beta prior
+  (policy) updated with the run's own outcomes (a failure on the node: hit; the horizon
+  passed without one: miss; a drained node's outcome is never known and is not counted).
+
+The output, FailurePredicted, says each signal's numbers. It is made where the GPUs'
+reports are seen (any shard); the drain is shard 0's decision (drain.py). Pure: time is
+the events' ts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from ...schemas import RUN_LEVEL_RANK, FailurePredicted, Reason, ReasonCode
+from .hazard_state import COUNTERS, FLAGS, LEVELS, SIGNALS, Episode, GpuTrack, HazardState, PredictionPolicy
+from .ids import derived_id
+
+_DAY = 86_400.0
+_LN10 = math.log(10.0)
+#: Throttle reasons that count as a hardware slowdown report.
+_HW_SLOWDOWN = frozenset({"hw_slowdown", "hw_power_brake_slowdown"})
+#: A bucket is active when its count is this unlikely under Poisson noise at the fleet's rate.
+_ACTIVE_P = 1e-3
+#: The fleet's noise estimates move this far toward each evaluation's measurement.
+_SMOOTHING = 0.2
+#: The share of nodes with the largest counts left out of the fleet's rate (the failing ones).
+_TRIM = 0.02
+#: Re-predict a node already predicted when its probability rose by this much.
+_RISE = 0.1
+
+
+# --------------------------------------------------------------------------- folding
+
+
+def observe(
+    state: HazardState, rank: int, node: str, ts: float, fields: Mapping[str, Any], policy: PredictionPolicy
+) -> None:
+    """Fold one GPU health report (a GpuHealth's fields, or its row's dict)."""
+    if not policy.enabled or not fields.get("present"):
+        return
+    track = state.gpus.get(rank)
+    if track is None or track.node != node:
+        track = state.gpus[rank] = GpuTrack(node, ts)
+    if ts < track.last_ts:
+        return  # reordered: the counters' deltas need their order
+    track.last_ts = ts
+    bucket = math.floor(ts / policy.check_every_s) * policy.check_every_s
+    last = track.last
+    for name in COUNTERS:
+        value = _counter(fields, name)
+        if value is None:
+            continue
+        before = last.get(name)
+        last[name] = value
+        if name == "hw_slowdown":
+            increment = value  # per report, not cumulative
+        elif before is None:
+            increment = 0.0  # the first reading is the baseline
+        else:
+            increment = value - before if value >= before else value  # a reset counts from 0
+        if increment > 0:
+            _add(track, name, bucket, increment, policy)
+    for name in FLAGS:
+        flag = fields.get(name)
+        if flag is None:
+            continue
+        before = last.get(name)
+        last[name] = 1.0 if flag else 0.0
+        if flag and before == 0.0:  # turned true (the first reading is the baseline)
+            _add(track, name, bucket, 1.0, policy)
+    for name in LEVELS:
+        level = fields.get(name)
+        if level is None:
+            continue
+        sums = track.levels.get(name)
+        if sums is None:
+            sums = track.levels[name] = deque()
+        if sums and sums[-1][0] == bucket:
+            sums[-1][1] += level
+            sums[-1][2] += 1
+        else:
+            sums.append([bucket, float(level), 1.0])
+        while sums and sums[0][0] <= bucket - policy.window_s:
+            sums.popleft()
+
+
+def _counter(fields: Mapping[str, Any], name: str) -> float | None:
+    if name == "hw_slowdown":
+        reasons = fields.get("throttle_reasons")
+        return None if reasons is None else float(bool(_HW_SLOWDOWN.intersection(reasons)))
+    value = fields.get(name)
+    return None if value is None else float(value)
+
+
+def _add(track: GpuTrack, name: str, bucket: float, increment: float, policy: PredictionPolicy) -> None:
+    buckets = track.buckets.get(name)
+    if buckets is None:
+        buckets = track.buckets[name] = deque()
+    if buckets and buckets[-1][0] == bucket:
+        buckets[-1] = (bucket, buckets[-1][1] + increment)
+    else:
+        buckets.append((bucket, increment))
+    while buckets and buckets[0][0] <= bucket - policy.window_s:
+        buckets.popleft()
+
+
+# --------------------------------------------------------------------------- evaluating
+
+
+def threshold(policy: PredictionPolicy) -> float:
+    """-log10 of the p-value a signal's window must beat: the false alarms asked for per
+    node-day, shared over the signals and the day's evaluations."""
+    tests = len(SIGNALS) * _DAY / policy.check_every_s
+    return -math.log10(policy.false_alarms_per_node_day / tests)
+
+
+def due(state: HazardState, ts: float, policy: PredictionPolicy) -> bool:
+    return policy.enabled and ts >= state.checked_ts + policy.check_every_s
+
+
+def on_time(
+    state: HazardState,
+    run_id: str,
+    attempt: int,
+    ts: float,
+    base_hazard_per_s: float,
+    policy: PredictionPolicy,
+    racks: Mapping[str, str] | None = None,
+) -> list[FailurePredicted]:
+    """Evaluate every node if an evaluation is due at `ts`. `base_hazard_per_s`: one
+    node's share of the run's failure rate (p0's rate)."""
+    if not due(state, ts, policy):
+        return []
+    first = state.checked_ts == 0.0
+    state.checked_ts = math.floor(ts / policy.check_every_s) * policy.check_every_s
+    if first:
+        return []  # the window has just begun
+    _expire(state, ts, policy)
+    nodes = _nodes(state, ts, policy)
+    standing = _standing_out(state, nodes, ts, policy)
+    outputs: list[FailurePredicted] = []
+    p0 = 1.0 - math.exp(-base_hazard_per_s * policy.horizon_s)
+    for node, found in sorted(standing.items()):
+        made = _predict(state, run_id, attempt, node, found, ts, p0, policy)
+        if made is not None:
+            outputs.append(made)
+    return outputs
+
+
+class _NodeCounts:
+    """One node's signals over the window: per closed bucket the node's count, the GPUs
+    reporting each signal, the GPU contributing most, the window's coverage; each level's
+    rises per GPU."""
+
+    __slots__ = ("buckets", "gpus", "top", "span", "rises")
+
+    def __init__(self) -> None:
+        self.buckets: dict[str, dict[float, float]] = {}
+        self.gpus: dict[str, int] = {}
+        self.top: dict[str, dict[int, float]] = {}
+        self.span: dict[str, float] = {}
+        self.rises: dict[str, list[tuple[float, int]]] = {}
+
+    def count(self, name: str) -> float:
+        return sum(self.buckets.get(name, {}).values())
+
+    def top_gpu(self, name: str) -> tuple[int, float]:
+        per = self.top.get(name, {})
+        rank = max(per, key=lambda r: per[r]) if per else -1
+        return rank, per.get(rank, 0.0)
+
+
+def _nodes(state: HazardState, ts: float, policy: PredictionPolicy) -> dict[str, _NodeCounts]:
+    """Every node still reporting, its closed buckets of the window summed over its GPUs."""
+    every = policy.check_every_s
+    oldest = state.checked_ts - policy.window_s  # the window's closed buckets: [oldest, checked_ts)
+    out: dict[str, _NodeCounts] = {}
+    for rank, track in state.gpus.items():
+        if track.last_ts < ts - policy.window_s:
+            continue  # gone quiet: left the run
+        counts = out.get(track.node)
+        if counts is None:
+            counts = out[track.node] = _NodeCounts()
+        span = max(
+            0.0, min(policy.window_s, state.checked_ts - math.floor(track.first_ts / every) * every - every)
+        )
+        for name in track.last:
+            counts.gpus[name] = counts.gpus.get(name, 0) + 1
+            counts.span[name] = max(counts.span.get(name, 0.0), span)
+        for name, buckets in track.buckets.items():
+            while buckets and buckets[0][0] < oldest:
+                buckets.popleft()  # a GPU that stopped counting: its old buckets age out here
+            per = counts.buckets.setdefault(name, {})
+            for bucket, value in buckets:
+                if bucket < state.checked_ts:  # closed
+                    per[bucket] = per.get(bucket, 0.0) + value
+                    top = counts.top.setdefault(name, {})
+                    top[rank] = top.get(rank, 0.0) + value
+        for name, sums in track.levels.items():
+            rise = _rise(sums, policy)
+            if rise is not None:
+                counts.rises.setdefault(name, []).append((rise, rank))
+    return out
+
+
+def _rise(sums: deque[list[float]], policy: PredictionPolicy) -> float | None:
+    """A level's rise over the window: its last quarter's mean less its first quarter's
+    (by buckets), once the buckets cover half the window."""
+    if len(sums) < 4 or sums[-1][0] - sums[0][0] < policy.window_s / 2:
+        return None
+    quarter = max(1, len(sums) // 4)
+    head, tail = list(sums)[:quarter], list(sums)[-quarter:]
+    return sum(s for _, s, _ in tail) / sum(n for _, _, n in tail) - sum(s for _, s, _ in head) / sum(
+        n for _, _, n in head
+    )
+
+
+def _active_level(expected: float) -> float | int:
+    """The smallest count a bucket needs to be active: P(Poisson(expected) >= it) <= _ACTIVE_P."""
+    if expected > 100.0:  # the normal approximation: z 3.1 for 1e-3
+        return math.ceil(expected + 3.1 * math.sqrt(expected) + 0.5)
+    below, count = 0.0, 0  # P(X < count)
+    limit = expected + 40.0 * math.sqrt(expected) + 40.0
+    while 1.0 - below > _ACTIVE_P and count < limit:
+        below += (
+            math.exp(count * math.log(expected) - expected - math.lgamma(count + 1)) if expected > 0 else 1.0
+        )
+        count += 1
+    return float(max(count, 1))
+
+
+def _fleet_noise(
+    state: HazardState, nodes: dict[str, _NodeCounts], policy: PredictionPolicy
+) -> dict[str, tuple[float, float]]:
+    """Each counter's and flag's per-GPU rate (per second) and the share of a node's
+    buckets its noise makes active, measured over the fleet (the nodes with the most
+    activity, _TRIM of them, left out) and smoothed; before min_fleet_nodes report it, the
+    policy's background and the active level's own share (_ACTIVE_P), which are also
+    the floors."""
+    every = policy.check_every_s
+    noise: dict[str, tuple[float, float]] = {}
+    for name in (*COUNTERS, *FLAGS):
+        floor = policy.background_per_gpu_day.get(name, 0.0) / _DAY
+        reporting = [c for c in nodes.values() if name in c.gpus and c.span[name] >= every]
+        previous = state.noise.get(name)
+        if len(reporting) >= policy.min_fleet_nodes:
+            reporting.sort(key=lambda c: c.count(name) / (c.gpus[name] * c.span[name]))
+            calm = reporting[: len(reporting) - math.ceil(len(reporting) * _TRIM)] or reporting[:1]
+            exposure = sum(c.gpus[name] * c.span[name] for c in calm)
+            rate = max(floor, sum(c.count(name) for c in calm) / exposure)
+            shares = []
+            for c in reporting:
+                level = _active_level(rate * c.gpus[name] * every)
+                closed = c.span[name] / every
+                shares.append(sum(1 for v in c.buckets.get(name, {}).values() if v >= level) / closed)
+            shares.sort()
+            kept = shares[: max(1, len(shares) - math.ceil(len(shares) * _TRIM))]
+            share = sum(kept) / len(kept)
+            if previous is not None:
+                rate = previous[0] + _SMOOTHING * (rate - previous[0])
+                share = previous[1] + _SMOOTHING * (share - previous[1])
+            state.noise[name] = (rate, share)
+        elif previous is None:
+            noise[name] = (floor, _ACTIVE_P)
+            continue
+        rate, share = state.noise[name]
+        noise[name] = (max(rate, floor), max(share, _ACTIVE_P))
+    return noise
+
+
+def binomial_surprise(active: int, buckets: int, share: float) -> float:
+    """-log10 P(at least `active` of `buckets` buckets active), each with chance `share`."""
+    if active <= 0:
+        return 0.0
+    tail = sum(
+        math.comb(buckets, j) * share**j * (1 - share) ** (buckets - j) for j in range(active, buckets + 1)
+    )
+    return -math.log10(max(tail, 1e-300))
+
+
+def _standing_out(
+    state: HazardState, nodes: dict[str, _NodeCounts], ts: float, policy: PredictionPolicy
+) -> dict[str, list[tuple[Episode, str]]]:
+    """Update every (node, signal) episode at this evaluation; the nodes with at least one
+    episode persistent enough to predict, each with its episodes and their sentences.
+
+    A counter or flag stands out on a node when its buckets are active (a count its noise
+    makes rare, p <= _ACTIVE_P) more often over the window than the fleet's buckets are
+    (a binomial tail past the threshold), and the bucket that just closed is active: so a
+    burst, however large, is one active bucket, and a failing part is many in a row."""
+    every = policy.check_every_s
+    latest_bucket = state.checked_ts - every
+    noise = _fleet_noise(state, nodes, policy)
+    spread = _level_spread(nodes, policy)
+    bar = threshold(policy)
+    active: set[tuple[str, str]] = set()
+    out: dict[str, list[tuple[Episode, str]]] = {}
+    for node, counts in nodes.items():
+        for name, per in counts.buckets.items():
+            if not per or name not in noise:
+                continue
+            rate, share = noise[name]
+            gpus = counts.gpus.get(name, 0)
+            level = _active_level(rate * gpus * every)
+            if per.get(latest_bucket, 0.0) < level:
+                continue  # the signal is not going on now
+            closed = max(1, round(counts.span.get(name, every) / every))
+            hot = sum(1 for v in per.values() if v >= level)
+            evidence = binomial_surprise(hot, max(closed, hot), share)
+            if evidence < bar:
+                continue
+            rank, top = counts.top_gpu(name)
+            text = (
+                f"{name}: {counts.count(name):g} in the last {closed * every / 60:.0f} min on {node}'s "
+                f"{gpus} GPUs (rank {rank}: {top:g}), {per[latest_bucket]:g} in the last {every / 60:.0f} "
+                f"min; {hot} of its {closed} {every / 60:.0f}-min buckets over the noise's {level:g} "
+                f"where the fleet's are {share:.2%}: p <= 1e-{evidence:.0f}"
+            )
+            active.add((node, name))
+            _episode(state, node, name, evidence, ts, text, out, policy)
+        for name, rises in counts.rises.items():
+            center, scale = spread.get(name, (0.0, policy.level_spread.get(name, 1.0)))
+            rise, rank = max(rises)
+            z = (rise - center) / scale
+            evidence = _normal_surprise(z) - math.log10(len(rises))  # the node's hottest of its GPUs
+            if evidence < bar:
+                continue
+            text = (
+                f"{name}: up {rise:.3g} over the last {policy.window_s / 60:.0f} min on rank {rank} of "
+                f"{node}; the fleet's rises {center:+.2g} ± {scale:.2g}: z {z:.1f}"
+            )
+            active.add((node, name))
+            _episode(state, node, name, evidence, ts, text, out, policy)
+    for key in [k for k in state.episodes if k not in active]:
+        ended = state.episodes.pop(key)
+        if ended.predicted and not ended.drained:
+            state.closed.append(ended)  # its outcome is known when the horizon has passed
+    return out
+
+
+def _episode(
+    state: HazardState,
+    node: str,
+    name: str,
+    evidence: float,
+    ts: float,
+    text: str,
+    out: dict[str, list[tuple[Episode, str]]],
+    policy: PredictionPolicy,
+) -> None:
+    episode = state.episodes.get((node, name))
+    if episode is None:
+        episode = state.episodes[(node, name)] = Episode(name, node, ts)
+    else:
+        episode.streak += 1
+    episode.evidence = evidence
+    if episode.streak >= policy.persist_checks:
+        out.setdefault(node, []).append((episode, f"{text}; {episode.streak} evaluations in a row"))
+
+
+def _level_spread(nodes: dict[str, _NodeCounts], policy: PredictionPolicy) -> dict[str, tuple[float, float]]:
+    """Each level's fleet rises: median and robust spread (1.4826 MAD, floored)."""
+    out: dict[str, tuple[float, float]] = {}
+    for name in LEVELS:
+        rises = sorted(r for c in nodes.values() for r, _ in c.rises.get(name, []))
+        floor = policy.level_spread.get(name, 1.0)
+        if len(rises) < policy.min_fleet_nodes:
+            out[name] = (0.0, floor)
+            continue
+        median = rises[len(rises) // 2]
+        mad = sorted(abs(r - median) for r in rises)[len(rises) // 2]
+        out[name] = (median, max(1.4826 * mad, floor))
+    return out
+
+
+def _normal_surprise(z: float) -> float:
+    """-log10 of an upper bound on the normal tail P(Z >= z) (Mills: phi(z)/z)."""
+    if z <= 1.0:
+        return 0.0
+    return (z * z / 2 + math.log(z * math.sqrt(2 * math.pi))) / _LN10
+
+
+def precision(state: HazardState, signal: str, policy: PredictionPolicy) -> tuple[float, int, int]:
+    """q_s: the share of the signal's episodes a failure followed within the horizon (the
+    Beta prior's mean updated with the run's outcomes), and the run's hits and misses."""
+    hits, misses = state.outcomes.get(signal, [0, 0])
+    a, b = policy.precision_prior.get(signal, (1.0, 9.0))
+    return (a + hits) / (a + b + hits + misses), hits, misses
+
+
+def _predict(
+    state: HazardState,
+    run_id: str,
+    attempt: int,
+    node: str,
+    found: list[tuple[Episode, str]],
+    ts: float,
+    p0: float,
+    policy: PredictionPolicy,
+) -> FailurePredicted | None:
+    found.sort(key=lambda item: -item[0].evidence)
+    survive = 1.0 - p0
+    signals: list[str] = []
+    for episode, text in found:
+        q, hits, misses = precision(state, episode.signal, policy)
+        survive *= 1.0 - q
+        episode.predicted = True
+        a, b = policy.precision_prior.get(episode.signal, (1.0, 9.0))
+        signals.append(
+            f"{text}; a failure followed {q:.0%} of such episodes within {policy.horizon_s / 60:.0f} min "
+            f"(prior {a:g}/{a + b:g}, this run {hits}/{hits + misses})"
+        )
+    probability = 1.0 - survive
+    last = state.predicted.get(node)
+    if last is not None and probability < last + _RISE:
+        return None
+    state.predicted[node] = probability
+    strongest = found[0][0]
+    return FailurePredicted(
+        event_id=derived_id("failure_predicted", run_id, node, attempt, int(ts // policy.check_every_s)),
+        run_id=run_id,
+        attempt=attempt,
+        rank=RUN_LEVEL_RANK,
+        node=node,
+        step=-1,
+        ts=ts,
+        reason=Reason(
+            code=ReasonCode.FAILURE_PREDICTED,
+            text=f"{node}: P(failure within {policy.horizon_s / 60:.0f} min) {probability:.0%} from "
+            f"{len(found)} precursor(s), the strongest {strongest.signal} (base rate {p0:.2%})",
+        ),
+        probability=probability,
+        horizon_s=policy.horizon_s,
+        signals=signals[:32],
+        evidence=min(strongest.evidence, 1e6),
+    )
+
+
+# --------------------------------------------------------------------------- outcomes
+
+
+def on_failure(state: HazardState, node: str, ts: float, policy: PredictionPolicy) -> None:
+    """A failure of `node` (an unplanned interruption naming it): each of its predicted
+    episodes within the horizon before it is a hit."""
+    for episode in [*state.episodes.values(), *state.closed]:
+        if (
+            episode.node == node
+            and episode.predicted
+            and not episode.drained
+            and ts - episode.first_ts <= policy.horizon_s
+        ):
+            state.outcomes.setdefault(episode.signal, [0, 0])[0] += 1
+            episode.drained = True  # counted: never again
+    state.closed = [e for e in state.closed if not e.drained]
+    state.predicted.pop(node, None)
+
+
+def on_drained(state: HazardState, node: str) -> None:
+    """`node` is drained: its episodes' outcomes will never be known (not counted)."""
+    for episode in [*state.episodes.values(), *state.closed]:
+        if episode.node == node:
+            episode.drained = True
+    state.closed = [e for e in state.closed if not e.drained]
+
+
+def _expire(state: HazardState, ts: float, policy: PredictionPolicy) -> None:
+    """Episodes whose horizon passed without a failure: misses. One still open starts again
+    (a node that keeps standing out without failing counts a miss per horizon)."""
+    for episode in state.episodes.values():
+        if episode.predicted and not episode.drained and ts - episode.first_ts > policy.horizon_s:
+            state.outcomes.setdefault(episode.signal, [0, 0])[1] += 1
+            episode.first_ts = ts
+    kept: list[Episode] = []
+    for episode in state.closed:
+        if ts - episode.first_ts > policy.horizon_s:
+            state.outcomes.setdefault(episode.signal, [0, 0])[1] += 1
+        else:
+            kept.append(episode)
+    state.closed = kept

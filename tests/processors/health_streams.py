@@ -1,0 +1,78 @@
+"""A fleet's GPU health over hours, for failure prediction's tests (processors/core/hazard.py).
+
+Every GPU of every node reports its counters every `interval_s`, as the rank's sampler
+does: Poisson backgrounds at realistic per-GPU-day rates in every counter, overdispersed
+by benign bursts (one report's worth of tens of errors, then nothing), a temperature and a
+power with per-GPU offsets and noise. A failing node's correctable ECC count climbs from
+an onset (a degrading HBM stack: its rate grows by half every ten minutes)."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+#: 2026-01-01T00:00:00Z, a whole number of every bucket length the tests use.
+T0 = 1_767_225_600.0
+#: Healthy backgrounds per GPU per day (memory, links, driver).
+RATES = {"ecc_corrected": 20.0, "pcie_replays": 5.0, "nvlink_crc_errors": 20.0, "xid_errors": 0.05}
+
+
+@dataclass
+class Fleet:
+    nodes: int = 32
+    gpus_per_node: int = 8
+    interval_s: float = 120.0
+    seed: int = 0
+    #: Chance per GPU, report and counter of a benign burst (mean size 30).
+    burst_prob: float = 0.002
+    #: node index -> (onset seconds after T0, the climb's first count per report).
+    failing: dict[int, tuple[float, float]] = field(default_factory=dict)
+    #: node index -> seconds after T0 of one huge benign burst on its GPU 0.
+    one_burst: dict[int, float] = field(default_factory=dict)
+
+    def node(self, index: int) -> str:
+        return f"node-{index:04d}"
+
+    def reports(self, hours: float) -> Iterator[tuple[int, str, float, dict[str, Any]]]:
+        """(rank, node, ts, GpuHealth fields) in time order."""
+        rng = random.Random(self.seed)
+        gpus = self.nodes * self.gpus_per_node
+        counts = [dict.fromkeys(RATES, 0) for _ in range(gpus)]
+        temperature = [62.0 + rng.gauss(0, 3) for _ in range(gpus)]
+        for k in range(int(hours * 3600 / self.interval_s)):
+            ts = T0 + k * self.interval_s
+            for rank in range(gpus):
+                index = rank // self.gpus_per_node
+                mine = counts[rank]
+                for name, per_day in RATES.items():
+                    mine[name] += _poisson(rng, per_day / 86_400 * self.interval_s)
+                    if name != "xid_errors" and rng.random() < self.burst_prob:
+                        mine[name] += int(rng.expovariate(1 / 30))
+                onset = self.failing.get(index)
+                if onset is not None and ts >= T0 + onset[0]:
+                    mine["ecc_corrected"] += int(onset[1] * 1.5 ** min(20.0, (ts - T0 - onset[0]) / 600))
+                burst = self.one_burst.get(index)
+                if (
+                    burst is not None
+                    and rank % self.gpus_per_node == 0
+                    and T0 + burst <= ts < T0 + burst + self.interval_s
+                ):
+                    mine["ecc_corrected"] += 5000
+                fields = {
+                    "present": True,
+                    **mine,
+                    "temperature_c": temperature[rank] + rng.gauss(0, 1.5),
+                    "power_w": 500.0 + rng.gauss(0, 30),
+                }
+                yield rank, self.node(index), ts + rng.random(), fields
+
+
+def _poisson(rng: random.Random, mean: float) -> int:
+    limit, product, count = math.exp(-mean), rng.random(), 0
+    while product > limit:
+        product *= rng.random()
+        count += 1
+    return count

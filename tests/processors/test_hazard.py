@@ -1,0 +1,117 @@
+"""Failure prediction's detector (processors/core/hazard.py) on a fleet's health over hours:
+quiet on bursty noise, a climbing ECC count found within minutes with its numbers, the
+fleet's noise measured rather than assumed, and the run's outcomes calibrating P."""
+
+from __future__ import annotations
+
+from trainguard.processors.core import hazard
+from trainguard.processors.core.hazard_state import HazardState, PredictionPolicy
+from trainguard.schemas import FailurePredicted
+
+from .health_streams import T0, Fleet
+
+#: One node's share of a job's failures: a 3-day job MTBF over 32 nodes.
+PER_NODE = 1 / (3 * 86_400 * 32)
+
+
+def predict(
+    fleet: Fleet, hours: float, policy: PredictionPolicy | None = None
+) -> tuple[list[FailurePredicted], HazardState]:
+    """Fold the fleet's reports as the core does: each report, then an evaluation when due."""
+    policy = policy or PredictionPolicy()
+    state, found = HazardState(), []
+    for rank, node, ts, fields in fleet.reports(hours):
+        hazard.observe(state, rank, node, ts, fields, policy)
+        found += hazard.on_time(state, "run-h", 0, ts, PER_NODE, policy)
+    return found, state
+
+
+def test_a_day_of_bursty_noise_predicts_nothing() -> None:
+    found, state = predict(Fleet(nodes=32, seed=3), hours=24)
+    assert found == []
+    rate, share = state.noise["ecc_corrected"]
+    assert 20 / 86_400 < rate < 60 / 86_400  # the background plus its bursts, per GPU-second
+    assert 1e-3 < share < 0.05  # bursts make some buckets active: measured, not assumed
+
+
+def test_a_climbing_ecc_count_is_predicted_within_minutes_and_explained() -> None:
+    onset = 6 * 3600.0
+    found, _ = predict(Fleet(nodes=32, seed=4, failing={7: (onset, 5.0)}), hours=8)
+    assert [f.node for f in found][:1] == ["node-0007"]
+    first = found[0]
+    assert onset < first.ts - T0 < onset + 30 * 60  # within half an hour of the climb's start
+    assert first.signals[0].startswith("ecc_corrected: ")
+    assert "of its 30 2-min buckets" in first.signals[0]
+    assert first.probability > 0.2  # the signal's prior share of episodes followed by a failure
+    assert first.evidence >= hazard.threshold(PredictionPolicy())
+    assert {f.node for f in found} == {"node-0007"}  # nobody else
+
+
+def test_one_huge_burst_is_one_active_bucket_and_predicts_nothing() -> None:
+    found, _ = predict(Fleet(nodes=16, seed=5, one_burst={3: 2 * 3600.0}), hours=4)
+    assert found == []
+
+
+def test_a_noisier_fleet_raises_the_bar_it_measures() -> None:
+    quiet = predict(Fleet(nodes=16, seed=6, burst_prob=0.0005), hours=6)[1].noise["ecc_corrected"][1]
+    noisy = predict(Fleet(nodes=16, seed=6, burst_prob=0.01), hours=6)[1].noise["ecc_corrected"][1]
+    assert noisy > 4 * quiet
+    # the same climb needs more active buckets against the noisier fleet's share
+    assert hazard.binomial_surprise(6, 30, noisy) < hazard.binomial_surprise(6, 30, quiet)
+
+
+def test_two_nodes_and_the_priors_still_predict_a_storm() -> None:
+    """Too few nodes to measure a fleet (an end-to-end test's world): the background priors
+    stand for the noise, and a storm on one GPU is still found."""
+    fleet = Fleet(nodes=2, gpus_per_node=2, interval_s=20.0, burst_prob=0.0, failing={1: (600.0, 40.0)})
+    policy = PredictionPolicy(check_every_s=20.0, window_s=600.0, horizon_s=1800.0)
+    found, state = predict(fleet, hours=0.5, policy=policy)
+    assert found and found[0].node == "node-0001"
+    assert "ecc_corrected" not in state.noise  # never measured: the prior stood for it
+
+
+def test_outcomes_calibrate_the_signals_share() -> None:
+    policy = PredictionPolicy()
+    state, found = _predicted_state(policy)
+    before = hazard.precision(state, "ecc_corrected", policy)[0]
+    hazard.on_failure(state, "node-0007", found[0].ts + 600, policy)  # within the horizon
+    hit = hazard.precision(state, "ecc_corrected", policy)
+    assert hit[1:] == (1, 0) and hit[0] > before
+
+    state, found = _predicted_state(policy)
+    last = found[-1].ts
+    hazard.on_time(state, "run-h", 0, last + policy.horizon_s + 2 * policy.check_every_s, PER_NODE, policy)
+    missed = hazard.precision(state, "ecc_corrected", policy)
+    assert missed[1:] == (0, 1) and missed[0] < before
+
+
+def test_a_drained_nodes_episode_is_never_an_outcome() -> None:
+    policy = PredictionPolicy()
+    state, found = _predicted_state(policy)
+    hazard.on_drained(state, "node-0007")
+    hazard.on_failure(state, "node-0007", found[-1].ts + 60, policy)
+    assert hazard.precision(state, "ecc_corrected", policy)[1:] == (0, 0)
+
+
+def test_prediction_off_folds_nothing() -> None:
+    found, state = predict(Fleet(nodes=8, failing={2: (600.0, 5.0)}), 2, PredictionPolicy(enabled=False))
+    assert found == [] and state.gpus == {}
+
+
+def test_the_threshold_follows_the_false_alarms_asked_for() -> None:
+    strict = hazard.threshold(PredictionPolicy(false_alarms_per_node_day=1e-6))
+    loose = hazard.threshold(PredictionPolicy(false_alarms_per_node_day=1e-2))
+    assert abs(strict - loose - 4) < 1e-9
+
+
+def _predicted_state(policy: PredictionPolicy) -> tuple[HazardState, list[FailurePredicted]]:
+    """A node whose ECC climbed and was predicted, and then went quiet (its episode closed)."""
+    fleet = Fleet(nodes=16, seed=8, failing={7: (2 * 3600.0, 5.0)})
+    state, found = HazardState(), []
+    for rank, node, ts, fields in fleet.reports(3):
+        if node == "node-0007" and ts - T0 > 2 * 3600 + 40 * 60:
+            fields = {**fields, "ecc_corrected": 0}  # reset: the storm stops (a driver reload)
+        hazard.observe(state, rank, node, ts, fields, policy)
+        found += hazard.on_time(state, "run-h", 0, ts, PER_NODE, policy)
+    assert found and found[0].node == "node-0007"
+    return state, found

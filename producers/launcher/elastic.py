@@ -35,9 +35,16 @@ class Sizing:
         return f"world {self.size}: {self.reason}"
 
 
-def next_size(config: LauncherConfig, survivors: int, ready: int, capacity: str | None) -> Sizing:
+def next_size(
+    config: LauncherConfig,
+    survivors: int,
+    ready: int,
+    capacity: str | None,
+    unanswered: str = "no decision from the processor",
+) -> Sizing:
     """After an in-process interruption: `survivors` rank processes kept, `ready` warm
-    spares idling, `capacity` the processor's choice ("wait", "shrink"; None: no answer)."""
+    spares idling, `capacity` the processor's choice ("wait", "shrink"; None: no answer,
+    and `unanswered` says why: a drain is planned, it gets no capacity decision)."""
     full = config.nproc
     have = survivors + ready
     if not config.elastic or have >= full:
@@ -47,7 +54,7 @@ def next_size(config: LauncherConfig, survivors: int, ready: int, capacity: str 
         return Sizing(full, f"{have} ranks left, below the minimum of {floor}: waiting for new processes")
     if capacity == "wait":
         return Sizing(full, "the processor's policy waits for the replacement")
-    why = "the processor's policy shrinks" if capacity == "shrink" else "no decision from the processor"
+    why = "the processor's policy shrinks" if capacity == "shrink" else unanswered
     return Sizing(have, f"{why}: {have} of {full} ranks go on, {full - have} replaced when ready")
 
 

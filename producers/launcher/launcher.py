@@ -405,7 +405,10 @@ class Launcher:
             out = set(self.state.quarantined)
         # a survivor on a node taken out (a drained node's ranks, alive) goes on nowhere
         survivors = [r for r in hot.survivors() if last is None or last.node_of(r) not in out]
-        sizing = next_size(self.config, len(survivors), hot.ready(), capacity)
+        unanswered = "no decision from the processor"
+        if pending.cause is RestartCause.DRAIN:  # planned: the core decides no capacity for it
+            unanswered = f"{pending.node} drained and too few warm spares ready for its ranks"
+        sizing = next_size(self.config, len(survivors), hot.ready(), capacity, unanswered)
         before = last.world_size if last is not None else self.config.nproc
         if sizing.size != before:
             pending.decision = "shrink" if sizing.size < before else "grow"

@@ -25,6 +25,7 @@ from trainguard.schemas import Command, auth, encode
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "docs" / "examples" / "train_tiny.py"
+ELASTIC = ROOT / "docs" / "examples" / "train_elastic.py"
 #: Every rank 50 ms slower per step in attempt 0 (the example's `slow` fault: a sleep
 #: before the collective, the same on every rank, so no straggler and the same weights):
 #: the first attempt lasts long enough for a command to reach it; the next runs at full speed.
@@ -106,10 +107,12 @@ def launch(
     secret: str,
     steps: int,
     extra_env: dict[str, str] | None = None,
-    extra_args: tuple[str, ...] = (),
+    options: tuple[str, ...] = ("--warm-spares", "2"),
+    example: Path = EXAMPLE,
 ) -> Run:
-    """`trainguard launch --nproc 4 --ranks-per-node 2 --warm-spares 2` of the example,
-    online (its actuator reads the commands topic under `prefix`), started, not awaited."""
+    """`trainguard launch --nproc 4 --ranks-per-node 2 --restart in-process` of `example`
+    with `options` (two warm spares), online (its actuator reads the commands topic under
+    `prefix`), started, not awaited."""
     run_id = f"drain-{uuid.uuid4().hex[:8]}"
     workdir.mkdir(parents=True)
     env = {**os.environ, "TRAINGUARD_SECRET": secret, "OMP_NUM_THREADS": "1"}
@@ -124,7 +127,7 @@ def launch(
         sys.executable, "-m", "trainguard", "launch", "--nproc", "4", "--ranks-per-node", "2",
         "--run-id", run_id, "--checkpoint-dir", str(workdir / "ckpt"), "--bootstrap", bootstrap,
         "--topic-prefix", prefix, "--max-restarts", "2", "--decision-wait-s", "3", "--self-test", "off",
-        "--warm-spares", "2", *extra_args, "--", sys.executable, str(EXAMPLE),
+        "--restart", "in-process", *options, "--", sys.executable, str(example),
     ]  # fmt: skip
     with (workdir / "launcher.stdout").open("w") as out, (workdir / "launcher.stderr").open("w") as err:
         proc = subprocess.Popen(command, env=env, cwd=workdir, stdout=out, stderr=err, text=True)

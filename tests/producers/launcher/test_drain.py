@@ -86,6 +86,7 @@ def test_a_drained_nodes_live_ranks_do_not_count_toward_the_next_world(
         monkeypatch.setattr(hot, "survivors", lambda: [0, 1, 2, 3])  # every rank left in its process
         launcher.state.placement = plan(launcher.pool, set(), 4)
         launcher.state.quarantined.add("node-0001")
+        reason = "node-0001 drained and too few warm spares ready for its ranks: 2 of 4 ranks go on"
         for ready, size, decision in ((0, 2, "shrink"), (2, 4, "")):
             monkeypatch.setattr(hot, "ready", lambda ready=ready: ready)
             pending = RestartPhases(
@@ -93,6 +94,7 @@ def test_a_drained_nodes_live_ranks_do_not_count_toward_the_next_world(
             )
             pending.path = "in-process"
             assert (launcher._size(pending), pending.decision) == (size, decision)
+            assert pending.decision_reason == (reason + ", 2 replaced when ready" if decision else "")
     finally:
         launcher.attempts.close()
 

@@ -294,6 +294,26 @@ def _fleet_noise(
     return noise
 
 
+def _own(
+    state: HazardState, node: str, name: str, latest: float, fleet: float, policy: PredictionPolicy
+) -> tuple[float, bool]:
+    """The node's own usual rate of the signal (per second) and whether it has a window of
+    history; the bucket that just closed joins it unless the signal stands out on the node
+    now (a failing part must not become its own usual). It starts at the fleet's rate."""
+    every = policy.check_every_s
+    own = state.own.get((node, name))
+    if own is None:
+        own = state.own[(node, name)] = [0.0, 0.0]
+    if (node, name) not in state.episodes:
+        if own[1] + every > policy.own_history_s:
+            keep = 1.0 - every / policy.own_history_s
+            own[0], own[1] = own[0] * keep, own[1] * keep
+        own[0] += latest
+        own[1] += every
+    usual = own[0] / own[1] if own[1] > 0 else fleet / every
+    return usual, own[1] >= policy.window_s
+
+
 def binomial_surprise(active: int, buckets: int, share: float) -> float:
     """-log10 P(at least `active` of `buckets` buckets active), each with chance `share`."""
     if active <= 0:
@@ -322,14 +342,17 @@ def _standing_out(
     active: set[tuple[str, str]] = set()
     out: dict[str, list[tuple[Episode, str]]] = {}
     for node, counts in nodes.items():
-        for name, per in counts.buckets.items():
-            if not per or name not in noise:
+        for name in counts.gpus:
+            if name not in noise:
                 continue
+            per = counts.buckets.get(name, {})
             rate, share = noise[name]
-            gpus = counts.gpus.get(name, 0)
-            level = _active_level(rate * gpus * every)
-            if per.get(latest_bucket, 0.0) < level:
-                continue  # the signal is not going on now
+            gpus = counts.gpus[name]
+            fleet = rate * gpus * every
+            usual, known = _own(state, node, name, per.get(latest_bucket, 0.0), fleet, policy)
+            level = _active_level(max(fleet, usual * every))
+            if per.get(latest_bucket, 0.0) < level or not known:
+                continue  # not going on now, or the node has no past of its own yet
             closed = max(1, round(counts.span.get(name, every) / every))
             hot = sum(1 for v in per.values() if v >= level)
             evidence = binomial_surprise(hot, max(closed, hot), share)
@@ -339,8 +362,9 @@ def _standing_out(
             text = (
                 f"{name}: {counts.count(name):g} in the last {closed * every / 60:.0f} min on {node}'s "
                 f"{gpus} GPUs (rank {rank}: {top:g}), {per[latest_bucket]:g} in the last {every / 60:.0f} "
-                f"min; {hot} of its {closed} {every / 60:.0f}-min buckets over the noise's {level:g} "
-                f"where the fleet's are {share:.2%}: p <= 1e-{evidence:.0f}"
+                f"min; {hot} of its {closed} {every / 60:.0f}-min buckets over {level:g} (the fleet's "
+                f"noise, {fleet:.2g} a bucket, or its own usual {usual * every:.2g}) where the fleet's "
+                f"are {share:.2%}: p <= 1e-{evidence:.0f}"
             )
             active.add((node, name))
             _episode(state, node, name, evidence, ts, text, out, policy)

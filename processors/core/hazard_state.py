@@ -109,6 +109,13 @@ class PredictionPolicy(BaseModel):
         description="The false predictions per node-day the thresholds are derived for (shared over "
         "the signals and the evaluations of a day, Bonferroni).",
     )
+    own_history_s: float = Field(
+        6 * 3600.0,
+        gt=0,
+        description="How far back a node's own usual rate of each signal reaches: a node is judged "
+        "against the fleet's noise and its own past (a GPU with a chronically higher but steady "
+        "count is not failing); it is judged once it has a window of its own history.",
+    )
     min_fleet_nodes: int = Field(
         8,
         ge=2,
@@ -184,10 +191,14 @@ class HazardState:
     closed: list[Episode] = field(default_factory=list)
     #: Signal -> [hits, misses] of the run's own episodes (a failure on the node within the horizon).
     outcomes: dict[str, list[int]] = field(default_factory=dict)
-    #: Node -> ts of its last prediction (one per evaluation at most).
+    #: Node -> the probability of its last prediction (predicted again only on a rise).
     predicted: dict[str, float] = field(default_factory=dict)
-    #: The fleet's measured noise: signal -> (per-GPU rate per second, dispersion), EWMA.
+    #: The fleet's measured noise: signal -> (per-GPU rate per second, share of a node's
+    #: buckets active), smoothed over evaluations.
     noise: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: (node, signal) -> [count, seconds]: the node's own usual rate, over its history
+    #: (decaying past own_history_s), frozen while the signal stands out on it.
+    own: dict[tuple[str, str], list[float]] = field(default_factory=dict)
 
 
 @dataclass

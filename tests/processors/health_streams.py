@@ -32,6 +32,9 @@ class Fleet:
     failing: dict[int, tuple[float, float]] = field(default_factory=dict)
     #: node index -> seconds after T0 of one huge benign burst on its GPU 0.
     one_burst: dict[int, float] = field(default_factory=dict)
+    #: node index -> its GPU 0's background multiplier, from the start (a chronically
+    #: noisier GPU that never fails).
+    chronic: dict[int, float] = field(default_factory=dict)
 
     def node(self, index: int) -> str:
         return f"node-{index:04d}"
@@ -47,8 +50,9 @@ class Fleet:
             for rank in range(gpus):
                 index = rank // self.gpus_per_node
                 mine = counts[rank]
+                scale = self.chronic.get(index, 1.0) if rank % self.gpus_per_node == 0 else 1.0
                 for name, per_day in RATES.items():
-                    mine[name] += _poisson(rng, per_day / 86_400 * self.interval_s)
+                    mine[name] += _poisson(rng, scale * per_day / 86_400 * self.interval_s)
                     if name != "xid_errors" and rng.random() < self.burst_prob:
                         mine[name] += int(rng.expovariate(1 / 30))
                 onset = self.failing.get(index)

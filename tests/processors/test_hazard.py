@@ -52,6 +52,15 @@ def test_one_huge_burst_is_one_active_bucket_and_predicts_nothing() -> None:
     assert found == []
 
 
+def test_a_chronically_noisier_gpu_is_judged_against_its_own_past() -> None:
+    """A GPU with 300 times the fleet's background from the start, steady, never failing:
+    against the fleet alone its buckets are active every hour; against its own past not."""
+    found, state = predict(Fleet(nodes=16, seed=9, chronic={5: 300.0}), hours=12)
+    assert found == []
+    count, seconds = state.own[("node-0005", "ecc_corrected")]
+    assert count / seconds > 10 * state.noise["ecc_corrected"][0] * 8  # its usual, far above the fleet's
+
+
 def test_a_noisier_fleet_raises_the_bar_it_measures() -> None:
     quiet = predict(Fleet(nodes=16, seed=6, burst_prob=0.0005), hours=6)[1].noise["ecc_corrected"][1]
     noisy = predict(Fleet(nodes=16, seed=6, burst_prob=0.01), hours=6)[1].noise["ecc_corrected"][1]

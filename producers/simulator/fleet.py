@@ -10,7 +10,9 @@ What it emits, in time order (what the decision layer needs, not every rank's st
   at its own offset within the interval), from the launch to the attempt's end: the
   healthy noise and precursor episodes of precursors.py. Real ranks report every 30 s;
   a coarser interval loses no count (the counters are cumulative), only time resolution,
-  and keeps a 16,384-rank day at ~4.7 million reports (300 s);
+  and keeps a 16,384-rank day at ~11.8 million reports (120 s, the default: the core cuts
+  its windows into buckets of prediction.check_every_s, 120 s, and a GPU reporting less
+  often than that would leave buckets without its report);
 - a failure as longrun.py models one, the culprit rank's ``RankExit`` at its detection:
   a crash at once; a hang after the progress watchdog's step timeout (``hang_detect_s``;
   the job is stalled meanwhile, its GPUs busy); a wrong GPU at the first ring check after
@@ -94,6 +96,8 @@ class _FleetRun(RunLevel):
         self._corrupt: tuple[FailureTruth, int, int] | None = None
         self._frozen_high_water = -1
         self._found = False  # the last failure was found by a drain at its boundary
+        self._joining: set[int] = set()  # slots a spare took, until its attempt's first step
+        self._warming: dict[int, float] = {}  # slot -> the first step it trained from, cold
 
     # ------------------------------------------------------------------ commands
     def command_handlers(self) -> dict[type[Command], Callable[[Any, float], None]]:
@@ -115,7 +119,9 @@ class _FleetRun(RunLevel):
         `boundary`: the checkpoint boundary a drain stopped the job at (None: it was down)."""
         self.pending_quarantine += [n for n in self._drains if n not in self.pending_quarantine]
         for node, spare in self.relaunch_nodes():
-            self.health.replace_node(self.nodes.index(spare))
+            slot = self.nodes.index(spare)
+            self.health.replace_node(slot)
+            self._joining.add(slot)  # idle until now: it warms up from its first step
             drain = self._drains.get(node)
             for failure in self.truth.failures[self._fi :]:
                 if failure.node == node and failure.outcome == "pending":
@@ -139,6 +145,18 @@ class _FleetRun(RunLevel):
 
     def _set_load(self, ts: float, target: float) -> None:
         self._load = (ts, self._load_at(ts), target)
+
+    def _slot_load(self, slot: int, ts: float) -> float:
+        """The load of a node that joined this attempt (a spare, idle before): it warms up
+        from the attempt's first step, whatever the others' temperature."""
+        load = self._load_at(ts)
+        since = self._warming.get(slot)
+        if since is None:
+            return load
+        if ts - since > 20 * self.fleet.noise.thermal_tau_s:
+            del self._warming[slot]
+            return load
+        return min(load, 1.0 - math.exp(-max(0.0, ts - since) / self.fleet.noise.thermal_tau_s))
 
     def _bind(self, until: float) -> None:
         """Each precursor belongs to the node in its slot when it begins."""
@@ -178,7 +196,7 @@ class _FleetRun(RunLevel):
                     data["node"], data["step"], data["ts"] = self.nodes[rank // rpn], self.step, ts
                     c = h.columns(t0)
                     data.update(c.static[rank])
-                    load = self._load_at(ts)
+                    load = self._slot_load(rank // rpn, ts) if self._warming else self._load_at(ts)
                     temp = data["temperature_c"] = c.idle_c[rank] + load * c.rise_c[rank]
                     data["power_w"] = c.idle_w[rank] + load * c.rise_w[rank]
                     slow = c.slowdown[rank]
@@ -290,6 +308,8 @@ class _FleetRun(RunLevel):
         t = first_ts - f.step_s
         yield from self._flush(t)
         self._set_load(t, 1.0)
+        self._warming.update(dict.fromkeys(self._joining, t))
+        self._joining.clear()
         self.ckpt_done_ts = t
         since = 0.0
         while True:

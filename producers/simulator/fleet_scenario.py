@@ -80,7 +80,10 @@ class Fleet(_Strict):
     )
     spares: int = Field(16, ge=0, description="Pre-tested spare nodes ready (RunStarted.spares).")
     health_interval_s: float = Field(
-        300.0, ge=10, le=3600, description="Every GPU reports its health this often (real ranks: 30 s)."
+        120.0,
+        ge=10,
+        le=3600,
+        description="Every GPU reports its health this often (real ranks: 30 s; the core's buckets: 120 s).",
     )
     seed: int = 0
     failures: Failures = Field(default_factory=Failures)

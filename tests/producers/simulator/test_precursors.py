@@ -326,6 +326,13 @@ def test_a_drain_checkpoints_at_the_boundary_swaps_the_node_and_its_failure_neve
         first = next(e for e in events if isinstance(e, StepTiming) and e.ts > drain.boundary_ts)
         assert first.ts == pytest.approx(drain.boundary_ts + 10.0)
         assert first.step == checkpoints[0].checkpoint_step + 1
+        # the spare was idle: it warms up from the next first step while the others stay hot
+        before = [e for e in events if isinstance(e, RunStarted) and e.ts < drain.boundary_ts][-1]
+        (spare,) = set(started.nodes) - set(before.nodes)
+        after = [e for e in events if isinstance(e, GpuHealth) and first.ts < e.ts < first.ts + 120]
+        cold = [e.temperature_c for e in after if e.node == spare]
+        hot = [e.temperature_c for e in after if e.node in before.nodes]
+        assert cold and hot and statistics.mean(cold) < statistics.mean(hot) - 10
     assert truth.drain_s == pytest.approx(10.0 * len([d for d in truth.drains if d.boundary_ts]))
     assert not any(isinstance(e, RankExit) and e.node in {d.node for d in truth.drains} for e in events)
 

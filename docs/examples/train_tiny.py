@@ -40,6 +40,12 @@ TRAIN_EVENTS_FILE=path: every rank appends one JSON line when it kills itself (a
 fault) and after the first step it completes in each call of main(), with its pid and the
 wall clock: R by the script's own clock, and which processes survived a restart
 (bench/bench_restart.py, tests/producers/test_inprocess_restart.py).
+
+TRAIN_HOLD_AT=step: under in-process restart, the first attempt's ranks wait before that
+step (at most 2 min) until the launcher asks them for a planned leave (a DrainNode: the
+resize key), so that a drain the processor decides from the ranks' health reports comes
+while the run is still going, however long its prediction takes
+(tests/producers/launcher/test_drain_e2e.py). The math is the same with or without it.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ STEPS = int(os.environ.get("TRAIN_STEPS", "60"))
 EVERY = os.environ.get("TRAIN_CHECKPOINT_EVERY")  # a fixed cadence instead of the interval
 BATCH = 16
 MODEL = os.environ.get("TRAIN_MODEL", "sgd")  # or "dropout-adamw"
+HOLD_AT = int(os.environ.get("TRAIN_HOLD_AT", "-1"))
 
 
 class Fault:
@@ -118,6 +125,14 @@ def note(event: str, rank: int, attempt: int, step: int) -> None:
             fh.write(json.dumps(line) + "\n")
 
 
+def await_leave() -> None:
+    """TRAIN_HOLD_AT: wait (at most 2 min) until the launcher asks for a planned leave."""
+    restartable = inprocess.current()
+    deadline = time.monotonic() + 120
+    while restartable is not None and not restartable.resizing.is_set() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def main() -> None:
     init_process_group("gloo")  # trainguard: torch's, timed for the restart phases
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -163,6 +178,8 @@ def main() -> None:
     order = (index for _ in iter(int, 1) for index in sampler)  # epoch after epoch, resumable
     for step in range(start, STEPS):
         fault.now = step
+        if step == HOLD_AT and attempt == 0:
+            await_leave()
         batch = torch.tensor([next(order) for _ in range(BATCH)])
         if fault.active("kill") and step == fault.step:
             note("kill", rank, attempt, step)

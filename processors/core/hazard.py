@@ -51,6 +51,9 @@ _ACTIVE_P = 1e-3
 _SMOOTHING = 0.2
 #: The share of nodes with the largest counts left out of the fleet's rate (the failing ones).
 _TRIM = 0.02
+#: A node is judged once it has this many buckets of its own history (or a whole window):
+#: enough to know a chronically noisier GPU's usual, soon enough for a new spare.
+_OWN_BUCKETS = 5
 #: Re-predict a node already predicted when its probability rose by this much.
 _RISE = 0.1
 
@@ -297,21 +300,25 @@ def _fleet_noise(
 def _own(
     state: HazardState, node: str, name: str, latest: float, fleet: float, policy: PredictionPolicy
 ) -> tuple[float, bool]:
-    """The node's own usual rate of the signal (per second) and whether it has a window of
-    history; the bucket that just closed joins it unless the signal stands out on the node
-    now (a failing part must not become its own usual). It starts at the fleet's rate."""
+    """The node's own usual rate of the signal (per second, from the buckets before this
+    one) and whether it has history enough to be judged (_OWN_BUCKETS buckets, or a
+    window). The bucket that just closed then joins the usual: whole while the node is
+    new, else capped at the count that would make it active (a burst or a climb must not
+    become its own usual: a steady chronic count does), and not at all while the signal
+    stands out on the node. It starts at the fleet's rate."""
     every = policy.check_every_s
     own = state.own.get((node, name))
     if own is None:
         own = state.own[(node, name)] = [0.0, 0.0]
+    usual = own[0] / own[1] if own[1] > 0 else fleet / every
+    known = own[1] >= min(policy.window_s, _OWN_BUCKETS * every)
     if (node, name) not in state.episodes:
         if own[1] + every > policy.own_history_s:
             keep = 1.0 - every / policy.own_history_s
             own[0], own[1] = own[0] * keep, own[1] * keep
-        own[0] += latest
+        own[0] += min(latest, _active_level(max(fleet, usual * every))) if known else latest
         own[1] += every
-    usual = own[0] / own[1] if own[1] > 0 else fleet / every
-    return usual, own[1] >= policy.window_s
+    return usual, known
 
 
 def binomial_surprise(active: int, buckets: int, share: float) -> float:

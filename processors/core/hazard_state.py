@@ -114,7 +114,7 @@ class PredictionPolicy(BaseModel):
         gt=0,
         description="How far back a node's own usual rate of each signal reaches: a node is judged "
         "against the fleet's noise and its own past (a GPU with a chronically higher but steady "
-        "count is not failing); it is judged once it has a window of its own history.",
+        "count is not failing); it is judged once it has five buckets of its own history.",
     )
     min_fleet_nodes: int = Field(
         8,

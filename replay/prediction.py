@@ -121,6 +121,7 @@ class PredictionScore:
     drains: int
     precise: int  # the node would have failed within the horizon
     early: int  # the node would have failed, beyond the horizon
+    late: int  # precise, but the node failed before the drain's boundary
     foretold: int  # precursor-preceded failures of the run
     foretold_drained: int
     failures: int  # every failure of the run (struck or drained)
@@ -206,6 +207,7 @@ def score_prediction(
         drains=len(truth.drains),
         precise=precise,
         early=early,
+        late=sum(d.late for d in truth.drains),
         foretold=len(foretold),
         foretold_drained=sum(f.outcome == "drained" for f in foretold),
         failures=len(counted),
@@ -250,6 +252,7 @@ def prediction_json(comparisons: list[PredictionComparison]) -> list[dict[str, o
                 "drains": s.drains,
                 "precise": s.precise,
                 "early": s.early,
+                "late": s.late,
                 "false_drains": s.false_drains,
                 "false_per_1000_node_days": s.false_per_1000_node_days,
                 "precision": s.precision,

@@ -132,6 +132,14 @@ class _FleetRun(RunLevel):
                             drain.failure, drain.failure_ts = failure.id, failure.ts
             if drain is not None:
                 drain.boundary_ts = boundary
+                if drain.failure is None:  # the node failed after the decision, before the boundary
+                    late = [
+                        f
+                        for f in self.truth.failures
+                        if f.node == node and (f.struck_ts or 0) >= drain.decided_ts
+                    ]
+                    if late:
+                        drain.failure, drain.failure_ts, drain.late = late[0].id, late[0].ts, True
                 drain.false_episode = any(
                     e.node == node and e.start_ts <= drain.decided_ts for e in self.truth.false_episodes
                 )

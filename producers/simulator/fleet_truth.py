@@ -64,8 +64,9 @@ class DrainTruth:
     node: str
     decided_ts: float  # DrainNode.issued_ts
     boundary_ts: float | None = None  # the checkpoint boundary it stopped at; None: the job was down
-    failure: int | None = None  # the failure bound to the node that the drain took away
+    failure: int | None = None  # the node's failure: the one the drain took away, or (late) met first
     failure_ts: float | None = None
+    late: bool = False  # the node failed after the decision, before its boundary: right, too late
     false_episode: bool = False  # the node showed a false precursor when it was drained
 
     def would_fail_within(self, horizon_s: float) -> bool:

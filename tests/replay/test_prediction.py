@@ -101,6 +101,9 @@ def test_the_scoring_arithmetic_on_a_hand_made_truth() -> None:
             "n00003", START + 32_000, START + 32_200, failure=3, failure_ts=START + 40_000
         ),  # early: 8,000 s
         DrainTruth("n00009", START + 60_000, START + 60_200),  # never failed
+        DrainTruth(
+            "n00001", START + 19_900, None, failure=1, failure_ts=START + 20_000, late=True
+        ),  # too late
     ]
     on = FleetTruth(START, 86_400.0, checkpoint_s=1000.0, restart_s=1200.0, lost_s=500.0, drain_s=20.0)
     on.failures, on.drains = plan, drains
@@ -109,8 +112,8 @@ def test_the_scoring_arithmetic_on_a_hand_made_truth() -> None:
         FailureTruth(f.id, f.ts, f.slot, f.gpu, f.kind, f.precursor, f.precursor_ts) for f in plan
     ]
     s = score_prediction(sc, 3600.0, run_of(on), run_of(off, "off", 0.8))
-    assert (s.drains, s.precise, s.early, s.false_drains) == (3, 1, 1, 2)
-    assert s.precision == pytest.approx(1 / 3)
+    assert (s.drains, s.precise, s.early, s.late, s.false_drains) == (4, 2, 1, 1, 2)
+    assert s.precision == pytest.approx(2 / 4)  # the late drain named the right node
     # foretold in the run: 0, 1 and 3 (4 left for another reason, 5 after the end)
     assert (s.foretold, s.foretold_drained) == (3, 2) and s.recall == pytest.approx(2 / 3)
     assert (s.failures, s.drained) == (4, 2) and s.recall_all == pytest.approx(0.5)

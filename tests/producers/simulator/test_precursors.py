@@ -341,6 +341,28 @@ def truth_nodes(events: list[Envelope]) -> list[str]:
     return [e for e in events if isinstance(e, RunStarted)][-1].nodes
 
 
+def test_a_drain_too_late_names_the_right_node_and_takes_nothing_away() -> None:
+    sc = fleet(**ECC_2H)
+    plan = draw_plan(sc.fleet, START, 0.0)[0]
+    drained: set[str] = set()
+
+    def react(event: Envelope) -> list[Command]:
+        if isinstance(event, GpuHealth) and event.node not in drained:
+            due = [f for f in plan if f.slot * 8 <= event.rank < f.slot * 8 + 8 and 0 < f.ts - event.ts < 60]
+            if due:  # a minute before the failure: the boundary within 300 s comes after it
+                drained.add(event.node)
+                return [command(DrainNode, event, node=event.node, within_s=300.0)]
+        return []
+
+    truth = simulate_fleet(sc, record([], react))
+    late = [d for d in truth.drains if d.late]
+    assert late, truth.drains
+    for drain in late:
+        failure = truth.failures[drain.failure]  # type: ignore[index]
+        assert failure.outcome == "struck" and failure.node == drain.node and drain.boundary_ts is None
+        assert 0 < drain.failure_ts - drain.decided_ts < 60  # type: ignore[operator]
+
+
 def test_a_drained_failure_is_the_same_failure_the_undrained_run_meets() -> None:
     off = simulate_fleet(fleet(**ECC_2H), record([]))
     on = simulate_fleet(fleet(**ECC_2H), record([], drain_at_onset()))

@@ -189,6 +189,24 @@ class GpuHealth(Envelope):
     )
 
 
+#: GpuHealth's failure precursors that are counts, each growing while the driver is loaded
+#: (issue 46): what the core's hazard model, the simulators and the injection hook share.
+PRECURSOR_COUNTERS: tuple[str, ...] = (
+    "ecc_corrected",
+    "ecc_uncorrected",
+    "retired_pages",
+    "remapped_rows_correctable",
+    "remapped_rows_uncorrectable",
+    "xid_errors",
+    "pcie_replays",
+    "nvlink_crc_errors",
+    "nvlink_retries",
+)
+#: GpuHealth's failure precursors that are flags (a remap or retirement awaiting a reset,
+#: a remap that failed).
+PRECURSOR_FLAGS: tuple[str, ...] = ("remap_pending", "remap_failed", "retired_pages_pending")
+
+
 class CheckpointWritten(Envelope):
     """A checkpoint is durable (its manifest is written); not yet resumable."""
 

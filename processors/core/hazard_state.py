@@ -10,26 +10,17 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ...schemas.events import PRECURSOR_COUNTERS, PRECURSOR_FLAGS
+
 #: The precursor counters a GpuHealth report carries, each a count that only grows while
 #: the driver is loaded (a reset, a smaller value, starts it again): failures foretold by
 #: memory (ECC, retired pages, remapped rows), the driver (XID) and the links (PCIe,
 #: NVLink). `hw_slowdown` counts the reports whose clock-event reasons include a hardware
 #: slowdown or power brake (a failing power supply or sensor).
-COUNTERS: tuple[str, ...] = (
-    "ecc_corrected",
-    "ecc_uncorrected",
-    "retired_pages",
-    "remapped_rows_correctable",
-    "remapped_rows_uncorrectable",
-    "xid_errors",
-    "pcie_replays",
-    "nvlink_crc_errors",
-    "nvlink_retries",
-    "hw_slowdown",
-)
+COUNTERS: tuple[str, ...] = (*PRECURSOR_COUNTERS, "hw_slowdown")
 #: Flags that count once when they turn true (a remap or retirement that awaits a reset,
 #: a remap that failed: the memory has no spare rows left).
-FLAGS: tuple[str, ...] = ("remap_pending", "remap_failed", "retired_pages_pending")
+FLAGS: tuple[str, ...] = PRECURSOR_FLAGS
 #: Levels whose rise over the window is compared with the fleet's rises (a failing fan,
 #: a degrading power stage).
 LEVELS: tuple[str, ...] = ("temperature_c", "power_w")

@@ -42,19 +42,11 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ...schemas.events import PRECURSOR_COUNTERS, PRECURSOR_FLAGS
+
 #: The counters of GpuHealth v3 that the model draws (each cumulative per GPU).
-COUNTERS: tuple[str, ...] = (
-    "ecc_corrected",
-    "ecc_uncorrected",
-    "retired_pages",
-    "remapped_rows_correctable",
-    "remapped_rows_uncorrectable",
-    "xid_errors",
-    "pcie_replays",
-    "nvlink_crc_errors",
-    "nvlink_retries",
-)
-FLAGS: tuple[str, ...] = ("remap_pending", "remap_failed", "retired_pages_pending")
+COUNTERS: tuple[str, ...] = PRECURSOR_COUNTERS
+FLAGS: tuple[str, ...] = PRECURSOR_FLAGS
 PrecursorKind = Literal["ecc", "remap", "xid", "nvlink", "pcie", "thermal"]
 KINDS: tuple[str, ...] = ("ecc", "remap", "xid", "nvlink", "pcie", "thermal")
 _DAY = 86_400.0

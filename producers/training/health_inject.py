@@ -45,24 +45,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...schemas.events import PRECURSOR_COUNTERS, PRECURSOR_FLAGS
 from .gpu_health import HealthReader, open_reader
 
 ENV_INJECT_HEALTH = "TRAINGUARD_INJECT_HEALTH"
 
 #: The counters a rate may be given for (GpuHealth's fields: the precursors the core's
 #: hazard model reads as counts).
-COUNTERS = (
-    "ecc_corrected",
-    "ecc_uncorrected",
-    "retired_pages",
-    "remapped_rows_correctable",
-    "remapped_rows_uncorrectable",
-    "xid_errors",
-    "pcie_replays",
-    "nvlink_crc_errors",
-    "nvlink_retries",
-)
-FLAGS = ("remap_pending", "remap_failed", "retired_pages_pending")
+COUNTERS: tuple[str, ...] = PRECURSOR_COUNTERS
+FLAGS: tuple[str, ...] = PRECURSOR_FLAGS
 #: An injected count never passes this (the schemas' row check takes ints below 2**63).
 MAX_COUNT = 2**62
 _KEYS = frozenset({"ranks", "after_s", "growth", "last_xid", *FLAGS, *(f"{c}_per_s" for c in COUNTERS)})

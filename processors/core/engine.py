@@ -473,58 +473,54 @@ def _begin_attempt(run: RunState, event: Envelope, resumed_from_step: int) -> li
 
 def _undeclared_restart(run: RunState, event: Envelope) -> Interruption:
     """A new attempt started although the core declared no interruption: the planned
-    restart of an eviction it issued (at a checkpoint boundary: a cost to account, not a
-    failure; it stopped when its ranks did), or something only the launcher saw. Either
-    way it is recorded, so the timeline stays complete. A smaller world growing back to
-    full size is planned too (capacity.py)."""
+    restart of an eviction or a drain it issued (at a checkpoint boundary: a cost to
+    account, not a failure; it stopped when its ranks did), or something only the launcher
+    saw. Either way it is recorded, so the timeline stays complete. A smaller world growing
+    back to full size is planned too (capacity.py)."""
+    stopped = min(max((r.last_seen_ts for r in run.ranks.values()), default=event.ts), event.ts)
+
+    def planned(
+        cause: InterruptionCause, by: str, cause_id: str, culprit: int, reason: Reason
+    ) -> Interruption:
+        return _interruption(
+            run, cause=cause, detected_by=by, cause_id=cause_id, at=stopped, culprit=culprit, reason=reason
+        )
+
     grown = capacity.take_grow(run.capacity)
     if grown:
-        stopped = max((r.last_seen_ts for r in run.ranks.values()), default=event.ts)
-        return _interruption(
-            run,
-            cause=InterruptionCause.ELASTIC,
-            detected_by="elastic",
-            cause_id=grown,
-            at=min(stopped, event.ts),
-            culprit=-1,
-            reason=capacity.grow_reason(run, grown, event.attempt),
+        return planned(
+            InterruptionCause.ELASTIC, "elastic", grown, -1, capacity.grow_reason(run, grown, event.attempt)
         )
     drained = drain.issued_in(run, run.attempt)
     if drained is not None:
         command_id, node = drained
-        stopped = max((r.last_seen_ts for r in run.ranks.values()), default=event.ts)
         culprit = next((r for r, state in sorted(run.ranks.items()) if state.node == node), -1)
-        made = _interruption(
-            run,
-            cause=InterruptionCause.DRAIN,
-            detected_by="prediction",
-            cause_id=command_id,
-            at=min(stopped, event.ts),
-            culprit=culprit,
-            reason=Reason(
-                code=ReasonCode.DRAIN,
-                text=f"attempt {run.attempt} stopped at a checkpoint boundary to drain {node}, "
-                f"predicted to fail; attempt {event.attempt} goes on without it",
-            ),
+        text = (
+            f"attempt {run.attempt} stopped at a checkpoint boundary to drain {node}, predicted to "
+            f"fail; attempt {event.attempt} goes on without it"
+        )
+        made = planned(
+            InterruptionCause.DRAIN,
+            "prediction",
+            command_id,
+            culprit,
+            Reason(code=ReasonCode.DRAIN, text=text),
         )
         run.drain.interruptions.add(made.interruption_id)
         return made
     evicted = eviction.issued_in(run.eviction, run.attempt)
     if evicted is not None:
         decision_id, rank = evicted
-        stopped = max((r.last_seen_ts for r in run.ranks.values()), default=event.ts)
-        return _interruption(
-            run,
-            cause=InterruptionCause.EVICTION,
-            detected_by="eviction",
-            cause_id=decision_id,
-            at=min(stopped, event.ts),
-            culprit=rank,
-            reason=Reason(
-                code=ReasonCode.EVICTION,
-                text=f"attempt {run.attempt} stopped at a checkpoint to evict rank {rank} "
-                f"({node_of(run, rank) or 'unknown node'}); attempt {event.attempt} replaces it",
-            ),
+        text = (
+            f"attempt {run.attempt} stopped at a checkpoint to evict rank {rank} "
+            f"({node_of(run, rank) or 'unknown node'}); attempt {event.attempt} replaces it"
+        )
+        return planned(
+            InterruptionCause.EVICTION,
+            "eviction",
+            decision_id,
+            rank,
+            Reason(code=ReasonCode.EVICTION, text=text),
         )
     return _interruption(
         run,

@@ -111,6 +111,9 @@ def observe(
             sums.append([bucket, float(level), 1.0])
         while sums and sums[0][0] <= bucket - policy.window_s:
             sums.popleft()
+        fleet = state.fleet_levels.setdefault(name, {}).setdefault(bucket, [0.0, 0.0])
+        fleet[0] += level
+        fleet[1] += 1.0
 
 
 def _counter(fields: Mapping[str, Any], name: str) -> float | None:
@@ -165,6 +168,9 @@ def on_time(
     if first:
         return []  # the window has just begun
     _expire(state, ts, policy)
+    for buckets in state.fleet_levels.values():
+        for bucket in [b for b in buckets if b <= state.checked_ts - policy.window_s - policy.check_every_s]:
+            del buckets[bucket]
     nodes = _nodes(state, ts, policy)
     standing = _standing_out(state, nodes, ts, policy)
     outputs: list[FailurePredicted] = []
@@ -188,7 +194,7 @@ class _NodeCounts:
         self.gpus: dict[str, int] = {}
         self.top: dict[str, dict[int, float]] = {}
         self.span: dict[str, float] = {}
-        self.rises: dict[str, list[tuple[float, int]]] = {}
+        self.rises: dict[str, list[tuple[float, float, int]]] = {}
 
     def count(self, name: str) -> float:
         return sum(self.buckets.get(name, {}).values())
@@ -226,22 +232,33 @@ def _nodes(state: HazardState, ts: float, policy: PredictionPolicy) -> dict[str,
                     top = counts.top.setdefault(name, {})
                     top[rank] = top.get(rank, 0.0) + value
         for name, sums in track.levels.items():
-            rise = _rise(sums, policy)
-            if rise is not None:
-                counts.rises.setdefault(name, []).append((rise, rank))
+            drift = _drift(sums, state.fleet_levels.get(name, {}), policy)
+            if drift is not None:
+                counts.rises.setdefault(name, []).append((*drift, rank))
     return out
 
 
-def _rise(sums: deque[list[float]], policy: PredictionPolicy) -> float | None:
-    """A level's rise over the window: its last quarter's mean less its first quarter's
-    (by buckets), once the buckets cover half the window."""
+def _drift(
+    sums: deque[list[float]], fleet: Mapping[float, list[float]], policy: PredictionPolicy
+) -> tuple[float, float] | None:
+    """A level against the fleet's at the same time (its residual, bucket by bucket): how
+    much the residual rose over the window (the last quarter's mean less the first's) and
+    where it is now (the last quarter's mean), once the buckets cover half the window. A
+    GPU that warms with the fleet's load, or from idle up to the fleet's level, has not
+    drifted; one that keeps warming past it has."""
     if len(sums) < 4 or sums[-1][0] - sums[0][0] < policy.window_s / 2:
         return None
-    quarter = max(1, len(sums) // 4)
-    head, tail = list(sums)[:quarter], list(sums)[-quarter:]
-    return sum(s for _, s, _ in tail) / sum(n for _, _, n in tail) - sum(s for _, s, _ in head) / sum(
-        n for _, _, n in head
-    )
+    residuals = []
+    for bucket, total, n in sums:
+        across = fleet.get(bucket)
+        if across is not None and across[1] > 0:
+            residuals.append(total / n - across[0] / across[1])
+    if len(residuals) < 4:
+        return None
+    quarter = max(1, len(residuals) // 4)
+    head, tail = residuals[:quarter], residuals[-quarter:]
+    now = sum(tail) / quarter
+    return now - sum(head) / quarter, now
 
 
 def _active_level(expected: float) -> float | int:
@@ -375,16 +392,18 @@ def _standing_out(
             )
             active.add((node, name))
             _episode(state, node, name, evidence, ts, text, out, policy)
-        for name, rises in counts.rises.items():
-            center, scale = spread.get(name, (0.0, policy.level_spread.get(name, 1.0)))
-            rise, rank = max(rises)
-            z = (rise - center) / scale
-            evidence = _normal_surprise(z) - math.log10(len(rises))  # the node's hottest of its GPUs
+        for name, drifts in counts.rises.items():
+            rise_at, rise_scale, now_at, now_scale = spread.get(name, (0.0, 1.0, 0.0, 1.0))
+            z, rise, now, rank = max(
+                (min((r - rise_at) / rise_scale, (n - now_at) / now_scale), r, n, k) for r, n, k in drifts
+            )
+            evidence = _normal_surprise(z) - math.log10(len(drifts))  # the node's hottest of its GPUs
             if evidence < bar:
                 continue
             text = (
-                f"{name}: up {rise:.3g} over the last {policy.window_s / 60:.0f} min on rank {rank} of "
-                f"{node}; the fleet's rises {center:+.2g} ± {scale:.2g}: z {z:.1f}"
+                f"{name}: rank {rank} of {node} {now:+.3g} against the fleet now, up {rise:.3g} over the "
+                f"last {policy.window_s / 60:.0f} min (the fleet's: now {now_at:+.2g} ± {now_scale:.2g}, "
+                f"rises {rise_at:+.2g} ± {rise_scale:.2g}): z {z:.1f} on both"
             )
             active.add((node, name))
             _episode(state, node, name, evidence, ts, text, out, policy)
@@ -415,19 +434,27 @@ def _episode(
         out.setdefault(node, []).append((episode, f"{text}; {episode.streak} evaluations in a row"))
 
 
-def _level_spread(nodes: dict[str, _NodeCounts], policy: PredictionPolicy) -> dict[str, tuple[float, float]]:
-    """Each level's fleet rises: median and robust spread (1.4826 MAD, floored)."""
-    out: dict[str, tuple[float, float]] = {}
+def _level_spread(
+    nodes: dict[str, _NodeCounts], policy: PredictionPolicy
+) -> dict[str, tuple[float, float, float, float]]:
+    """Each level's fleet drifts: the median and robust spread (1.4826 MAD, floored) of
+    the GPUs' rises against the fleet, then of where they are now against it."""
+    out: dict[str, tuple[float, float, float, float]] = {}
     for name in LEVELS:
-        rises = sorted(r for c in nodes.values() for r, _ in c.rises.get(name, []))
+        drifts = [(r, n) for c in nodes.values() for r, n, _ in c.rises.get(name, [])]
         floor = policy.level_spread.get(name, 1.0)
-        if len(rises) < policy.min_fleet_nodes:
-            out[name] = (0.0, floor)
+        if len(drifts) < policy.min_fleet_nodes:
+            out[name] = (0.0, floor, 0.0, floor)
             continue
-        median = rises[len(rises) // 2]
-        mad = sorted(abs(r - median) for r in rises)[len(rises) // 2]
-        out[name] = (median, max(1.4826 * mad, floor))
+        out[name] = (*_robust([r for r, _ in drifts], floor), *_robust([n for _, n in drifts], floor))
     return out
+
+
+def _robust(values: list[float], floor: float) -> tuple[float, float]:
+    values = sorted(values)
+    median = values[len(values) // 2]
+    mad = sorted(abs(v - median) for v in values)[len(values) // 2]
+    return median, max(1.4826 * mad, floor)
 
 
 def _normal_surprise(z: float) -> float:

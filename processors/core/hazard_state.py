@@ -190,6 +190,9 @@ class HazardState:
     #: (node, signal) -> [count, seconds]: the node's own usual rate, over its history
     #: (decaying past own_history_s), frozen while the signal stands out on it.
     own: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    #: Level -> bucket -> [sum, reports] over the fleet: what every GPU's level is measured
+    #: against (a node going from idle to load warms with the load, not with a fault).
+    fleet_levels: dict[str, dict[float, list[float]]] = field(default_factory=dict)
 
 
 @dataclass

@@ -35,6 +35,11 @@ class Fleet:
     #: node index -> its GPU 0's background multiplier, from the start (a chronically
     #: noisier GPU that never fails).
     chronic: dict[int, float] = field(default_factory=dict)
+    #: node index -> seconds after T0 it goes from idle (cool, low power) to the job's load
+    #: (a spare joining a restarted job).
+    joins: dict[int, float] = field(default_factory=dict)
+    #: node index -> seconds after T0 its GPU 0 starts warming, 0.3 °C a minute (a failing fan).
+    creeping: dict[int, float] = field(default_factory=dict)
 
     def node(self, index: int) -> str:
         return f"node-{index:04d}"
@@ -65,12 +70,14 @@ class Fleet:
                     and T0 + burst <= ts < T0 + burst + self.interval_s
                 ):
                     mine["ecc_corrected"] += 5000
-                fields = {
-                    "present": True,
-                    **mine,
-                    "temperature_c": temperature[rank] + rng.gauss(0, 1.5),
-                    "power_w": 500.0 + rng.gauss(0, 30),
-                }
+                warm, power = temperature[rank] + rng.gauss(0, 1.5), 500.0 + rng.gauss(0, 30)
+                joined = self.joins.get(index)
+                if joined is not None and ts < T0 + joined:
+                    warm, power = warm - 25.0, power - 380.0  # idle
+                creep = self.creeping.get(index)
+                if creep is not None and rank % self.gpus_per_node == 0 and ts > T0 + creep:
+                    warm += 0.3 * (ts - T0 - creep) / 60
+                fields = {"present": True, **mine, "temperature_c": warm, "power_w": power}
                 yield rank, self.node(index), ts + rng.random(), fields
 
 

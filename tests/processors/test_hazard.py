@@ -61,6 +61,21 @@ def test_a_chronically_noisier_gpu_is_judged_against_its_own_past() -> None:
     assert count / seconds > 10 * state.noise["ecc_corrected"][0] * 8  # its usual, far above the fleet's
 
 
+def test_a_node_warming_from_idle_to_the_fleets_load_has_not_drifted() -> None:
+    """A spare joining a running job warms by 25 °C and draws 380 W more within minutes: up
+    to the fleet's level, not past it."""
+    found, _ = predict(Fleet(nodes=16, seed=10, joins={4: 3 * 3600.0, 9: 3.5 * 3600.0}), hours=6)
+    assert found == []
+
+
+def test_a_gpu_warming_past_the_fleet_is_predicted() -> None:
+    onset = 3 * 3600.0
+    found, _ = predict(Fleet(nodes=16, seed=11, creeping={6: onset}), hours=5)
+    assert found and {f.node for f in found} == {"node-0006"}
+    assert found[0].signals[0].startswith("temperature_c: rank 48 of node-0006")
+    assert found[0].ts - T0 - onset < 3600  # within the hour (a window's drift)
+
+
 def test_a_noisier_fleet_raises_the_bar_it_measures() -> None:
     quiet = predict(Fleet(nodes=16, seed=6, burst_prob=0.0005), hours=6)[1].noise["ecc_corrected"][1]
     noisy = predict(Fleet(nodes=16, seed=6, burst_prob=0.01), hours=6)[1].noise["ecc_corrected"][1]

@@ -32,6 +32,7 @@ the events' ts.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from collections.abc import Mapping
@@ -142,7 +143,7 @@ def _add(track: GpuTrack, name: str, bucket: float, increment: float, policy: Pr
 def threshold(policy: PredictionPolicy) -> float:
     """-log10 of the p-value a signal's window must beat: the false alarms asked for per
     node-day, shared over the signals and the day's evaluations."""
-    tests = len(SIGNALS) * _DAY / policy.check_every_s
+    tests = 2 * len(SIGNALS) * _DAY / policy.check_every_s  # (a counter's two tests: activity, volume)
     return -math.log10(policy.false_alarms_per_node_day / tests)
 
 
@@ -262,7 +263,13 @@ def _drift(
 
 
 def _active_level(expected: float) -> float | int:
-    """The smallest count a bucket needs to be active: P(Poisson(expected) >= it) <= _ACTIVE_P."""
+    """The smallest count a bucket needs to be active: P(Poisson(expected) >= it) <= _ACTIVE_P
+    (the expectation rounded to 3 significant digits: the fleet's nodes share a few)."""
+    return _level_of(float(f"{expected:.3g}"))
+
+
+@functools.lru_cache(maxsize=4096)
+def _level_of(expected: float) -> float | int:
     if expected > 100.0:  # the normal approximation: z 3.1 for 1e-3
         return math.ceil(expected + 3.1 * math.sqrt(expected) + 0.5)
     below, count = 0.0, 0  # P(X < count)
@@ -306,12 +313,52 @@ def _fleet_noise(
                 rate = previous[0] + _SMOOTHING * (rate - previous[0])
                 share = previous[1] + _SMOOTHING * (share - previous[1])
             state.noise[name] = (rate, share)
+            _fleet_volume(state, name, reporting, rate, policy)
         elif previous is None:
             noise[name] = (floor, _ACTIVE_P)
             continue
         rate, share = state.noise[name]
         noise[name] = (max(rate, floor), max(share, _ACTIVE_P))
     return noise
+
+
+def _capped(c: _NodeCounts, name: str, cap: float) -> float:
+    """A node's window count of the signal with each bucket capped at `cap` (the count that
+    makes a bucket active): a burst adds at most one bucket's worth, a climb every bucket's."""
+    return sum(min(v, cap) for v in c.buckets.get(name, {}).values())
+
+
+def _fleet_volume(
+    state: HazardState, name: str, reporting: list[_NodeCounts], rate: float, policy: PredictionPolicy
+) -> None:
+    """The fleet's per-GPU rate and dispersion of the nodes' capped window counts (the
+    nodes with the most, _TRIM of them, left out), smoothed."""
+    every = policy.check_every_s
+    samples = sorted(
+        (_capped(c, name, _active_level(rate * c.gpus[name] * every)), c.gpus[name] * c.span[name])
+        for c in reporting
+    )
+    calm = samples[: max(1, len(samples) - math.ceil(len(samples) * _TRIM))]
+    exposure = sum(e for _, e in calm)
+    if exposure <= 0:
+        return
+    mean = sum(c for c, _ in calm) / exposure
+    pearson = [(c - mean * e) ** 2 / (mean * e) for c, e in calm if mean * e > 0]
+    dispersion = max(1.0, sum(pearson) / len(pearson)) if pearson else 1.0
+    previous = state.volume.get(name)
+    if previous is not None:
+        mean = previous[0] + _SMOOTHING * (mean - previous[0])
+        dispersion = previous[1] + _SMOOTHING * (dispersion - previous[1])
+    state.volume[name] = (mean, dispersion)
+
+
+def chernoff_surprise(count: float, expected: float, dispersion: float = 1.0) -> float:
+    """-log10 of the Chernoff bound on P(X >= count), X quasi-Poisson with mean `expected`
+    and variance dispersion x expected (a bound: it never overstates the surprise)."""
+    k, mu = count / dispersion, max(expected, 1e-12) / dispersion
+    if k <= mu:
+        return 0.0
+    return (k * math.log(k / mu) - k + mu) / _LN10
 
 
 def _own(
@@ -373,22 +420,30 @@ def _standing_out(
             rate, share = noise[name]
             gpus = counts.gpus[name]
             fleet = rate * gpus * every
-            usual, known = _own(state, node, name, per.get(latest_bucket, 0.0), fleet, policy)
-            level = _active_level(max(fleet, usual * every))
-            if per.get(latest_bucket, 0.0) < level or not known:
+            latest = per.get(latest_bucket, 0.0)
+            usual, known = _own(state, node, name, latest, fleet, policy)
+            if latest <= 0 or not known:
                 continue  # not going on now, or the node has no past of its own yet
             closed = max(1, round(counts.span.get(name, every) / every))
+            level = _active_level(max(fleet, usual * every))
             hot = sum(1 for v in per.values() if v >= level)
-            evidence = binomial_surprise(hot, max(closed, hot), share)
+            activity = binomial_surprise(hot, max(closed, hot), share) if latest >= level else 0.0
+            volume, why = _volume(state, counts, name, per, usual, level, latest_bucket, policy)
+            evidence = max(activity, volume)
             if evidence < bar:
                 continue
             rank, top = counts.top_gpu(name)
             text = (
                 f"{name}: {counts.count(name):g} in the last {closed * every / 60:.0f} min on {node}'s "
-                f"{gpus} GPUs (rank {rank}: {top:g}), {per[latest_bucket]:g} in the last {every / 60:.0f} "
-                f"min; {hot} of its {closed} {every / 60:.0f}-min buckets over {level:g} (the fleet's "
-                f"noise, {fleet:.2g} a bucket, or its own usual {usual * every:.2g}) where the fleet's "
-                f"are {share:.2%}: p <= 1e-{evidence:.0f}"
+                f"{gpus} GPUs (rank {rank}: {top:g}), {latest:g} in the last {every / 60:.0f} min; "
+                + (
+                    f"{hot} of its {closed} {every / 60:.0f}-min buckets over {level:g} (the fleet's "
+                    f"noise, {fleet:.2g} a bucket, or its own usual {usual * every:.2g}) where the "
+                    f"fleet's are {share:.2%}"
+                    if activity >= volume
+                    else why
+                )
+                + f": p <= 1e-{evidence:.0f}"
             )
             active.add((node, name))
             _episode(state, node, name, evidence, ts, text, out, policy)
@@ -412,6 +467,39 @@ def _standing_out(
         if ended.predicted and not ended.drained:
             state.closed.append(ended)  # its outcome is known when the horizon has passed
     return out
+
+
+def _volume(
+    state: HazardState,
+    counts: _NodeCounts,
+    name: str,
+    per: Mapping[float, float],
+    usual: float,
+    level: float,
+    latest_bucket: float,
+    policy: PredictionPolicy,
+) -> tuple[float, str]:
+    """The volume test: the node's window count, each bucket capped at its active level
+    (a burst's excess left out), against the fleet's likewise capped noise and its own
+    usual, if the count is not falling (its recent half holds at least its older half);
+    its surprise and sentence."""
+    noise = state.volume.get(name)
+    if noise is None:
+        rate, dispersion = policy.background_per_gpu_day.get(name, 0.0) / _DAY, 1.0
+    else:
+        rate, dispersion = noise
+    middle = latest_bucket - policy.window_s / 2
+    recent = sum(min(v, level) for b, v in per.items() if b > middle)
+    count = _capped(counts, name, level)
+    if recent < count - recent:
+        return 0.0, ""  # falling: its recent half holds less than its older half
+    exposure = counts.gpus[name] * counts.span[name]
+    expected = max(rate * exposure, usual * counts.span[name])
+    why = (
+        f"{count:g} with each bucket capped at {level:g}, where the fleet's noise and its own usual "
+        f"expect {expected:.2g} (dispersion {dispersion:.2g})"
+    )
+    return chernoff_surprise(count, expected, dispersion), why
 
 
 def _episode(

@@ -187,6 +187,9 @@ class HazardState:
     #: The fleet's measured noise: signal -> (per-GPU rate per second, share of a node's
     #: buckets active), smoothed over evaluations.
     noise: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: The fleet's volume noise: signal -> (per-GPU rate per second and dispersion of the
+    #: nodes' window counts, each node's two largest buckets left out: bursts removed).
+    volume: dict[str, tuple[float, float]] = field(default_factory=dict)
     #: (node, signal) -> [count, seconds]: the node's own usual rate, over its history
     #: (decaying past own_history_s), frozen while the signal stands out on it.
     own: dict[tuple[str, str], list[float]] = field(default_factory=dict)

@@ -121,7 +121,8 @@ class _FleetRun(RunLevel):
         for node, spare in self.relaunch_nodes():
             slot = self.nodes.index(spare)
             self.health.replace_node(slot)
-            self._joining.add(slot)  # idle until now: it warms up from its first step
+            if self.fleet.spare_idle:
+                self._joining.add(slot)  # idle until now: it warms up from its first step
             drain = self._drains.get(node)
             for failure in self.truth.failures[self._fi :]:
                 if failure.node == node and failure.outcome == "pending":

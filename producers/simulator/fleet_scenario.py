@@ -79,6 +79,11 @@ class Fleet(_Strict):
         10.0, ge=0, description="A drain's stop: the checkpoint's end to the next first step (spare in)."
     )
     spares: int = Field(16, ge=0, description="Pre-tested spare nodes ready (RunStarted.spares).")
+    spare_idle: bool = Field(
+        True,
+        description="A spare joins idle and warms up from its first step (it waited in the pool); "
+        "False: it joins at the others' load (straight from a burn-in at full load).",
+    )
     health_interval_s: float = Field(
         120.0,
         ge=10,

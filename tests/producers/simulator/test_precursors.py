@@ -337,6 +337,19 @@ def test_a_drain_checkpoints_at_the_boundary_swaps_the_node_and_its_failure_neve
     assert not any(isinstance(e, RankExit) and e.node in {d.node for d in truth.drains} for e in events)
 
 
+def test_a_spare_straight_from_a_burn_in_joins_as_warm_as_the_others() -> None:
+    events: list[Envelope] = []
+    truth = simulate_fleet(fleet(**ECC_2H, spare_idle=False), record(events, drain_at_onset()))
+    drain = next(d for d in truth.drains if d.boundary_ts is not None)
+    started = next(e for e in events if isinstance(e, RunStarted) and e.ts > drain.boundary_ts)  # type: ignore[operator]
+    before = [e for e in events if isinstance(e, RunStarted) and e.ts < drain.boundary_ts][-1]  # type: ignore[operator]
+    (spare,) = set(started.nodes) - set(before.nodes)
+    after = [e for e in events if isinstance(e, GpuHealth) and started.ts < e.ts < started.ts + 120]
+    spare_c = statistics.mean(e.temperature_c for e in after if e.node == spare)
+    others_c = statistics.mean(e.temperature_c for e in after if e.node in before.nodes)
+    assert abs(spare_c - others_c) < 3
+
+
 def truth_nodes(events: list[Envelope]) -> list[str]:
     return [e for e in events if isinstance(e, RunStarted)][-1].nodes
 

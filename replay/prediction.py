@@ -109,8 +109,31 @@ def run_fleet(scenario: FleetScenario, policy: CorePolicy, name: str) -> FleetRu
     return out
 
 
+class DrainRates:
+    """The lead and false-drain numbers a scenario's score and a backtest's share."""
+
+    leads_s: tuple[float, ...]
+    node_days: float
+
+    @property
+    def false_drains(self) -> int:
+        raise NotImplementedError  # each score counts its own
+
+    @property
+    def lead_median_s(self) -> float | None:
+        return statistics.median(self.leads_s) if self.leads_s else None
+
+    @property
+    def lead_p10_s(self) -> float | None:
+        return percentile(self.leads_s, 0.10)
+
+    @property
+    def false_per_1000_node_days(self) -> float:
+        return 1000.0 * self.false_drains / self.node_days if self.node_days > 0 else 0.0
+
+
 @dataclass(frozen=True)
-class PredictionScore:
+class PredictionScore(DrainRates):
     """A fleet scenario's prediction numbers (module docstring), on against off."""
 
     scenario: str
@@ -150,18 +173,6 @@ class PredictionScore:
     @property
     def recall_all(self) -> float | None:
         return self.drained / self.failures if self.failures else None
-
-    @property
-    def lead_median_s(self) -> float | None:
-        return statistics.median(self.leads_s) if self.leads_s else None
-
-    @property
-    def lead_p10_s(self) -> float | None:
-        return percentile(self.leads_s, 0.10)
-
-    @property
-    def false_per_1000_node_days(self) -> float:
-        return 1000.0 * self.false_drains / self.node_days if self.node_days else 0.0
 
     @property
     def gained_points(self) -> float:

@@ -26,13 +26,12 @@ crash, a hang, SDC; not a planned stop) is that node's failure. For each policy:
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 
 from ..processors.core import CorePolicy
 from ..schemas import DrainNode, FailurePredicted, Interruption, InterruptionRecovered
 from .cost_model import RunFacts
-from .prediction import percentile
+from .prediction import DrainRates
 from .replay import Replayed
 
 #: Interruption causes that are a node's failure (not a planned stop, not an operator's).
@@ -57,7 +56,7 @@ class DrainValue:
 
 
 @dataclass(frozen=True)
-class PredictionBacktest:
+class PredictionBacktest(DrainRates):
     """One policy's prediction numbers on the recording (module docstring)."""
 
     predictions: int
@@ -79,18 +78,6 @@ class PredictionBacktest:
     @property
     def recall(self) -> float | None:
         return self.drained / self.failures if self.failures else None
-
-    @property
-    def lead_median_s(self) -> float | None:
-        return statistics.median(self.leads_s) if self.leads_s else None
-
-    @property
-    def lead_p10_s(self) -> float | None:
-        return percentile(self.leads_s, 0.10)
-
-    @property
-    def false_per_1000_node_days(self) -> float:
-        return 1000.0 * self.false_drains / self.node_days if self.node_days > 0 else 0.0
 
     @property
     def value_s(self) -> float:

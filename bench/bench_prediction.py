@@ -124,6 +124,12 @@ def main() -> None:
             f"on {cost['on_s']:,.0f} s, off {cost['off_s']:,.0f} s; {cost['predictions']} predictions, "
             f"{cost['declined']} declined"
         )
+    for score, cost in results:
+        by = cost["json"]["recall_by"]
+        if by["kind"]:
+            kinds = ", ".join(f"{k} {d}/{n}" for k, (d, n) in sorted(by["kind"].items()))
+            leads = ", ".join(f"{k} min {d}/{n}" for k, (d, n) in by["lead_min"].items())
+            print(f"{score.scenario}: drained/foretold by precursor: {kinds}; by lead: {leads}")
     print(f"total {time.perf_counter() - started:,.0f} s")
     if args.json is not None:
         document = [

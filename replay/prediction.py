@@ -281,9 +281,69 @@ def prediction_json(comparisons: list[PredictionComparison]) -> list[dict[str, o
                 "core_goodput_off": s.core_off_goodput,
                 "predictions": c.on.predictions,
                 "declined": sum(d.decision == "decline" for d in c.on.decisions),
+                "recall_by": recall_breakdown(c.on.truth),
+                "truth": truth_json(c.on.truth),
             }
         )
     return out
+
+
+#: Lead buckets (minutes) of the recall breakdown.
+LEAD_BUCKETS_MIN = (20, 40, 80)
+
+
+def recall_breakdown(truth: FleetTruth) -> dict[str, dict[str, list[int]]]:
+    """Precursor-preceded failures of the run, [drained, all], by precursor kind and by
+    lead (minutes: "<20", "20-40", "40-80", ">=80")."""
+    edges = LEAD_BUCKETS_MIN
+    names = [
+        f"<{edges[0]}",
+        *(f"{lo}-{hi}" for lo, hi in zip(edges, edges[1:], strict=False)),
+        f">={edges[-1]}",
+    ]
+    by_kind: dict[str, list[int]] = {}
+    by_lead: dict[str, list[int]] = {name: [0, 0] for name in names}
+    for f in truth.failures:
+        if f.precursor is None or not truth.in_run(f) or f.outcome not in ("struck", "drained"):
+            continue
+        lead = names[sum(f.lead_s / 60 >= e for e in edges)]
+        for table, key in ((by_kind, f.precursor), (by_lead, lead)):
+            row = table.setdefault(key, [0, 0])
+            row[0] += f.outcome == "drained"
+            row[1] += 1
+    return {"kind": by_kind, "lead_min": by_lead}
+
+
+def truth_json(truth: FleetTruth) -> dict[str, object]:
+    """The run's failures (in the run) and drains, one record each (the bench's JSON)."""
+    start = truth.start_ts
+    return {
+        "failures": [
+            {
+                "id": f.id,
+                "at_s": f.ts - start,
+                "kind": f.kind,
+                "precursor": f.precursor,
+                "lead_s": f.lead_s,
+                "outcome": f.outcome,
+                "node": f.node,
+                "gained_s": f.gained_s,
+            }
+            for f in truth.failures
+            if truth.in_run(f)
+        ],
+        "drains": [
+            {
+                "node": d.node,
+                "at_s": d.decided_ts - start,
+                "failure": d.failure,
+                "failure_in_s": None if d.failure_ts is None else d.failure_ts - d.decided_ts,
+                "late": d.late,
+                "false_episode": d.false_episode,
+            }
+            for d in truth.drains
+        ],
+    }
 
 
 #: The issue's acceptance (issue 46): precursor-preceded failures drained before they

@@ -30,6 +30,7 @@ from trainguard.replay.prediction import (
     acceptance_lines,
     compare_prediction,
     prediction_off,
+    recall_breakdown,
     run_fleet,
     score_prediction,
 )
@@ -124,6 +125,10 @@ def test_the_scoring_arithmetic_on_a_hand_made_truth() -> None:
     assert s.gained_s == pytest.approx(2180.0)
     assert s.gained_points == pytest.approx(100 * 2180 / 86_400)
     assert (s.core_on_goodput, s.core_off_goodput) == (pytest.approx(0.9), pytest.approx(0.8))
+    assert recall_breakdown(on) == {
+        "kind": {"ecc": [1, 1], "xid": [0, 1], "pcie": [1, 1]},
+        "lead_min": {"<20": [0, 0], "20-40": [0, 1], "40-80": [0, 0], ">=80": [2, 2]},
+    }
     assert s.same_failures and not s.failed  # not a noise-only scenario: false drains are scored, not failed
     lines = acceptance_lines([s])
     assert lines[0].startswith("FAIL precursor-preceded failures drained before they struck: 2 of 3 (67%")

@@ -2,37 +2,30 @@
 against the fleet's own noise, turned into P(the node fails within the horizon).
 
 Every GPU's health report folds into per-signal increments, bucketed by evaluation
-(:func:`observe`: counters that only grow, flags that turn true, levels that drift). Every
-``check_every_s`` of event time (:func:`on_time`) each node's count of each signal over the
-window is compared with what the fleet's noise makes of that many GPUs over that long:
+(:func:`observe`: counters that only grow, flags that turn true, levels). Every
+``check_every_s`` of event time (:func:`on_time`) each node is judged per signal:
 
-- **the noise is measured, not assumed**: the fleet's per-GPU rate of each counter (the
-  nodes standing out left aside) and its dispersion (variance over mean of the nodes'
-  counts: bursts make it large), smoothed over evaluations; the policy's background is
-  the prior before ``min_fleet_nodes`` nodes report, and the floor after;
-- **activity, not volume**: a node's bucket of a counter is active when its count is one
-  the fleet's rate makes rare (p <= 1e-3 under Poisson); the node stands out when more of
-  its window's buckets are active than the fleet's share of active buckets allows (a
-  binomial tail), so a burst, however large, is one bucket, and a part that keeps failing
-  is many; a level's rise is a robust z against the fleet's rises;
-- **the threshold derives from the false alarms asked for** per node-day, shared over
-  the signals and the day's evaluations (Bonferroni); a signal stands out when its window
-  is that surprising AND its latest bucket is still active (a part that is failing keeps
-  going; a burst stops), and a prediction needs ``persist_checks`` evaluations in a row;
-- **calibration**: P = 1 - (1 - p0) x prod(1 - q_s) over the signals standing out, where p0
-  is the node's share of the run's failure rate over the horizon and q_s the share of the
-  signal's episodes that a failure of the node followed within the horizon: a Beta prior
-  (policy) updated with the run's own outcomes (a failure on the node: hit; the horizon
-  passed without one: miss; a drained node's outcome is never known and is not counted).
+- **against measured noise and its own past**: the fleet's per-GPU rate, share of active
+  buckets and dispersion, smoothed (the policy's background the prior and the floor), and
+  the node's own usual rate (a chronic steady count is not failing);
+- **two tests per counter**: active buckets (a count the noise makes rare, p <= 1e-3) more
+  often than the fleet's share allows (a binomial tail: a burst is one bucket, a failing
+  part many), or the window's volume with each bucket capped at its active level; a level
+  by its residual against the fleet at the same time, risen and now above;
+- **a derived threshold**: the false alarms asked for per node-day shared over the
+  signals, tests and evaluations (Bonferroni), the latest bucket still going, and
+  ``persist_checks`` evaluations in a row;
+- **calibration**: P = 1 - (1 - p0) x prod(1 - q_s), p0 the node's share of the run's
+  failure rate over the horizon, q_s a Beta prior per signal updated with the run's
+  outcomes (a failure of the node within the horizon: hit; none: miss; drained: not counted).
 
-The output, FailurePredicted, says each signal's numbers. It is made where the GPUs'
-reports are seen (any shard); the drain is shard 0's decision (drain.py). Pure: time is
-the events' ts.
+The statistics are hazard_stats.py's. The output, FailurePredicted, says each signal's
+numbers. It is made where the GPUs' reports are seen (any shard); the drain is shard 0's
+decision (drain.py). Pure: time is the events' ts.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections import deque
 from collections.abc import Mapping
@@ -40,14 +33,19 @@ from typing import Any
 
 from ...schemas import RUN_LEVEL_RANK, FailurePredicted, Reason, ReasonCode
 from .hazard_state import COUNTERS, FLAGS, LEVELS, SIGNALS, Episode, GpuTrack, HazardState, PredictionPolicy
+from .hazard_stats import (
+    ACTIVE_P,
+    active_level,
+    binomial_surprise,
+    chernoff_surprise,
+    normal_surprise,
+    robust,
+)
 from .ids import derived_id
 
 _DAY = 86_400.0
-_LN10 = math.log(10.0)
 #: Throttle reasons that count as a hardware slowdown report.
 _HW_SLOWDOWN = frozenset({"hw_slowdown", "hw_power_brake_slowdown"})
-#: A bucket is active when its count is this unlikely under Poisson noise at the fleet's rate.
-_ACTIVE_P = 1e-3
 #: The fleet's noise estimates move this far toward each evaluation's measurement.
 _SMOOTHING = 0.2
 #: The share of nodes with the largest counts left out of the fleet's rate (the failing ones).
@@ -262,33 +260,13 @@ def _drift(
     return now - sum(head) / quarter, now
 
 
-def _active_level(expected: float) -> float | int:
-    """The smallest count a bucket needs to be active: P(Poisson(expected) >= it) <= _ACTIVE_P
-    (the expectation rounded to 3 significant digits: the fleet's nodes share a few)."""
-    return _level_of(float(f"{expected:.3g}"))
-
-
-@functools.lru_cache(maxsize=4096)
-def _level_of(expected: float) -> float | int:
-    if expected > 100.0:  # the normal approximation: z 3.1 for 1e-3
-        return math.ceil(expected + 3.1 * math.sqrt(expected) + 0.5)
-    below, count = 0.0, 0  # P(X < count)
-    limit = expected + 40.0 * math.sqrt(expected) + 40.0
-    while 1.0 - below > _ACTIVE_P and count < limit:
-        below += (
-            math.exp(count * math.log(expected) - expected - math.lgamma(count + 1)) if expected > 0 else 1.0
-        )
-        count += 1
-    return float(max(count, 1))
-
-
 def _fleet_noise(
     state: HazardState, nodes: dict[str, _NodeCounts], policy: PredictionPolicy
 ) -> dict[str, tuple[float, float]]:
     """Each counter's and flag's per-GPU rate (per second) and the share of a node's
     buckets its noise makes active, measured over the fleet (the nodes with the most
     activity, _TRIM of them, left out) and smoothed; before min_fleet_nodes report it, the
-    policy's background and the active level's own share (_ACTIVE_P), which are also
+    policy's background and the active level's own share (ACTIVE_P), which are also
     the floors."""
     every = policy.check_every_s
     noise: dict[str, tuple[float, float]] = {}
@@ -303,7 +281,7 @@ def _fleet_noise(
             rate = max(floor, sum(c.count(name) for c in calm) / exposure)
             shares = []
             for c in reporting:
-                level = _active_level(rate * c.gpus[name] * every)
+                level = active_level(rate * c.gpus[name] * every)
                 closed = c.span[name] / every
                 shares.append(sum(1 for v in c.buckets.get(name, {}).values() if v >= level) / closed)
             shares.sort()
@@ -315,10 +293,10 @@ def _fleet_noise(
             state.noise[name] = (rate, share)
             _fleet_volume(state, name, reporting, rate, policy)
         elif previous is None:
-            noise[name] = (floor, _ACTIVE_P)
+            noise[name] = (floor, ACTIVE_P)
             continue
         rate, share = state.noise[name]
-        noise[name] = (max(rate, floor), max(share, _ACTIVE_P))
+        noise[name] = (max(rate, floor), max(share, ACTIVE_P))
     return noise
 
 
@@ -335,7 +313,7 @@ def _fleet_volume(
     nodes with the most, _TRIM of them, left out), smoothed."""
     every = policy.check_every_s
     samples = sorted(
-        (_capped(c, name, _active_level(rate * c.gpus[name] * every)), c.gpus[name] * c.span[name])
+        (_capped(c, name, active_level(rate * c.gpus[name] * every)), c.gpus[name] * c.span[name])
         for c in reporting
     )
     calm = samples[: max(1, len(samples) - math.ceil(len(samples) * _TRIM))]
@@ -350,15 +328,6 @@ def _fleet_volume(
         mean = previous[0] + _SMOOTHING * (mean - previous[0])
         dispersion = previous[1] + _SMOOTHING * (dispersion - previous[1])
     state.volume[name] = (mean, dispersion)
-
-
-def chernoff_surprise(count: float, expected: float, dispersion: float = 1.0) -> float:
-    """-log10 of the Chernoff bound on P(X >= count), X quasi-Poisson with mean `expected`
-    and variance dispersion x expected (a bound: it never overstates the surprise)."""
-    k, mu = count / dispersion, max(expected, 1e-12) / dispersion
-    if k <= mu:
-        return 0.0
-    return (k * math.log(k / mu) - k + mu) / _LN10
 
 
 def _own(
@@ -380,19 +349,9 @@ def _own(
         if own[1] + every > policy.own_history_s:
             keep = 1.0 - every / policy.own_history_s
             own[0], own[1] = own[0] * keep, own[1] * keep
-        own[0] += min(latest, _active_level(max(fleet, usual * every))) if known else latest
+        own[0] += min(latest, active_level(max(fleet, usual * every))) if known else latest
         own[1] += every
     return usual, known
-
-
-def binomial_surprise(active: int, buckets: int, share: float) -> float:
-    """-log10 P(at least `active` of `buckets` buckets active), each with chance `share`."""
-    if active <= 0:
-        return 0.0
-    tail = sum(
-        math.comb(buckets, j) * share**j * (1 - share) ** (buckets - j) for j in range(active, buckets + 1)
-    )
-    return -math.log10(max(tail, 1e-300))
 
 
 def _standing_out(
@@ -402,7 +361,7 @@ def _standing_out(
     episode persistent enough to predict, each with its episodes and their sentences.
 
     A counter or flag stands out on a node when its buckets are active (a count its noise
-    makes rare, p <= _ACTIVE_P) more often over the window than the fleet's buckets are
+    makes rare, p <= ACTIVE_P) more often over the window than the fleet's buckets are
     (a binomial tail past the threshold), and the bucket that just closed is active: so a
     burst, however large, is one active bucket, and a failing part is many in a row."""
     every = policy.check_every_s
@@ -425,7 +384,7 @@ def _standing_out(
             if latest <= 0 or not known:
                 continue  # not going on now, or the node has no past of its own yet
             closed = max(1, round(counts.span.get(name, every) / every))
-            level = _active_level(max(fleet, usual * every))
+            level = active_level(max(fleet, usual * every))
             hot = sum(1 for v in per.values() if v >= level)
             activity = binomial_surprise(hot, max(closed, hot), share) if latest >= level else 0.0
             volume, why = _volume(state, counts, name, per, usual, level, latest_bucket, policy)
@@ -452,7 +411,7 @@ def _standing_out(
             z, rise, now, rank = max(
                 (min((r - rise_at) / rise_scale, (n - now_at) / now_scale), r, n, k) for r, n, k in drifts
             )
-            evidence = _normal_surprise(z) - math.log10(len(drifts))  # the node's hottest of its GPUs
+            evidence = normal_surprise(z) - math.log10(len(drifts))  # the node's hottest of its GPUs
             if evidence < bar:
                 continue
             text = (
@@ -534,22 +493,8 @@ def _level_spread(
         if len(drifts) < policy.min_fleet_nodes:
             out[name] = (0.0, floor, 0.0, floor)
             continue
-        out[name] = (*_robust([r for r, _ in drifts], floor), *_robust([n for _, n in drifts], floor))
+        out[name] = (*robust([r for r, _ in drifts], floor), *robust([n for _, n in drifts], floor))
     return out
-
-
-def _robust(values: list[float], floor: float) -> tuple[float, float]:
-    values = sorted(values)
-    median = values[len(values) // 2]
-    mad = sorted(abs(v - median) for v in values)[len(values) // 2]
-    return median, max(1.4826 * mad, floor)
-
-
-def _normal_surprise(z: float) -> float:
-    """-log10 of an upper bound on the normal tail P(Z >= z) (Mills: phi(z)/z)."""
-    if z <= 1.0:
-        return 0.0
-    return (z * z / 2 + math.log(z * math.sqrt(2 * math.pi))) / _LN10
 
 
 def precision(state: HazardState, signal: str, policy: PredictionPolicy) -> tuple[float, int, int]:

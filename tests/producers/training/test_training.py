@@ -351,7 +351,9 @@ def test_ddp_compute_time_is_measured_before_the_all_reduce(monkeypatch: pytest.
     fast, slow = results[0][0][2:], results[1][0][2:]
     for (c0, t0), (c1, t1) in zip(fast, slow, strict=True):
         assert c1 - c0 > 0.8 * SLOW_S  # the straggler's compute stands out...
-        assert abs(t1 - t0) < 0.1 * SLOW_S + 0.02  # ...while its step takes as long as everyone's
+        # ...while its step takes as long as everyone's (a loaded 2-core box delays one
+        # rank's wake-up from the all-reduce by tens of ms: far under the compute gap).
+        assert abs(t1 - t0) < 0.3 * SLOW_S
         assert c0 < 0.5 * t0  # the fast rank spent most of its step waiting in the all-reduce
     # Step 3: non-finite on both (NaN grads after the all-reduce). Step 4: the skip only rank 1
     # was told of is agreed by both, so the replicas stay bitwise equal.

@@ -1,0 +1,64 @@
+"""Failure prediction's statistics (hazard.py): the tails its tests bound, pure functions
+of numbers. Apart so that hazard.py stays a module of its rules."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+LN10 = math.log(10.0)
+#: A bucket is active when its count is this unlikely under Poisson noise at the fleet's rate.
+ACTIVE_P = 1e-3
+
+
+def active_level(expected: float) -> float | int:
+    """The smallest count a bucket needs to be active: P(Poisson(expected) >= it) <= ACTIVE_P
+    (the expectation rounded to 3 significant digits: the fleet's nodes share a few)."""
+    return _level_of(float(f"{expected:.3g}"))
+
+
+@functools.lru_cache(maxsize=4096)
+def _level_of(expected: float) -> float | int:
+    if expected > 100.0:  # the normal approximation: z 3.1 for 1e-3
+        return math.ceil(expected + 3.1 * math.sqrt(expected) + 0.5)
+    below, count = 0.0, 0  # P(X < count)
+    limit = expected + 40.0 * math.sqrt(expected) + 40.0
+    while 1.0 - below > ACTIVE_P and count < limit:
+        below += (
+            math.exp(count * math.log(expected) - expected - math.lgamma(count + 1)) if expected > 0 else 1.0
+        )
+        count += 1
+    return float(max(count, 1))
+
+
+def chernoff_surprise(count: float, expected: float, dispersion: float = 1.0) -> float:
+    """-log10 of the Chernoff bound on P(X >= count), X quasi-Poisson with mean `expected`
+    and variance dispersion x expected (a bound: it never overstates the surprise)."""
+    k, mu = count / dispersion, max(expected, 1e-12) / dispersion
+    if k <= mu:
+        return 0.0
+    return (k * math.log(k / mu) - k + mu) / LN10
+
+
+def binomial_surprise(active: int, buckets: int, share: float) -> float:
+    """-log10 P(at least `active` of `buckets` buckets active), each with chance `share`."""
+    if active <= 0:
+        return 0.0
+    tail = sum(
+        math.comb(buckets, j) * share**j * (1 - share) ** (buckets - j) for j in range(active, buckets + 1)
+    )
+    return -math.log10(max(tail, 1e-300))
+
+
+def robust(values: list[float], floor: float) -> tuple[float, float]:
+    values = sorted(values)
+    median = values[len(values) // 2]
+    mad = sorted(abs(v - median) for v in values)[len(values) // 2]
+    return median, max(1.4826 * mad, floor)
+
+
+def normal_surprise(z: float) -> float:
+    """-log10 of an upper bound on the normal tail P(Z >= z) (Mills: phi(z)/z)."""
+    if z <= 1.0:
+        return 0.0
+    return (z * z / 2 + math.log(z * math.sqrt(2 * math.pi))) / LN10

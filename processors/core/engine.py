@@ -77,6 +77,7 @@ from . import (
     resume,
     rollback,
     sdc,
+    slowdown,
     straggler,
 )
 from . import goodput as accounting
@@ -279,12 +280,14 @@ def run_all(
 
 
 def _stragglers(run: RunState, event: StepTiming, policy: CorePolicy) -> list[Output]:
-    """The straggler detector on one step timing; a flag is diagnosed before any action
+    """The straggler detectors on one step timing (the per-step rule, and the windowed one
+    over the steps it completes: slowdown.py); a flag is diagnosed before any action
     (R2), and the flagged slowdowns are what goodput accounting charges the run for. On
     the coordinator, a diagnosis recommending eviction goes to the payback decision (a
     sharded run's other shards flag and diagnose; their evictions are not decided yet)."""
     outputs: list[Output] = []
     judged: list[Derived | GroupComputeTimes] = []
+    windowed: list[Derived] = []
 
     def groups(step: int, values: np.ndarray, reported: int, trigger: StepTiming) -> None:
         judged.extend(
@@ -292,8 +295,15 @@ def _stragglers(run: RunState, event: StepTiming, policy: CorePolicy) -> list[Ou
                 run.groups, run, step, values, trigger, policy.group_slowdown, policy.diagnosis, reported
             )
         )
+        windowed.extend(
+            slowdown.on_step(
+                run.slowdown, run, step, values, reported, trigger, policy.slowdown, policy.eviction
+            )
+        )
 
-    for found in straggler.observe_step(run.straggler, run, event, policy.straggler, groups):
+    per_step = straggler.observe_step(run.straggler, run, event, policy.straggler, groups)
+    # the windowed detector's flags (issue 47) are diagnosed and decided as the per-step rule's
+    for found in slowdown.absorb(run.slowdown, run, per_step) + windowed:
         outputs.append(found)
         if isinstance(found, StragglerFlagged):
             diagnosed = _in_flagged_group(run, diagnosis.diagnosed(run.health, run, found, policy.diagnosis))

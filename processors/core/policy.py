@@ -20,6 +20,7 @@ from .interval import IntervalPolicy
 from .paging_state import PagingPolicy
 from .retention import RetentionPolicy
 from .sdc_state import SdcPolicy
+from .slowdown_state import SlowdownPolicy
 from .straggler_state import StragglerPolicy
 
 
@@ -82,6 +83,8 @@ class CorePolicy(BaseModel):
     straggler: StragglerPolicy = StragglerPolicy()
     diagnosis: DiagnosisPolicy = DiagnosisPolicy()
     group_slowdown: GroupSlowdownPolicy = GroupSlowdownPolicy()
+    #: A node or a rank persistently a few percent slow, over windows (issue 47, slowdown.py).
+    slowdown: SlowdownPolicy = SlowdownPolicy()
     interval: IntervalPolicy = IntervalPolicy()
     paging: PagingPolicy = PagingPolicy()
     goodput: GoodputPolicy = GoodputPolicy()

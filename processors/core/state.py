@@ -23,6 +23,7 @@ from .interval import IntervalState
 from .paging_state import PagingState
 from .rollback_state import RollbackState
 from .sdc_state import SdcState
+from .slowdown_state import SlowdownState
 from .straggler_state import StragglerState
 
 
@@ -178,6 +179,8 @@ class RunState:
     #: Rack and placement-group slowdown (issue 14): per shard its groups' step medians,
     #: on shard 0 the run-wide reference, streaks and flags.
     groups: GroupState = field(default_factory=GroupState)
+    #: Nodes and ranks persistently a few percent slow, judged over windows (issue 47).
+    slowdown: SlowdownState = field(default_factory=SlowdownState)
     #: Checkpoint cost samples and the interval in force (seed §6).
     interval: IntervalState = field(default_factory=IntervalState)
     #: Interruptions by node and step, and the pages already sent (seed R5).

@@ -338,8 +338,7 @@ def _windows(
                 excess = x - base
             # the spread of the statistic itself, around the run's reference (the rack context
             # only ever lowers an excess: measured after it, a rack's own member would shrink it)
-            raw = x[ok] - ref
-            spread = MAD_TO_SIGMA * _median(np.abs(raw - _median(raw.copy())))
+            spread = MAD_TO_SIGMA * _median(np.abs(x[ok] - ref))
             noise = state.noise.get((level, h))
             if noise is None or noise.maxlen != policy.noise_blocks:
                 noise = state.noise[(level, h)] = deque(noise or (), maxlen=policy.noise_blocks)

@@ -48,6 +48,8 @@ THERMAL_LIMIT_C = 85.0
 MIXED = ["mixed-256", "mixed-2048", "mixed-2048-b"]
 #: A node lost with its replacement 30 minutes away (issue 45), scored in tests/replay/test_capacity.py.
 ELASTIC = ["elastic-1k", "elastic-16k"]
+#: A node 5% and a rank 8% slow (issue 47), scored by bench/bench_slowdown.py and `trainguard evaluate`.
+SLOW_SMALL = ["slow-small-1k", "slow-small-16k"]
 
 
 _RUNS: dict[str, tuple[SimulatedCluster, list[Envelope]]] = {}
@@ -124,6 +126,7 @@ def test_the_library_has_one_scenario_per_fault_and_two_controls() -> None:
             "control-16k",
             *MIXED,
             *ELASTIC,
+            *SLOW_SMALL,
         ]
     )
     # the fleet scenarios (run level, issue 46) are fleet_scenario.py's: the others are these
@@ -136,7 +139,14 @@ def test_the_library_has_one_scenario_per_fault_and_two_controls() -> None:
         # (the 16,384-rank control runs in real time, live only when named).
         healthy_s = sc.steps * sc.step_time_s
         assert healthy_s / sc.live_speed < 75 or sc.world_size > 1024, name
-        if name not in ("control-16k", "hang-2048", "mixed-2048", "mixed-2048-b", *ELASTIC):  # at scale
+        if name not in (
+            "control-16k",
+            "hang-2048",
+            "mixed-2048",
+            "mixed-2048-b",
+            *ELASTIC,
+            *SLOW_SMALL,
+        ):  # at scale
             # 512 for the racks 5% slow: a rack must be a minority of 8, of 64 ranks each
             assert sc.world_size <= (512 if name == "rack-slow-5pct" else 256) and sc.step_time_s == 0.2
             assert sc.gpu_health_interval_s > 0

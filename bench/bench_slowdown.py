@@ -17,7 +17,8 @@ Four measurements, each printed as a markdown table:
   budget's expectation (an upper bound).
 - cost: the detector's time per step at 16,384 ranks (the per-step copy, the per-block
   judgement amortised, its worst block) beside the per-step rule's evaluation of a step.
-- rows for docs/benchmarks.md; the commit and the command are printed with them.
+- scenarios: the library's slow-small-* runs through the pure core in a closed loop (the
+  simulator obeys the commands): each slow unit's flag, diagnosis and eviction decision.
 
 The streams are tests/processors/slowdown_streams.py's; the per-step rule is driven through
 its own evaluation (straggler._evaluate) with each step's reports in place, as observe_step
@@ -208,10 +209,60 @@ def cost_table(world: int = 16_384, blocks: int = 40) -> None:
     )
 
 
+def scenarios_table(names: list[str]) -> None:
+    """The library's acceptance scenarios through the pure core in a closed loop (the
+    simulator obeys the core's commands): each slow unit's flag, diagnosis and eviction."""
+    from trainguard.devtools.stack import builtin_policy
+    from trainguard.processors.core.policy import load_policy
+    from trainguard.producers.simulator import Scenario
+    from trainguard.replay.evaluate import closed_loop, score_loop
+    from trainguard.schemas import EvictionDecision, StragglerDiagnosed, StragglerFlagged
+
+    policy = load_policy(str(builtin_policy("evaluate")))
+    print("\n### Library scenarios, pure core, closed loop\n")
+    print(
+        "| scenario | slow unit | flagged after (steps) | slowdown measured | diagnosis | eviction "
+        "| false alarms |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name in names:
+        scenario = Scenario.builtin(name)
+        t0 = time.perf_counter()
+        loop = closed_loop(scenario, policy)
+        scored = score_loop(scenario, loop)
+        flags = [o for o in loop.outputs if isinstance(o, StragglerFlagged)]
+        verdicts = {o.caused_by[0]: o for o in loop.outputs if isinstance(o, StragglerDiagnosed)}
+        decisions = {o.caused_by[0]: o for o in loop.outputs if isinstance(o, EvictionDecision)}
+        for truth in scored.truths:
+            mine = [
+                f for f in flags if (f.rank == truth.rank if truth.node is None else f.node == truth.node)
+            ]
+            unit = f"node {truth.node}" if truth.rank is None else f"rank {truth.rank}"
+            if truth.kind != "slow" or not mine:
+                print(f"| {name} | {unit} | not flagged | | | | |")
+                continue
+            first = mine[0]
+            diagnosed = verdicts.get(first.event_id)
+            decided = decisions.get(diagnosed.event_id) if diagnosed is not None else None
+            print(
+                f"| {name} | {unit} x{truth.factor:g} | "
+                f"{first.step - truth.step} | {first.slowdown:.3f} | "
+                f"{diagnosed.diagnosis if diagnosed else '-'} | {decided.decision if decided else '-'} | "
+                f"{len(scored.false_alarms)} ({time.perf_counter() - t0:.0f} s) |"
+            )
+        sys.stdout.flush()
+
+
 def main() -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
-    parser.add_argument("--only", choices=["latency", "noise", "cost"], default=None)
+    parser.add_argument("--only", choices=["latency", "noise", "cost", "scenarios"], default=None)
+    parser.add_argument(
+        "--scenarios",
+        nargs="*",
+        default=["slow-small-1k"],
+        help="Library scenarios to run through the pure core (slow-small-16k: ~7 minutes).",
+    )
     parser.add_argument(
         "--sizes", type=float, nargs="+", default=[0.03, 0.04, 0.05, 0.06, 0.08, 0.10, 0.15, 0.20]
     )
@@ -233,6 +284,8 @@ def main() -> None:
         noise_table()
     if args.only in (None, "cost"):
         cost_table()
+    if args.only in (None, "scenarios") and args.scenarios:
+        scenarios_table(args.scenarios)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from dataclasses import dataclass
 from statistics import NormalDist
 from typing import TYPE_CHECKING
 
@@ -59,7 +60,7 @@ import numpy as np
 from ...schemas import Derived, Envelope, Reason, ReasonCode, StragglerCleared, StragglerFlagged
 from .eviction_state import EvictionPolicy
 from .ids import derived_id
-from .slowdown_state import LEVELS, NODE, RANK, SlowdownPolicy, SlowdownState, _Flag, _Layout
+from .slowdown_state import CHANGE, LEVEL, LEVELS, NODE, RANK, SlowdownPolicy, SlowdownState, _Flag, _Layout
 
 if TYPE_CHECKING:  # state.py embeds this module's state: no import cycle at run time
     from .state import RunState
@@ -88,7 +89,8 @@ def z_threshold(policy: SlowdownPolicy, level: str, ranks_per_node: int) -> floa
     units = (
         policy.reference_ranks if level == RANK else max(1, policy.reference_ranks // max(1, ranks_per_node))
     )
-    windows = units * (BUDGET_STEPS / policy.block_steps) * len(policy.horizons) * len(LEVELS)
+    tests = 2 if policy.baseline_blocks else 1  # LEVEL, and CHANGE where the unit's past is kept
+    windows = units * (BUDGET_STEPS / policy.block_steps) * len(policy.horizons) * len(LEVELS) * tests
     return -NormalDist().inv_cdf(policy.false_flags_per_10k_steps / windows)
 
 
@@ -142,8 +144,8 @@ def on_step(
 
 
 def absorb(state: SlowdownState, run: RunState, found: list[Derived]) -> list[Derived]:
-    """The per-step detector's outputs, less its flags on a rank this detector has flagged
-    (or a rank of a node it has flagged), and their clears: one flag per rank and node."""
+    """The per-step detector's outputs, less its flags on a rank of a node this detector has
+    flagged (the node, or a rank of it), and their clears: one flag per node."""
     if not state.flagged and not state.absorbed:
         return found
     kept: list[Derived] = []
@@ -165,7 +167,10 @@ def _covered(state: SlowdownState, rank: int) -> bool:
     r = rank - layout.first
     if not 0 <= r < layout.n:
         return False
-    return (RANK, r) in state.flagged or (layout.rpn > 0 and (NODE, r // layout.rpn) in state.flagged)
+    if (RANK, r) in state.flagged:
+        return True
+    rpn = layout.rpn  # one flag per node: any flag of this detector on the rank's node
+    return rpn > 0 and any((u if lv == NODE else u // rpn) == r // rpn for lv, u in state.flagged)
 
 
 # --------------------------------------------------------------------------- layout
@@ -188,12 +193,12 @@ def _layout(state: SlowdownState, run: RunState, policy: SlowdownPolicy) -> _Lay
     names = [_node_name(run, first + j * rpn, rpn) for j in range(n // rpn)] if rpn else []
     members, pairs = _groups(run, names, policy)
     state.layout = _Layout(key, first, n, rpn, names, members, pairs)
-    longest = max(policy.horizons)
+    size = max(policy.horizons) + policy.baseline_blocks
     state.buf = np.full((n, policy.block_steps), np.nan, np.float32)
-    state.ring = {RANK: np.full((n, longest), np.nan)}
+    state.ring = {RANK: np.full((n, size), np.nan)}
     if rpn:
-        state.ring[NODE] = np.full((n // rpn, longest), np.nan)
-    state.ring_steps = deque(maxlen=longest)
+        state.ring[NODE] = np.full((n // rpn, size), np.nan)
+    state.ring_steps = deque(maxlen=size)
     return state.layout
 
 
@@ -292,18 +297,31 @@ def _judge(
         return []
     logs[~valid] = np.nan
     logs -= _median(logs[valid])
-    longest = max(policy.horizons)
+    size = max(policy.horizons) + policy.baseline_blocks
     state.ring[RANK][:, state.pos] = logs
     if layout.rpn:
         nodes = logs[: layout.rpn * len(layout.node_names)].reshape(-1, layout.rpn)
         state.ring[NODE][:, state.pos] = _row_medians(nodes.copy(), True, layout.rpn / 2)
     state.ring_steps.append(state.first_step)
-    state.pos = (state.pos + 1) % longest
+    state.pos = (state.pos + 1) % size
     state.judged += 1
     return _windows(state, run, layout, step, trigger, policy, eviction)
 
 
-_Judged = tuple[np.ndarray, np.ndarray, float, float]  # excess, judged mask, threshold, sigma
+@dataclass
+class _Window:
+    """One test of one level over one horizon, judged this block."""
+
+    excess: np.ndarray  # over the reference (LEVEL) or over the unit's own past (CHANGE)
+    ok: np.ndarray  # units with a statistic
+    threshold: float
+    sigma: float
+    x: np.ndarray  # the window's mean block excess (the LEVEL statistic)
+    ref: float  # its median over the units
+    past: np.ndarray | None  # CHANGE: each unit's mean block excess before the windows
+
+
+_Key = tuple[str, str, int]  # (test, level, horizon index)
 
 
 def _windows(
@@ -316,36 +334,46 @@ def _windows(
     eviction: EvictionPolicy,
 ) -> list[Derived]:
     floor = math.log1p(payback_floor(policy, eviction))
-    longest = max(policy.horizons)
-    judged: dict[tuple[str, int], _Judged] = {}
+    longest, back = max(policy.horizons), policy.baseline_blocks
+    size, have = longest + back, len(state.ring_steps)
+    past: dict[str, np.ndarray] | None = None
+    if back and have >= size:  # each unit's own past: the blocks before the longest window
+        cols = [(state.pos - 1 - longest - j) % size for j in range(back)]
+        past = {level: ring[:, cols].mean(axis=1) for level, ring in state.ring.items()}
+    judged: dict[_Key, _Window] = {}
     for h, k in enumerate(policy.horizons):
-        if len(state.ring_steps) < k:
+        if have < k:
             break
-        cols = [(state.pos - 1 - j) % longest for j in range(k)]
+        cols = [(state.pos - 1 - j) % size for j in range(k)]
         stats = {level: ring[:, cols].mean(axis=1) for level, ring in state.ring.items()}
-        context = _context(stats[NODE], layout, policy) if NODE in stats else None
-        for level, x in stats.items():
-            ok = np.isfinite(x)
-            if np.count_nonzero(ok) < policy.min_units:
-                continue
-            ref = _median(x[ok])
-            if context is None:
-                excess = x - ref
-            else:
-                around = context if level == NODE else np.repeat(context, layout.rpn)
-                base = np.full(x.size, ref)
-                base[: around.size] = np.maximum(ref, around)
-                excess = x - base
-            # the spread of the statistic itself, around the run's reference (the rack context
-            # only ever lowers an excess: measured after it, a rack's own member would shrink it)
-            spread = MAD_TO_SIGMA * _median(np.abs(x[ok] - ref))
-            noise = state.noise.get((level, h))
-            if noise is None or noise.maxlen != policy.noise_blocks:
-                noise = state.noise[(level, h)] = deque(noise or (), maxlen=policy.noise_blocks)
-            noise.append(spread)
-            sigma = statistics.median(noise)
-            threshold = max(floor, z_threshold(policy, level, layout.rpn) * sigma)
-            judged[(level, h)] = (excess, ok, threshold, sigma)
+        tests: list[tuple[str, dict[str, np.ndarray]]] = [(LEVEL, stats)]
+        if past is not None:
+            tests.append((CHANGE, {level: x - past[level] for level, x in stats.items()}))
+        for test, values in tests:
+            context = _context(values[NODE], layout, policy) if NODE in values else None
+            for level, x in values.items():
+                ok = np.isfinite(x)
+                if np.count_nonzero(ok) < policy.min_units:
+                    continue
+                ref = _median(x[ok])
+                if context is None:
+                    excess = x - ref
+                else:
+                    around = context if level == NODE else np.repeat(context, layout.rpn)
+                    base = np.full(x.size, ref)
+                    base[: around.size] = np.maximum(ref, around)
+                    excess = x - base
+                # the spread of the statistic itself, around the run's reference (the rack
+                # context only lowers an excess: measured after it, a rack's member shrinks it)
+                spread = MAD_TO_SIGMA * _median(np.abs(x[ok] - ref))
+                noise = state.noise.get((test, level, h))
+                if noise is None or noise.maxlen != policy.noise_blocks:
+                    noise = state.noise[(test, level, h)] = deque(noise or (), maxlen=policy.noise_blocks)
+                noise.append(spread)
+                sigma = statistics.median(noise)
+                threshold = max(floor, z_threshold(policy, level, layout.rpn) * sigma)
+                own = None if past is None or test == LEVEL else past[level]
+                judged[(test, level, h)] = _Window(excess, ok, threshold, sigma, stats[level], ref, own)
     outputs = _clears(state, run, layout, step, trigger, policy, judged)
     return outputs + _flags(state, run, layout, step, trigger, policy, judged, floor)
 
@@ -373,31 +401,49 @@ def _flags(
     step: int,
     trigger: Envelope,
     policy: SlowdownPolicy,
-    judged: dict[tuple[str, int], _Judged],
+    judged: dict[_Key, _Window],
     floor: float,
 ) -> list[Derived]:
     """Units over a threshold, each at its shortest horizon; nodes first (a node slow as a
-    whole is one flag, not one per rank), then ranks on nodes not flagged."""
+    whole is one flag, not one per rank), then ranks on nodes not flagged. A unit slower than
+    its own past is flagged only if it also costs the job the payback floor."""
     per_step = {r - layout.first for r in run.straggler.flagged if 0 <= r - layout.first < layout.n}
+    rpn = layout.rpn
+    # nodes with a flag on them already (here or the per-step rule's): one flag per node, whose
+    # eviction replaces every GPU of it
+    taken = (
+        {u if lv == NODE else u // rpn for lv, u in state.flagged} | {r // rpn for r in per_step}
+        if rpn
+        else set()
+    )
     outputs: list[Derived] = []
     for level in (NODE, RANK):
-        found: dict[int, int] = {}
+        found: dict[int, tuple[str, int]] = {}
         for h in range(len(policy.horizons)):
-            if (level, h) not in judged:
+            levels = judged.get((LEVEL, level, h))
+            if levels is None:
                 continue
-            excess, ok, threshold, _ = judged[(level, h)]
-            for unit in np.flatnonzero(ok & (excess > threshold)).tolist():
-                found.setdefault(unit, h)
-        for unit, h in sorted(found.items()):
+            for test in (LEVEL, CHANGE):
+                w = judged.get((test, level, h))
+                if w is None:
+                    continue
+                hit = w.ok & (w.excess > w.threshold)
+                if test == CHANGE:
+                    hit &= levels.excess > floor
+                for unit in np.flatnonzero(hit).tolist():
+                    found.setdefault(unit, (test, h))
+        for unit, (test, h) in sorted(found.items()):
             if (level, unit) in state.flagged:
                 continue
-            if level == NODE:
-                ranks = range(unit * layout.rpn, (unit + 1) * layout.rpn)
-                if any(r in per_step or (RANK, r) in state.flagged for r in ranks):
-                    continue
-            elif unit in per_step or (layout.rpn and (NODE, unit // layout.rpn) in state.flagged):
+            if unit in (taken if level == NODE else per_step) or (
+                level == RANK and rpn and unit // rpn in taken
+            ):
                 continue
-            outputs.append(_flag(state, run, layout, level, unit, h, step, trigger, policy, judged, floor))
+            if rpn:
+                taken.add(unit if level == NODE else unit // rpn)
+            outputs.append(
+                _flag(state, run, layout, (test, level, h), unit, step, trigger, policy, judged, floor)
+            )
     return outputs
 
 
@@ -405,42 +451,50 @@ def _flag(
     state: SlowdownState,
     run: RunState,
     layout: _Layout,
-    level: str,
+    key: _Key,
     unit: int,
-    h: int,
     step: int,
     trigger: Envelope,
     policy: SlowdownPolicy,
-    judged: dict[tuple[str, int], _Judged],
+    judged: dict[_Key, _Window],
     floor: float,
 ) -> StragglerFlagged:
-    excess, _, threshold, sigma = judged[(level, h)]
+    test, level, h = key
+    w, levels = judged[key], judged[(LEVEL, level, h)]
     k, size = policy.horizons[h], policy.block_steps
     onset = state.ring_steps[-k]
     if level == NODE:
         slowest = 0
-        if (RANK, h) in judged:  # the node's slowest rank is named
-            mine = judged[(RANK, h)][0][unit * layout.rpn : (unit + 1) * layout.rpn]
+        if (LEVEL, RANK, h) in judged:  # the node's slowest rank is named
+            mine = judged[(LEVEL, RANK, h)].excess[unit * layout.rpn : (unit + 1) * layout.rpn]
             slowest = int(np.nanargmax(mine)) if np.isfinite(mine).any() else 0
         rank = layout.first + unit * layout.rpn + slowest
         global_unit = (layout.first // layout.rpn) + unit
     else:
         rank = global_unit = layout.first + unit
     node = _rank_node(run, layout, rank)
-    e, z = float(excess[unit]), float(excess[unit]) / sigma if sigma > 0 else math.inf
-    slowdown = math.exp(e)
+    e = float(w.excess[unit])
+    z = e / w.sigma if w.sigma > 0 else math.inf
+    slowdown = math.exp(float(levels.excess[unit]))  # what the job pays: against the reference
     event_id = derived_id("slowdown_flagged", run.run_id, state.attempt, level, global_unit, onset)
-    state.flagged[(level, unit)] = _Flag(level, unit, rank, event_id, step, h)
+    base = float(w.past[unit]) if w.past is not None else 0.0
+    state.flagged[(level, unit)] = _Flag(level, unit, rank, event_id, step, h, test, base, w.threshold)
     what = f"node {node} (its {layout.rpn} ranks' median)" if level == NODE else f"rank {rank} on {node}"
     z_level = z_threshold(policy, level, layout.rpn)
-    bound = "the payback floor" if threshold <= floor else f"{z_level:.1f} x the {sigma:.2%} spread"
+    bound = "the payback floor" if w.threshold <= floor else f"{z_level:.1f} x the {w.sigma:.2%} spread"
+    if test == LEVEL:
+        against = "the run's reference (its rack's where that is slower)"
+    else:
+        against = (
+            f"its own {policy.baseline_blocks * size} steps before, {math.expm1(e):+.1%} (now "
+            f"{slowdown:.3f}x the run's reference, over the payback floor); it is"
+        )
     text = (
-        f"{what} computes {slowdown:.3f}x the run's reference (its rack's where that is slower) over "
-        f"the {k * size} steps since step {onset}: its median per {size}-step block, averaged over "
-        f"{k}; robust z {z:.1f}, threshold +{math.expm1(threshold):.1%} ({bound} of this window "
-        f"across the run's {level}s, for {policy.false_flags_per_10k_steps:g} false flags per "
-        f"{BUDGET_STEPS:,} steps at {policy.reference_ranks:,} ranks; payback floor "
-        f"+{math.expm1(floor):.1%})"
+        f"{what} computes {math.exp(e):.3f}x {against} over the {k * size} steps since step {onset}: "
+        f"its median per {size}-step block, averaged over {k}; robust z {z:.1f}, threshold "
+        f"+{math.expm1(w.threshold):.1%} ({bound} of this window across the run's {level}s, for "
+        f"{policy.false_flags_per_10k_steps:g} false flags per {BUDGET_STEPS:,} steps at "
+        f"{policy.reference_ranks:,} ranks; payback floor +{math.expm1(floor):.1%})"
     )
     return StragglerFlagged(
         event_id=event_id,
@@ -476,22 +530,28 @@ def _clears(
     step: int,
     trigger: Envelope,
     policy: SlowdownPolicy,
-    judged: dict[tuple[str, int], _Judged],
+    judged: dict[_Key, _Window],
 ) -> list[Derived]:
+    """A flag clears after `clear_blocks` blocks under `clear_fraction` x its threshold at its
+    horizon: over the reference (LEVEL), or over its own past as it was when flagged (CHANGE:
+    the moving past would take the slowdown in and clear it while still slow)."""
     outputs: list[Derived] = []
     for key, flag in list(state.flagged.items()):
-        seen = judged.get((flag.level, flag.horizon))
-        if seen is None or not seen[1][flag.unit]:
+        levels = judged.get((LEVEL, flag.level, flag.horizon))
+        if levels is None or not levels.ok[flag.unit]:
             continue
-        excess, _, threshold, _ = seen
         flag.blocks += 1
-        e = float(excess[flag.unit])
+        if flag.test == LEVEL:
+            e, threshold = float(levels.excess[flag.unit]), levels.threshold
+        else:
+            e, threshold = float(levels.x[flag.unit]) - levels.ref - flag.base, flag.threshold
         flag.in_band = flag.in_band + 1 if e < policy.clear_fraction * threshold else 0
         if flag.in_band < policy.clear_blocks:
             continue
         del state.flagged[key]
         node = _rank_node(run, layout, flag.rank)
         what = f"node {node}" if flag.level == NODE else f"rank {flag.rank} on {node}"
+        since = "the reference" if flag.test == LEVEL else "its own past"
         outputs.append(
             StragglerCleared(
                 event_id=derived_id("slowdown_cleared", flag.event_id, step),
@@ -504,7 +564,7 @@ def _clears(
                 reason=Reason(
                     code=ReasonCode.STRAGGLER_RECOVERED,
                     text=f"{what} back under {policy.clear_fraction:g} x its threshold for {flag.in_band} "
-                    f"blocks of {policy.block_steps} steps (now {math.exp(e):.3f}x the reference) after "
+                    f"blocks of {policy.block_steps} steps (now {math.exp(e):.3f}x {since}) after "
                     f"{flag.blocks} blocks flagged since step {flag.flagged_step}",
                 ),
                 caused_by=[flag.event_id, trigger.event_id],

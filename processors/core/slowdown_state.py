@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 RANK = "rank"
 NODE = "node"
 LEVELS = (RANK, NODE)
+#: The two tests: a unit against the run's reference, and against its own past.
+LEVEL = "level"
+CHANGE = "change"
 
 
 class SlowdownPolicy(BaseModel):
@@ -55,6 +58,16 @@ class SlowdownPolicy(BaseModel):
         "slowdown whose eviction pays back exactly within the horizon (R / (P(healthy) x (1 - 1/s)) "
         "= horizon: 3.6% at R = 600 s, P = 0.8, 6 h). Below it nothing could be done about it.",
     )
+    baseline_blocks: int = Field(
+        16,
+        ge=0,
+        description="Blocks of each unit's own past (before its longest window) a second test "
+        "compares its windows with: a GPU persistently a little slower (the silicon lottery) "
+        "widens the spread across ranks, which the first test's thresholds must take in; "
+        "against its own past it cancels, so a slowdown that starts after this many blocks is "
+        "seen at the windows' noise alone. Flagged only if it also costs the job the payback "
+        "floor. 0: the reference test only.",
+    )
     noise_blocks: int = Field(
         16, ge=1, description="Blocks of measured spread each threshold's noise is the median of."
     )
@@ -92,6 +105,9 @@ class _Flag:
     event_id: str
     flagged_step: int
     horizon: int  # index into the policy's horizons
+    test: str = LEVEL  # LEVEL or CHANGE
+    base: float = 0.0  # CHANGE: the unit's own past when flagged
+    threshold: float = 0.0  # the threshold it crossed
     blocks: int = 0  # judged blocks since flagged
     in_band: int = 0
 
@@ -125,12 +141,12 @@ class SlowdownState:
     #: (local ranks, block_steps) compute seconds of the block being filled (NaN: no report).
     buf: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
     #: Rings of the last blocks' log excess (rank's block median over the block's median rank),
-    #: per level: (units, longest horizon); the step each ring column started at.
+    #: per level: (units, longest horizon + baseline blocks); the step each column started at.
     ring: dict[str, np.ndarray] = field(default_factory=dict)
     ring_steps: deque[int] = field(default_factory=deque)
     pos: int = 0  # next ring column
-    #: Per (level, horizon index): the spread measured across units in recent blocks.
-    noise: dict[tuple[str, int], deque[float]] = field(default_factory=dict)
+    #: Per (test, level, horizon index): the spread measured across units in recent blocks.
+    noise: dict[tuple[str, str, int], deque[float]] = field(default_factory=dict)
     flagged: dict[tuple[str, int], _Flag] = field(default_factory=dict)
     #: Per-step flags (straggler.py) on units this detector had flagged: neither they nor
     #: their clears go out (one flag per rank and node); kept by event id.

@@ -26,13 +26,15 @@ from trainguard.schemas import Derived, RunStarted, StepTiming, StragglerFlagged
 
 @dataclass(frozen=True)
 class SlowUnit:
-    """Ranks of `rank` (or `node`, or `rack`) compute `factor` times slower from `from_step`."""
+    """Ranks of `rank` (or `node`, or `rack`) compute `factor` times slower for steps
+    [from_step, to_step)."""
 
     factor: float
     rank: int | None = None
     node: int | None = None
     rack: int | None = None
     from_step: int = 0
+    to_step: int | None = None
 
 
 @dataclass
@@ -90,7 +92,7 @@ class NoisyJob:
         x[rng.random(n) < self.gc_pause_p] += self.gc_pause_s
         rpn, npr = self.ranks_per_node, self.nodes_per_rack
         for fault in self.slow:
-            if self.step < fault.from_step:
+            if self.step < fault.from_step or (fault.to_step is not None and self.step >= fault.to_step):
                 continue
             if fault.rank is not None:
                 x[fault.rank] *= fault.factor

@@ -435,6 +435,13 @@ def _flags(
         for unit, (test, h) in sorted(found.items()):
             if (level, unit) in state.flagged:
                 continue
+            if state.cleared:  # windows from before a flag's clear see the slowdown that ended
+                node_key = (NODE, unit if level == NODE or not rpn else unit // rpn)
+                since = max(
+                    state.cleared.get((level, unit), -1), state.cleared.get(node_key, -1) if rpn else -1
+                )
+                if state.ring_steps[-policy.horizons[h]] <= since:
+                    continue
             if unit in (taken if level == NODE else per_step) or (
                 level == RANK and rpn and unit // rpn in taken
             ):
@@ -549,6 +556,10 @@ def _clears(
         if flag.in_band < policy.clear_blocks:
             continue
         del state.flagged[key]
+        state.cleared[key] = step
+        if layout.rpn:
+            node_key = (NODE, flag.unit if flag.level == NODE else flag.unit // layout.rpn)
+            state.cleared[node_key] = step
         node = _rank_node(run, layout, flag.rank)
         what = f"node {node}" if flag.level == NODE else f"rank {flag.rank} on {node}"
         since = "the reference" if flag.test == LEVEL else "its own past"

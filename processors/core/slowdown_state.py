@@ -151,5 +151,8 @@ class SlowdownState:
     #: Per-step flags (straggler.py) on units this detector had flagged: neither they nor
     #: their clears go out (one flag per rank and node); kept by event id.
     absorbed: set[str] = field(default_factory=set)
+    #: (level, unit) -> the step its flag cleared at (a node's too for its ranks): a window
+    #: reaching back before it would re-flag the slowdown that just ended.
+    cleared: dict[tuple[str, int], int] = field(default_factory=dict)
     judged: int = 0  # blocks judged (counter, kept across attempts)
     skipped: int = 0  # blocks too thinly reported to judge

@@ -112,6 +112,18 @@ def test_a_flag_against_its_own_past_lasts_as_long_as_the_slowdown() -> None:
     assert cleared.rank == 300 and end < cleared.step <= end + 400
 
 
+def test_a_slowdown_that_ended_is_cleared_and_not_flagged_again_from_old_windows() -> None:
+    # A node 25% slow for 300 steps: flagged within a block, cleared after it recovers, and
+    # the longer windows that still reach back into the slow steps do not flag it again
+    # (which would be diagnosed on health that is normal by then)
+    job = NoisyJob(jitter=0.04, slow=[SlowUnit(1.25, node=40, from_step=ONSET, to_step=ONSET + 300)], seed=8)
+    h = WindowHarness(job)
+    outputs = h.steps(ONSET + 900)
+    assert [(f.node, at - ONSET <= 64) for at, f in h.flags] == [("node-0040", True)]
+    (cleared,) = of_kind(outputs, StragglerCleared)
+    assert ONSET + 300 < cleared.step < ONSET + 300 + 128
+
+
 def test_the_budget_bounds_what_noise_raises() -> None:
     # With budgets large enough to see (z ~ 3.9 and ~3.3): noise raises flags, more the larger
     # the budget, never more than the budget says (Bonferroni over overlapping windows is an

@@ -212,7 +212,7 @@ def cost_table(world: int = 16_384, blocks: int = 40) -> None:
         "| ranks | per-step copy p50 µs | block judgement p50 ms | worst ms | mean ms per step "
         "| per-step rule's evaluation p50 ms |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     print(
         f"| {world:,} | {statistics.median(per_call) / 1e3:.0f} | {statistics.median(warm) / 1e6:.2f} "
         f"| {max(warm) / 1e6:.2f} | {mean_ms:.3f} | {statistics.median(rule.ns[2:]) / 1e6:.3f} |"

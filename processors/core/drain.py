@@ -50,6 +50,20 @@ def drain_cost_s(run: RunState, policy: CorePolicy) -> float:
     return checkpoint + swap
 
 
+def drain_wait_s(
+    probability: float, horizon_s: float, at_stake_s: float, run: RunState, policy: CorePolicy
+) -> float:
+    """How long the drain may wait for the checkpoint the cadence makes due (saving the
+    checkpoint's blocking cost C) before it checkpoints at once: while the failure it risks,
+    P x (wait / horizon) x (R + L), costs less than C; at most drain_within_s. An urgent
+    prediction, or a run whose checkpoint cost is not measured yet, checkpoints at once."""
+    checkpoint = run.interval.cost_s() or 0.0
+    risk_per_s = probability * at_stake_s / max(horizon_s, 1.0)
+    if risk_per_s <= 0:
+        return policy.prediction.drain_within_s
+    return min(policy.prediction.drain_within_s, checkpoint / risk_per_s)
+
+
 def on_predicted(
     run: RunState, event: FailurePredicted, policy: CorePolicy
 ) -> list[DrainDecision | DrainNode]:
@@ -64,7 +78,7 @@ def on_predicted(
     cost = drain_cost_s(run, policy)
     saving = event.probability * (restart + lost) - cost
     drain = saving > 0
-    within = policy.prediction.drain_within_s
+    within = drain_wait_s(event.probability, event.horizon_s, restart + lost, run, policy)
     decision_id = derived_id("drain_decision", event.event_id)
     arithmetic = (
         f"P {event.probability:.0%} x (restart {restart:.0f} s + lost work {lost:.0f} s, half the "
@@ -82,7 +96,8 @@ def on_predicted(
         reason=Reason(
             code=ReasonCode.DRAIN if drain else ReasonCode.DRAIN_DECLINED,
             text=(
-                f"drain {node} at the checkpoint boundary within {within:.0f} s: {arithmetic}"
+                f"drain {node} at the checkpoint boundary within {within:.0f} s (waiting longer risks "
+                f"more than the checkpoint it saves): {arithmetic}"
                 if drain
                 else f"keep {node}: {arithmetic}"
             ),

@@ -11,9 +11,10 @@ Every GPU's health report folds into per-signal increments, bucketed by evaluati
 - **two tests per counter**: active buckets (a count the noise makes rare, p <= 1e-3) more
   often than the fleet's share allows (a binomial tail: a burst is one bucket, a failing
   part many), or the window's volume with each bucket capped at its active level; a level
-  by its residual against the fleet at the same time, risen and now above;
+  by its residual against the fleet at the same time, risen and now above its own usual;
 - **a derived threshold**: the false alarms asked for per node-day shared over the
-  signals, tests and evaluations (Bonferroni), the latest bucket still going, and
+  signals, tests and evaluations (Bonferroni), the signal still going (its silence since
+  the last count plausible at its window's rate: sparse XIDs are), and
   ``persist_checks`` evaluations in a row;
 - **calibration**: P = 1 - (1 - p0) x prod(1 - q_s), p0 the node's share of the run's
   failure rate over the horizon, q_s a Beta prior per signal updated with the run's
@@ -32,14 +33,26 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...schemas import RUN_LEVEL_RANK, FailurePredicted, Reason, ReasonCode
-from .hazard_state import COUNTERS, FLAGS, LEVELS, SIGNALS, Episode, GpuTrack, HazardState, PredictionPolicy
+from .hazard_levels import drift as level_drift
+from .hazard_levels import level_spread
+from .hazard_state import (
+    COUNTERS,
+    FLAGS,
+    LEVELS,
+    SIGNALS,
+    Episode,
+    GpuTrack,
+    HazardState,
+    OwnRate,
+    PredictionPolicy,
+)
 from .hazard_stats import (
     ACTIVE_P,
     active_level,
     binomial_surprise,
     chernoff_surprise,
     normal_surprise,
-    robust,
+    still_going,
 )
 from .ids import derived_id
 
@@ -230,34 +243,15 @@ def _nodes(state: HazardState, ts: float, policy: PredictionPolicy) -> dict[str,
                     per[bucket] = per.get(bucket, 0.0) + value
                     top = counts.top.setdefault(name, {})
                     top[rank] = top.get(rank, 0.0) + value
-        for name, sums in track.levels.items():
-            drift = _drift(sums, state.fleet_levels.get(name, {}), policy)
+        power = state.fleet_levels.get("power_w", {})
+        for name in track.levels:
+            frozen = (track.node, name) in state.episodes
+            drift = level_drift(
+                track, name, state.fleet_levels.get(name, {}), power, frozen, state.checked_ts, policy
+            )
             if drift is not None:
                 counts.rises.setdefault(name, []).append((*drift, rank))
     return out
-
-
-def _drift(
-    sums: deque[list[float]], fleet: Mapping[float, list[float]], policy: PredictionPolicy
-) -> tuple[float, float] | None:
-    """A level against the fleet's at the same time (its residual, bucket by bucket): how
-    much the residual rose over the window (the last quarter's mean less the first's) and
-    where it is now (the last quarter's mean), once the buckets cover half the window. A
-    GPU that warms with the fleet's load, or from idle up to the fleet's level, has not
-    drifted; one that keeps warming past it has."""
-    if len(sums) < 4 or sums[-1][0] - sums[0][0] < policy.window_s / 2:
-        return None
-    residuals = []
-    for bucket, total, n in sums:
-        across = fleet.get(bucket)
-        if across is not None and across[1] > 0:
-            residuals.append(total / n - across[0] / across[1])
-    if len(residuals) < 4:
-        return None
-    quarter = max(1, len(residuals) // 4)
-    head, tail = residuals[:quarter], residuals[-quarter:]
-    now = sum(tail) / quarter
-    return now - sum(head) / quarter, now
 
 
 def _fleet_noise(
@@ -333,24 +327,33 @@ def _fleet_volume(
 def _own(
     state: HazardState, node: str, name: str, latest: float, fleet: float, policy: PredictionPolicy
 ) -> tuple[float, bool]:
-    """The node's own usual rate of the signal (per second, from the buckets before this
-    one) and whether it has history enough to be judged (_OWN_BUCKETS buckets, or a
-    window). The bucket that just closed then joins the usual: whole while the node is
-    new, else capped at the count that would make it active (a burst or a climb must not
-    become its own usual: a steady chronic count does), and not at all while the signal
-    stands out on the node. It starts at the fleet's rate."""
+    """The node's own usual rate of the signal (per second) and whether it has history
+    enough to be judged (_OWN_BUCKETS buckets, or a window). The usual is its history
+    before the window (OwnRate), or, while that is shorter than a window (it joined within
+    two), everything so far. The bucket that just closed then awaits its
+    turn to join the past: whole while the node is new, else capped at the count that would
+    make it active (a burst or a climb must not become its own usual: a steady chronic
+    count does), and not at all while the signal stands out on the node. It starts at the
+    fleet's rate."""
     every = policy.check_every_s
     own = state.own.get((node, name))
     if own is None:
-        own = state.own[(node, name)] = [0.0, 0.0]
-    usual = own[0] / own[1] if own[1] > 0 else fleet / every
-    known = own[1] >= min(policy.window_s, _OWN_BUCKETS * every)
-    if (node, name) not in state.episodes:
-        if own[1] + every > policy.own_history_s:
-            keep = 1.0 - every / policy.own_history_s
-            own[0], own[1] = own[0] * keep, own[1] * keep
-        own[0] += min(latest, active_level(max(fleet, usual * every))) if known else latest
-        own[1] += every
+        own = state.own[(node, name)] = OwnRate()
+    count, seconds = own.past() if own.seconds >= policy.window_s else own.everything(every)
+    usual = count / seconds if seconds > 0 else fleet / every
+    known = seconds >= min(policy.window_s, _OWN_BUCKETS * every)
+    frozen = (node, name) in state.episodes
+    own.recent.append(
+        -1.0 if frozen else min(latest, active_level(max(fleet, usual * every))) if known else latest
+    )
+    if len(own.recent) > policy.window_s / every:  # the window's oldest joins the past
+        leaving = own.recent.popleft()
+        if leaving >= 0:
+            if own.seconds + every > policy.own_history_s:
+                keep = 1.0 - every / policy.own_history_s
+                own.count, own.seconds = own.count * keep, own.seconds * keep
+            own.count += leaving
+            own.seconds += every
     return usual, known
 
 
@@ -362,12 +365,13 @@ def _standing_out(
 
     A counter or flag stands out on a node when its buckets are active (a count its noise
     makes rare, p <= ACTIVE_P) more often over the window than the fleet's buckets are
-    (a binomial tail past the threshold), and the bucket that just closed is active: so a
-    burst, however large, is one active bucket, and a failing part is many in a row."""
+    (a binomial tail past the threshold), and it is still going (the silence since its last
+    active bucket is plausible at the window's rate of them: still_going): so a burst,
+    however large, is one active bucket, and a failing part is many, in a row or every few."""
     every = policy.check_every_s
     latest_bucket = state.checked_ts - every
     noise = _fleet_noise(state, nodes, policy)
-    spread = _level_spread(nodes, policy)
+    spread = level_spread([c.rises for c in nodes.values()], policy)
     bar = threshold(policy)
     active: set[tuple[str, str]] = set()
     out: dict[str, list[tuple[Episode, str]]] = {}
@@ -381,12 +385,18 @@ def _standing_out(
             fleet = rate * gpus * every
             latest = per.get(latest_bucket, 0.0)
             usual, known = _own(state, node, name, latest, fleet, policy)
-            if latest <= 0 or not known:
-                continue  # not going on now, or the node has no past of its own yet
+            if not per or not known:
+                continue  # nothing in the window, or the node has no past of its own yet
             closed = max(1, round(counts.span.get(name, every) / every))
             level = active_level(max(fleet, usual * every))
+            silent = round((latest_bucket - max(per)) / every)
+            if not still_going(_capped(counts, name, level) / closed, silent):
+                continue  # it stopped: a burst, or a part that recovered
             hot = sum(1 for v in per.values() if v >= level)
-            activity = binomial_surprise(hot, max(closed, hot), share) if latest >= level else 0.0
+            last_hot = max((b for b, v in per.items() if v >= level), default=None)
+            hot_silent = closed if last_hot is None else round((latest_bucket - last_hot) / every)
+            going = still_going(hot / closed, hot_silent)
+            activity = binomial_surprise(hot, max(closed, hot), share) if going else 0.0
             volume, why = _volume(state, counts, name, per, usual, level, latest_bucket, policy)
             evidence = max(activity, volume)
             if evidence < bar:
@@ -415,8 +425,9 @@ def _standing_out(
             if evidence < bar:
                 continue
             text = (
-                f"{name}: rank {rank} of {node} {now:+.3g} against the fleet now, up {rise:.3g} over the "
-                f"last {policy.window_s / 60:.0f} min (the fleet's: now {now_at:+.2g} ± {now_scale:.2g}, "
+                f"{name}: rank {rank} of {node} {now:+.3g} above its own usual against the fleet, up "
+                f"{rise:.3g} over the last {policy.window_s / 60:.0f} min (the fleet's GPUs: above their "
+                f"usual {now_at:+.2g} ± {now_scale:.2g}, "
                 f"rises {rise_at:+.2g} ± {rise_scale:.2g}): z {z:.1f} on both"
             )
             active.add((node, name))
@@ -442,11 +453,9 @@ def _volume(
     (a burst's excess left out), against the fleet's likewise capped noise and its own
     usual, if the count is not falling (its recent half holds at least its older half);
     its surprise and sentence."""
-    noise = state.volume.get(name)
-    if noise is None:
-        rate, dispersion = policy.background_per_gpu_day.get(name, 0.0) / _DAY, 1.0
-    else:
-        rate, dispersion = noise
+    floor = policy.background_per_gpu_day.get(name, 0.0) / _DAY  # the prior, and the floor
+    rate, dispersion = state.volume.get(name, (floor, 1.0))
+    rate = max(rate, floor)
     middle = latest_bucket - policy.window_s / 2
     recent = sum(min(v, level) for b, v in per.items() if b > middle)
     count = _capped(counts, name, level)
@@ -479,22 +488,6 @@ def _episode(
     episode.evidence = evidence
     if episode.streak >= policy.persist_checks:
         out.setdefault(node, []).append((episode, f"{text}; {episode.streak} evaluations in a row"))
-
-
-def _level_spread(
-    nodes: dict[str, _NodeCounts], policy: PredictionPolicy
-) -> dict[str, tuple[float, float, float, float]]:
-    """Each level's fleet drifts: the median and robust spread (1.4826 MAD, floored) of
-    the GPUs' rises against the fleet, then of where they are now against it."""
-    out: dict[str, tuple[float, float, float, float]] = {}
-    for name in LEVELS:
-        drifts = [(r, n) for c in nodes.values() for r, n, _ in c.rises.get(name, [])]
-        floor = policy.level_spread.get(name, 1.0)
-        if len(drifts) < policy.min_fleet_nodes:
-            out[name] = (0.0, floor, 0.0, floor)
-            continue
-        out[name] = (*robust([r for r, _ in drifts], floor), *robust([n for _, n in drifts], floor))
-    return out
 
 
 def precision(state: HazardState, signal: str, policy: PredictionPolicy) -> tuple[float, int, int]:

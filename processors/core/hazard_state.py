@@ -135,8 +135,9 @@ class PredictionPolicy(BaseModel):
     drain_within_s: float = Field(
         300.0,
         ge=0,
-        description="A drain waits at most this long for the checkpoint the cadence makes due; "
-        "then it checkpoints at once.",
+        description="A drain waits at most this long for the checkpoint the cadence makes due "
+        "(less when the failure it risks by waiting costs more than the checkpoint it saves: "
+        "drain.py); then it checkpoints at once.",
     )
 
 
@@ -154,6 +155,32 @@ class GpuTrack:
     buckets: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
     #: Level -> [[bucket start, sum, samples]], oldest first, over the window.
     levels: dict[str, deque[list[float]]] = field(default_factory=dict)
+    #: Level -> [residual x seconds, seconds]: the GPU's own usual residual against the
+    #: fleet (decaying past own_history_s).
+    usual: dict[str, list[float]] = field(default_factory=dict)
+
+
+@dataclass
+class OwnRate:
+    """A node's own usual rate of a signal. `count` / `seconds`: its history before the
+    window, decaying past own_history_s (the buckets a window is judged on never judge
+    themselves: a sparse precursor's few counts do not become the usual they are tested
+    against). `recent`: the window's evaluations' contributions, oldest first, awaiting
+    their turn (-1: frozen, the signal stood out). A node without history before the
+    window yet (one that just joined) is judged against everything it has so far."""
+
+    count: float = 0.0
+    seconds: float = 0.0
+    recent: deque[float] = field(default_factory=deque)
+
+    def past(self) -> tuple[float, float]:
+        """(count, seconds) of the history before the window."""
+        return self.count, self.seconds
+
+    def everything(self, every: float) -> tuple[float, float]:
+        """(count, seconds) including the window's evaluations so far."""
+        kept = [c for c in self.recent if c >= 0]
+        return self.count + sum(kept), self.seconds + every * len(kept)
 
 
 @dataclass
@@ -190,9 +217,9 @@ class HazardState:
     #: The fleet's volume noise: signal -> (per-GPU rate per second and dispersion of the
     #: nodes' window counts, each node's two largest buckets left out: bursts removed).
     volume: dict[str, tuple[float, float]] = field(default_factory=dict)
-    #: (node, signal) -> [count, seconds]: the node's own usual rate, over its history
-    #: (decaying past own_history_s), frozen while the signal stands out on it.
-    own: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    #: (node, signal) -> the node's own usual rate (before the window, decaying past
+    #: own_history_s), frozen while the signal stands out on it.
+    own: dict[tuple[str, str], OwnRate] = field(default_factory=dict)
     #: Level -> bucket -> [sum, reports] over the fleet: what every GPU's level is measured
     #: against (a node going from idle to load warms with the load, not with a fault).
     fleet_levels: dict[str, dict[float, list[float]]] = field(default_factory=dict)

@@ -31,6 +31,18 @@ def _level_of(expected: float) -> float | int:
     return float(max(count, 1))
 
 
+#: A signal is still going while the silence since its last count is at least this likely
+#: at the rate its window shows: a failing part that logs an XID every few buckets is still
+#: failing between them; a burst, or a part that stopped, falls silent for longer.
+GOING_P = 0.05
+
+
+def still_going(per_bucket: float, silent_buckets: int) -> bool:
+    """Whether `silent_buckets` empty buckets since the last count are plausible for a
+    Poisson signal at `per_bucket` counts a bucket (none: it counted just now)."""
+    return silent_buckets <= 0 or math.exp(-per_bucket * silent_buckets) >= GOING_P
+
+
 def chernoff_surprise(count: float, expected: float, dispersion: float = 1.0) -> float:
     """-log10 of the Chernoff bound on P(X >= count), X quasi-Poisson with mean `expected`
     and variance dispersion x expected (a bound: it never overstates the surprise)."""

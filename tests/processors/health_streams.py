@@ -40,6 +40,12 @@ class Fleet:
     joins: dict[int, float] = field(default_factory=dict)
     #: node index -> seconds after T0 its GPU 0 starts warming, 0.3 °C a minute (a failing fan).
     creeping: dict[int, float] = field(default_factory=dict)
+    #: node index -> (onset seconds after T0, XIDs per hour) its GPU 0's driver logs from
+    #: then: a few an hour, most buckets empty (a failing GPU's critical XIDs).
+    xids: dict[int, tuple[float, float]] = field(default_factory=dict)
+    #: node index -> (seconds after T0, count): one pair of buckets of XIDs on its GPU 0, then
+    #: nothing (an application's faults).
+    xid_burst: dict[int, tuple[float, int]] = field(default_factory=dict)
 
     def node(self, index: int) -> str:
         return f"node-{index:04d}"
@@ -63,6 +69,16 @@ class Fleet:
                 onset = self.failing.get(index)
                 if onset is not None and ts >= T0 + onset[0]:
                     mine["ecc_corrected"] += int(onset[1] * 1.5 ** min(20.0, (ts - T0 - onset[0]) / 600))
+                xids = self.xids.get(index)
+                if xids is not None and rank % self.gpus_per_node == 0 and ts >= T0 + xids[0]:
+                    mine["xid_errors"] += _poisson(rng, xids[1] * self.interval_s / 3600)
+                xid_burst = self.xid_burst.get(index)
+                if (
+                    xid_burst is not None
+                    and rank % self.gpus_per_node == 0
+                    and T0 + xid_burst[0] <= ts < T0 + xid_burst[0] + 2 * self.interval_s
+                ):
+                    mine["xid_errors"] += xid_burst[1]
                 burst = self.one_burst.get(index)
                 if (
                     burst is not None

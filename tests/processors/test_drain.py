@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from trainguard.processors.core import engine
 from trainguard.processors.core.hazard_state import PredictionPolicy
 from trainguard.processors.core.outputs import Forward
@@ -77,7 +79,14 @@ def test_a_climbing_node_is_drained_at_a_boundary_and_its_stop_is_planned() -> N
     assert decision.drain_cost_s >= 2.0  # the run's measured checkpoint cost is part of it
     assert "expected >" in decision.reason.text
     drains = [o for o in outputs if isinstance(o, DrainNode)]
-    assert [(d.node, d.within_s) for d in drains] == [(FAILING, POLICY.prediction.drain_within_s)]
+    # it waits for the cadence's checkpoint only while the failure it risks by waiting costs
+    # less than the checkpoint it saves: P x (wait / horizon) x (R + L) < C
+    checkpoint = state.runs[job.run_id].interval.cost_s()
+    assert checkpoint is not None and checkpoint >= 2.0
+    at_stake = decision.probability * (decision.restart_s + decision.lost_work_s) / decision.horizon_s
+    wait = min(POLICY.prediction.drain_within_s, checkpoint / at_stake)
+    assert [d.node for d in drains] == [FAILING]
+    assert drains[0].within_s == pytest.approx(wait) and 0 < wait < POLICY.prediction.drain_within_s
     onset_ts = job.events[0].ts + 120 * 10.0
     assert onset_ts < predicted[0].ts < onset_ts + 15 * 60  # minutes after the climb began
 

@@ -64,9 +64,11 @@ _PRECISION = {
     "temperature_c": (2.0, 8.0),
     "power_w": (1.0, 9.0),
 }
-#: The smallest spread of a level's rises over a window across the fleet (°C, W): a quiet
-#: fleet's spread is never taken for zero.
-_LEVEL_SPREAD = {"temperature_c": 1.5, "power_w": 25.0}
+#: The smallest spread of a level's rises over a window across the fleet (°C, W): the
+#: fleet's measured spread (1.4826 MAD) is the scale, and this only keeps a degenerate
+#: measurement (a few GPUs reading the same integers) from being taken for zero: half
+#: NVML's 1 °C resolution, and 25 W (power readings swing by tens of watts with the load).
+_LEVEL_SPREAD = {"temperature_c": 0.5, "power_w": 25.0}
 
 
 class PredictionPolicy(BaseModel):

@@ -1,5 +1,5 @@
 """What the Hugging Face Trainer callback costs per step: the same Trainer run with and
-without ``TrainguardCallback`` (docs/examples/train_hf.py's one line), in one run.
+without ``TrainguardTrainerCallback`` (docs/examples/train_hf.py's one line), in one run.
 
     .venv/bin/python bench/bench_hf.py [--steps 500] [--hidden 32 256] [--rounds 5]
 
@@ -46,7 +46,7 @@ from transformers import (
 )
 
 from trainguard.producers.rank.agent import MemorySink
-from trainguard.producers.training.hf_trainer import TrainguardCallback
+from trainguard.transformers import TrainguardTrainerCallback
 
 SETTINGS = {"single": "single process", "ddp": "DDP, 1 gloo rank"}
 
@@ -94,7 +94,7 @@ def run(hidden: int, ddp: bool, steps: int, supervised: bool) -> float:
     clock = StepClock()
     callbacks: list[TrainerCallback] = [clock]
     if supervised:
-        callbacks.append(TrainguardCallback(sink=MemorySink(), gpu_reader=None))
+        callbacks.append(TrainguardTrainerCallback(sink=MemorySink(), gpu_reader=None))
     args = TrainingArguments(
         output_dir="/tmp/bench-hf",
         use_cpu=True,

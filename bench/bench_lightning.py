@@ -1,5 +1,5 @@
 """What the Lightning callback costs per step: the same Lightning fit with and without
-``TrainguardCallback`` (docs/examples/train_lightning.py's one line), in one run.
+``TrainguardLightningCallback`` (docs/examples/train_lightning.py's one line), in one run.
 
     .venv/bin/python bench/bench_lightning.py [--steps 1000] [--hidden 256 1024] [--rounds 5]
 
@@ -34,8 +34,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from trainguard.lightning import TrainguardLightningCallback
 from trainguard.producers.rank.agent import MemorySink
-from trainguard.producers.training.lightning import TrainguardCallback
 
 
 class Mlp(pl.LightningModule):
@@ -80,7 +80,7 @@ def fit(hidden: int, ddp: bool, steps: int, supervised: bool) -> float:
     clock = StepClock()
     callbacks: list[pl.Callback] = [clock]
     if supervised:
-        callbacks.append(TrainguardCallback(sink=MemorySink(), gpu_reader=None))
+        callbacks.append(TrainguardLightningCallback(sink=MemorySink(), gpu_reader=None))
     x = torch.randn(64 * 64, 64, generator=torch.Generator().manual_seed(1))
     y = torch.randn(64 * 64, 1, generator=torch.Generator().manual_seed(2))
     trainer = pl.Trainer(

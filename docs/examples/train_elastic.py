@@ -38,11 +38,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from trainguard.producers.checkpoint.manager import CheckpointManager
-from trainguard.producers.checkpoint.train_state import TrainState
-from trainguard.producers.training import inprocess
-from trainguard.producers.training.elastic import ElasticBatches  # elastic
-from trainguard.producers.training.supervisor import Supervisor, init_process_group
+from trainguard.torch import (
+    CheckpointManager,
+    ElasticBatches,  # elastic
+    Supervisor,
+    TrainState,
+    init_process_group,
+    inprocess,
+)
 
 STEPS = int(os.environ.get("TRAIN_STEPS", "200"))
 EVERY = os.environ.get("TRAIN_CHECKPOINT_EVERY")

@@ -34,9 +34,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
-from trainguard.producers.checkpoint.manager import CheckpointManager  # trainguard
-from trainguard.producers.checkpoint.train_state import ResumableSampler, TrainState  # trainguard
-from trainguard.producers.training.supervisor import Supervisor, init_process_group  # trainguard
+from trainguard.torch import (  # trainguard
+    CheckpointManager,
+    ResumableSampler,
+    Supervisor,
+    TrainState,
+    init_process_group,
+)
 
 STEPS = int(os.environ.get("TRAIN_STEPS", "60"))
 EVERY = os.environ.get("TRAIN_CHECKPOINT_EVERY")  # a fixed cadence instead of the interval

@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import Dataset
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
-from trainguard.producers.training.hf_trainer import TrainguardCallback
+from trainguard.transformers import TrainguardTrainerCallback
 
 STEPS = int(os.environ.get("TRAIN_STEPS", "48"))
 EVERY = os.environ.get("TRAIN_CHECKPOINT_EVERY")
@@ -84,7 +84,7 @@ def main() -> None:
         model=model(),
         args=args,
         train_dataset=Tokens(),
-        callbacks=[TrainguardCallback(checkpoint_every_steps=every)],  # trainguard
+        callbacks=[TrainguardTrainerCallback(checkpoint_every_steps=every)],  # trainguard
     )
     trainer.train()
     if trainer.is_world_process_zero():

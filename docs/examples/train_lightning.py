@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainguard.producers.training.lightning import TrainguardCallback
+from trainguard.lightning import TrainguardLightningCallback
 
 STEPS = int(os.environ.get("TRAIN_STEPS", "48"))
 EVERY = os.environ.get("TRAIN_CHECKPOINT_EVERY")
@@ -67,7 +67,7 @@ def main() -> None:
         num_nodes=world // per_host,
         strategy="ddp" if world > 1 else "auto",
         max_steps=STEPS,
-        callbacks=[TrainguardCallback(checkpoint_every_steps=every)],  # trainguard
+        callbacks=[TrainguardLightningCallback(checkpoint_every_steps=every)],  # trainguard
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,

@@ -34,7 +34,7 @@ saves, not in the loop's steps, because the writes run in the background and may
 loop; the rank field is ignored). A deterministically wrong device (every matrix product
 off by a fixed factor, so the self-check passes and only the ring cross-rank check
 catches it) is the supervisor's chaos knob TRAINGUARD_INJECT_WRONG_DEVICE
-(trainguard/producers/device_fault.py), not a fault of this script's.
+(producers/training/device_fault.py), not a fault of this script's.
 
 TRAIN_EVENTS_FILE=path: every rank appends one JSON line when it kills itself (a kill
 fault) and after the first step it completes in each call of main(), with its pid and the
@@ -62,11 +62,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from trainguard.producers.checkpoint.manager import CheckpointManager  # trainguard
-from trainguard.producers.checkpoint.train_state import ResumableSampler, TrainState  # trainguard
-from trainguard.producers.training import inprocess  # trainguard
-from trainguard.producers.training.grad_checks import flip_bit
-from trainguard.producers.training.supervisor import Supervisor, init_process_group  # trainguard
+from trainguard.torch import (  # trainguard
+    CheckpointManager,
+    ResumableSampler,
+    Supervisor,
+    TrainState,
+    flip_bit,
+    init_process_group,
+    inprocess,
+)
 
 STEPS = int(os.environ.get("TRAIN_STEPS", "60"))
 EVERY = os.environ.get("TRAIN_CHECKPOINT_EVERY")  # a fixed cadence instead of the interval

@@ -72,6 +72,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
+from ...common.moved import deprecate_names
 from ..training import inprocess
 from ..training.config import checkpoint_keep
 from .catalog import CheckpointCatalog, step_dir_name
@@ -696,3 +697,7 @@ def _kept_replica(
     kept.close(wait=False)  # its exchange may be stuck on the lost peer
     restartable.forget("peer-replica")
     return restartable.keep("peer-replica", make)
+
+
+# A script's old path keeps working for a while, with a warning naming the public one.
+deprecate_names(__name__, "trainguard.torch", ("CheckpointManager", "CheckpointError"))

@@ -61,6 +61,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.utils.data import Sampler
 
+from ...common.moved import deprecate_names
+
 __all__ = ["BufferLayout", "ResumableSampler", "TrainState", "buffer_layout", "capture_rng", "restore_rng"]
 
 #: Where a checkpoint keeps the model's buffers (module docstring).
@@ -307,3 +309,7 @@ class TrainState:
                 self.extra[name] = saved
         if "rng" in own:
             restore_rng(own["rng"])  # last: nothing after it may draw
+
+
+# A script's old path keeps working for a while, with a warning naming the public one.
+deprecate_names(__name__, "trainguard.torch", ("TrainState", "ResumableSampler"))

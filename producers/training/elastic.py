@@ -49,6 +49,8 @@ from typing import Any
 
 import torch
 
+from ...common.moved import deprecate_names
+
 __all__ = ["ENV_SHARDS", "ElasticBatches", "shards_from_env"]
 
 #: The number of data shards (micro-batches) of the global batch: the launcher's full
@@ -153,3 +155,7 @@ class ElasticBatches:
             now = getattr(self, key, value)
             if now != value:
                 raise ValueError(f"elastic data {key} changed: checkpoint {value!r}, now {now!r}")
+
+
+# A script's old path keeps working for a while, with a warning naming the public one.
+deprecate_names(__name__, "trainguard.torch", ("ElasticBatches", "shards_from_env"))

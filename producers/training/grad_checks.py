@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
+from ...common.moved import deprecate_names
 from . import inprocess
 
 #: Digest algorithm, written in front of every digest ("sha256:<hex>").
@@ -219,3 +220,7 @@ def per_parameter_allreduce(process_group: Any, bucket: Any) -> torch.futures.Fu
     done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     done.set_result(buffer)
     return done
+
+
+# A script's old path keeps working for a while, with a warning naming the public one.
+deprecate_names(__name__, "trainguard.torch", ("flip_bit",))

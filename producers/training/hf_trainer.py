@@ -1,6 +1,6 @@
 """trainguard in a Hugging Face ``Trainer`` job: one callback, no loop edits (issue 21).
 
-    trainer = Trainer(..., callbacks=[TrainguardCallback()])    # the one line
+    trainer = Trainer(..., callbacks=[TrainguardTrainerCallback()])    # the one line
 
 Under ``trainguard launch`` (RANK, WORLD_SIZE, MASTER_ADDR/PORT, TORCHELASTIC_RUN_ID and
 the TRAINGUARD_* variables: accelerate joins that process group, gloo or NCCL) the callback
@@ -74,6 +74,7 @@ from torch.utils.data import BatchSampler, SequentialSampler
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer import TRAINER_STATE_NAME
 
+from ...common.moved import forwarder
 from ..checkpoint.manager import CheckpointManager
 from ..checkpoint.train_state import TrainState, buffer_layout, capture_rng, restore_rng
 from . import ring_check
@@ -83,13 +84,13 @@ from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TrainguardCallback"]
+__all__ = ["TrainguardTrainerCallback"]
 
 ENV_CHECKPOINT_DIR = "TRAINGUARD_CHECKPOINT_DIR"
 ENV_RESUME_STEP = "TRAINGUARD_RESUME_STEP"
 
 
-class TrainguardCallback(TrainerCallback):
+class TrainguardTrainerCallback(TrainerCallback):
     """Supervision, checks and validated checkpoints for a ``Trainer`` (module docstring).
 
     `checkpoint_dir` defaults to TRAINGUARD_CHECKPOINT_DIR (the launcher's); without
@@ -141,7 +142,9 @@ class TrainguardCallback(TrainerCallback):
         self.trainer = trainer
         self._resume_step = int(os.environ.get(ENV_RESUME_STEP, "-1"))
         if self._resume_step >= 0 and self.checkpoint_dir is None:
-            raise ValueError(f"TrainguardCallback: {ENV_RESUME_STEP} is set but no checkpoint directory")
+            raise ValueError(
+                f"TrainguardTrainerCallback: {ENV_RESUME_STEP} is set but no checkpoint directory"
+            )
         self._patch(trainer, "train", self._train)
         self._patch(trainer, "_load_optimizer_and_scheduler", self._set_up_and_load)
         self._patch(trainer, "_load_from_checkpoint", self._load_model)
@@ -161,7 +164,7 @@ class TrainguardCallback(TrainerCallback):
         if trainer.args.n_gpu > 1:
             why.append(f"{trainer.args.n_gpu} GPUs in one process (DataParallel; run one process per GPU)")
         if why:
-            raise ValueError("TrainguardCallback: not supported: " + "; ".join(why))
+            raise ValueError("TrainguardTrainerCallback: not supported: " + "; ".join(why))
 
     def _patch(
         self, obj: Any, name: str, replacement: Callable[..., Any], *, until_close: bool = False
@@ -270,7 +273,7 @@ class TrainguardCallback(TrainerCallback):
     ) -> None:
         if self.trainer is not None and self.sup is None:
             raise RuntimeError(
-                "TrainguardCallback: the Trainer never called _load_optimizer_and_scheduler, where "
+                "TrainguardTrainerCallback: the Trainer never called _load_optimizer_and_scheduler, where "
                 "trainguard sets up: this transformers version is not the pinned one"
             )
         if self.sup is not None and self.sup.batch_fn is None:
@@ -447,6 +450,12 @@ def _calling_trainer() -> Trainer:
     while frame is not None and not isinstance(frame.f_locals.get("self"), Trainer):
         frame = frame.f_back  # type: ignore[assignment]
     if frame is None:
-        raise RuntimeError("TrainguardCallback: on_init_end was not called from a Trainer")
+        raise RuntimeError("TrainguardTrainerCallback: on_init_end was not called from a Trainer")
     trainer: Trainer = frame.f_locals["self"]
     return trainer
+
+
+# A script's old name keeps working for a while, with a warning naming the public one.
+__getattr__ = forwarder(
+    __name__, {"TrainguardCallback": (f"{__name__}:TrainguardTrainerCallback", "trainguard.transformers")}
+)

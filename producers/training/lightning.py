@@ -1,6 +1,6 @@
 """trainguard in a PyTorch Lightning job: one callback, no loop edits (issue 21).
 
-    trainer = pl.Trainer(..., callbacks=[TrainguardCallback()])    # the one line
+    trainer = pl.Trainer(..., callbacks=[TrainguardLightningCallback()])    # the one line
 
 Under ``trainguard launch`` (which sets RANK, WORLD_SIZE, the TRAINGUARD_* variables and
 TORCHELASTIC_RUN_ID, so that Lightning takes the process group from the environment and
@@ -43,7 +43,7 @@ Limits (said rather than guessed): one optimizer, automatic optimization,
 ``accumulate_grad_batches=1`` (refused otherwise, with the reason); data loaders with
 ``num_workers=0``, or whose workers draw no randomness of their own (the dropped batches
 replay the sampler, not worker RNG); the ring and cross-rank checks need a batch function
-(``TrainguardCallback(batch_fn=...)``) and are refused without one, as for a hand loop.
+(``TrainguardLightningCallback(batch_fn=...)``) and are refused without one, as for a hand loop.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ import torch
 from lightning_fabric.utilities.data import _set_sampler_epoch  # what Lightning's fit loop calls
 from torch.utils.data import DataLoader, DistributedSampler
 
+from ...common.moved import forwarder
 from ..checkpoint.manager import CheckpointManager
 from ..checkpoint.train_state import TrainState, capture_rng, restore_rng
 from . import ring_check
@@ -70,13 +71,13 @@ from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TrainguardCallback"]
+__all__ = ["TrainguardLightningCallback"]
 
 ENV_CHECKPOINT_DIR = "TRAINGUARD_CHECKPOINT_DIR"
 ENV_RESUME_STEP = "TRAINGUARD_RESUME_STEP"
 
 
-class TrainguardCallback(pl.Callback):
+class TrainguardLightningCallback(pl.Callback):
     """Supervision, checks and validated checkpoints for a Lightning fit (module docstring).
 
     `checkpoint_dir` defaults to TRAINGUARD_CHECKPOINT_DIR (the launcher's); without
@@ -160,7 +161,7 @@ class TrainguardCallback(pl.Callback):
         if trainer.accumulate_grad_batches != 1:
             why.append(f"accumulate_grad_batches={trainer.accumulate_grad_batches} (1 is supported)")
         if why:
-            raise ValueError("TrainguardCallback: " + "; ".join(why))
+            raise ValueError("TrainguardLightningCallback: " + "; ".join(why))
         return trainer.optimizers[0]
 
     @staticmethod
@@ -343,3 +344,9 @@ def _muted_logging(module: pl.LightningModule) -> Iterator[None]:
 
 def _ignore(*args: Any, **kwargs: Any) -> None:
     return None
+
+
+# A script's old name keeps working for a while, with a warning naming the public one.
+__getattr__ = forwarder(
+    __name__, {"TrainguardCallback": (f"{__name__}:TrainguardLightningCallback", "trainguard.lightning")}
+)

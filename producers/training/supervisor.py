@@ -85,6 +85,7 @@ from typing import Any, Literal
 
 import torch
 
+from ...common.moved import deprecate_names
 from ...common.quantiles import RunningQuantile
 from ...kafka.topics import topic_names
 from ...schemas import auth
@@ -568,3 +569,9 @@ class Supervisor(ExitHooks):
 
     def __exit__(self, exc_type: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
         self.close(exit_code=0 if exc_type is None else 1, error=error)
+
+
+# A script's old path keeps working for a while, with a warning naming the public one.
+deprecate_names(
+    __name__, "trainguard.torch", ("Supervisor", "SupervisorConfig", "NonFiniteLoss", "init_process_group")
+)

@@ -63,7 +63,7 @@ def save_final(rank: int, model: nn.Module, optimizer: torch.optim.Optimizer, sc
 def lightning() -> None:
     import pytorch_lightning as pl
 
-    from trainguard.producers.training.lightning import TrainguardCallback
+    from trainguard.lightning import TrainguardLightningCallback
 
     class Classifier(pl.LightningModule):
         def __init__(self) -> None:
@@ -87,7 +87,7 @@ def lightning() -> None:
         num_nodes=world // per_host,
         strategy="ddp" if world > 1 else "auto",
         max_steps=STEPS,
-        callbacks=[TrainguardCallback()],  # the defaults: no cadence argument
+        callbacks=[TrainguardLightningCallback()],  # the defaults: no cadence argument
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -128,7 +128,7 @@ class _HFClassifier(nn.Module):
 def hf() -> None:
     from transformers import Trainer, TrainingArguments
 
-    from trainguard.producers.training.hf_trainer import TrainguardCallback
+    from trainguard.transformers import TrainguardTrainerCallback
 
     run_dir = Path(os.environ.get("TRAINGUARD_RUN_DIR", "."))
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -151,7 +151,7 @@ def hf() -> None:
         args=args,
         train_dataset=_Images(),
         optimizers=(optimizer, scheduler),
-        callbacks=[TrainguardCallback()],  # the defaults
+        callbacks=[TrainguardTrainerCallback()],  # the defaults
     )
     trainer.train()
     save_final(args.process_index, model, optimizer, scheduler)

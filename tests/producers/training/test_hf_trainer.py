@@ -29,8 +29,8 @@ from transformers import (  # noqa: E402
 )
 
 from trainguard.producers.rank.agent import MemorySink  # noqa: E402
-from trainguard.producers.training.hf_trainer import TrainguardCallback  # noqa: E402
 from trainguard.schemas import SdcSelfCheck, StepStats, StepTiming  # noqa: E402
+from trainguard.transformers import TrainguardTrainerCallback  # noqa: E402
 
 SAMPLES, BATCH, ACCUMULATE = 48, 3, 2
 STEPS_PER_EPOCH = SAMPLES // (BATCH * ACCUMULATE)  # 8
@@ -71,7 +71,7 @@ class Commands(TrainerCallback):
     snapshots around the step `skip`."""
 
     def __init__(
-        self, tg: TrainguardCallback, skip: int | None = None, self_check: int | None = None
+        self, tg: TrainguardTrainerCallback, skip: int | None = None, self_check: int | None = None
     ) -> None:
         self.tg, self.skip, self.self_check = tg, skip, self_check
         self.before_skip: dict[str, Any] = {}
@@ -109,13 +109,13 @@ def train(
     resume: int = -1,
     skip_batches: str = "",
     **commands: Any,
-) -> tuple[Trainer, TrainguardCallback, MemorySink, Commands]:
+) -> tuple[Trainer, TrainguardTrainerCallback, MemorySink, Commands]:
     monkeypatch.setenv("TRAINGUARD_RUN_ID", "hf-trainer-test")
     monkeypatch.setenv("TRAINGUARD_RESUME_STEP", str(resume))
     monkeypatch.setenv("TRAINGUARD_SKIP_BATCHES", skip_batches)
     monkeypatch.setenv("TRAINGUARD_CHECKPOINT_KEEP", "1000")  # every step's kept: resumed from any
     sink = MemorySink()
-    tg = TrainguardCallback(
+    tg = TrainguardTrainerCallback(
         checkpoint_dir=str(ckpt), checkpoint_every_steps=1, sink=sink, run_dir=tmp / "run"
     )
     cmds = Commands(tg, **commands)
@@ -191,7 +191,7 @@ def test_a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does(
         second_train_trains_on(trainer, tg, sink)
 
 
-def second_train_trains_on(trainer: Trainer, tg: TrainguardCallback, sink: MemorySink) -> None:
+def second_train_trains_on(trainer: Trainer, tg: TrainguardTrainerCallback, sink: MemorySink) -> None:
     """The launcher's resume step is for the attempt's first ``train()``: a later one trains
     on from the weights it has, as the Trainer does, never rewound to the checkpoint."""
     before = snapshot(trainer)["model"]
@@ -243,7 +243,7 @@ def test_outside_a_launcher_the_run_is_unsupervised(
     """`python train.py` with the callback in place and no run id: a warning, and the run."""
     for name in ("TRAINGUARD_RUN_ID", "TORCHELASTIC_RUN_ID", "TRAINGUARD_RESUME_STEP"):
         monkeypatch.delenv(name, raising=False)
-    tg = TrainguardCallback(checkpoint_dir=str(tmp_path / "ckpt"))
+    tg = TrainguardTrainerCallback(checkpoint_dir=str(tmp_path / "ckpt"))
     args = TrainingArguments(
         output_dir=str(tmp_path),
         use_cpu=True,
@@ -263,7 +263,7 @@ class Seen(TrainerCallback):
     """The micro-batches each step trained, as the Trainer fed them, and the callback's
     batch function (the supervisor is gone once the run ends)."""
 
-    def __init__(self, tg: TrainguardCallback) -> None:
+    def __init__(self, tg: TrainguardTrainerCallback) -> None:
         self.tg = tg
         self.batches: dict[int, list[Any]] = {}
         self.batch_fn: Any = None
@@ -280,7 +280,7 @@ def test_the_ring_checks_batch_function_names_the_batches_each_step_trained(
     """shard_batch_fn rebuilds a step's micro-batches from the loader's seeded sampler: the
     same tensors the Trainer fed, in every epoch (rank 0 here: one process)."""
     monkeypatch.setenv("TRAINGUARD_RUN_ID", "hf-trainer-test")
-    tg = TrainguardCallback(sink=MemorySink(), run_dir=tmp_path / "run")
+    tg = TrainguardTrainerCallback(sink=MemorySink(), run_dir=tmp_path / "run")
     seen = Seen(tg)
     args = TrainingArguments(
         output_dir=str(tmp_path / "out"),
@@ -314,4 +314,9 @@ def test_fp16_with_a_grad_scaler_is_refused_with_the_reason(
     )
     args.fp16 = True  # as on a GPU (the CPU's arguments refuse it themselves)
     with pytest.raises(ValueError, match="fp16 with a GradScaler"):
-        Trainer(model=tiny_llama(), args=args, train_dataset=Tokens(12, 1), callbacks=[TrainguardCallback()])
+        Trainer(
+            model=tiny_llama(),
+            args=args,
+            train_dataset=Tokens(12, 1),
+            callbacks=[TrainguardTrainerCallback()],
+        )

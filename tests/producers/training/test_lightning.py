@@ -17,8 +17,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 pl = pytest.importorskip("pytorch_lightning")
 
+from trainguard.lightning import TrainguardLightningCallback  # noqa: E402
 from trainguard.producers.rank.agent import MemorySink  # noqa: E402
-from trainguard.producers.training.lightning import TrainguardCallback  # noqa: E402
 from trainguard.schemas import SdcSelfCheck, StepStats, StepTiming  # noqa: E402
 
 BATCHES_PER_EPOCH = 8
@@ -56,7 +56,7 @@ class Commands(pl.Callback):
     """What the actuator would do on a SkipUpdate or a RunSelfCheck, before the fit starts."""
 
     def __init__(
-        self, tg: TrainguardCallback, skip: int | None = None, self_check: int | None = None
+        self, tg: TrainguardLightningCallback, skip: int | None = None, self_check: int | None = None
     ) -> None:
         self.tg, self.skip, self.self_check = tg, skip, self_check
         self.before_skip: dict[str, Any] = {}
@@ -94,13 +94,13 @@ def fit(
     resume: int = -1,
     skip_batches: str = "",
     **commands: Any,
-) -> tuple[Tiny, TrainguardCallback, MemorySink, Commands]:
+) -> tuple[Tiny, TrainguardLightningCallback, MemorySink, Commands]:
     monkeypatch.setenv("TRAINGUARD_RUN_ID", "lightning-test")
     monkeypatch.setenv("TRAINGUARD_RESUME_STEP", str(resume))
     monkeypatch.setenv("TRAINGUARD_SKIP_BATCHES", skip_batches)
     monkeypatch.setenv("TRAINGUARD_CHECKPOINT_KEEP", "1000")  # every step's kept: resumed from any
     sink = MemorySink()
-    tg = TrainguardCallback(
+    tg = TrainguardLightningCallback(
         checkpoint_dir=str(ckpt), checkpoint_every_steps=1, sink=sink, run_dir=tmp / "run"
     )
     cmds = Commands(tg, **commands)
@@ -163,7 +163,9 @@ def test_a_resumed_fit_ends_bitwise_where_the_uninterrupted_one_does(
         second_fit_trains_on(module, tg, sink, tmp_path)
 
 
-def second_fit_trains_on(module: Tiny, tg: TrainguardCallback, sink: MemorySink, tmp_path: Path) -> None:
+def second_fit_trains_on(
+    module: Tiny, tg: TrainguardLightningCallback, sink: MemorySink, tmp_path: Path
+) -> None:
     """The launcher's resume step is for the attempt's first fit: a second Trainer fitting
     the module with the same callback trains on from its weights, never rewound."""
     before = {k: v.clone() for k, v in module.state_dict().items()}
@@ -222,7 +224,7 @@ def test_outside_a_launcher_the_fit_runs_unsupervised(
     """`python train.py` with the callback in place and no run id: a warning, and the fit."""
     for name in ("TRAINGUARD_RUN_ID", "TORCHELASTIC_RUN_ID", "TRAINGUARD_RESUME_STEP"):
         monkeypatch.delenv(name, raising=False)
-    tg = TrainguardCallback(checkpoint_dir=str(tmp_path / "ckpt"))
+    tg = TrainguardLightningCallback(checkpoint_dir=str(tmp_path / "ckpt"))
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,

@@ -3,14 +3,14 @@ which steps are committed (``MANIFEST.json``, written last), which are resumable
 is not, and the retention that deletes the rest. The root is a local directory or any
 fsspec location (storage.py).
 
-Markers. A step is resumable when its directory holds ``VALIDATED`` and no ``REJECTED``
-(:func:`resumable`; a rejection outranks an older validation). ``VALIDATED`` is written
-after the manifest and removed before it (a re-save, a deletion), so it implies one and
-the launcher may read the markers alone (producers/launcher/checkpoints.py, the same
-rule). ``REJECTED`` (json, with the reason) stays when its step is saved again: the
-reason is on record until the new save is validated, and :meth:`CheckpointCatalog.mark_validated`
-then writes ``VALIDATED`` (carrying the old reason as ``replaces_rejection``) before it
-removes ``REJECTED``, so a reader in between sees both markers: not resumable.
+Markers. A step is resumable when its directory holds the manifest, ``VALIDATED`` and no
+``REJECTED`` (markers.py, the one rule, which the launcher reads too:
+producers/launcher/checkpoints.py). ``VALIDATED`` is written after the manifest and
+removed before it (a re-save, a deletion). ``REJECTED`` (json, with the reason) stays when
+its step is saved again: the reason is on record until the new save is validated, and
+:meth:`CheckpointCatalog.mark_validated` then writes ``VALIDATED`` (carrying the old
+reason as ``replaces_rejection``) before it removes ``REJECTED``, so a reader in between
+sees both markers: not resumable.
 
 Retention (:func:`retention_plan`, the one rule; rank 0 applies it after each validation,
 producers/checkpoint/manager.py). The ``keep`` most recently validated resumable
@@ -41,34 +41,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .markers import MANIFEST, PINNED, REJECTED, VALIDATED, not_resumable, resumable, step_dir_name, step_of
 from .storage import CheckpointStore
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "MANIFEST.json"
-VALIDATED = "VALIDATED"
-REJECTED = "REJECTED"
-#: Retention never deletes a step directory holding this marker (json: who pinned it, why).
-PINNED = "PINNED"
-
-
-def step_dir_name(step: int) -> str:
-    return f"step-{step:09d}"
-
-
-def step_of(name: str) -> int | None:
-    """The step a directory name holds (``step-000000123``), else None."""
-    if not name.startswith("step-"):
-        return None
-    try:
-        return int(name[5:])
-    except ValueError:
-        return None
-
-
-def resumable(names: Collection[str]) -> bool:
-    """The marker rule, from a step directory's names: ``VALIDATED`` and not ``REJECTED``."""
-    return VALIDATED in names and REJECTED not in names
+__all__ = [
+    "MANIFEST",
+    "PINNED",
+    "REJECTED",
+    "VALIDATED",
+    "CheckpointCatalog",
+    "StepEntry",
+    "resumable",
+    "retention_plan",
+    "step_dir_name",
+    "step_of",
+]
 
 
 @dataclass(frozen=True)
@@ -82,7 +71,7 @@ class StepEntry:
 
     @property
     def resumable(self) -> bool:
-        return MANIFEST in self.names and resumable(self.names)
+        return resumable(self.names)
 
 
 def retention_plan(
@@ -147,13 +136,13 @@ class CheckpointCatalog:
     def rejection_reason(self, step: int) -> str | None:
         """Why a checkpoint is not resumable, or None when it is validated."""
         d = self.step_dir(step)
-        names = set(d.names())
-        if MANIFEST not in names:
+        why = not_resumable(set(d.names()))
+        if why == "no manifest":
             return f"checkpoint step {step} does not exist (no manifest in {d})"
-        if REJECTED in names:
+        if why == "rejected":
             marker = d.read_json(REJECTED) or {}
             return f"checkpoint step {step} was rejected: {marker.get('reason', 'unknown reason')}"
-        if VALIDATED not in names:
+        if why == "not validated":
             return f"checkpoint step {step} is not validated (yet)"
         return None
 

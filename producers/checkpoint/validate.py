@@ -38,7 +38,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from .catalog import MANIFEST, REJECTED, VALIDATED
+from .markers import MANIFEST, REJECTED, VALIDATED
 from .storage import CheckpointStore, atomic_write_json, file_digest
 
 __all__ = [

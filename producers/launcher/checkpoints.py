@@ -1,16 +1,16 @@
 """The launcher's view of the checkpoint location (a directory or an fsspec URL): which
-steps hold a validated checkpoint (``step-NNN/VALIDATED``) and which were rejected
-(``REJECTED``, which outranks VALIDATED, so a rejected checkpoint is never chosen again;
-a re-save keeps it until the new save is validated). The marker rule is the catalog's
-(producers/checkpoint/catalog.py: :func:`resumable`), which the ranks read too."""
+steps hold a resumable checkpoint (its manifest and ``VALIDATED``, no ``REJECTED``: a
+rejected checkpoint is never chosen again, and a re-save keeps the marker until the new
+save is validated) and which were rejected. What is resumable is decided in one place,
+producers/checkpoint/markers.py, which the ranks' catalog reads too."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
-from ..checkpoint.catalog import REJECTED, VALIDATED, resumable, step_of
 from ..checkpoint.location import LocationError
+from ..checkpoint.markers import REJECTED, VALIDATED, resumable, step_of
 from ..checkpoint.storage import CheckpointStore
 
 log = logging.getLogger(__name__)
@@ -39,8 +39,9 @@ def _step_dirs(location: Path | str) -> list[tuple[int, CheckpointStore]]:
 
 
 def validated_steps(location: Path | str) -> dict[int, float]:
-    """Steps with a ``step-NNN/VALIDATED`` marker and no ``REJECTED`` one (a checkpoint the
-    ranks rejected at load keeps its old VALIDATED marker), and each marker's mtime."""
+    """Resumable steps (markers.py: the manifest, ``VALIDATED``, no ``REJECTED``; a
+    checkpoint the ranks rejected at load keeps its old VALIDATED marker), and each
+    ``VALIDATED`` marker's mtime."""
     out: dict[int, float] = {}
     for step, directory in _step_dirs(location):
         if not resumable(directory.names()):

@@ -18,6 +18,7 @@ def test_an_unlistable_location_is_logged_once_per_error_and_its_recovery_once(
 ) -> None:
     ckpt = tmp_path / "ckpt"
     (ckpt / "step-000000005").mkdir(parents=True)
+    (ckpt / "step-000000005" / "MANIFEST.json").write_text("{}")
     (ckpt / "step-000000005" / "VALIDATED").write_text("ok")
     listing = CheckpointStore.names
     outage: list[OSError] = []

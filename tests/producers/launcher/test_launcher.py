@@ -104,6 +104,7 @@ FAKE_RANK = textwrap.dedent(
         if rank == 0 and step % every == 0:
             d = ckpt / ("step-%09d" % step)
             d.mkdir(parents=True, exist_ok=True)
+            (d / "MANIFEST.json").write_text("{}")
             (d / "VALIDATED").write_text("ok")
         if rank == 0 and env.get("FAKE_REJECT_ALL") == str(attempt) and step == resume + 3:
             for d in ckpt.glob("step-*"):
@@ -243,6 +244,7 @@ def test_rollback_stops_the_group_and_resumes_from_the_named_step(tmp_path: Path
     ckpt = tmp_path / "ckpt"
     for step in (5, 10):
         (ckpt / f"step-{step:09d}").mkdir(parents=True)
+        (ckpt / f"step-{step:09d}" / "MANIFEST.json").write_text("{}")
         (ckpt / f"step-{step:09d}" / "VALIDATED").write_text("ok")
     rollback = Rollback(
         command_id="rb", run_id="r1", attempt=0, issued_ts=time.time(),
@@ -538,6 +540,7 @@ def test_a_checkpoint_the_ranks_rejected_is_never_chosen_again(tmp_path: Path) -
     ckpt = tmp_path / "ckpt"
     for step in (5, 10):
         (ckpt / f"step-{step:09d}").mkdir(parents=True)
+        (ckpt / f"step-{step:09d}" / "MANIFEST.json").write_text("{}")
         (ckpt / f"step-{step:09d}" / "VALIDATED").write_text("ok")
     (ckpt / "step-000000010" / "REJECTED").write_text(json.dumps({"reason": "missing shard __1_0.distcp"}))
     assert validated_steps(ckpt).keys() == {5}
@@ -551,6 +554,7 @@ def test_with_every_checkpoint_rejected_the_run_stops_and_says_so(tmp_path: Path
     sink = MemorySink()
     env = {"FAKE_REJECT_ALL": "0", "FAKE_STEPS": "14"}
     (tmp_path / "ckpt" / "step-000000005").mkdir(parents=True)
+    (tmp_path / "ckpt" / "step-000000005" / "MANIFEST.json").write_text("{}")
     (tmp_path / "ckpt" / "step-000000005" / "VALIDATED").write_text("ok")
     result = make_launcher(tmp_path, sink, env).run()
     assert result.status == "failed" and result.attempts == 1
@@ -566,6 +570,7 @@ def test_with_every_checkpoint_rejected_the_policy_may_start_from_step_0(tmp_pat
     sink = MemorySink()
     env = {"FAKE_REJECT_ALL": "0", "FAKE_STEPS": "14"}
     (tmp_path / "ckpt" / "step-000000005").mkdir(parents=True)
+    (tmp_path / "ckpt" / "step-000000005" / "MANIFEST.json").write_text("{}")
     (tmp_path / "ckpt" / "step-000000005" / "VALIDATED").write_text("ok")
     result = make_launcher(tmp_path, sink, env, restart_from_scratch=True).run()
     assert result.status == "ok", result.reason

@@ -105,6 +105,7 @@ FAKE_RANK = textwrap.dedent(
             d = ckpt / ("step-%09d" % step)
             d.mkdir(parents=True, exist_ok=True)
             (d / "state.json").write_text(json.dumps(applied))
+            (d / "MANIFEST.json").write_text("{}")
             (d / "VALIDATED").write_text("ok")
         phases["last_step"] = step
         phases.setdefault("first_step_ts", time.time())
@@ -331,6 +332,7 @@ def checkpoint(run: Run, step: int) -> None:
     d = run.ckpt / f"step-{step:09d}"
     d.mkdir(parents=True)
     (d / "state.json").write_text(json.dumps(list(range(step + 1))))
+    (d / "MANIFEST.json").write_text("{}")
     (d / "VALIDATED").write_text("ok")
 
 

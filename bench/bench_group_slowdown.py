@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_group_slowdown.py --ranks 2048 16384 --seeds 5
 
 For each world size (racks of 16 nodes x 8 GPUs = 128 ranks, the control-16k noise:
-3% lognormal jitter, 1% silicon lottery, Pareto tails, GC pauses; tests/processors/
+3% lognormal jitter, 1% silicon lottery, Pareto tails, GC pauses; harness/
 group_streams.py builds the steps with numpy):
 
 - noise only: `--noise-steps` steps per seed, the flags raised (must be 0);
@@ -26,9 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `tests`
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `harness`
 
-from tests.processors.group_streams import GroupHarness, RackJob, SlowGroup, _trigger  # noqa: E402
+from harness.group_streams import GroupHarness, RackJob, SlowGroup, _trigger  # noqa: E402
 from trainguard.processors.core.group_slowdown import on_local_step, on_summary  # noqa: E402
 from trainguard.schemas import GroupComputeTimes, GroupSlowdownFlagged  # noqa: E402
 

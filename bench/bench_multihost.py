@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.producers.launcher.hosts import agent as host_agent  # noqa: E402
-from tests.producers.launcher.hosts import attempted, environment, kill_tree  # noqa: E402
+from harness.hosts import agent as host_agent  # noqa: E402
+from harness.hosts import attempted, environment, kill_tree  # noqa: E402
 from trainguard.producers.launcher.config import free_port  # noqa: E402
 from trainguard.producers.launcher.records import phases_path, read_json  # noqa: E402
 

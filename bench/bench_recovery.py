@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.processors.feed import node_batches  # noqa: E402
-from tests.processors.straggler_streams import Slow, SyncJob  # noqa: E402
+from harness.feed import node_batches  # noqa: E402
+from harness.straggler_streams import Slow, SyncJob  # noqa: E402
 from trainguard.processors.core.policy import CorePolicy  # noqa: E402
 from trainguard.processors.core.state import CoreState  # noqa: E402
 from trainguard.processors.driver import CoreDriver  # noqa: E402

@@ -20,7 +20,7 @@ Four measurements, each printed as a markdown table:
 - scenarios: the library's slow-small-* runs through the pure core in a closed loop (the
   simulator obeys the commands): each slow unit's flag, diagnosis and eviction decision.
 
-The streams are tests/processors/slowdown_streams.py's; the per-step rule is driven through
+The streams are harness/slowdown_streams.py's; the per-step rule is driven through
 its own evaluation (straggler._evaluate) with each step's reports in place, as observe_step
 would have them.
 """
@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.processors.slowdown_streams import NoisyJob, SlowUnit, WindowHarness, trigger  # noqa: E402
+from harness.slowdown_streams import NoisyJob, SlowUnit, WindowHarness, trigger  # noqa: E402
 from trainguard.processors.core import straggler  # noqa: E402
 from trainguard.processors.core.eviction_state import EvictionPolicy  # noqa: E402
 from trainguard.processors.core.slowdown import payback_floor, z_threshold  # noqa: E402

@@ -160,6 +160,37 @@ def test_the_product_never_imports_the_development_tooling(graph: ImportGraph) -
     assert any(m.startswith(TOOLING) for m in graph.modules), "the tooling package moved"
 
 
+def _top_level_imports(path: Path) -> set[str]:
+    """The top-level names a file imports (absolute imports only)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_bench_and_the_harness_never_import_the_tests() -> None:
+    # Issue 48: what bench shares with the tests lives in harness/, which imports nothing
+    # from tests/ either.
+    files = [*sorted((ROOT / "bench").rglob("*.py")), *sorted((ROOT / "harness").rglob("*.py"))]
+    assert len(files) > 20
+    offenders = sorted(str(p.relative_to(ROOT)) for p in files if "tests" in _top_level_imports(p))
+    assert offenders == []
+
+
+def test_the_product_never_imports_the_harness(graph: ImportGraph) -> None:
+    offenders = sorted(
+        str(path.relative_to(ROOT))
+        for path in graph.modules.values()
+        if "harness" in _top_level_imports(path)
+    )
+    assert offenders == []
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    assert not any(p.split(".")[0] == "harness" or "harness" in p for p in packages)  # not in the wheel
+
+
 def test_docs_architecture_names_every_package_folder(graph: ImportGraph) -> None:
     # docs/architecture.md has a paragraph per folder; a new sub-package gets one too.
     text = (ROOT / "docs" / "architecture.md").read_text()

@@ -37,11 +37,11 @@ from typing import Any
 
 import pytest
 
+from harness.hosts import EXAMPLE, ROOT, environment, journal, kill_tree
 from trainguard.producers.launcher.config import free_port
 from trainguard.producers.launcher.shared_quarantine import SharedQuarantine
 
 from ..producers.launcher.elastic_checks import assert_each_sample_once, trained
-from ..producers.launcher.hosts import EXAMPLE, ROOT, environment, journal, kill_tree
 from .slurm_cluster import SlurmCluster, SlurmUnavailable, slurm_cluster
 
 torch = pytest.importorskip("torch")

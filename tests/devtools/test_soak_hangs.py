@@ -6,12 +6,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, cast
 
+from harness.streams import Job
 from trainguard.devtools.soak import HangOutcome, _hangs
 from trainguard.processors.core import CorePolicy, HangPolicy, run_all
 from trainguard.producers.simulator.cluster import FiredFault
 from trainguard.schemas import Abort, Ack, AckStatus, Command, Derived, HangDetected, ReasonCode
-
-from ..processors.streams import Job
 
 POLICY = CorePolicy(hang=HangPolicy(min_samples=20, floor_s=2.0, stack_collect_s=10.0))
 

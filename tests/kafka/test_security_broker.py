@@ -22,6 +22,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
+from harness.streams import Job
 from trainguard.devtools.broker_jars import ensure_jars
 from trainguard.devtools.local_broker import BrokerError, LocalBroker, start_local_broker
 from trainguard.devtools.stack import builtin_policy, start_processor
@@ -37,7 +38,6 @@ from trainguard.schemas import Abort, Ack, AckStatus, Command, auth, decode, enc
 from trainguard.schemas.codec import ACKS, COMMANDS
 
 from ..pipeline import free_port
-from ..processors.streams import Job
 from ..readers import TopicReader
 
 pytestmark = pytest.mark.broker

@@ -13,6 +13,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
+from harness.streams import Job
 from trainguard.processors.core import CorePolicy, CoreState, RunState, engine
 from trainguard.processors.core.engine import Output
 from trainguard.processors.core.sdc import (
@@ -34,8 +35,6 @@ from trainguard.schemas import (
     StepStats,
     StepTiming,
 )
-
-from .streams import Job
 
 
 @dataclass

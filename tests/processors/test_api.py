@@ -17,6 +17,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from typer.testing import CliRunner
 
+from harness.streams import Job
 from trainguard import cli
 from trainguard.processors import api, api_view, api_web
 from trainguard.processors.core import CorePolicy, HangPolicy, goodput, step_time_summary
@@ -36,8 +37,6 @@ from trainguard.schemas import (
 )
 from trainguard.sinks.archive_store import Archive
 from trainguard.sinks.archive_store import timeline as archive_timeline
-
-from .streams import Job
 
 SECRET = b"unit-test-master-secret-0123456789"
 TOKEN = "unit-test-api-token-0123456789"

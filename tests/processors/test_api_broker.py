@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
+from harness.streams import Job
 from trainguard.devtools.stack import start_processor
 from trainguard.kafka.topics import TopicNames, delete_topics, ensure_topics, topic_names
 from trainguard.processors.core.policy import load_policy
@@ -38,7 +39,6 @@ from trainguard.schemas.codec import COMMANDS
 
 from ..pipeline import free_port
 from ..readers import TopicReader
-from .streams import Job
 
 pytestmark = pytest.mark.broker
 

@@ -19,6 +19,7 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
+from harness.streams import Job
 from trainguard.kafka.topics import TopicNames, delete_topics, ensure_topics, topic_names
 from trainguard.producers.rank.actuator import Actuator
 from trainguard.producers.simulator.driver import run_simulation
@@ -40,7 +41,6 @@ from trainguard.schemas.codec import ACKS, COMMANDS, DERIVED
 
 from ..pipeline import free_port
 from ..readers import Seen, TopicReader
-from .streams import Job
 
 pytestmark = pytest.mark.broker
 

@@ -25,6 +25,7 @@ import orjson
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
 
+from harness.streams import Job
 from trainguard.devtools.stack import builtin_policy, scrape
 from trainguard.kafka.lag import wait_caught_up
 from trainguard.processors.core.policy import load_policy
@@ -35,7 +36,6 @@ from trainguard.sinks.archive import archive_group, archived_topics
 
 from ..pipeline import Processor, running_processor
 from ..readers import TopicReader
-from .streams import Job
 
 pytestmark = pytest.mark.broker
 

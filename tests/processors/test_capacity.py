@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from harness.streams import Job
 from trainguard.processors.core import CorePolicy, run_all
 from trainguard.processors.core.capacity_state import ElasticPolicy
 from trainguard.processors.core.goodput import total
@@ -22,8 +23,6 @@ from trainguard.schemas import (
     ReasonCode,
     RunStarted,
 )
-
-from .streams import Job
 
 POLICY = CorePolicy()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from harness.straggler_streams import Harness, HealthFault, Slow, SyncJob, of_kind
 from trainguard.processors.core.diagnosis import diagnose, observe_health
 from trainguard.processors.core.diagnosis_state import DiagnosisPolicy, HealthState
 from trainguard.schemas import (
@@ -15,8 +16,6 @@ from trainguard.schemas import (
     StragglerDiagnosed,
     StragglerFlagged,
 )
-
-from .straggler_streams import Harness, HealthFault, Slow, SyncJob, of_kind
 
 STRAGGLER = 21  # node-002, rack-0 (nodes 0-3); 64 ranks, 8 per node, 4 nodes per rack
 

@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from harness.streams import Job
 from trainguard.processors.core import engine
 from trainguard.processors.core.hazard_state import PredictionPolicy
 from trainguard.processors.core.outputs import Forward
@@ -27,8 +28,6 @@ from trainguard.schemas import (
     Reason,
     ReasonCode,
 )
-
-from .streams import Job
 
 #: Minutes, not hours, of a 16-node job: one-minute evaluations over a 20-minute window.
 POLICY = CorePolicy(prediction=PredictionPolicy(check_every_s=60.0, window_s=1200.0, horizon_s=3600.0))

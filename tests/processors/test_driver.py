@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import pytest
 
+from harness.streams import Job
 from trainguard.processors import driver as driver_module
 from trainguard.processors.core import CorePolicy
 from trainguard.processors.driver import CoreDriver
 from trainguard.schemas import StepTiming, decode, encode, encode_batch
 from trainguard.schemas.codec import RejectReason
-
-from .streams import Job
 
 SECRET = b"driver-test-secret-0123456789ab"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from harness.streams import Job
 from trainguard.processors.core import CorePolicy, CoreState, HangPolicy, RunPhase, run_all, step
 from trainguard.processors.core.outputs import Forward, Reject
 from trainguard.processors.core.state import IllegalTransition, RunState
@@ -27,8 +28,6 @@ from trainguard.schemas import (
 )
 from trainguard.schemas.codec import RejectReason
 from trainguard.schemas.sharding import route
-
-from .streams import Job
 
 POLICY = CorePolicy(hang=HangPolicy(min_samples=20, floor_s=2.0, stack_collect_s=10.0))
 

@@ -8,12 +8,11 @@ import random
 
 import pytest
 
+from harness.streams import Job
 from trainguard.processors.core import CorePolicy, run_all
 from trainguard.processors.core.baseline_state import BaselinePolicy
 from trainguard.processors.core.goodput import GoodputPolicy, GoodputState, advance, breakdown
 from trainguard.schemas import CheckpointWritten, GoodputReport, Interruption, InterruptionRecovered, Page
-
-from .streams import Job
 
 POLICY = CorePolicy(baseline=BaselinePolicy(reference_world_size=16))
 HOUR = 3600.0

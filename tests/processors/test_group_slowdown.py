@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from harness.group_streams import GroupHarness, RackJob, SlowGroup
+from harness.straggler_streams import HealthFault, Slow, SyncJob, of_kind
 from trainguard.processors.core import CorePolicy, CoreState, step
 from trainguard.processors.core.group_slowdown import _suspects, summarise
 from trainguard.processors.core.group_state import GroupSlowdownPolicy
@@ -20,9 +22,6 @@ from trainguard.schemas import (
     StragglerAction,
     StragglerDiagnosed,
 )
-
-from .group_streams import GroupHarness, RackJob, SlowGroup
-from .straggler_streams import HealthFault, Slow, SyncJob, of_kind
 
 ONSET = 30
 

@@ -9,6 +9,8 @@ from collections.abc import Iterable
 
 import pytest
 
+from harness.straggler_streams import HealthFault, Slow, SyncJob
+from harness.streams import Job
 from trainguard.processors import metrics as metrics_module
 from trainguard.processors.core import CorePolicy
 from trainguard.processors.core.baseline_state import BaselinePolicy
@@ -17,9 +19,6 @@ from trainguard.processors.driver import CoreDriver, DriverResult
 from trainguard.processors.metrics import OTHER_RULE, PAGE_RULES, ProcessorMetrics
 from trainguard.schemas import Envelope, Interruption, Page, ReasonCode, encode, encode_batch
 from trainguard.schemas.sharding import route
-
-from .straggler_streams import HealthFault, Slow, SyncJob
-from .streams import Job
 
 #: A 16-rank test job given the seed's 16,384-GPU failure rate, as in tests/processors/test_paging.py.
 POLICY = CorePolicy(baseline=BaselinePolicy(reference_world_size=16))

@@ -5,6 +5,7 @@ where the policy allows it."""
 
 from __future__ import annotations
 
+from harness.streams import Job
 from trainguard.processors.core import CorePolicy, run_all
 from trainguard.processors.core.baseline_state import BaselinePolicy
 from trainguard.schemas import (
@@ -17,8 +18,6 @@ from trainguard.schemas import (
     ReasonCode,
     ReleaseNode,
 )
-
-from .streams import Job
 
 POLICY = CorePolicy(baseline=BaselinePolicy(reference_world_size=16))
 

@@ -4,6 +4,7 @@ its rule and the interruptions that make it."""
 
 from __future__ import annotations
 
+from harness.streams import Job
 from trainguard.processors.core import CorePolicy, run_all
 from trainguard.processors.core.baseline_state import BaselinePolicy
 from trainguard.processors.core.paging_state import PagingPolicy
@@ -18,8 +19,6 @@ from trainguard.schemas import (
     ReleaseNode,
     SkipUpdate,
 )
-
-from .streams import Job
 
 #: A 16-rank test job given the seed's 16,384-GPU failure rate (MTBF 3.1 h), so that
 #: "the normal rate" means what it means for a real large run.

@@ -3,12 +3,11 @@ from, and which re-made outputs not to publish again."""
 
 from __future__ import annotations
 
+from harness.streams import Job
 from trainguard.processors.core.policy import CorePolicy
 from trainguard.processors.driver import CoreDriver, DriverResult
 from trainguard.processors.partitions import Action, Held, PartitionBook
 from trainguard.schemas import encode
-
-from .streams import Job
 
 
 def crash_outputs() -> DriverResult:

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import random
 
+from harness.streams import Job
 from trainguard.processors.core import CorePolicy, HangPolicy, run_all
 from trainguard.processors.core.policy import CrashPolicy
 from trainguard.schemas import Interruption, InterruptionCause, QuarantineNode, ReasonCode, Tick
-
-from .streams import Job
 
 POLICY = CorePolicy(hang=HangPolicy(min_samples=20, floor_s=2.0), crash=CrashPolicy(peer_loss_window_s=10.0))
 

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.feed import Feed
+from harness.straggler_streams import Slow, SyncJob
 from trainguard.devtools.stack import builtin_policy, scrape
 from trainguard.kafka.topics import TopicNames
 from trainguard.processors.core.policy import load_policy
@@ -40,8 +42,6 @@ from trainguard.schemas.codec import DERIVED
 
 from ..readers import TopicReader
 from ..variants import with_slow
-from .feed import Feed
-from .straggler_streams import Slow, SyncJob
 from .workers import Workers, workers_on
 
 pytestmark = pytest.mark.broker

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.feed import Feed, node_batches
+from harness.straggler_streams import Slow, SyncJob
 from trainguard.devtools.stack import builtin_policy
 from trainguard.kafka.lag import wait_caught_up
 from trainguard.kafka.topics import TopicNames, partition_count
@@ -35,8 +37,6 @@ from trainguard.schemas.codec import DERIVED
 from trainguard.schemas.sharding import telemetry_partition
 
 from ..readers import TopicReader
-from .feed import Feed, node_batches
-from .straggler_streams import Slow, SyncJob
 from .workers import Workers, workers_on
 
 pytestmark = pytest.mark.broker

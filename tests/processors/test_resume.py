@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from harness.streams import Job
 from trainguard.processors.core import CorePolicy, HangPolicy, run_all
 from trainguard.schemas import (
     CheckpointRejected,
@@ -17,8 +18,6 @@ from trainguard.schemas import (
     ResumeRejected,
     Rollback,
 )
-
-from .streams import Job
 
 POLICY = CorePolicy(hang=HangPolicy(min_samples=20, floor_s=2.0, stack_collect_s=10.0))
 

@@ -9,6 +9,7 @@ import math
 import pytest
 from pydantic import ValidationError
 
+from harness.streams import Job
 from trainguard.processors.core import CorePolicy, run_all
 from trainguard.processors.core.retention import (
     RetentionPolicy,
@@ -29,8 +30,6 @@ from trainguard.schemas import (
     SdcMismatch,
     SdcSelfCheck,
 )
-
-from .streams import Job
 
 POLICY = RetentionPolicy()
 MINUTE, HOUR, DAY = 60.0, 3600.0, 86_400.0

@@ -4,6 +4,7 @@ its lost work; with no such checkpoint left, a page says so."""
 
 from __future__ import annotations
 
+from harness.streams import Job
 from trainguard.processors.core import CorePolicy, run_all
 from trainguard.processors.core.rollback import retention_count
 from trainguard.schemas import (
@@ -15,8 +16,6 @@ from trainguard.schemas import (
     SdcMismatch,
     SdcSelfCheck,
 )
-
-from .streams import Job
 
 POLICY = CorePolicy()
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from harness.slowdown_streams import NoisyJob, SlowUnit, WindowHarness
+from harness.straggler_streams import HealthFault, Slow, SyncJob, of_kind
 from trainguard.processors.core import CorePolicy, CoreState, step
 from trainguard.processors.core.slowdown import z_threshold
 from trainguard.processors.core.slowdown_state import NODE, RANK, SlowdownPolicy
@@ -20,9 +22,6 @@ from trainguard.schemas import (
     StragglerDiagnosed,
     StragglerFlagged,
 )
-
-from .slowdown_streams import NoisyJob, SlowUnit, WindowHarness
-from .straggler_streams import HealthFault, Slow, SyncJob, of_kind
 
 ONSET = 100
 WITHIN = 300

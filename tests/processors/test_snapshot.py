@@ -11,6 +11,7 @@ import zlib
 
 import pytest
 
+from harness.straggler_streams import HealthFault, Slow, SyncJob
 from trainguard.processors.core.policy import CorePolicy
 from trainguard.processors.core.state import CoreState
 from trainguard.processors.driver import CoreDriver
@@ -22,8 +23,6 @@ from trainguard.processors.snapshot import (
     snapshot_key,
 )
 from trainguard.schemas import encode
-
-from .straggler_streams import HealthFault, Slow, SyncJob
 
 SECRET = b"snapshot-test-secret-0123456789"
 KEY = snapshot_key(SECRET)

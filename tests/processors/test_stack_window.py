@@ -3,11 +3,10 @@ the abort can have reached the ranks, and closes as soon as the odd stack out is
 
 from __future__ import annotations
 
+from harness.streams import Job
 from trainguard.processors.core import CorePolicy, CoreState, HangPolicy, run_all, step
 from trainguard.processors.core.stack_window import odd_one_certain
 from trainguard.schemas import Abort, Interruption, InterruptionCause, ReasonCode, Tick
-
-from .streams import Job
 
 POLICY = CorePolicy(hang=HangPolicy(min_samples=20, floor_s=2.0, stack_collect_s=10.0))
 COLLECTIVE = "collective:allreduce"

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.feed import Feed
+from harness.straggler_streams import Slow, SyncJob
 from trainguard.devtools.stack import builtin_policy, scrape
 from trainguard.kafka.topics import TopicNames
 from trainguard.processors.core.policy import load_policy
@@ -26,8 +28,6 @@ from trainguard.schemas import Derived, StragglerFlagged, decode
 from trainguard.schemas.codec import DERIVED
 
 from ..readers import Seen, TopicReader
-from .feed import Feed
-from .straggler_streams import Slow, SyncJob
 from .workers import Workers, workers_on
 
 pytestmark = pytest.mark.broker

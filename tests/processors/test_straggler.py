@@ -8,6 +8,7 @@ import random
 import pytest
 from pydantic import ValidationError
 
+from harness.straggler_streams import Harness, Slow, SyncJob, of_kind
 from trainguard.processors.core.state import RunState
 from trainguard.processors.core.straggler import observe_step
 from trainguard.processors.core.straggler_state import StragglerPolicy, StragglerState
@@ -21,8 +22,6 @@ from trainguard.schemas import (
     StragglerCleared,
     StragglerFlagged,
 )
-
-from .straggler_streams import Harness, Slow, SyncJob, of_kind
 
 ONSET = 150
 

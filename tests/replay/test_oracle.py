@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from harness.streams import Job
 from trainguard.processors.core.policy import CorePolicy
 from trainguard.replay.log import Recording
 from trainguard.replay.oracle import EVERY_CHECK, NOTHING_LOST, REPLAY, check
 from trainguard.replay.replay import replay
 from trainguard.schemas import encode, encode_batch
-
-from ..processors.streams import Job
 
 POLICY = CorePolicy()
 

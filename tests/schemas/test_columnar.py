@@ -15,6 +15,7 @@ import numpy as np
 import orjson
 import pytest
 
+from harness.streams import Job
 from trainguard.processors.core import CorePolicy, CoreState
 from trainguard.processors.driver import CoreDriver
 from trainguard.producers.rank.shipper import pack
@@ -22,7 +23,6 @@ from trainguard.producers.simulator.scenario import Scenario
 from trainguard.schemas import Envelope, RejectReason, StepTiming, decode_batch, encode, encode_batch
 from trainguard.schemas.columnar import encode_step_timings
 
-from ..processors.streams import Job
 from ..simulated import packed_records
 from ..variants import with_slow
 

@@ -186,9 +186,8 @@ def test_timeline_orders_interruptions_by_detection_time(tmp_path: Path) -> None
 def test_timeline_lists_each_interruptions_decisions_and_cost(tmp_path: Path) -> None:
     """The core's own records of one crash: the decisions it caused (directly, or through
     the quarantine: its command) with their reasons, and the cost of the restart."""
+    from harness.streams import Job
     from trainguard.processors.core import CorePolicy, run_all
-
-    from ..processors.streams import Job
 
     job = Job(step_s=60.0, checkpoint_every=10).start().steps(45)
     job.exit(9, exit_code=1)
@@ -216,10 +215,9 @@ def test_timeline_lists_each_interruptions_decisions_and_cost(tmp_path: Path) ->
 def test_timeline_shows_a_checkpoint_rejected_at_resume_and_why(tmp_path: Path) -> None:
     """Issue 15: stopped, relaunched on checkpoint 30 whose shard rank 0 finds flipped; it
     resumes from 20. The restart's timeline entry lists the rejection with its reason."""
+    from harness.streams import Job
     from trainguard.processors.core import CorePolicy, run_all
     from trainguard.schemas import CheckpointRejected
-
-    from ..processors.streams import Job
 
     job = Job(world_size=4).start().steps(35)
     for r in range(4):

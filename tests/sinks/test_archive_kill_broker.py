@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
+from harness.streams import Job
 from trainguard.kafka.lag import group_lag, wait_caught_up
 from trainguard.kafka.topics import TopicNames
 from trainguard.schemas import encode, encode_batch
@@ -25,7 +26,6 @@ from trainguard.sinks.archive import archive_group, archived_topics
 from trainguard.sinks.archive_store import open_snapshot, summary
 
 from ..pipeline import free_port
-from ..processors.streams import Job
 
 
 def _physical_rows(db: Path) -> int:

@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from harness.streams import Job
 from trainguard.common.lemons import DAY_S, LemonPolicy, failures
 from trainguard.processors.core import CorePolicy, run_all
 from trainguard.schemas import NodeSelfTestResult, Reason, ReasonCode
 from trainguard.sinks.archive_store import Archive
 from trainguard.sinks.node_history import find_lemons, history
 
-from ..processors.streams import Job
 from .lemon_runs import LEMON, PAST, TWICE, past_runs, write_lemon_archive
 
 #: 2024-05-20 00:00:00 UTC: the lemon archive's runs are 20, 10 and 2 days before.

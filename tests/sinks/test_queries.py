@@ -578,9 +578,8 @@ def test_a_quarantine_command_before_its_event_is_one_row(tmp_path: Path, truth:
 
 
 def test_a_released_quarantine_is_no_quarantine(tmp_path: Path) -> None:
+    from harness.streams import Job
     from trainguard.processors.core import CorePolicy, run_all
-
-    from ..processors.streams import Job
 
     # Step 126 fails on node-001, then on node-002: data or code; node-001 is released.
     job = Job(step_s=60.0, checkpoint_every=10).start().steps(126)

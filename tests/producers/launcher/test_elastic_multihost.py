@@ -31,12 +31,12 @@ from typing import Any
 
 import pytest
 
+from harness.hosts import ROOT, kill_tree
 from trainguard.producers.launcher.config import free_port
 from trainguard.producers.launcher.shared_quarantine import SharedQuarantine
 
 from ...pipeline import Processor, running_processor
 from .elastic_checks import assert_each_sample_once, assert_like_clean, assert_weights, trained
-from .hosts import ROOT, kill_tree
 
 torch = pytest.importorskip("torch")
 

@@ -9,10 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+from harness.hosts import EXAMPLE, environment
 from trainguard.producers.launcher.config import free_port
 from trainguard.producers.launcher.liveness import HostBeat, Liveness, hosts_dir, newest_world
-
-from .hosts import EXAMPLE, environment
 
 
 def journal(ckpt: Path, node: str, *records: dict[str, object]) -> None:

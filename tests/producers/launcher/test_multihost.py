@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.hosts import EXAMPLE, agent, environment
 from trainguard.producers.launcher.config import free_port
 from trainguard.producers.launcher.shared_quarantine import SharedQuarantine
-
-from .hosts import EXAMPLE, agent, environment
 
 torch = pytest.importorskip("torch")
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from harness.hosts import agent, attempted, clean_run, environment, journal, kill_tree, log_tail
 from trainguard.devtools.stack import PROCESSOR_GROUP
 from trainguard.kafka.lag import wait_caught_up
 from trainguard.producers.launcher.config import free_port
@@ -46,7 +47,6 @@ from trainguard.schemas.codec import COMMANDS, DERIVED, decode_batch
 from ...pipeline import Processor, running_processor
 from ...variants import slow_variants
 from ..test_inprocess_restart import assert_same_tensors
-from .hosts import agent, attempted, clean_run, environment, journal, kill_tree, log_tail
 
 torch = pytest.importorskip("torch")
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import fsspec
 import pytest
 
+from harness.hosts import agent, clean_run, environment, log_tail
 from trainguard.producers.launcher.config import free_port
 
 from ..s3_server import S3
-from .hosts import agent, clean_run, environment, log_tail
 
 torch = pytest.importorskip("torch")
 

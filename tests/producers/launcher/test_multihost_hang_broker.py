@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.hosts import journal, kill_tree, log_tail
 from trainguard.schemas import HangDetected, Interruption, InterruptionCause, QuarantineNode, ReasonCode
 
 from ...pipeline import Processor
-from .hosts import journal, kill_tree, log_tail
 from .test_multihost_broker import (
     STEPS,
     lose_host_b_with_a_spare_waiting,

@@ -21,9 +21,8 @@ from typing import Any
 
 import pytest
 
+from harness.hosts import ROOT, kill_tree
 from trainguard.producers.launcher.config import free_port
-
-from .hosts import ROOT, kill_tree
 
 pytest.importorskip("torch")
 

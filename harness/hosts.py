@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "train_tiny.py"
 
 

@@ -48,9 +48,9 @@ _NAMING_OPS = frozenset(
 
 def message(old: str, name: str, new_module: str, new_name: str | None = None) -> str:
     new_name = new_name or name
-    imported = new_name if new_name == name else f"{new_name} (was {name})"
+    renamed = "" if new_name == name else f" (renamed from {name})"
     return (
-        f"{old}.{name} is deprecated; use `from {new_module} import {imported}` (docs/api.md). "
+        f"{old}.{name} is deprecated; use `from {new_module} import {new_name}`{renamed} (docs/api.md). "
         f"The old path keeps working for {REMOVAL}."
     )
 

@@ -173,7 +173,7 @@ def noise_table() -> None:
         (1_024, 10_000, 0.04, 0.0, 10_000.0, 1e-3),
     ]
     for world, steps, jitter, spread, budget, floor in rows:
-        policy = SlowdownPolicy(enabled=True, false_flags_per_10k_steps=budget, min_slowdown=floor)
+        policy = SlowdownPolicy(false_flags_per_10k_steps=budget, min_slowdown=floor)
         job = NoisyJob(world_size=world, nodes_per_rack=16, jitter=jitter, rank_spread=spread, seed=3)
         h = WindowHarness(job, policy=policy)
         t0 = time.perf_counter()
@@ -188,7 +188,7 @@ def noise_table() -> None:
 
 
 def cost_table(world: int = 16_384, blocks: int = 40) -> None:
-    policy = SlowdownPolicy(enabled=True)
+    policy = SlowdownPolicy()
     job = NoisyJob(world_size=world, nodes_per_rack=16, jitter=0.04, seed=9)
     h = WindowHarness(job)
     rule = PerStep(world)
@@ -282,7 +282,7 @@ def main() -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
-    policy = SlowdownPolicy(enabled=True)
+    policy = SlowdownPolicy()
     print(
         f"commit {commit}; thresholds: rank {z_threshold(policy, RANK, 8):.2f} sigma, node "
         f"{z_threshold(policy, NODE, 8):.2f} sigma, payback floor "

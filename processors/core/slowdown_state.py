@@ -26,11 +26,7 @@ class SlowdownPolicy(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    enabled: bool = Field(
-        False,
-        description="True: the windowed detector flags too; False (the default until the suite's "
-        "end-to-end expectations are moved to its sooner flags): only the per-step rule (straggler.py).",
-    )
+    enabled: bool = Field(True, description="False: only the per-step rule (straggler.py) flags ranks.")
     block_steps: int = Field(
         32,
         ge=4,

@@ -122,7 +122,7 @@ class WindowHarness:
     """The windowed detector as the engine drives it, on every shard of the run."""
 
     job: NoisyJob
-    policy: SlowdownPolicy = field(default_factory=lambda: SlowdownPolicy(enabled=True))
+    policy: SlowdownPolicy = field(default_factory=SlowdownPolicy)
     eviction: EvictionPolicy = field(default_factory=EvictionPolicy)
     shard_ranks: int = 0
     runs: list[RunState] = field(default_factory=list)

@@ -131,9 +131,7 @@ def test_the_budget_bounds_what_noise_raises() -> None:
     steps, world = 3_000, 1_024
     counts = []
     for budget in (2_000.0, 20_000.0):
-        policy = SlowdownPolicy(
-            enabled=True, false_flags_per_10k_steps=budget, min_slowdown=1e-3
-        )  # no payback floor
+        policy = SlowdownPolicy(false_flags_per_10k_steps=budget, min_slowdown=1e-3)  # no payback floor
         h = WindowHarness(NoisyJob(world_size=world, jitter=0.04, seed=5), policy=policy)
         h.steps(steps)
         expected = budget * steps / 10_000 * world / policy.reference_ranks
@@ -143,10 +141,10 @@ def test_the_budget_bounds_what_noise_raises() -> None:
 
 
 def test_thresholds_follow_the_budget_and_the_node_size() -> None:
-    policy = SlowdownPolicy(enabled=True)
+    policy = SlowdownPolicy()
     assert 6.0 < z_threshold(policy, RANK, 8) < 6.5  # ~1e-10 per window per rank
     assert z_threshold(policy, NODE, 8) < z_threshold(policy, RANK, 8)  # 8x fewer nodes
-    looser = SlowdownPolicy(enabled=True, false_flags_per_10k_steps=1.0)
+    looser = SlowdownPolicy(false_flags_per_10k_steps=1.0)
     assert z_threshold(looser, RANK, 8) < z_threshold(policy, RANK, 8)
 
 
@@ -187,7 +185,7 @@ def test_a_sharded_run_finds_what_an_unsharded_one_does() -> None:
 def _engine(job: SyncJob, health: list[HealthFault], steps: int) -> list:
     job.start()
     outputs: list = []
-    state, policy = CoreState(), CorePolicy(slowdown=SlowdownPolicy(enabled=True))
+    state, policy = CoreState(), CorePolicy()
     for chunk in range(0, steps, 20):
         job.health(health)
         job.steps(min(20, steps - chunk))

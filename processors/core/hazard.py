@@ -51,6 +51,7 @@ from .hazard_stats import (
     active_level,
     binomial_surprise,
     chernoff_surprise,
+    decayed_add,
     normal_surprise,
     still_going,
 )
@@ -349,11 +350,7 @@ def _own(
     if len(own.recent) > policy.window_s / every:  # the window's oldest joins the past
         leaving = own.recent.popleft()
         if leaving >= 0:
-            if own.seconds + every > policy.own_history_s:
-                keep = 1.0 - every / policy.own_history_s
-                own.count, own.seconds = own.count * keep, own.seconds * keep
-            own.count += leaving
-            own.seconds += every
+            own.count, own.seconds = decayed_add(own.count, own.seconds, leaving, every, policy.own_history_s)
     return usual, known
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from .hazard_state import LEVELS, GpuTrack, PredictionPolicy
-from .hazard_stats import robust
+from .hazard_stats import decayed_add, robust
 
 
 def drift(
@@ -44,11 +44,8 @@ def drift(
     usual = track.usual.setdefault(name, [0.0, 0.0])
     known, mean = usual[1] >= policy.window_s, usual[0] / usual[1] if usual[1] > 0 else 0.0
     if closed is not None and not frozen and loaded(track, closed[0], power):
-        if usual[1] + policy.check_every_s > policy.own_history_s:
-            keep = 1.0 - policy.check_every_s / policy.own_history_s
-            usual[0], usual[1] = usual[0] * keep, usual[1] * keep
-        usual[0] += closed[1] * policy.check_every_s
-        usual[1] += policy.check_every_s
+        every = policy.check_every_s
+        usual[0], usual[1] = decayed_add(usual[0], usual[1], closed[1] * every, every, policy.own_history_s)
     if not known:
         return None
     quarter = max(1, len(residuals) // 4)

@@ -43,6 +43,17 @@ def still_going(per_bucket: float, silent_buckets: int) -> bool:
     return silent_buckets <= 0 or math.exp(-per_bucket * silent_buckets) >= GOING_P
 
 
+def decayed_add(
+    total: float, seconds: float, value: float, every: float, history: float
+) -> tuple[float, float]:
+    """An accumulator of `value` per `every` seconds whose past fades once it spans
+    `history`: (total, seconds) after one more evaluation (a usual rate, or a usual level)."""
+    if seconds + every > history:
+        keep = 1.0 - every / history
+        total, seconds = total * keep, seconds * keep
+    return total + value, seconds + every
+
+
 def chernoff_surprise(count: float, expected: float, dispersion: float = 1.0) -> float:
     """-log10 of the Chernoff bound on P(X >= count), X quasi-Poisson with mean `expected`
     and variance dispersion x expected (a bound: it never overstates the surprise)."""

@@ -118,21 +118,28 @@ def test_simulated_crash_and_hang_are_detected_and_every_rank_executes_the_abort
     events, acks = live.reader(live.names.events), live.reader(live.names.acks)
 
     result = run_simulation(scenario, live.bootstrap, live.names, SECRET, speed=4.0, run_id=run_id)
-    assert result.finished and result.attempts == 3, result
+    # 4 attempts: the thermal straggler (rank 5, 22% slow from step 30) evicted at the first
+    # checkpoint boundary after the windowed detector's flag (a 32-step block), the crash,
+    # the hang
+    assert result.finished and result.attempts == 4, result
 
     derived = derived_of(
-        events.until(lambda s: len([d for d in derived_of(s, run_id) if d.KIND.startswith("interr")]) >= 4),
+        events.until(
+            lambda s: len([d for d in derived_of(s, run_id) if isinstance(d, InterruptionRecovered)]) >= 3
+        ),
         run_id,
     )
     interruptions = {i.cause.value: i for i in derived if isinstance(i, Interruption)}
     truth = {t.kind: t for t in scenario.truth()}
     crash, hang = interruptions["crash"], interruptions["hang"]
+    eviction = interruptions["eviction"]
+    assert (eviction.rank, eviction.node, eviction.attempt) == (5, "node-0000", 0)
     assert (crash.rank, crash.node) == (truth["crash"].rank, truth["crash"].node)
     assert crash.reason.code == ReasonCode.RANK_EXITED and crash.lost_steps == 4
     assert (hang.rank, hang.node) == (truth["hang"].rank, truth["hang"].node)
     assert hang.reason.code == ReasonCode.ODD_STACK and hang.detected_by == "progress_watchdog"
     recovered = {r.interruption_id for r in derived if isinstance(r, InterruptionRecovered)}
-    assert recovered == {crash.interruption_id, hang.interruption_id}
+    assert recovered == {eviction.interruption_id, crash.interruption_id, hang.interruption_id}
 
     def aborts(seen: list[Seen]) -> list[Ack]:
         return [a for a in acks_of(seen, run_id) if a.command_kind == "abort"]

@@ -1,8 +1,9 @@
 """A processor worker SIGKILLed between publishing a decision and committing its offset,
 then restarted (issue 7 scenario 1), on the real broker.
 
-The job: 16 ranks, rank 5 slow from step 10 (flagged after 100 slow steps, ~step 109),
-rank 9 slow from step 70, rank 2 crashing at the end. The story:
+The job: 16 ranks, rank 5 slow from step 62 (flagged by the windowed detector at the end
+of its first slow 32-step block, before step 115), rank 9 slow from step 100, rank 2
+crashing at the end. The story:
 
 1. worker A folds steps 0-60 and is stopped gracefully: it commits;
 2. worker B takes over (a recovery up to A's commit), folds steps 61-115, publishes
@@ -11,7 +12,7 @@ rank 9 slow from step 70, rank 2 crashing at the end. The story:
    committed offset;
 3. worker C recovers (snapshot, or the whole log) up to the commit, folds steps 61-115
    again and re-makes the flag, which it must not publish twice; then steps 116-200:
-   rank 9's streak began before the kill, so its flag needs the recovered state, and
+   rank 9's slow block began before the kill, so its flag needs the recovered state, and
    so does the crash's interruption (its lost steps count from the recovered state).
 
 Afterwards: nothing acknowledged is lost, no decision id appears twice on its topic,
@@ -112,7 +113,7 @@ def test_a_worker_killed_after_a_decision_and_before_its_commit_repeats_nothing_
     names = workers.names
     run_id = f"kill-{uuid.uuid4().hex[:8]}"
     job = SyncJob(run_id=run_id, world_size=16, ranks_per_node=4, nodes_per_rack=2, step_s=0.2,
-                  slow=[Slow(5, 1.8, from_step=10), Slow(9, 1.8, from_step=70)])  # fmt: skip
+                  slow=[Slow(5, 1.8, from_step=62), Slow(9, 1.8, from_step=100)])  # fmt: skip
     feed = Feed(workers.bootstrap, names.telemetry, job.world_size)
     events = TopicReader(workers.bootstrap, names.events)
     pause = case.snapshot_interval_s * 1.5

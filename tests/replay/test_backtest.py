@@ -75,6 +75,7 @@ STRICT = {
     "hang": {"min_samples": 20, "floor_s": 2.0, "default_timeout_s": 30.0, "startup_timeout_s": 60.0,
              "stack_collect_s": 5.0},
     "straggler": {"consecutive_steps": 50},
+    "slowdown": {"block_steps": 16},  # the windowed detector judges every 16 steps, not 32: sooner
 }  # fmt: skip
 
 

@@ -116,12 +116,14 @@ def test_policies_replayed_in_one_pass_decide_as_each_alone(recorded: Recorded) 
 @pytest.mark.broker
 def test_replaying_under_another_policy_shows_the_decisions_that_differ(recorded: Recorded) -> None:
     strict = parse_policy({"version": 1, "hang": {"min_samples": 20, "floor_s": 2.0, "stack_collect_s": 5.0},
-                           "straggler": {"consecutive_steps": 50}})  # fmt: skip
+                           "straggler": {"consecutive_steps": 50},
+                           "slowdown": {"block_steps": 16}})  # fmt: skip
     comparison = compare(
         decisions_of(recorded.recording), replayed_decisions(replay(recorded.recording, strict))
     )
     assert not comparison.identical
-    # The same straggle (its id is its onset's) is flagged 50 steps sooner.
+    # The same straggle (its id is its onset's) is flagged sooner: a 50-step streak, and the
+    # windowed detector judging blocks of 16 steps instead of 32.
     (flag,) = [d for d in comparison.differences if d.kind == "straggler_flagged" and d.what == "changed"]
     assert "step" in flag.detail and "consecutive_steps" in flag.detail
 

@@ -13,7 +13,8 @@ run-a (16 ranks, 4 nodes), from one minute before midnight UTC into the next day
   bitflip  rank 2 (node-0000) at its first self-check at or after step 300: SDC, rollback
 run-b (16 ranks), an hour after midnight:
   crash    rank 12 (node-0003) during step 60, after an uncorrectable ECC error on its GPU
-  slow     rank 5 (node-0001) NVLink at half width for 20 steps (too short to be flagged)
+  slow     rank 5 (node-0001) NVLink at half width for 12 steps (too short to be flagged: under
+           the 30-step streak, and under half of the windowed detector's 32-step block)
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ RUN_B = Scenario.parse(
         **_CLUSTER,
         faults=[
             dict(kind="crash", rank=12, at_step=60),
-            dict(kind="slow", rank=5, from_step=100, to_step=120, factor=1.1, cause="link"),
+            dict(kind="slow", rank=5, from_step=100, to_step=112, factor=1.1, cause="link"),
         ],
     )  # fmt: skip
 )

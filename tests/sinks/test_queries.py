@@ -104,11 +104,17 @@ class Interrupt:
     lost_steps: int  # the attempt's last completed step minus the next attempt's resume step
 
 
+#: The fewest slow steps either straggler detector needs: the per-step rule's streak, or
+#: just over half the windowed detector's block (its median moves).
+SLOW_STEPS_BEFORE_A_FLAG = min(POLICY.straggler.consecutive_steps, POLICY.slowdown.block_steps // 2)
+
+
 def _flagged(run: SimulatedRun, rank: int) -> bool:
-    """A slow window long enough for the straggler detector to flag it."""
+    """A slow window long enough for a straggler detector to flag it: longer than the per-step
+    rule's streak, or than half the windowed detector's block (it moves the block's median)."""
     (slow,) = [f for f in run.scenario.faults if isinstance(f, SlowFault) and f.rank == rank]
     assert slow.to_step is not None
-    return slow.to_step - slow.from_step > POLICY.straggler.consecutive_steps
+    return slow.to_step - slow.from_step > SLOW_STEPS_BEFORE_A_FLAG
 
 
 def interrupts(run: SimulatedRun) -> list[Interrupt]:
@@ -490,7 +496,7 @@ def test_stragglers(archive: Path, truth: Truth) -> None:
     (fired,) = [f for f in truth.runs["run-a"].fired if f.kind == "slow"]
     assert (row["run_id"], row["rank"], row["node"]) == ("run-a", slow.rank, fired.node)
     assert row["slowdown"] == pytest.approx(slow.factor, abs=0.05)
-    assert row["flagged_at_step"] >= slow.from_step + POLICY.straggler.consecutive_steps - 1
+    assert row["flagged_at_step"] >= slow.from_step + SLOW_STEPS_BEFORE_A_FLAG - 1
     (planned,) = [t for t in truth.runs["run-a"].scenario.truth() if t.kind == "slow"]
     assert (row["diagnosis"], row["decision"]) == (str(planned.diagnosis), "evict")
 

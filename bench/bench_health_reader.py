@@ -44,10 +44,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainguard.producers.chaos.health_inject import InjectedReader, parse
 from trainguard.producers.rank.agent import RankAgent
 from trainguard.producers.rank.shipper import ShipperConfig, TelemetryShipper
 from trainguard.producers.training.gpu_health import GpuHealthSampler, NvmlReader, open_reader
-from trainguard.producers.training.health_inject import InjectedReader, parse
 from trainguard.schemas import GpuHealth, encode
 
 UNREACHABLE = "127.0.0.1:9"  # the discard port: connection refused

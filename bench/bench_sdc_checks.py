@@ -31,8 +31,8 @@ import time
 import torch
 from torch import nn
 
+from trainguard.producers.chaos.device_fault import ENV_WRONG_DEVICE
 from trainguard.producers.launcher.node_selftest import run_node_self_test
-from trainguard.producers.training.device_fault import ENV_WRONG_DEVICE
 from trainguard.producers.training.grad_checks import self_check
 from trainguard.producers.training.ring_check import recompute, ring_check
 

@@ -191,6 +191,23 @@ def test_the_product_never_imports_the_harness(graph: ImportGraph) -> None:
     assert not any(p.split(".")[0] == "harness" or "harness" in p for p in packages)  # not in the wheel
 
 
+CHAOS = "trainguard.producers.chaos"
+
+
+def test_the_product_reaches_chaos_knobs_only_through_their_seam(graph: ImportGraph) -> None:
+    # Issue 48: every fault a fire drill can inject is one grep away (producers/chaos).
+    offenders = sorted(
+        f"{module} imports {target}"
+        for module, targets in graph.edges.items()
+        if not module.startswith(CHAOS)
+        for target in targets
+        if target.startswith(CHAOS + ".")
+    )
+    assert offenders == []
+    users = {module for module, targets in graph.edges.items() if CHAOS in targets}
+    assert {f"trainguard.producers.{m}" for m in ("launcher.launcher", "training.supervisor")} <= users
+
+
 def test_docs_architecture_names_every_package_folder(graph: ImportGraph) -> None:
     # docs/architecture.md has a paragraph per folder; a new sub-package gets one too.
     text = (ROOT / "docs" / "architecture.md").read_text()

@@ -34,7 +34,7 @@ saves, not in the loop's steps, because the writes run in the background and may
 loop; the rank field is ignored). A deterministically wrong device (every matrix product
 off by a fixed factor, so the self-check passes and only the ring cross-rank check
 catches it) is the supervisor's chaos knob TRAINGUARD_INJECT_WRONG_DEVICE
-(producers/training/device_fault.py), not a fault of this script's.
+(producers/chaos/device_fault.py), not a fault of this script's.
 
 TRAIN_EVENTS_FILE=path: every rank appends one JSON line when it kills itself (a kill
 fault) and after the first step it completes in each call of main(), with its pid and the

@@ -48,11 +48,12 @@ from pathlib import Path
 from typing import Any
 
 from ...schemas import RUN_LEVEL_RANK, RunStarted
+from ..chaos import kill_at
 from ..training.inprocess import RESIZED
 from . import drain
 from .agent_bound import bound
 from .agent_store import AgentStores
-from .config import free_port, kill_at
+from .config import free_port
 from .context import LaunchContext
 from .elastic import should_grow
 from .hot import HotRanks

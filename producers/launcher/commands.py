@@ -59,7 +59,8 @@ from ...schemas import (
     SetCheckpointInterval,
     SkipUpdate,
 )
-from .config import LauncherConfig, kill_at
+from ..chaos import kill_at
+from .config import LauncherConfig
 from .node_selftest import SELF_TESTS
 from .plan import NodePool, quarantine_effect
 from .records import RestartCause

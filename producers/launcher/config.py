@@ -1,13 +1,10 @@
-"""`trainguard launch`'s configuration (`LauncherConfig`, every field documented), its
-test hook (kill points), and small helpers to build a command and a port."""
+"""`trainguard launch`'s configuration (`LauncherConfig`, every field documented), and small
+helpers to build a command and a port. (Its kill points are a chaos knob: producers/chaos.)"""
 
 from __future__ import annotations
 
 import hashlib
-import logging
-import os
 import re
-import signal
 import socket
 import sys
 from collections.abc import Sequence
@@ -18,30 +15,6 @@ from typing import Literal
 from ...home import trainguard_home
 from ..checkpoint.location import is_url
 from .rendezvous import RendezvousSpec
-
-#: Test hook: ``point[:detail]`` makes the launcher SIGKILL itself there (:func:`kill_at`).
-FAULT_ENV = "TRAINGUARD_LAUNCHER_FAULT"
-#: The named points, in the order a restart passes them (detail: the attempt, or a command's kind).
-FAULT_POINTS = (
-    "before-command",  # the actuator journaled the command id; its effect is not recorded yet
-    "after-command",  # the command's effect is journaled; not applied, not acked
-    "after-interruption",  # the attempt's end is journaled; its ranks are still running
-    "after-teardown",  # every rank of the attempt is gone and journaled so
-    "before-spawn",  # the next attempt's intent is journaled; nothing spawned
-    "mid-spawn",  # the ranks are spawned; their pids are not journaled
-    "after-spawn",  # their pids are journaled
-)
-
-
-def kill_at(fault: str, point: str, detail: object = "") -> None:
-    """Test hook: with `fault` (config.fault) = "point" or "point:detail" (FAULT_POINTS;
-    detail the attempt or the command's kind), SIGKILL this process there, as an OOM
-    kill would."""
-    name, _, want = fault.partition(":")
-    if name == point and (not want or want == str(detail)):
-        logging.getLogger(__name__).warning("fault injection: SIGKILL at %s (%s)", point, detail)
-        logging.shutdown()
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclass(frozen=True)

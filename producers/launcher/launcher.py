@@ -75,10 +75,11 @@ from ...schemas import (
     SetCheckpointInterval,
     SkipUpdate,
 )
+from ..chaos import kill_at
 from ..rank.agent import EventSink  # a TelemetryShipper satisfies EventSink
 from .attempt import AttemptRunner
 from .commands import LauncherCommands
-from .config import LauncherConfig, kill_at
+from .config import LauncherConfig
 from .context import LaunchContext
 from .elastic import next_size
 from .events import LauncherEvents

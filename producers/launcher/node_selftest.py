@@ -14,7 +14,7 @@ device of the node, before a suspected node returns to the pool or a spare joins
 :func:`run_node_self_test` spawns the workers (``python -m trainguard.producers.launcher.node_selftest
 --worker``, one per local rank, each with ``LOCAL_RANK`` and ``TRAINGUARD_NODE`` set as a
 rank would have them) and gathers their one-line JSON reports into a
-:class:`NodeSelfTestReport`. The chaos knob of :mod:`..training.device_fault` is honoured: a worker
+:class:`NodeSelfTestReport`. The chaos knob of :mod:`..chaos` is honoured: a worker
 on the device it strikes installs the wrong device before testing, so a drill shows a
 real failing self-test. ``trainguard selftest`` is the command line; the launcher runs it
 on quarantined nodes and spares (:mod:`.launcher`).
@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from ..training.device_fault import install_wrong_device, wrong_device_from_env
+from ..chaos import install_wrong_device, wrong_device_from_env
 
 #: The self-tests a node can run (RunNodeSelfTest.tests).
 SELF_TESTS = ("gemm", "collective")

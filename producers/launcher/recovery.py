@@ -22,7 +22,7 @@ successor reads it back and:
 A command its actuator claimed but that the launcher never recorded (death in between)
 was not executed and runs once when redelivered (:func:`~.wiring.make_actuator`). The
 restart budget counts across relaunches until a clean end. ``TRAINGUARD_LAUNCHER_FAULT``
-(:data:`~.config.FAULT_POINTS`) kills the launcher at a named point, for the tests
+(:data:`..chaos.FAULT_POINTS`) kills the launcher at a named point, for the tests
 (``tests/producers/launcher/test_launcher_restart.py``).
 """
 

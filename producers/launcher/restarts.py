@@ -30,7 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ...schemas import RUN_LEVEL_RANK
-from .config import LauncherConfig, kill_at
+from ..chaos import kill_at
+from .config import LauncherConfig
 from .events import LauncherEvents
 from .journal import ActionJournal, JournalState, replay
 from .records import LaunchResult, RestartCause, RestartPhases, collect_phases, restart_indices

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import kill_at
+from ..chaos import kill_at
 from .journal import ActionJournal, JournalState, last_interval, replay
 from .plan import Placement
 from .records import RestartCause

@@ -1,7 +1,7 @@
 """The torch integration: the supervisor a training loop wraps (`supervisor`), the
 gradient checks for silent data corruption (`grad_checks`), the ring and three-rank
 cross checks on real ranks (`ring_check`, `cross_check`), GPU health through NVML
-(`gpu_health`) and the wrong-device chaos knob (`device_fault`)."""
+(`gpu_health`). Its chaos knobs (a wrong device, injected health) are in producers/chaos."""
 
 from ...common.moved import deprecate_names, forwarder
 

@@ -17,7 +17,7 @@ import psutil
 import torch
 
 from ...schemas import auth
-from .device_fault import wrong_device_from_env
+from ..chaos import wrong_device_from_env
 
 log = logging.getLogger(__name__)
 

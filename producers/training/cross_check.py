@@ -30,7 +30,7 @@ never the other way round.
 
 The run. After the update of the agreed step, each named rank recomputes the microbatch
 with :func:`.ring_check.recompute` (the same replay and value as the ring, so a device
-made wrong by producers/training/device_fault.py is wrong here too; the training state is left
+made wrong by producers/chaos/device_fault.py is wrong here too; the training state is left
 bitwise as it was), and EVERY rank joins one SUM all-reduce of a float64 vector of three,
 in which a named rank writes its value at its index and the others zeros (adding zeros is
 exact, so each value arrives unchanged). ``ranks[0]`` reports the CrossRankCheck. A

@@ -50,7 +50,7 @@ the step the ranks agree on (:mod:`.agreement`), by :mod:`.replay_checks`, which
 what each needs (``replay_fn``, ``batch_fn``).
 
 Chaos knob: with TRAINGUARD_INJECT_WRONG_DEVICE naming this rank's node and local rank
-(:mod:`.device_fault`), the supervisor makes this process's matrix products wrong from
+(:mod:`..chaos`), the supervisor makes this process's matrix products wrong from
 the named step on, installed at that step's start.
 
 Skipped batches: a step that failed on every node (data or code) and that the policy
@@ -89,6 +89,7 @@ from ...common.moved import deprecate_names
 from ...common.quantiles import RunningQuantile
 from ...kafka.topics import topic_names
 from ...schemas import auth
+from ..chaos import WrongDevice, install_wrong_device, reader_for_rank
 from ..checkpoint.cadence import CheckpointCadence
 from ..command_roles import Role, kinds_of
 from ..rank.actuator import Actuator
@@ -107,10 +108,8 @@ from .config import (
     process_start_ts,
     supervisor_arguments,
 )
-from .device_fault import WrongDevice, install_wrong_device
 from .exit_hooks import ExitHooks
 from .gpu_health import GpuHealthSampler, HealthReader
-from .health_inject import reader_for_rank
 from .peer_loss import peer_lost
 from .rank_files import ProgressFile, note_closed, note_exit, write_phases
 from .replay_checks import ReplayChecks, is_ddp
@@ -388,7 +387,7 @@ class Supervisor(ExitHooks):
         self.cadence.begin(scope.step, time.monotonic())
         if self.wrong_device is not None and scope.step >= self.wrong_device.from_step:
             log.warning("rank %d: injected faulty device from step %d", self.rank, scope.step)
-            install_wrong_device(self.wrong_device.bias, self.wrong_device.delay_s)  # chaos (device_fault.py)
+            install_wrong_device(self.wrong_device.bias, self.wrong_device.delay_s)  # chaos (producers/chaos)
             self.wrong_device = None
         with self.control.lock:
             self.control.current_step = scope.step

@@ -407,7 +407,8 @@ def launch(
         console.print(f"[red]--restart must be full or in-process (got {restart!r}); --warm-spares >= 0")
         raise typer.Exit(2)
     from ..home import trainguard_home
-    from ..producers.launcher.config import FAULT_ENV, LauncherConfig, default_run_id, rank_program
+    from ..producers.chaos import FAULT_ENV
+    from ..producers.launcher.config import LauncherConfig, default_run_id, rank_program
     from ..producers.launcher.launcher import Launcher
     from ..producers.launcher.rank_output import parse_std
     from ..producers.launcher.rendezvous import RendezvousSpec, parse_conf, parse_nnodes

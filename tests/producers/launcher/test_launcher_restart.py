@@ -2,7 +2,7 @@
 restart action, then started again on the same run dir.
 
 `trainguard launch` runs as its own process; TRAINGUARD_LAUNCHER_FAULT makes it SIGKILL
-itself at a named point of the action (producers/launcher/config.py, FAULT_POINTS), so the kill
+itself at a named point of the action (producers/chaos/kill_points.py, FAULT_POINTS), so the kill
 lands deterministically mid-action. The successor must not repeat what was executed
 (one record per interruption and per command id, one EXECUTED ack per command), keep
 the attempt numbering continuous, find none of the dead launcher's ranks left running

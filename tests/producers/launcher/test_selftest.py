@@ -11,6 +11,11 @@ import pytest
 from typer.testing import CliRunner
 
 from trainguard.cli import app
+from trainguard.producers.chaos.device_fault import (
+    ENV_WRONG_DEVICE,
+    install_wrong_device,
+    uninstall_wrong_device,
+)
 from trainguard.producers.launcher import node_selftest as selftest
 from trainguard.producers.launcher.node_selftest import (
     GEMM_SHAPES,
@@ -19,11 +24,6 @@ from trainguard.producers.launcher.node_selftest import (
     gemm_check,
     known_operands,
     run_node_self_test,
-)
-from trainguard.producers.training.device_fault import (
-    ENV_WRONG_DEVICE,
-    install_wrong_device,
-    uninstall_wrong_device,
 )
 
 torch = pytest.importorskip("torch")

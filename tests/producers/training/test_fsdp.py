@@ -45,9 +45,9 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 
+from trainguard.producers.chaos.device_fault import install_wrong_device, uninstall_wrong_device  # noqa: E402
 from trainguard.producers.checkpoint.manager import CheckpointManager  # noqa: E402
 from trainguard.producers.checkpoint.train_state import TrainState  # noqa: E402
-from trainguard.producers.training.device_fault import install_wrong_device, uninstall_wrong_device  # noqa: E402
 from trainguard.producers.training.supervisor import Supervisor  # noqa: E402
 
 STEPS = 6

@@ -24,17 +24,17 @@ import torch.multiprocessing as mp
 
 from trainguard.processors.core.sdc_checks import bisect_three
 from trainguard.processors.core.sdc_ring import relative_gap
+from trainguard.producers.chaos.device_fault import (
+    WrongDevice,
+    install_wrong_device,
+    uninstall_wrong_device,
+)
 from trainguard.producers.checkpoint.train_state import ResumableSampler
 from trainguard.producers.rank.agent import MemorySink
 from trainguard.producers.rank.gate import CommandGate, Verdict
 from trainguard.producers.rank.handlers import RankControl
 from trainguard.producers.training import cross_check, ring_check
 from trainguard.producers.training.cross_check import CrossCheck
-from trainguard.producers.training.device_fault import (
-    WrongDevice,
-    install_wrong_device,
-    uninstall_wrong_device,
-)
 from trainguard.producers.training.grad_checks import self_check
 from trainguard.producers.training.supervisor import Supervisor
 from trainguard.schemas import (

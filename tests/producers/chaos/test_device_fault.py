@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from trainguard.producers.training.device_fault import (
+from trainguard.producers.chaos.device_fault import (
     WrongDevice,
     install_wrong_device,
     uninstall_wrong_device,

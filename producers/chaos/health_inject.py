@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...schemas.events import PRECURSOR_COUNTERS, PRECURSOR_FLAGS
-from .gpu_health import HealthReader, open_reader
+from ..training.gpu_health import HealthReader, open_reader
 
 ENV_INJECT_HEALTH = "TRAINGUARD_INJECT_HEALTH"
 

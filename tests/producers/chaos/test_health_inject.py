@@ -13,9 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
-from trainguard.producers.rank.agent import MemorySink, RankAgent
-from trainguard.producers.training.config import SupervisorConfig
-from trainguard.producers.training.health_inject import (
+from trainguard.producers.chaos.health_inject import (
     COUNTERS,
     ENV_INJECT_HEALTH,
     MAX_COUNT,
@@ -24,6 +22,8 @@ from trainguard.producers.training.health_inject import (
     parse,
     reader_for_rank,
 )
+from trainguard.producers.rank.agent import MemorySink, RankAgent
+from trainguard.producers.training.config import SupervisorConfig
 from trainguard.producers.training.supervisor import Supervisor
 from trainguard.schemas import GpuHealth, encode, event_check
 from trainguard.schemas.codec import event_of

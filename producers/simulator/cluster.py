@@ -102,6 +102,7 @@ from ...schemas import (
     StepStats,
     StepTiming,
 )
+from ..command_roles import OUTLIVE_THEIR_ATTEMPT
 from .capacity import Capacity, World
 from .factory import EventFactory
 from .periodic import PhaseWheel
@@ -354,8 +355,12 @@ class SimulatedCluster:
         handler = self._COMMANDS.get(type(command))
         if handler is None:
             raise CommandRefused(f"the simulator does not implement {command.KIND}")
-        if command.attempt != self.attempt and not isinstance(command, InterruptionDecided):
-            # (the simulated restart does not wait for the go-ahead: it comes after it)
+        # A node's quarantine or release outlives the attempt that decided it, as at a real
+        # launcher's gate (command_roles.OUTLIVE_THEIR_ATTEMPT): one that lands after the
+        # restart still takes the node out at the next one. (The simulated restart does not
+        # wait for the go-ahead either: it comes after it.)
+        lasting = command.attempt < self.attempt and type(command) in OUTLIVE_THEIR_ATTEMPT
+        if command.attempt != self.attempt and not lasting and not isinstance(command, InterruptionDecided):
             raise CommandRefused(f"command is for attempt {command.attempt}, the job is at {self.attempt}")
         out: list[Envelope] = []
         detail = handler(self, command, out)

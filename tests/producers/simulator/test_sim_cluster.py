@@ -478,6 +478,26 @@ def test_commands_for_another_attempt_are_refused() -> None:
     assert c.phase is Phase.TRAINING
 
 
+def test_a_quarantine_that_lands_after_its_restart_takes_the_node_out_at_the_next() -> None:
+    """A node's quarantine outlives the attempt that decided it (command_roles.
+    OUTLIVE_THEIR_ATTEMPT), as at a real launcher's gate: decided in attempt 0, it reaches the
+    job once attempt 1 runs on the node, and the node leaves at attempt 2's restart. Any
+    other command of attempt 0 is still refused."""
+    c = cluster(scenario())
+    drive(c, T0 + 1)
+    late = command(QuarantineNode, c, node="node-0002")
+    stale_abort = abort(c, stack_dump=False, command_id="abort-0")
+    c.apply(abort(c, stack_dump=False))
+    [first] = of(RunStarted, drive(c, T0 + 10))
+    assert first.attempt == c.attempt == 1 and "node-0002" in first.nodes
+    assert "node-0002 leaves the pool" in c.apply(late).detail
+    with pytest.raises(CommandRefused, match="attempt 0, the job is at 1"):
+        c.apply(stale_abort)
+    c.apply(abort(c, stack_dump=False, command_id="abort-2"))
+    [second] = of(RunStarted, drive(c, T0 + 20))
+    assert second.attempt == 2 and "node-0002" not in second.nodes
+
+
 def test_abort_of_some_ranks_stalls_the_rest() -> None:
     c = cluster(scenario())
     drive(c, T0 + 1)

@@ -1,8 +1,10 @@
 """The streams' published contract (docs/contract/, trainguard/kafka/contract.py) is the
 models' own: the committed files are exactly what the models generate, every record kind
 has its schema and its message in the AsyncAPI document, a real record of every kind
-validates against its schema (and a mangled one does not), and the example consumer,
-written against the contract alone, reads the derived events off a real broker."""
+validates against its schema (and a mangled one does not), a batch's schema reaches its
+records' schemas (relative references between the files), and the example consumer,
+written against the contract alone, reads the derived events off a real broker.
+tests/kafka/test_asyncapi.py has the official AsyncAPI parser read the document."""
 
 from __future__ import annotations
 
@@ -14,11 +16,20 @@ from pathlib import Path
 import jsonschema
 import orjson
 import pytest
+import referencing
 from confluent_kafka import Producer
+from referencing.jsonschema import DRAFT202012
 from typer.testing import CliRunner
 
 from trainguard.cli import app
-from trainguard.kafka.contract import asyncapi, rendered, schema_file
+from trainguard.kafka.contract import (
+    SCHEMA_FORMAT,
+    asyncapi,
+    rendered,
+    schema_file,
+    schema_name,
+    topic_configuration,
+)
 from trainguard.kafka.topics import TopicNames
 from trainguard.schemas import Ack, AckStatus, encode, encode_batch
 from trainguard.schemas.codec import ALL, BATCH_RECORDS, DERIVED, TELEMETRY
@@ -30,9 +41,17 @@ ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = ROOT / "docs" / "contract"
 
 
+def _registry() -> referencing.Registry:
+    """The committed schemas by their `$id` (their file name), as a consumer loads them."""
+    schemas = [json.loads(path.read_text()) for path in (CONTRACT / "schemas").glob("*.json")]
+    return referencing.Registry().with_resources(
+        (schema["$id"], DRAFT202012.create_resource(schema)) for schema in schemas
+    )
+
+
 def _validator(kind: str) -> jsonschema.Draft202012Validator:
     schema = json.loads((CONTRACT / schema_file({**ALL, **BATCH_RECORDS}[kind])).read_text())
-    return jsonschema.Draft202012Validator(schema)
+    return jsonschema.Draft202012Validator(schema, registry=_registry())
 
 
 def test_the_committed_contract_is_what_the_models_generate() -> None:
@@ -57,10 +76,26 @@ def test_every_kind_has_a_schema_and_a_message() -> None:
     messages = document["components"]["messages"]
     assert set(ALL) <= set(messages)
     for kind, cls in ALL.items():
-        assert messages[kind]["payload"] == {"$ref": schema_file(cls)}
+        assert messages[kind]["payload"] == {
+            "schemaFormat": SCHEMA_FORMAT,
+            "schema": {"$ref": schema_file(cls)},
+        }
     events = document["channels"]["events"]
     assert set(events["messages"]) == set(DERIVED) and events["address"] == "trainguard.events"
     assert "heartbeat/1" in messages["heartbeat"]["summary"]  # the upcast versions are named
+    assert "step_timings" not in messages  # inside batches only: the batch's schema has it
+    batch = json.loads((CONTRACT / schema_file(ALL["batch"])).read_text())
+    items = batch["properties"]["records"]["items"]["oneOf"]
+    assert [item["$ref"] for item in items] == [schema_name(BATCH_RECORDS[k]) for k in sorted(BATCH_RECORDS)]
+
+
+def test_the_topic_configuration_is_typed_as_the_kafka_binding_says() -> None:
+    assert topic_configuration(
+        {"retention.ms": "604800000", "cleanup.policy": "compact,delete", "compression.type": "producer"}
+    ) == {"cleanup.policy": ["compact", "delete"], "compression.type": "producer", "retention.ms": 604800000}
+    kafka = asyncapi()["channels"]["telemetry"]["bindings"]["kafka"]
+    assert kafka["topicConfiguration"]["max.message.bytes"] == 8 * 1024 * 1024
+    assert kafka["bindingVersion"] == "0.5.0"
 
 
 @pytest.mark.parametrize("kind", sorted([*SAMPLES, *COMMAND_SAMPLES]))
@@ -89,6 +124,7 @@ def test_an_ack_and_a_batch_of_telemetry_validate() -> None:
     assert batch["records"][-1]["schema"] == "step_timings/1"
     block = {**batch["records"][-1], "rank": [5, "six"]}
     assert not _validator("step_timings").is_valid(block)
+    assert not _validator("batch").is_valid({**batch, "records": [*batch["records"][:-1], block]})
 
 
 @pytest.mark.broker

@@ -4,7 +4,14 @@ record kind at its current version, from the pydantic models (schemas/).
 
 `trainguard contract --write docs/contract` writes them; tests/kafka/test_contract.py fails
 when the committed files and the models disagree, so a consumer in another language can
-trust docs/contract/ as the wire format. docs/streams.md explains them.
+trust docs/contract/ as the wire format, and tests/kafka/test_asyncapi.py has the official
+AsyncAPI parser (tools/asyncapi/) accept the document. docs/streams.md explains them.
+
+Every message is on the channel of the topic that carries it: the telemetry topic carries
+batches, and also lone telemetry records (a single-record producer, the processors' ticks
+and forwarded predictions); a batch's `records` are each one of the telemetry record
+schemas or a columnar block of step timings (`step_timings`, inside batches only). The
+payloads are JSON Schema 2020-12, which each message's `schemaFormat` says.
 """
 
 from __future__ import annotations
@@ -16,15 +23,36 @@ from typing import Any
 from trainguard import __version__
 
 from ..schemas import Record
-from ..schemas.codec import ACKS, BATCH_RECORDS, COMMANDS, DERIVED, UPCASTERS, Batch, RejectReason
+from ..schemas.codec import (
+    ACKS,
+    BATCH_RECORDS,
+    COMMANDS,
+    DERIVED,
+    LONE_RECORDS,
+    TELEMETRY,
+    UPCASTERS,
+    Batch,
+    RejectReason,
+)
 from . import topics
 
 SCHEMA_DIR = "schemas"
 _JSON_SCHEMA = "https://json-schema.org/draft/2020-12/schema"
+#: A message's payload format (AsyncAPI 3.0 Multi Format Schema Object): JSON Schema 2020-12.
+#: The AsyncAPI parser has no parser registered for it: it resolves the payload, warns, and
+#: leaves the schema to a 2020-12 validator (tests/kafka/test_asyncapi.py uses jsonschema's).
+SCHEMA_FORMAT = "application/schema+json;version=2020-12"
+#: The Kafka bindings' version (https://github.com/asyncapi/bindings/tree/master/kafka).
+KAFKA_BINDING = "0.5.0"
+
+
+def schema_name(cls: type[Record]) -> str:
+    """The schema's file name, and its `$id`: a reference between schemas is relative."""
+    return f"{cls.KIND}.v{cls.VERSION}.json"
 
 
 def schema_file(cls: type[Record]) -> str:
-    return f"{SCHEMA_DIR}/{cls.KIND}.v{cls.VERSION}.json"
+    return f"{SCHEMA_DIR}/{schema_name(cls)}"
 
 
 def json_schema(cls: type[Record]) -> dict[str, Any]:
@@ -40,7 +68,7 @@ def json_schema(cls: type[Record]) -> dict[str, Any]:
     required = ["schema", *body.get("required", [])]
     out: dict[str, Any] = {
         "$schema": _JSON_SCHEMA,
-        "$id": f"trainguard:{cls.schema_name()}",
+        "$id": schema_name(cls),
         "title": cls.schema_name(),
         "description": (cls.__doc__ or "").strip(),
         "type": "object",
@@ -49,6 +77,9 @@ def json_schema(cls: type[Record]) -> dict[str, Any]:
     }
     if "$defs" in body:
         out["$defs"] = body["$defs"]
+    if cls is Batch:  # `records: list[Any]` in the model: each is one of the batch's kinds
+        items = [{"$ref": schema_name(BATCH_RECORDS[kind])} for kind in sorted(BATCH_RECORDS)]
+        properties["records"] = {**properties["records"], "items": {"oneOf": items}}
     return out
 
 
@@ -82,18 +113,42 @@ def _messages(registry: Mapping[str, type[Record]], key: str) -> dict[str, Any]:
             "title": cls.schema_name(),
             "summary": ((cls.__doc__ or "").strip().split("\n\n")[0]).replace("\n", " ") + note,
             "contentType": "application/json",
-            "payload": {"$ref": schema_file(cls)},
-            "bindings": {"kafka": {"key": {"type": "string", "description": key}}},
+            "payload": {"schemaFormat": SCHEMA_FORMAT, "schema": {"$ref": schema_file(cls)}},
+            "bindings": _key_binding(key),
         }
     return messages
 
 
+def _key_binding(description: str) -> dict[str, Any]:
+    return {"kafka": {"key": {"type": "string", "description": description}, "bindingVersion": KAFKA_BINDING}}
+
+
+def topic_configuration(config: Mapping[str, str]) -> dict[str, Any]:
+    """A topic's configuration as the Kafka channel binding types it: `cleanup.policy` a
+    list, numbers integers (a broker takes them as strings: topics.py keeps them so)."""
+    out: dict[str, Any] = {}
+    for name, value in sorted(config.items()):
+        if name == "cleanup.policy":
+            out[name] = value.split(",")
+        elif value.lstrip("-").isdigit():
+            out[name] = int(value)
+        else:
+            out[name] = value
+    return out
+
+
 _RUN_KEY = "the run_id: a run's records stay on one partition, in order"
 _TELEMETRY_KEY = "the run_id, or run_id#shard for a run cut into shards (schemas/sharding.py)"
+_FORWARD_KEY = (
+    "the run_id; on the telemetry topic, where a shard's worker forwards its prediction to the"
+    " run's shard 0, the telemetry key (schemas/sharding.py)"
+)
 
 
 def asyncapi() -> dict[str, Any]:
-    """The AsyncAPI 3.0 document of the topics (default names; a --topic-prefix prepends)."""
+    """The AsyncAPI 3.0 document of the topics (default names; a --topic-prefix prepends).
+    The runs and snapshots topics are not in it: nothing publishes to the first yet, and
+    the second is the processors' own state (topics.py)."""
     specs = {spec.name: spec for spec in topics.TOPICS}
 
     def channel(name: str, description: str, messages: dict[str, Any]) -> dict[str, Any]:
@@ -105,17 +160,25 @@ def asyncapi() -> dict[str, Any]:
             "bindings": {
                 "kafka": {
                     "partitions": spec.partitions,
-                    "topicConfiguration": dict(sorted(spec.config.items())),
+                    "topicConfiguration": topic_configuration(spec.config),
+                    "bindingVersion": KAFKA_BINDING,
                 }
             },
         }
 
-    telemetry = _messages({"batch": Batch}, _TELEMETRY_KEY)
-    telemetry["batch"]["summary"] += (
-        " Its `records` are telemetry records, each one of: " + ", ".join(sorted(BATCH_RECORDS)) + "."
+    batch = _messages({"batch": Batch}, _TELEMETRY_KEY)
+    batch["batch"]["summary"] += (
+        " Its `records` are each one of the telemetry records ("
+        + ", ".join(sorted(BATCH_RECORDS))
+        + "); `step_timings`, a columnar block of step timings, comes inside batches only."
     )
-    telemetry_records = _messages(BATCH_RECORDS, _TELEMETRY_KEY)
+    telemetry = _messages(TELEMETRY, _TELEMETRY_KEY)
+    for message in telemetry.values():
+        message["summary"] += " Alone on the topic too (a single-record producer)."
     derived = _messages(DERIVED, _RUN_KEY)
+    lone_derived = sorted(set(LONE_RECORDS) - set(TELEMETRY))  # forwarded to the run's shard 0
+    for kind in lone_derived:
+        derived[kind]["bindings"] = _key_binding(_FORWARD_KEY)
     commands = _messages(COMMANDS, _RUN_KEY)
     acks = _messages(ACKS, _RUN_KEY)
     dead_letter = {
@@ -134,14 +197,16 @@ def asyncapi() -> dict[str, Any]:
                 },
                 "required": ["reason", "detail", "source"],
             },
-            "bindings": {"kafka": {"key": {"type": "string", "description": "the source position"}}},
+            "bindings": _key_binding("the source position"),
         }
     }
+    on_telemetry = {**batch, **telemetry, **{kind: derived[kind] for kind in lone_derived}}
     channels = {
         "telemetry": channel(
             topics.TELEMETRY,
-            "One record per node and flush: a batch of the node's ranks' events.",
-            telemetry,
+            "One record per node and flush: a batch of the node's ranks' events; a lone record"
+            " is accepted too.",
+            on_telemetry,
         ),
         "events": channel(
             topics.EVENTS, "What the processors derived: detections, interruptions, reports.", derived
@@ -149,15 +214,32 @@ def asyncapi() -> dict[str, Any]:
         "commands": channel(topics.COMMANDS, "Signed (HMAC-SHA256, a key per run) and idempotent.", commands),
         "acks": channel(topics.ACKS, "One per rank and command: executed, refused or failed.", acks),
         "deadletter": channel(topics.DEADLETTER, "Nothing is dropped silently.", dead_letter),
-        "runs": channel(topics.RUNS, "Reserved: created, nothing publishes to it yet.", {}),
     }
-    operations = {
-        "shipTelemetry": ("send", "telemetry", "Ranks and launchers ship telemetry."),
-        "consumeEvents": ("receive", "events", "Dashboards, pagers and schedulers consume derived events."),
-        "sendCommands": ("send", "commands", "Processors (and the run API) send commands."),
-        "receiveCommands": ("receive", "commands", "Rank actuators execute the commands of their run."),
-        "sendAcks": ("send", "acks", "Rank actuators acknowledge each command."),
-        "consumeDeadLetters": ("receive", "deadletter", "Operators inspect rejected records."),
+    every = None  # the channel's every message
+    operations: dict[str, tuple[str, str, str, list[str] | None]] = {
+        "shipTelemetry": ("send", "telemetry", "Ranks and launchers ship telemetry.", [*batch, *telemetry]),
+        "forwardToCoordinator": (
+            "send",
+            "telemetry",
+            "Processors write ticks and a shard's failure predictions to the run's shard 0.",
+            [TELEMETRY["tick"].KIND, *lone_derived],
+        ),
+        "processTelemetry": ("receive", "telemetry", "Processors consume the telemetry.", every),
+        "consumeEvents": (
+            "receive",
+            "events",
+            "Dashboards, pagers and schedulers consume derived events.",
+            every,
+        ),
+        "sendCommands": ("send", "commands", "Processors (and the run API) send commands.", every),
+        "receiveCommands": (
+            "receive",
+            "commands",
+            "Rank actuators execute the commands of their run.",
+            every,
+        ),
+        "sendAcks": ("send", "acks", "Rank actuators acknowledge each command.", every),
+        "consumeDeadLetters": ("receive", "deadletter", "Operators inspect rejected records.", every),
     }
     return {
         "asyncapi": "3.0.0",
@@ -175,14 +257,13 @@ def asyncapi() -> dict[str, Any]:
                 "channel": {"$ref": f"#/channels/{chan}"},
                 "summary": summary,
                 "messages": [
-                    {"$ref": f"#/channels/{chan}/messages/{kind}"} for kind in channels[chan]["messages"]
+                    {"$ref": f"#/channels/{chan}/messages/{kind}"}
+                    for kind in (channels[chan]["messages"] if kinds is None else kinds)
                 ],
             }
-            for name, (action, chan, summary) in operations.items()
+            for name, (action, chan, summary, kinds) in operations.items()
         },
-        "components": {
-            "messages": {**telemetry, **telemetry_records, **derived, **commands, **acks, **dead_letter}
-        },
+        "components": {"messages": {**batch, **telemetry, **derived, **commands, **acks, **dead_letter}},
     }
 
 

@@ -95,8 +95,17 @@ def test_prometheus_scrapes_both_jobs_the_alerts_expect_and_alertmanager_routes_
     for name, item in COMPOSE["configs"].items():
         if "file" in item:
             assert (ROOT / item["file"]).is_file(), name
-    routes = yaml.safe_load((ROOT / "sinks/prometheus/alertmanager.yml").read_text())["route"]["routes"]
-    assert any('severity="page"' in matcher for r in routes for matcher in r["matchers"])
+    manager = yaml.safe_load((ROOT / "sinks/prometheus/alertmanager.yml").read_text())
+    (page,) = [r for r in manager["route"]["routes"] if r["matchers"] == ['severity="page"']]
+    # The pages reach a webhook whose URL is a compose secret (TRAINGUARD_PAGE_WEBHOOK_URL),
+    # readable by the image's user (nobody); tests/sinks/test_alert_delivery.py delivers one.
+    (receiver,) = [r for r in manager["receivers"] if r["name"] == page["receiver"]]
+    (hook,) = receiver["webhook_configs"]
+    assert hook["url_file"] == "/run/secrets/page_webhook_url" and hook["send_resolved"] is True
+    assert COMPOSE["secrets"]["page_webhook_url"] == {"environment": "TRAINGUARD_PAGE_WEBHOOK_URL"}
+    (secret,) = SERVICES["alertmanager"]["secrets"]
+    assert (secret["source"], secret["uid"], secret["gid"]) == ("page_webhook_url", "65534", "65534")
+    assert SERVICES["pager"]["command"][0] == "pager"  # the example receiver: trainguard pager
 
 
 def test_the_dashboard_queries_only_series_that_exist() -> None:

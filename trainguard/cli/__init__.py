@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from importlib.metadata import entry_points
 
-from . import admin, pipeline, replay, reports  # noqa: F401  (each registers its commands)
+from . import admin, pager, pipeline, replay, reports  # noqa: F401  (each registers its commands)
 from .app import app
 
 ENTRY_POINT_GROUP = "trainguard.cli"

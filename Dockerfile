@@ -4,15 +4,18 @@
 # Stage 1: the compiled builds of the hot modules (trainguard/compiled_build.py: the core
 # and the block checks, ~25% faster). The full image has the C compiler and the Python
 # headers mypyc needs; only the built extensions go on. Both stages use the same Python
-# and Debian release (the tags move together), so the extensions load in the slim one; an
-# installed build whose stamp does not hold is not used (the Python runs instead).
-FROM python:3.11 AS compiled
+# and Debian release (3.11.16 on trixie: the tags say so, tests/test_compose.py checks they
+# agree), so the extensions load in the slim one; an installed build whose stamp does not
+# hold is not used (the Python runs instead). Both are pinned by the digest of the tag's
+# multi-platform index: `scripts/pin-images` refreshes them, docs/deploy/images.md records
+# where each digest came from.
+FROM python:3.11.16-trixie@sha256:49b1cf25d7f7e958959234f66ff97fc4a3156e084b468624eb85eaa3ab4aaf7b AS compiled
 WORKDIR /src
 COPY . .
 RUN pip install --no-cache-dir -e ".[compile]" \
     && python -m trainguard.devtools.compile_core --force
 
-FROM python:3.11-slim
+FROM python:3.11.16-slim-trixie@sha256:be1575ed968de893bd54f4c56315ff7c4736ce522c1bca08fd521731aafc0d76
 
 # TRAINGUARD_HOME: where a service keeps its state (the processor's faust data, the
 # archive). /app, the working directory, stays root-owned and read-only to the service:

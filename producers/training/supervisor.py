@@ -27,7 +27,7 @@ comm hook, :meth:`Supervisor.instrument_ddp`; how and why in :mod:`.timing`) or 
 Invariants (seed §7 failure 3 (a)), in :meth:`StepScope.check`: a non-finite loss or grad
 norm is never applied (StepStats finite=False goes out; the processors decide the abort,
 or set ``on_non_finite="raise"``); a grad norm above 10 x the running p99 of accepted
-steps (after 50 of them; the core's definition, processors/core/sdc_state.py) is skipped
+steps (after 50 of them; the core's definition, processors/core/detectors/sdc_state.py) is skipped
 and counted; a step named by a SkipUpdate command is skipped. Under torch.distributed
 the ranks agree on skipping with one all-reduce of a scalar (MAX), so that a skip seen by
 one rank (its own NaN loss, a command that reached it first) skips everywhere and the
@@ -62,7 +62,7 @@ attribute store at each boundary: forward from the step's start, allreduce once 
 rank's compute is done (the comm hook or compute_done()) and while the ranks agree in
 check(), optimizer after check(), checkpoint while saving, data between steps (the
 loader). When no stack dump arrives after a hang, the rank whose last phase differs from
-everyone waiting in the all-reduce is the culprit (processors/core/stacks.py).
+everyone waiting in the all-reduce is the culprit (processors/core/detectors/stacks.py).
 
 Nothing here blocks on the broker, the network or storage: events are queued; commands
 are read and acked on the actuator's thread; GPU health is sampled on its own thread;

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trainguard.processors.core.sdc_checks import bisect_three
-from trainguard.processors.core.sdc_ring import relative_gap
+from trainguard.processors.core.detectors.sdc_checks import bisect_three
+from trainguard.processors.core.detectors.sdc_ring import relative_gap
 from trainguard.producers.checkpoint.train_state import ResumableSampler
 from trainguard.producers.rank.agent import MemorySink
 from trainguard.producers.rank.gate import CommandGate, Verdict

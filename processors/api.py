@@ -65,7 +65,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from ..producers.checkpoint.location import checkpoint_location
+from ..common.checkpoint_location import checkpoint_location
 from ..schemas import (
     CheckpointNow,
     Command,

@@ -123,7 +123,7 @@ def archive(
 def _checkpoint_location(given: str) -> Path | str:
     """A local or shared-filesystem checkpoint directory (absolute), or an fsspec URL whose
     package is installed here; anything else is refused in one line."""
-    from ..producers.checkpoint.location import LocationError, checkpoint_location, is_url
+    from ..common.checkpoint_location import LocationError, checkpoint_location, is_url
 
     try:
         location = checkpoint_location(given)

@@ -3,12 +3,16 @@
 - a directory every host of the run mounts (local disk for one host; NFS, Lustre, a
   FUSE-mounted bucket for many), named by a path or a file:// URI;
 - an object store or any other fsspec filesystem by URL (s3://bucket/ckpt, gs://...,
-  az://...), written through torch DCP's fsspec writer (storage.py), when that
+  az://...), written through torch DCP's fsspec writer (producers/checkpoint/storage.py), when that
   filesystem's package is installed (``pip install trainguard[s3]`` gives s3fs).
 
 Refused, each with its reason: an unknown scheme; a known one whose package is missing
 where the checkpoints are written; a filesystem only one process sees (memory://) or one
 that cannot be written (http://, zip://, ...).
+
+One rule for both sides (issue 48): the launcher and the checkpoint writer (producers/)
+and the run API that accepts a run's location (processors/api.py) import it from here.
+Imports nothing of the project (trainguard/common); fsspec only for a URL.
 """
 
 from __future__ import annotations

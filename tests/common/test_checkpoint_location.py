@@ -1,4 +1,4 @@
-"""Which checkpoint locations a run accepts (producers/checkpoint/location.py): a path or a
+"""Which checkpoint locations a run accepts (trainguard/common/checkpoint_location.py): a path or a
 file:// URI, an fsspec URL whose package is installed; every other one refused in a
 sentence that says why (`trainguard launch` and the run API: tests/cli/test_errors.py,
 tests/processors/test_api.py)."""
@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.producers.checkpoint.location import LocationError, checkpoint_location
-
-from .test_storage import uninstalled_protocol
+from tests.producers.checkpoint.test_storage import uninstalled_protocol
+from trainguard.common.checkpoint_location import LocationError, checkpoint_location
 
 
 def test_paths_file_uris_and_installed_object_stores_are_accepted(tmp_path: Path) -> None:

@@ -102,7 +102,7 @@ from .config import (
     NonFiniteLoss,
     SupervisorConfig,
     SupervisorCounters,
-    Verdict,
+    UpdateVerdict,
     init_process_group,
     process_start_ts,
     supervisor_arguments,
@@ -126,7 +126,7 @@ __all__ = [
     "StepScope",
     "Supervisor",
     "SupervisorConfig",
-    "Verdict",
+    "UpdateVerdict",
     "init_process_group",
     "process_start_ts",
 ]
@@ -422,33 +422,33 @@ class Supervisor(ExitHooks):
         due, scope.resize_due = code > 0, code == 2
         scope.checkpoint_due, self._agreed = due, (scope.step, due)
         scope.verdict = verdict
-        if verdict is Verdict.APPLY:
+        if verdict is UpdateVerdict.APPLY:
             if norm is not None:
                 self._grad_norms.add(norm, self.config.grad_norm_window)
             self.counters.applied += 1
         else:
             attr = {
-                Verdict.NON_FINITE: "non_finite",
-                Verdict.GRAD_SPIKE: "grad_spikes",
-                Verdict.COMMANDED: "commanded_skips",
-                Verdict.PEER: "peer_skips",
+                UpdateVerdict.NON_FINITE: "non_finite",
+                UpdateVerdict.GRAD_SPIKE: "grad_spikes",
+                UpdateVerdict.COMMANDED: "commanded_skips",
+                UpdateVerdict.PEER: "peer_skips",
             }[verdict]
             setattr(self.counters, attr, getattr(self.counters, attr) + 1)
             log.warning("rank %d step %d: update not applied (%s)", self.rank, scope.step, verdict)
-        self.control.record_decision(scope.step, verdict is Verdict.APPLY)
-        if verdict is Verdict.NON_FINITE and self.config.on_non_finite == "raise":
+        self.control.record_decision(scope.step, verdict is UpdateVerdict.APPLY)
+        if verdict is UpdateVerdict.NON_FINITE and self.config.on_non_finite == "raise":
             raise NonFiniteLoss(f"step {scope.step}: loss {loss_f}, grad norm {norm}")
-        return verdict is Verdict.APPLY
+        return verdict is UpdateVerdict.APPLY
 
-    def _local_verdict(self, step: int, loss: float, norm: float | None) -> Verdict:
+    def _local_verdict(self, step: int, loss: float, norm: float | None) -> UpdateVerdict:
         if not (math.isfinite(loss) and (norm is None or math.isfinite(norm))):
-            return Verdict.NON_FINITE
+            return UpdateVerdict.NON_FINITE
         if self.control.take_skip(step):
-            return Verdict.COMMANDED
+            return UpdateVerdict.COMMANDED
         judged = norm is not None and len(self._grad_norms) >= self.config.grad_norm_min_samples
         if judged and norm > self.config.grad_spike_multiplier * self._grad_norms.quantile(0.99):  # type: ignore[operator]
-            return Verdict.GRAD_SPIKE
-        return Verdict.APPLY
+            return UpdateVerdict.GRAD_SPIKE
+        return UpdateVerdict.APPLY
 
     def collective_device(self) -> torch.device:
         """Where the supervisor's own collectives' tensors live: NCCL needs CUDA ones."""

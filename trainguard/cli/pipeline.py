@@ -193,7 +193,7 @@ def simulate(
     from ..kafka.topics import topic_names
     from ..producers.simulator.driver import Progress, run_simulation
     from ..producers.simulator.scenario import Scenario
-    from .report import progress_bar
+    from .render import progress_bar
 
     chosen = Scenario.load(scenario) if Path(scenario).exists() else Scenario.builtin(scenario)
     with progress_bar() as update:

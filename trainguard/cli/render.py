@@ -1,4 +1,6 @@
-"""Terminal reports read from the archive, and the progress bar of long commands."""
+"""How the commands print: the terminal's tables of what the archive and the evaluations
+hold, and the progress bar of long commands. The commands themselves are in reports.py,
+replay.py, pipeline.py and admin.py (and devtools/cli.py)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ columnar block (schemas/columnar.py) and with one JSON object per event, then
   decode ev/s    decode_batch: parse, validate, the events out (no Kafka)
   fold ev/s      CoreDriver.handle: decode plus the core, as one processor worker does
                  it (no Kafka, no faust): blocks with their quiet rows folded as columns
-                 (processors/core/block.py), blocks expanded and folded row by row, rows
+                 (processors/core/folds/block.py), blocks expanded and folded row by row, rows
 
     .venv/bin/python bench/bench_decode.py                    # live-16k, 40 simulated s
     .venv/bin/python bench/bench_decode.py --sim-seconds 20 --flush-sim-s 1

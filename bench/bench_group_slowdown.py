@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `harness`
 
 from harness.group_streams import GroupHarness, RackJob, SlowGroup, _trigger  # noqa: E402
-from trainguard.processors.core.group_slowdown import on_local_step, on_summary  # noqa: E402
+from trainguard.processors.core.detectors.group_slowdown import on_local_step, on_summary  # noqa: E402
 from trainguard.schemas import GroupComputeTimes, GroupSlowdownFlagged  # noqa: E402
 
 ONSET = 20

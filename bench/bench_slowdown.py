@@ -39,12 +39,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.slowdown_streams import NoisyJob, SlowUnit, WindowHarness, trigger  # noqa: E402
-from trainguard.processors.core import straggler  # noqa: E402
-from trainguard.processors.core.eviction_state import EvictionPolicy  # noqa: E402
-from trainguard.processors.core.slowdown import payback_floor, z_threshold  # noqa: E402
-from trainguard.processors.core.slowdown_state import NODE, RANK, SlowdownPolicy  # noqa: E402
+from trainguard.processors.core.decisions.eviction_state import EvictionPolicy  # noqa: E402
+from trainguard.processors.core.detectors import straggler  # noqa: E402
+from trainguard.processors.core.detectors.slowdown import payback_floor, z_threshold  # noqa: E402
+from trainguard.processors.core.detectors.slowdown_state import NODE, RANK, SlowdownPolicy  # noqa: E402
+from trainguard.processors.core.detectors.straggler_state import StragglerPolicy, StragglerState  # noqa: E402
 from trainguard.processors.core.state import RunState  # noqa: E402
-from trainguard.processors.core.straggler_state import StragglerPolicy, StragglerState  # noqa: E402
 
 ONSET = 100
 
@@ -116,7 +116,7 @@ def latency(
 
 
 def on_step(run: RunState, step: int, values: np.ndarray, h: WindowHarness) -> list:
-    from trainguard.processors.core.slowdown import on_step as judge
+    from trainguard.processors.core.detectors.slowdown import on_step as judge
 
     out = judge(run.slowdown, run, step, values, values.size, trigger("bench", step), h.policy, h.eviction)
     return [o for o in out if o.KIND == "straggler_flagged"]
@@ -193,7 +193,7 @@ def cost_table(world: int = 16_384, blocks: int = 40) -> None:
     h = WindowHarness(job)
     rule = PerStep(world)
     run = h.runs[0]
-    from trainguard.processors.core.slowdown import on_step as judge
+    from trainguard.processors.core.detectors.slowdown import on_step as judge
 
     steps = blocks * policy.block_steps
     per_call: list[int] = []

@@ -18,9 +18,9 @@ import random
 import statistics
 import time
 
+from trainguard.processors.core.detectors.straggler import observe_step
+from trainguard.processors.core.detectors.straggler_state import StragglerPolicy, StragglerState
 from trainguard.processors.core.state import RunState
-from trainguard.processors.core.straggler import observe_step
-from trainguard.processors.core.straggler_state import StragglerPolicy, StragglerState
 from trainguard.schemas import StepTiming
 
 HEADER = (

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trainguard.processors.core.diagnosis_state import DiagnosisPolicy
-from trainguard.processors.core.group_slowdown import on_local_step, on_run_started, on_summary
-from trainguard.processors.core.group_state import GroupSlowdownPolicy, GroupState
+from trainguard.processors.core.detectors.diagnosis_state import DiagnosisPolicy
+from trainguard.processors.core.detectors.group_slowdown import on_local_step, on_run_started, on_summary
+from trainguard.processors.core.detectors.group_state import GroupSlowdownPolicy, GroupState
 from trainguard.processors.core.state import RunState
 from trainguard.schemas import Derived, GroupComputeTimes, RunStarted, StepTiming
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trainguard.processors.core.eviction_state import EvictionPolicy
-from trainguard.processors.core.group_slowdown import on_run_started
-from trainguard.processors.core.group_state import GroupSlowdownPolicy
-from trainguard.processors.core.slowdown import on_step
-from trainguard.processors.core.slowdown_state import SlowdownPolicy
+from trainguard.processors.core.decisions.eviction_state import EvictionPolicy
+from trainguard.processors.core.detectors.group_slowdown import on_run_started
+from trainguard.processors.core.detectors.group_state import GroupSlowdownPolicy
+from trainguard.processors.core.detectors.slowdown import on_step
+from trainguard.processors.core.detectors.slowdown_state import SlowdownPolicy
 from trainguard.processors.core.state import RunState
 from trainguard.schemas import Derived, RunStarted, StepTiming, StragglerFlagged
 

@@ -14,11 +14,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
-from trainguard.processors.core.diagnosis import diagnosed, observe_health
-from trainguard.processors.core.diagnosis_state import DiagnosisPolicy, HealthState
+from trainguard.processors.core.detectors.diagnosis import diagnosed, observe_health
+from trainguard.processors.core.detectors.diagnosis_state import DiagnosisPolicy, HealthState
+from trainguard.processors.core.detectors.straggler import observe_step
+from trainguard.processors.core.detectors.straggler_state import StragglerPolicy, StragglerState
 from trainguard.processors.core.state import RunState
-from trainguard.processors.core.straggler import observe_step
-from trainguard.processors.core.straggler_state import StragglerPolicy, StragglerState
 from trainguard.schemas import Derived, Envelope, GpuHealth, RunStarted, StepTiming, StragglerFlagged
 
 from .streams import Job

@@ -65,7 +65,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from ..producers.checkpoint.location import checkpoint_location
+from ..common.checkpoint_location import checkpoint_location
 from ..schemas import (
     CheckpointNow,
     Command,
@@ -99,7 +99,7 @@ from .api_view import (
     RunView,
 )
 from .core import CorePolicy, CoreState, RunPhase, RunState, step_time_summary
-from .core.goodput import Breakdown, GoodputState, Minute
+from .core.accounting.goodput import Breakdown, GoodputState, Minute
 
 API_VERSION = "1.0.0"
 WEEK_S = 604_800.0

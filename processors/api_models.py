@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 
-from ..producers.checkpoint.location import checkpoint_location
+from ..common.checkpoint_location import checkpoint_location
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -63,7 +63,7 @@ class CheckpointSpec(_Body):
         max_length=2000,
         description="Where the run's checkpoints go: a directory every host mounts (a path or a "
         "file:// URI), or an object store's URL such as s3://bucket/ckpt "
-        "(producers/checkpoint/location.py).",
+        "(trainguard/common/checkpoint_location.py).",
     )
 
     @field_validator("uri")

@@ -55,7 +55,7 @@ class ProcessorSettings:
     metrics_addr: str = "127.0.0.1"
     metrics_refresh_s: float = 1.0
     #: Ticks are written only while a run waits for a hang's stack dumps; a run none answers
-    #: opens its collection window at the first tick after the abort (core/stack_window.py).
+    #: opens its collection window at the first tick after the abort (core/detectors/stack_window.py).
     tick_interval_s: float = 1.0
     #: How often a partition's state is snapshotted (processors/snapshot.py); 0: never, a
     #: worker that takes a partition over then folds its whole retained log.

@@ -18,11 +18,11 @@ from ..schemas.columnar import StepColumns, row, rows
 from ..schemas.event_check import Row
 from ..schemas.record_columns import StoredColumns
 from .core import CorePolicy, CoreState, Output, step
-from .core.block import QuietLimits, fold_block
+from .core.folds.block import QuietLimits, fold_block
+from .core.folds.quiet import fold_quiet_row
+from .core.folds.stored import fold_stored
 from .core.outputs import Forward, Reject
-from .core.quiet import fold_quiet_row
 from .core.state import state_key
-from .core.stored import fold_stored
 
 log = logging.getLogger("trainguard.processor")
 
@@ -45,8 +45,8 @@ class CoreDriver:
     policy: CorePolicy
     master_secret: bytes
     state: CoreState = field(default_factory=CoreState)
-    #: Fold a columnar block's quiet rows as columns (processors/core/block.py) and quiet
-    #: heartbeats, step stats and GPU health without ``step`` (processors/core/quiet.py); False folds
+    #: Fold a columnar block's quiet rows as columns (processors/core/folds/block.py) and quiet
+    #: heartbeats, step stats and GPU health without ``step`` (processors/core/folds/quiet.py); False folds
     #: every event with ``step`` (the reference both must equal).
     columnar: bool = True
     _keys: dict[str, bytes] = field(default_factory=dict)
@@ -140,7 +140,7 @@ class CoreDriver:
         or the first that has to be folded from its bytes, whose index it returns: one not
         stored, or of a run this core knows with another world size than the batch's (which
         the writer decoded against); with `columnar` False, every record (the reference folds
-        each event with ``step``). The loop runs compiled (processors/core/stored.py)."""
+        each event with ``step``). The loop runs compiled (processors/core/folds/stored.py)."""
         if not self.columnar:
             return start
         block, counts = stored.block, [0, 0]
@@ -182,7 +182,7 @@ class CoreDriver:
         self, block: StepColumns, result: DriverResult, hint: int | None, shard: int, shard_ranks: int
     ) -> None:
         """A columnar block: its quiet rows folded as columns, the others one by one
-        (processors/core/block.py), with the same state and outputs as its rows."""
+        (processors/core/folds/block.py), with the same state and outputs as its rows."""
         key, runs = state_key(block.run_id, shard), self.state.runs
         fold_block(
             runs.get(key),

@@ -21,7 +21,7 @@ from ..schemas import Interruption, InterruptionCause, InterruptionRecovered, Pa
 from ..schemas.commands import COMMAND_KINDS
 from ..schemas.events import PAGE_RULES
 from .core import CoreState, RunPhase, RunState, goodput, step_time_summary
-from .core.sdc_state import remember
+from .core.detectors.sdc_state import remember
 from .driver import DriverResult
 
 #: The pages counter's `rule` label takes PAGE_RULES (schemas/events.py), with OTHER_RULE for

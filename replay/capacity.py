@@ -2,7 +2,7 @@
 (Scenario.replacement_s) run twice through the pure core in a closed loop, once with
 elastic training off (the launcher waits for the replacement) and once with the policy as
 given (the core's rule may shrink), and the goodput of each: the core's own accounting
-over the whole run (processors/core/goodput.py: a second at W' of W ranks counts W'/W),
+over the whole run (processors/core/accounting/goodput.py: a second at W' of W ranks counts W'/W),
 the time the run took to train its steps, and its score (replay/evaluate.py).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..processors.core import CorePolicy
-from ..processors.core.goodput import total
+from ..processors.core.accounting.goodput import total
 from ..producers.simulator import Scenario
 from ..schemas import InterruptionDecided
 from .evaluate import ClosedLoop, ScenarioScore, closed_loop, score_loop

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..processors.core import engine
-from ..processors.core.baseline import mtbf_s
-from ..processors.core.goodput import Breakdown, breakdown
-from ..processors.core.interval import optimal_s, overhead
+from ..processors.core.accounting.baseline import mtbf_s
+from ..processors.core.accounting.goodput import Breakdown, breakdown
+from ..processors.core.decisions.interval import optimal_s, overhead
 from ..processors.core.outputs import Forward, Reject
 from ..processors.core.policy import CorePolicy
 from ..processors.core.state import CoreState

@@ -32,7 +32,7 @@ from .replay import comparable, compare, decision_id, decisions_of, replay, repl
 
 
 @dataclass(frozen=True)
-class Verdict:
+class OracleVerdict:
     name: str
     held: bool
     detail: str
@@ -54,7 +54,7 @@ EVERY_CHECK = (NOTHING_LOST, ONE_DECISION, REPLAY, ARCHIVE, RANK_ORDER, EXECUTED
 
 @dataclass
 class OracleReport:
-    verdicts: list[Verdict] = field(default_factory=list)
+    verdicts: list[OracleVerdict] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -69,17 +69,17 @@ def _examples(items: Iterable[object], n: int = 3) -> str:
     return ", ".join(map(str, shown))
 
 
-def nothing_lost(recording: Recording, acknowledged: Iterable[str]) -> Verdict:
+def nothing_lost(recording: Recording, acknowledged: Iterable[str]) -> OracleVerdict:
     logged = {e.event_id for _, _, value in recording.records for e in decode_batch(value).events}
     acked = set(acknowledged)
     missing = sorted(acked - logged)
     detail = f"{len(acked) - len(missing)} of {len(acked)} acknowledged events in the log"
     if missing:
         detail += f"; missing {len(missing)}, e.g. {_examples(missing)}"
-    return Verdict(NOTHING_LOST, not missing, detail, len(acked))
+    return OracleVerdict(NOTHING_LOST, not missing, detail, len(acked))
 
 
-def one_decision_per_id(recording: Recording) -> Verdict:
+def one_decision_per_id(recording: Recording) -> OracleVerdict:
     contents: dict[str, set[str]] = defaultdict(set)
     counts: Counter[str] = Counter()
     for record in decisions_of(recording):
@@ -91,20 +91,20 @@ def one_decision_per_id(recording: Recording) -> Verdict:
     detail = f"{len(counts)} decisions, {redelivered} redelivered copies"
     if conflicting:
         detail += f"; {len(conflicting)} ids with two contents, e.g. {_examples(conflicting)}"
-    return Verdict(ONE_DECISION, not conflicting, detail, len(counts))
+    return OracleVerdict(ONE_DECISION, not conflicting, detail, len(counts))
 
 
-def replay_matches_live(recording: Recording, policy: CorePolicy) -> Verdict:
+def replay_matches_live(recording: Recording, policy: CorePolicy) -> OracleVerdict:
     comparison = compare(decisions_of(recording), replayed_decisions(replay(recording, policy)))
     detail = f"{comparison.matched} of {comparison.recorded} recorded decisions replayed identically"
     if not comparison.identical:
         detail += f"; {len(comparison.differences)} differences, e.g. " + _examples(
             f"{d.what} {d.kind} {d.decision_id[:12]}" for d in comparison.differences
         )
-    return Verdict(REPLAY, comparison.identical, detail, comparison.recorded)
+    return OracleVerdict(REPLAY, comparison.identical, detail, comparison.recorded)
 
 
-def archive_matches_log(recording: Recording, archive: str | Path) -> Verdict:
+def archive_matches_log(recording: Recording, archive: str | Path) -> OracleVerdict:
     from ..sinks.archive_store import open_snapshot
 
     with contextlib.closing(open_snapshot(archive)) as db:
@@ -121,10 +121,10 @@ def archive_matches_log(recording: Recording, archive: str | Path) -> Verdict:
     detail = f"{len(derived)} derived events and {len(commands)} commands archived"
     if missing or extra:
         detail += f"; missing {len(missing)} (e.g. {_examples(sorted(missing))}), extra {len(extra)}"
-    return Verdict(ARCHIVE, not missing and not extra, detail, len(derived) + len(commands))
+    return OracleVerdict(ARCHIVE, not missing and not extra, detail, len(derived) + len(commands))
 
 
-def rank_order(recording: Recording) -> Verdict:
+def rank_order(recording: Recording) -> OracleVerdict:
     seen: set[str] = set()
     last: dict[tuple[int, int], int] = {}
     out_of_order: list[str] = []
@@ -140,16 +140,16 @@ def rank_order(recording: Recording) -> Verdict:
     detail = f"{len(seen)} step timings of {len(last)} rank-attempts in order"
     if out_of_order:
         detail = f"{len(out_of_order)} out of order, e.g. {_examples(out_of_order)}"
-    return Verdict(RANK_ORDER, not out_of_order, detail, len(seen))
+    return OracleVerdict(RANK_ORDER, not out_of_order, detail, len(seen))
 
 
-def executed_once(acks: Sequence[Ack]) -> Verdict:
+def executed_once(acks: Sequence[Ack]) -> OracleVerdict:
     executed = Counter((a.command_id, a.rank) for a in acks if a.status is AckStatus.EXECUTED)
     twice = sorted(k for k, n in executed.items() if n > 1)
     detail = f"{len(executed)} executions on ranks, {len(twice)} repeated"
     if twice:
         detail += f", e.g. {_examples(twice)}"
-    return Verdict(EXECUTED_ONCE, not twice, detail, len(executed))
+    return OracleVerdict(EXECUTED_ONCE, not twice, detail, len(executed))
 
 
 def check(
@@ -176,7 +176,7 @@ def check(
     return report
 
 
-def _covering(verdict: Verdict) -> Verdict:
+def _covering(verdict: OracleVerdict) -> OracleVerdict:
     if verdict.covered != 0:
         return verdict
     return replace(verdict, held=False, detail=f"{verdict.detail}: covers nothing where items were expected")

@@ -32,7 +32,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..processors.core import engine
-from ..processors.core.goodput import Breakdown, breakdown
+from ..processors.core.accounting.goodput import Breakdown, breakdown
 from ..processors.core.outputs import Forward, Reject
 from ..processors.core.policy import CorePolicy
 from ..processors.core.state import CoreState

@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 from ..common.collector import old_objects_left_alone
 from ..processors.core import CorePolicy, goodput
-from ..processors.core.goodput import Breakdown
-from ..processors.core.goodput import total as goodput_total
+from ..processors.core.accounting.goodput import Breakdown
+from ..processors.core.accounting.goodput import total as goodput_total
 from ..processors.driver import CoreDriver, DriverResult
 from ..schemas import Command, Derived, Record
 from ..schemas.codec import DecodedParts
@@ -50,7 +50,7 @@ class Replayed:
     duplicates: int = 0
     rejections: int = 0
     seconds: float = 0.0
-    #: The core's goodput accounting for the run at the end (processors/core/goodput.py).
+    #: The core's goodput accounting for the run at the end (processors/core/accounting/goodput.py).
     goodput: float | None = None
     breakdown: Breakdown | None = None
 

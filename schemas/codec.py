@@ -112,7 +112,7 @@ ALL: dict[str, type[Record]] = {**TELEMETRY, **DERIVED, **COMMANDS, **ACKS, "bat
 #: of step timings (schemas/columnar.py), which stands for its rows.
 BATCH_RECORDS: dict[str, type[Record]] = {**TELEMETRY, StepTimings.KIND: StepTimings}
 #: What may come alone on the telemetry topic: any telemetry record, or a shard's failure
-#: prediction forwarded to the run's shard 0, which decides the drain (processors/core/drain.py).
+#: prediction forwarded to the run's shard 0, which decides the drain (processors/core/decisions/drain.py).
 LONE_RECORDS: dict[str, type[Record]] = {**TELEMETRY, FailurePredicted.KIND: FailurePredicted}
 
 #: "kind/version" of every current telemetry class -> the class (decode_batch's fast path).

@@ -1,6 +1,6 @@
 """Columnar telemetry (issue 20): a node's step timings of one flush as ONE record of
 columns instead of one JSON object per rank and step, its columns checked a column at a
-time and folded by the core without an event object per row (processors/core/block.py).
+time and folded by the core without an event object per row (processors/core/folds/block.py).
 
 On the wire, inside a telemetry batch's ``records`` (schemas/codec.py)::
 

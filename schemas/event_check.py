@@ -4,7 +4,7 @@ its heartbeats, step stats and GPU health.
 After the step timings (a columnar block), a training run's events are mostly heartbeats,
 step stats and GPU health, one JSON object each inside a batch. Validating each into its
 pydantic model costs ~1.3-2.5 us (the batch header ~1 us), and nearly every one then
-changes a few fields of the core and decides nothing (processors/core/quiet.py). So a
+changes a few fields of the core and decides nothing (processors/core/folds/quiet.py). So a
 *common* one (exactly the fields its model declares, each of the JSON type the model
 reads without converting it, inside the model's bounds) is read into a row, a plain tuple
 of its fields (the header into a BatchHeader); the model is built from the row's object
@@ -34,7 +34,7 @@ HeartbeatRow = tuple[str, int, int, str, int, float, str, Source]
 StatsRow = tuple[str, int, int, str, int, float, float, float | None, bool, Source]
 #: (event_id, attempt, rank, node, step, ts, present, temperature_c, power_capped,
 #: thermal_throttle, nvlink_width, nvlink_expected_width, nvlink_retries, nic_utilization,
-#: the object): what the straggler diagnosis keeps of a report (processors/core/diagnosis.py)
+#: the object): what the straggler diagnosis keeps of a report (processors/core/detectors/diagnosis.py)
 GpuRow = tuple[
     str, int, int, str, int, float, bool, float | None, bool | None, bool | None,
     int | None, int | None, int | None, float | None, Source,

@@ -294,7 +294,7 @@ class Tick(Envelope):
 class GroupComputeTimes(Envelope):
     """A non-coordinator shard's per-step summary of its groups' (racks', placement groups')
     pre-collective compute times, forwarded to shard 0, which alone has the run-wide
-    reference (processors/core/group_slowdown.py). One record per shard per evaluated step;
+    reference (processors/core/detectors/group_slowdown.py). One record per shard per evaluated step;
     rank -1. `health` carries, every few steps, each group's GPU-health digest, since the
     GpuHealth reports of a shard's ranks never reach shard 0."""
 
@@ -487,7 +487,7 @@ class EvictionDecision(Derived):
 class FailurePredicted(Derived):
     """A node's failure precursors (issue 46): its GPUs' error counters and trends against
     the fleet's own noise, turned into the probability that the node fails within
-    `horizon_s` (processors/core/hazard.py). Made where the node's GPU health is seen (any
+    `horizon_s` (processors/core/detectors/hazard.py). Made where the node's GPU health is seen (any
     shard); shard 0 decides about a drain (DrainDecision). node: the node; rank: the GPU
     with the strongest evidence."""
 
@@ -630,8 +630,9 @@ class Quarantine(Derived):
     run_ids_affected: list[str] = Field(default_factory=list)
 
 
-#: Every rule the core pages on (processors/core: paging.py, eviction.py, rollback.py,
-#: group_slowdown.py). Page.rule stays a str so a record with a newer rule still decodes.
+#: Every rule the core pages on (processors/core: decisions/paging.py, decisions/eviction.py,
+#: decisions/rollback.py, detectors/group_slowdown.py). Page.rule stays a str so a record with
+#: a newer rule still decodes.
 PageRule = Literal[
     "same_node",
     "same_step",

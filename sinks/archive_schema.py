@@ -129,7 +129,7 @@ VIEWS = (
 
 #: Causes that blame the culprit node for a job's death (node_kill): not an eviction (the
 #: node was slow, the stop was planned), an operator's restart, or a non-finite loss (its
-#: first reporter is not evidence against its node, processors/core/quarantine.py).
+#: first reporter is not evidence against its node, processors/core/decisions/quarantine.py).
 NODE_KILL_CAUSES = ("crash", "hang", "sdc")
 #: Planned stops that name a node (InterruptionCause): no failure of it (node_history).
 PLANNED_CAUSES = ("eviction", "elastic", "drain")
@@ -420,7 +420,7 @@ VIEW_DDL: tuple[str, ...] = (
     FROM interruption i
     LEFT JOIN linked l USING (interruption_id)
     GROUP BY ALL""",
-    # Goodput reports (processors/core/goodput.py): where each run's time went, per window.
+    # Goodput reports (processors/core/accounting/goodput.py): where each run's time went, per window.
     """
     CREATE OR REPLACE VIEW goodput AS
     SELECT run_id, ts AS "at",

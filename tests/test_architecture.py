@@ -160,6 +160,45 @@ def test_the_product_never_imports_the_development_tooling(graph: ImportGraph) -
     assert any(m.startswith(TOOLING) for m in graph.modules), "the tooling package moved"
 
 
+#: The rank side and the decisions: they agree through modules both may import (the
+#: schemas, trainguard/common: the odd-stack rule, where checkpoints may live, the elastic
+#: rule...), never by importing each other (issue 48).
+SIDES = ("trainguard.producers", "trainguard.processors")
+
+
+def _side(module: str) -> str | None:
+    return next((side for side in SIDES if module == side or module.startswith(f"{side}.")), None)
+
+
+def crossings(edges: dict[str, set[str]]) -> list[str]:
+    """Every import from one side (SIDES) into the other."""
+    return sorted(
+        f"{module} imports {target}"
+        for module, targets in edges.items()
+        for target in targets
+        if _side(module) and _side(target) and _side(module) != _side(target)
+    )
+
+
+def test_producers_and_processors_never_import_each_other(graph: ImportGraph) -> None:
+    assert crossings(graph.edges) == [], "move the shared rule to trainguard/common or schemas/"
+    # Guards the guard: a crossing either way is found, a shared module is not one.
+    edges = {
+        "trainguard.producers.launcher.hot": {"trainguard.processors.core.detectors.stacks"},
+        "trainguard.processors.api": {"trainguard.producers.checkpoint.storage", "trainguard.common.stacks"},
+        "trainguard.processors_extra": {"trainguard.producers"},
+    }
+    assert crossings(edges) == [
+        "trainguard.processors.api imports trainguard.producers.checkpoint.storage",
+        "trainguard.producers.launcher.hot imports trainguard.processors.core.detectors.stacks",
+    ]
+    # Both sides reach the shared rules (the scanner sees these edges).
+    assert "trainguard.common.stacks" in graph.edges["trainguard.producers.launcher.hot"]
+    assert "trainguard.common.stacks" in graph.edges["trainguard.processors.core.detectors.stacks"]
+    assert "trainguard.common.checkpoint_location" in graph.edges["trainguard.processors.api"]
+    assert "trainguard.common.checkpoint_location" in graph.edges["trainguard.producers.launcher.config"]
+
+
 def _top_level_imports(path: Path) -> set[str]:
     """The top-level names a file imports (absolute imports only)."""
     out = set()

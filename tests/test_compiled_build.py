@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,9 +59,31 @@ def test_pure_python_on_request(build: CompiledBuild, monkeypatch: pytest.Monkey
     assert not build.use(path := ["/the/sources"]) and path == ["/the/sources"]
 
 
+def test_a_sub_package_takes_its_folder_of_the_build_when_the_package_uses_it(
+    build: CompiledBuild, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The core's concerns are sub-packages (detectors/, ...): their modules are built in
+    # _compiled/<sub-package>/, used exactly when the package's build is.
+    (build.source / "detectors").mkdir()
+    (build.source / "detectors" / "watchdog.py").write_text("NAME = 'watchdog'\n")
+    nested = CompiledBuild("pkg.core", build.source, ("engine", "detectors.watchdog"))
+    assert nested.module_path("detectors.watchdog") == build.source / "detectors" / "watchdog.py"
+    assert "detectors.watchdog" in nested.stamp()["sources"]  # type: ignore[operator]
+    package = type(pytest)("pkg.core")
+    package.__path__ = [str(build.source)]
+    monkeypatch.setitem(sys.modules, "pkg.core", package)
+    sub_path = [str(build.source / "detectors")]
+    assert not nested.use_in(sub_path, "pkg.core.detectors")  # the package runs its Python
+    assert sub_path == [str(build.source / "detectors")]
+    nested.stamp_file.write_text(json.dumps(nested.stamp()))
+    assert nested.use(package.__path__)
+    assert nested.use_in(sub_path, "pkg.core.detectors")
+    assert sub_path == [str(build.folder / "detectors"), str(build.source / "detectors")]
+
+
 def test_each_compiled_package_declares_modules_of_its_own_folder() -> None:
     for target in (core_compiled.BUILD, schemas_compiled.BUILD):
-        assert target.modules and all((target.source / f"{m}.py").is_file() for m in target.modules)
+        assert target.modules and all(target.module_path(m).is_file() for m in target.modules)
         assert target.source.name == target.package.rsplit(".", 1)[1]
     assert "compiled" not in core_compiled.MODULES + schemas_compiled.MODULES  # the loaders stay Python
 

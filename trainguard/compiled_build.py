@@ -47,6 +47,7 @@ class CompiledBuild:
     #: The package's dotted name (its build's mypyc group is named after it).
     package: str
     source: Path
+    #: Dotted below the package: "engine", or "detectors.sdc" for a sub-package's module.
     modules: tuple[str, ...]
     #: Sources of another package whose types this one's code was compiled against (mypyc
     #: checks a value's type where it crosses into compiled code): a change there leaves
@@ -56,6 +57,10 @@ class CompiledBuild:
     @property
     def folder(self) -> Path:
         return self.source / "_compiled"
+
+    def module_path(self, module: str) -> Path:
+        """The source of one of `modules`."""
+        return self.source.joinpath(*module.split(".")).with_suffix(".py")
 
     @property
     def stamp_file(self) -> Path:
@@ -68,7 +73,7 @@ class CompiledBuild:
     def stamp(self) -> dict[str, object]:
         """What a build is valid for: this interpreter, this platform's extensions (a wheel
         that carries a build may be installed elsewhere), and the current sources."""
-        digests = {name: _digest(self.source / f"{name}.py") for name in self.modules}
+        digests = {name: _digest(self.module_path(name)) for name in self.modules}
         digests.update({f"{path.parent.name}/{path.name}": _digest(path) for path in self.depends})
         platform = importlib.machinery.EXTENSION_SUFFIXES[0]  # e.g. .cpython-311-x86_64-linux-gnu.so
         return {"python": sys.implementation.cache_tag, "extensions": platform, "sources": digests}
@@ -93,6 +98,17 @@ class CompiledBuild:
             )
             return False
         package_path.insert(0, str(self.folder))
+        return True
+
+    def use_in(self, subpackage_path: list[str], subpackage: str) -> bool:
+        """A sub-package of the package (`subpackage`: its dotted name, `subpackage_path`:
+        its ``__path__``) takes the build's folder of the same name first, when the package
+        itself uses the build (its modules are built in ``_compiled/<sub-package>/``)."""
+        parent = sys.modules.get(self.package)
+        if parent is None or str(self.folder) not in list(getattr(parent, "__path__", ())):
+            return False
+        relative = subpackage.removeprefix(f"{self.package}.").split(".")
+        subpackage_path.insert(0, str(self.folder.joinpath(*relative)))
         return True
 
 

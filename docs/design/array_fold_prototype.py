@@ -1,5 +1,5 @@
 """Sizing the array fold (docs/design/array_fold.md): the per-row effects of a quiet step
-timing (processors/core/block.py) done as array operations on array state, over folds of
+timing (processors/core/folds/block.py) done as array operations on array state, over folds of
 20 to 10,000 rows. NOT the core's fold: the checks are simplified and every row is taken
 as quiet; it only measures what such a fold costs a row as the number of rows folded at
 once grows.

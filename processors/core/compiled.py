@@ -25,33 +25,34 @@ from pathlib import Path
 from ...compiled_build import CompiledBuild
 from ...schemas import compiled as schemas_compiled
 
-#: The compiled modules of trainguard.processors.core (module docstring: which are not).
+#: The compiled modules of trainguard.processors.core, dotted below it (a sub-package's
+#: module is built in _compiled/<sub-package>/; module docstring: which are not).
 MODULES = (
-    "baseline",
-    "baseline_state",
-    "block",
+    "accounting.baseline",
+    "accounting.baseline_state",
+    "accounting.goodput_state",
+    "decisions.eviction",
+    "decisions.node_tests",
+    "decisions.paging",
+    "decisions.quarantine",
+    "decisions.repeat_step",
+    "decisions.resume",
     "dedupe",
-    "diagnosis",
+    "detectors.diagnosis",
+    "detectors.group_slowdown",
+    "detectors.peer_loss",
+    "detectors.sdc",
+    "detectors.sdc_cross",
+    "detectors.stack_window",
+    "detectors.straggler",
+    "detectors.straggler_state",
+    "detectors.watchdog",
     "engine",
-    "eviction",
-    "goodput_state",
-    "group_slowdown",
+    "folds.block",
+    "folds.quiet",
+    "folds.stored",
     "ids",
-    "node_tests",
-    "paging",
-    "peer_loss",
-    "quarantine",
-    "quiet",
-    "repeat_step",
-    "resume",
-    "sdc",
-    "sdc_cross",
-    "stack_window",
     "state",
-    "stored",
-    "straggler",
-    "straggler_state",
-    "watchdog",
 )
 
 #: The core takes the schemas' rows (schemas/event_check.py, compiled too) as typed values.

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 
 
 class DedupeWindow:
-    """Event ids, oldest first. Hot loops (engine.step, block.py) test and add to `ids`
+    """Event ids, oldest first. Hot loops (engine.step, folds/block.py) test and add to `ids`
     directly and then `push` the id, as `add` does: an id is added only when it is not in
     the window."""
 

@@ -60,34 +60,28 @@ from ...schemas import (
     StragglerFlagged,
 )
 from ...schemas.codec import RejectReason, rank_out_of_range
-from . import (
-    baseline,
+from .accounting import baseline
+from .accounting import goodput as accounting
+from .decisions import (
     capacity,
-    diagnosis,
     drain,
     eviction,
-    group_slowdown,
-    hazard,
     interval,
     node_tests,
     paging,
-    peer_loss,
     quarantine,
     repeat_step,
     resume,
     rollback,
-    sdc,
-    slowdown,
-    straggler,
 )
-from . import goodput as accounting
+from .detectors import diagnosis, group_slowdown, hazard, peer_loss, sdc, slowdown, straggler
+from .detectors.stack_window import open_window, window_closed
+from .detectors.stacks import hang_culprit
+from .detectors.watchdog import is_hung, stall_s, step_timeout_s
 from .ids import derived_id
 from .outputs import Forward, Reject, abort_for, node_of
 from .policy import CorePolicy
-from .stack_window import open_window, window_closed
-from .stacks import hang_culprit
 from .state import CoreState, OpenInterruption, PendingHang, RankState, RunPhase, RunState, state_key
-from .watchdog import is_hung, stall_s, step_timeout_s
 
 Output = Derived | Command | Forward | Reject
 
@@ -281,7 +275,7 @@ def run_all(
 
 def _stragglers(run: RunState, event: StepTiming, policy: CorePolicy) -> list[Output]:
     """The straggler detectors on one step timing (the per-step rule, and the windowed one
-    over the steps it completes: slowdown.py); a flag is diagnosed before any action
+    over the steps it completes: detectors/slowdown.py); a flag is diagnosed before any action
     (R2), and the flagged slowdowns are what goodput accounting charges the run for. On
     the coordinator, a diagnosis recommending eviction goes to the payback decision (a
     sharded run's other shards flag and diagnose; their evictions are not decided yet)."""
@@ -399,8 +393,8 @@ def _on_shard_rest(
 
 
 def _predictions(run: RunState, event: Envelope, policy: CorePolicy) -> list[Output]:
-    """Failure prediction's evaluation, when due (hazard.py): on shard 0 each prediction is
-    decided at once (drain.py); a shard's goes out and to shard 0, which decides."""
+    """Failure prediction's evaluation, when due (detectors/hazard.py): on shard 0 each prediction is
+    decided at once (decisions/drain.py); a shard's goes out and to shard 0, which decides."""
     nodes = len(run.nodes) or max(1, len(run.ranks) // max(1, run.ranks_per_node))
     per_node_s = 1.0 / (baseline.mtbf_s(run.baseline, policy.baseline) * nodes)
     found = hazard.on_time(run.hazard, run.run_id, run.attempt, event.ts, per_node_s, policy.prediction)
@@ -486,7 +480,7 @@ def _undeclared_restart(run: RunState, event: Envelope) -> Interruption:
     restart of an eviction or a drain it issued (at a checkpoint boundary: a cost to
     account, not a failure; it stopped when its ranks did), or something only the launcher
     saw. Either way it is recorded, so the timeline stays complete. A smaller world growing
-    back to full size is planned too (capacity.py)."""
+    back to full size is planned too (decisions/capacity.py)."""
     stopped = min(max((r.last_seen_ts for r in run.ranks.values()), default=event.ts), event.ts)
 
     def planned(
@@ -826,5 +820,5 @@ def step_time_summary(run: RunState) -> tuple[float, float, int]:
 
 def goodput(run: RunState) -> float:
     """The run's measured goodput over everything the accounting keeps (up to its longest
-    window, 7 days by default): (1 - overhead) x ideal/actual (processors/core/goodput.py)."""
+    window, 7 days by default): (1 - overhead) x ideal/actual (processors/core/accounting/goodput.py)."""
     return accounting.total(run.goodput).goodput

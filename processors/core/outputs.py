@@ -42,7 +42,7 @@ def decided(
 ) -> InterruptionDecided:
     """The launcher may restart after `interruption`: everything decided about it was
     output before this (issue 18: no fixed wait for decisions); with the capacity decision
-    when it took nodes out that no ready spare covers (capacity.py, issue 45)."""
+    when it took nodes out that no ready spare covers (decisions/capacity.py, issue 45)."""
     return InterruptionDecided(
         command_id=derived_id("decided", interruption.event_id),
         run_id=interruption.run_id,

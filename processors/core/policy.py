@@ -9,19 +9,19 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .baseline_state import BaselinePolicy
-from .capacity_state import ElasticPolicy
-from .diagnosis_state import DiagnosisPolicy
-from .eviction_state import EvictionPolicy
-from .goodput import GoodputPolicy
-from .group_state import GroupSlowdownPolicy
-from .hazard_state import PredictionPolicy
-from .interval import IntervalPolicy
-from .paging_state import PagingPolicy
-from .retention import RetentionPolicy
-from .sdc_state import SdcPolicy
-from .slowdown_state import SlowdownPolicy
-from .straggler_state import StragglerPolicy
+from .accounting.baseline_state import BaselinePolicy
+from .accounting.goodput import GoodputPolicy
+from .accounting.retention import RetentionPolicy
+from .decisions.capacity_state import ElasticPolicy
+from .decisions.eviction_state import EvictionPolicy
+from .decisions.interval import IntervalPolicy
+from .decisions.paging_state import PagingPolicy
+from .detectors.diagnosis_state import DiagnosisPolicy
+from .detectors.group_state import GroupSlowdownPolicy
+from .detectors.hazard_state import PredictionPolicy
+from .detectors.sdc_state import SdcPolicy
+from .detectors.slowdown_state import SlowdownPolicy
+from .detectors.straggler_state import StragglerPolicy
 
 
 class HangPolicy(BaseModel):
@@ -42,7 +42,7 @@ class HangPolicy(BaseModel):
         30.0,
         gt=0,
         description="After an abort, how long to wait for every rank's stack dump, from the first "
-        "answer or tick after it (processors/core/stack_window.py); an odd stack that no missing "
+        "answer or tick after it (processors/core/detectors/stack_window.py); an odd stack that no missing "
         "dump could change ends the wait sooner.",
     )
 
@@ -61,7 +61,7 @@ class CrashPolicy(BaseModel):
         gt=0,
         description="After the first exit of a rank that died of a lost peer, how long to wait for "
         "the culprit's own exit before naming the hosts none of whose ranks reported one (a whole "
-        "host lost); the next attempt's start ends the wait sooner (processors/core/peer_loss.py).",
+        "host lost); the next attempt's start ends the wait sooner (processors/core/detectors/peer_loss.py).",
     )
 
 
@@ -83,7 +83,7 @@ class CorePolicy(BaseModel):
     straggler: StragglerPolicy = StragglerPolicy()
     diagnosis: DiagnosisPolicy = DiagnosisPolicy()
     group_slowdown: GroupSlowdownPolicy = GroupSlowdownPolicy()
-    #: A node or a rank persistently a few percent slow, over windows (issue 47, slowdown.py).
+    #: A node or a rank persistently a few percent slow, over windows (issue 47, detectors/slowdown.py).
     slowdown: SlowdownPolicy = SlowdownPolicy()
     interval: IntervalPolicy = IntervalPolicy()
     paging: PagingPolicy = PagingPolicy()

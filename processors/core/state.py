@@ -11,20 +11,20 @@ from typing import Any
 import orjson
 from mypy_extensions import mypyc_attr
 
-from .baseline_state import BaselineState
-from .capacity_state import CapacityState
+from .accounting.baseline_state import BaselineState
+from .accounting.goodput_state import GoodputState
+from .decisions.capacity_state import CapacityState
+from .decisions.eviction_state import EvictionState
+from .decisions.interval import IntervalState
+from .decisions.paging_state import PagingState
+from .decisions.rollback_state import RollbackState
 from .dedupe import DedupeWindow
-from .diagnosis_state import HealthState
-from .eviction_state import EvictionState
-from .goodput_state import GoodputState
-from .group_state import GroupState
-from .hazard_state import DrainState, HazardState
-from .interval import IntervalState
-from .paging_state import PagingState
-from .rollback_state import RollbackState
-from .sdc_state import SdcState
-from .slowdown_state import SlowdownState
-from .straggler_state import StragglerState
+from .detectors.diagnosis_state import HealthState
+from .detectors.group_state import GroupState
+from .detectors.hazard_state import DrainState, HazardState
+from .detectors.sdc_state import SdcState
+from .detectors.slowdown_state import SlowdownState
+from .detectors.straggler_state import StragglerState
 
 
 class RunPhase(StrEnum):
@@ -91,7 +91,7 @@ class PendingHang:
     #: The rank whose heartbeat showed the stall first: a witness, never the culprit as such.
     witness_rank: int
     stalled_s: float = 0.0
-    #: When the collection window opened (processors/core/stack_window.py); None: not yet.
+    #: When the collection window opened (processors/core/detectors/stack_window.py); None: not yet.
     window_from: float | None = None
 
 
@@ -100,7 +100,7 @@ class PendingHang:
 class PendingCrash:
     """Ranks died of a lost peer (RankExit.peer_lost): evidence about another rank, so the
     core waits for the culprit's own exit or for the window to show which hosts went silent
-    (processors/core/peer_loss.py)."""
+    (processors/core/detectors/peer_loss.py)."""
 
     event_id: str  # the first such exit
     first_ts: float
@@ -157,7 +157,7 @@ class RunState:
     exit_step: int = -1
     #: The interruption this attempt restarts after ('' none): a resume's rejections belong to it.
     restart_of: str = ""
-    #: An attempt whose ranks found no valid checkpoint to resume from (resume.py): its
+    #: An attempt whose ranks found no valid checkpoint to resume from (decisions/resume.py): its
     #: crashes are a checkpoint fault, not a node's.
     no_checkpoint_attempt: int = -1
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=2000))

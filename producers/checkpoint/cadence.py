@@ -1,6 +1,6 @@
 """When a rank checkpoints: the interval in force (seconds) turned into steps.
 
-The core publishes the checkpoint interval in seconds (processors/core/interval.py: Young's
+The core publishes the checkpoint interval in seconds (processors/core/decisions/interval.py: Young's
 or Daly's T* from the measured C and M), and the launcher hands the last one to every new
 attempt (TRAINGUARD_CHECKPOINT_INTERVAL_S). A checkpoint is collective, so the decision is
 taken at a step boundary, in steps: every ``round(interval_s / step_s)`` steps, where

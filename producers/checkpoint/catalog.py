@@ -25,7 +25,7 @@ neither crowd them out nor be deleted before the new lineage has passed them.
 
 Rollback ancestors. An SDC mismatch found by a cross-rank (ring) check rolls the run back
 to the newest validated checkpoint at or before the last check that passed (processors/
-core/rollback.py), which may be older than the ``keep`` newest when checks are rarer than
+core/decisions/rollback.py), which may be older than the ``keep`` newest when checks are rarer than
 checkpoints. Whether a check passed is the processor's verdict, so the rank keeps, for
 each of the latest ring checks it ran (``watermarks``: the last two, so the ancestor of
 a failing newest check and of a passing one's successor), the newest resumable

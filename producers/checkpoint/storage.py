@@ -31,7 +31,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from .location import LocationError
+from ...common.checkpoint_location import LocationError
 
 
 def file_digest(path: Path, chunk: int = 1 << 22) -> tuple[str, int]:

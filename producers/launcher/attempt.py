@@ -475,7 +475,7 @@ class _Watch:
         """In-process restart: ranks of this host that left the attempt alive (a lost peer:
         across hosts, a rank or a whole host lost elsewhere; or another host's agent ended
         the attempt). Each one's leaving is reported as its RankExit (exit code None,
-        peer_lost: evidence about another rank, processors/core/peer_loss.py); the others
+        peer_lost: evidence about another rank, processors/core/detectors/peer_loss.py); the others
         here are told to give up, and all of them wait for the next attempt."""
         runner = self.runner
         assert runner.hot is not None

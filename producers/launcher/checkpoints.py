@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..checkpoint.location import LocationError
+from ...common.checkpoint_location import LocationError
 from ..checkpoint.markers import REJECTED, VALIDATED, resumable, step_of
 from ..checkpoint.storage import CheckpointStore
 

@@ -65,7 +65,7 @@ from .node_selftest import SELF_TESTS
 from .plan import NodePool, quarantine_effect
 from .records import RestartCause
 from .resume import ResumeChoice
-from .run_state import DrainRequest, RunState, StopRequest
+from .run_state import DrainRequest, LauncherState, StopRequest
 from .shared_quarantine import SharedQuarantine
 from .spares import SpareAdmission
 
@@ -77,7 +77,7 @@ class LauncherCommands:
         self,
         config: LauncherConfig,
         pool: NodePool,
-        state: RunState,
+        state: LauncherState,
         resume: ResumeChoice,
         spares: SpareAdmission,
         clock: Callable[[], float],

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ...common.checkpoint_location import is_url
 from ...home import trainguard_home
-from ..checkpoint.location import is_url
 from .rendezvous import RendezvousSpec
 
 
@@ -29,7 +29,7 @@ class LauncherConfig:
     ranks_per_node: int
     run_id: str
     #: Where validated checkpoints live (root/step-000000123/VALIDATED): a directory, or an
-    #: fsspec URL such as s3://bucket/ckpt (producers/checkpoint/location.py).
+    #: fsspec URL such as s3://bucket/ckpt (trainguard/common/checkpoint_location.py).
     checkpoint_dir: Path | str
     #: Spare node names beyond the job's own nodes (what quarantine can swap in).
     spares: int = 2

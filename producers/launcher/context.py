@@ -13,7 +13,7 @@ from .events import LauncherEvents
 from .plan import NodePool
 from .restarts import RestartRecorder
 from .resume import ResumeChoice
-from .run_state import RunState
+from .run_state import LauncherState
 
 
 @dataclass
@@ -21,7 +21,7 @@ class LaunchContext:
     config: LauncherConfig
     run_dir: Path
     pool: NodePool
-    state: RunState
+    state: LauncherState
     resume: ResumeChoice
     restarts: RestartRecorder
     events: LauncherEvents

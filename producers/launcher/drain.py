@@ -42,7 +42,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .records import RestartCause, RestartPhases
-from .run_state import DrainRequest, RunState
+from .run_state import DrainRequest, LauncherState
 
 if TYPE_CHECKING:
     from .hot import HotRanks
@@ -56,13 +56,13 @@ log = logging.getLogger(__name__)
 POLL_LISTING_S = 0.5
 
 
-def in_force(state: RunState, attempt: int) -> DrainRequest | None:
+def in_force(state: LauncherState, attempt: int) -> DrainRequest | None:
     """Under the lock: the drain in force for `attempt` (None: none)."""
     drain = state.drain
     return drain if drain is not None and drain.attempt == attempt else None
 
 
-def draining(state: RunState, node: str) -> bool:
+def draining(state: LauncherState, node: str) -> bool:
     """Under the lock: `node` leaves at the running attempt's next boundary (its
     quarantine must not end the attempt before: attempt.py's watch across hosts)."""
     drain = state.drain
@@ -70,7 +70,7 @@ def draining(state: RunState, node: str) -> bool:
 
 
 def ask(
-    hot: HotRanks, state: RunState, attempt: int, clock: Callable[[], float], story: Story | None
+    hot: HotRanks, state: LauncherState, attempt: int, clock: Callable[[], float], story: Story | None
 ) -> None:
     """In-process restart, in the watch: ask `attempt`'s ranks for a planned leave at the
     next checkpoint boundary, once per drain deadline (a later drain of the same attempt
@@ -93,7 +93,7 @@ def ask(
 
 
 def left_at_boundary(
-    restarts: RestartRecorder, state: RunState, attempt: int, left: str, now: float
+    restarts: RestartRecorder, state: LauncherState, attempt: int, left: str, now: float
 ) -> RestartPhases | None:
     """The ranks of `attempt` left at the checkpoint they agreed on (`left`: what the
     first one said, "the world is resized at the checkpoint of step N"): the drain's
@@ -111,7 +111,7 @@ def left_at_boundary(
 
 
 def due_in_full(
-    restarts: RestartRecorder, resume: ResumeChoice, state: RunState, attempt: int, now: float
+    restarts: RestartRecorder, resume: ResumeChoice, state: LauncherState, attempt: int, now: float
 ) -> RestartPhases | None:
     """Full restarts, in the watch: once a checkpoint newer than the newest at the
     command is validated, the drain's interruption (the caller tears the attempt down)."""

@@ -45,7 +45,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.api import Std
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
-from ...processors.core.stacks import odd_stack
+from ...common.stacks import odd_stack
 from ..training.inprocess import (
     ENV_STORE,
     ENV_WAIT_S,
@@ -193,7 +193,7 @@ class HotRanks:
 
     def culprits(self, attempt: int, ranks: list[int], world: list[int], timeout_s: float) -> list[int]:
         """After an Abort with stack dumps: the ranks of `world` whose stack is the odd one
-        out (the processor's rule, processors/core/stacks.py), once every rank noted its
+        out (the processor's rule, processors/core/detectors/stacks.py), once every rank noted its
         signature or `timeout_s` passed; [] when none stands out (a full restart then).
         `ranks`: this host's; across hosts each agent passes its ranks' signatures on in
         the shared store and reads the others'."""

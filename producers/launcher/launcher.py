@@ -91,7 +91,7 @@ from .recovery import Recovery
 from .rendezvous import HostRendezvous
 from .restarts import RestartRecorder
 from .resume import ResumeChoice
-from .run_state import RunState
+from .run_state import LauncherState
 from .spare_selftest import Runner
 from .spares import SpareAdmission
 from .startup import StartupFailures
@@ -125,7 +125,7 @@ class Launcher:
         #: What this launcher did, and what a predecessor killed mid-action left (module docs
         #: of journal.py): the quarantines and rollbacks of the run survive a relaunch.
         self.journal = ActionJournal(self.run_dir / JOURNAL_NAME)
-        self.state = state = RunState(self.journal, self.run_dir, config.fault)
+        self.state = state = LauncherState(self.journal, self.run_dir, config.fault)
         self.on_attempt: Callable[[int], None] | None = None  # e.g. actuator.set_attempt
         self.events = LauncherEvents(
             sink, config.run_id, self.journal.nonce, self.run_dir, config.nproc, lambda: state.attempt, clock

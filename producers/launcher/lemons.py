@@ -35,7 +35,7 @@ from .config import LauncherConfig
 from .events import LauncherEvents
 from .liveness import newest_world
 from .plan import NodePool, PoolExhausted, plan
-from .run_state import RunState
+from .run_state import LauncherState
 from .shared_quarantine import SharedQuarantine
 from .story import Story
 from .world import NoWorld
@@ -78,7 +78,7 @@ class LemonGate:
         self,
         config: LauncherConfig,
         pool: NodePool,
-        state: RunState,
+        state: LauncherState,
         events: LauncherEvents,
         story: Story,
         clock: Callable[[], float],

@@ -9,7 +9,7 @@ successor reads it back and:
   (:mod:`.agent_bound`), but a rank program's own children may be left, and an attempt
   whose pids were not journaled yet leaves no trace of having run (it is spawned again
   under its number); it keeps the quarantines and rollback barriers
-  (:class:`~.run_state.RunState` is rebuilt from the journal);
+  (:class:`~.run_state.LauncherState` is rebuilt from the journal);
 - reports the interrupted attempt's RankExits again (same event ids: duplicates of those
   the predecessor shipped, and the ones it could not ship);
 - gives the interrupted attempt's unacked commands ``decision_wait_s`` to be redelivered;

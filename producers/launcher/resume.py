@@ -20,11 +20,11 @@ from collections.abc import Callable
 from .checkpoints import rejected_steps, validated_steps
 from .config import LauncherConfig
 from .records import RestartCause
-from .run_state import RunState, StopRequest
+from .run_state import LauncherState, StopRequest
 
 
 class ResumeChoice:
-    def __init__(self, config: LauncherConfig, state: RunState, clock: Callable[[], float]) -> None:
+    def __init__(self, config: LauncherConfig, state: LauncherState, clock: Callable[[], float]) -> None:
         self.config = config
         self.state = state
         self.clock = clock

@@ -3,9 +3,9 @@ from the action journal when a launcher starts.
 
 The actuator thread writes it (a command's effect: :mod:`.commands`); the main loop reads
 it between polls and between attempts (:mod:`.launcher`, :mod:`.attempt`). Every effect
-is journaled under the lock before it is applied (:meth:`RunState.record`), so a launcher
+is journaled under the lock before it is applied (:meth:`LauncherState.record`), so a launcher
 killed after the record has executed the command and its successor, replaying the
-journal into a new RunState, applies it; one killed before has not, and its successor
+journal into a new LauncherState, applies it; one killed before has not, and its successor
 runs it (:mod:`.journal`).
 """
 
@@ -64,7 +64,7 @@ def request_of(data: dict[str, Any]) -> StopRequest:
     return StopRequest(**{**fields, "cause": RestartCause(fields["cause"])})
 
 
-class RunState:
+class LauncherState:
     """The run as both threads see it. Fields the actuator thread writes are read and
     written under `lock`."""
 

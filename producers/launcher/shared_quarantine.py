@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint.location import checkpoint_location, is_url
+from ...common.checkpoint_location import checkpoint_location, is_url
 
 FILE_NAME = "quarantine.jsonl"
 #: How the reason of a host lost without a fault of its own begins (its agent left the

@@ -25,7 +25,7 @@ from .config import LauncherConfig
 from .events import LauncherEvents
 from .node_selftest import SELF_TESTS, NodeSelfTestReport, run_node_self_test
 from .plan import NodePool, PoolExhausted, plan, quarantine_effect
-from .run_state import RunState
+from .run_state import LauncherState
 from .spare_selftest import NodeTester, Runner
 
 
@@ -34,7 +34,7 @@ class SpareAdmission:
         self,
         config: LauncherConfig,
         pool: NodePool,
-        state: RunState,
+        state: LauncherState,
         events: LauncherEvents,
         runner: Runner | None = None,
     ) -> None:

@@ -30,7 +30,7 @@ from .plan import NodePool, Placement, PoolExhausted, plan
 from .rendezvous import HostRendezvous, NoRound, Proposal, WorldPlan
 from .resume import ResumeChoice
 from .roll_call import RollCall, roll_call
-from .run_state import RunState
+from .run_state import LauncherState
 from .shared_quarantine import SharedQuarantine, lost_without_fault, refusal
 from .spare_selftest import NodeTester
 from .spares import SpareAdmission
@@ -108,7 +108,7 @@ class WorldFormation(Protocol):
         ...
 
 
-def resume_step(state: RunState, resume: ResumeChoice, reuse: AttemptRecord | None) -> int:
+def resume_step(state: LauncherState, resume: ResumeChoice, reuse: AttemptRecord | None) -> int:
     """Under the lock: the next attempt's resume step: a Rollback/ResumeFrom's (one that
     came between attempts is taken now), else the step of the attempt a predecessor
     journaled but never spawned, else the newest eligible checkpoint."""
@@ -131,7 +131,7 @@ class LocalWorld:
         self,
         config: LauncherConfig,
         pool: NodePool,
-        state: RunState,
+        state: LauncherState,
         resume: ResumeChoice,
         spares: SpareAdmission,
     ) -> None:
@@ -167,7 +167,7 @@ class HostWorld:
         self,
         config: LauncherConfig,
         node: str,
-        state: RunState,
+        state: LauncherState,
         resume: ResumeChoice,
         rendezvous: HostRendezvous,
         tester: NodeTester | None = None,

@@ -46,7 +46,7 @@ from confluent_kafka import (
 from ...kafka.security import KafkaCredentials, client_config, resolve
 from ...kafka.topics import actuator_group_prefix, run_commands_topic
 from ...schemas import RUN_LEVEL_RANK, Ack, AckStatus, Command, encode
-from .gate import _MAX_DETAIL, C, CommandGate, GateCounters, Outcome, Verdict
+from .gate import _MAX_DETAIL, C, CommandGate, GateCounters, GateOutcome, GateVerdict
 
 log = logging.getLogger(__name__)
 
@@ -329,9 +329,9 @@ class Actuator:
     def _handle(self, raw: bytes) -> list[Ack]:
         decision = self.gate.check(raw)
         command = decision.command
-        if decision.outcome is Outcome.OTHER_RUN:
+        if decision.outcome is GateOutcome.OTHER_RUN:
             return []
-        if decision.outcome is Outcome.REFUSED:
+        if decision.outcome is GateOutcome.REFUSED:
             # One ack per actuator, not per rank: a refusal concerns the command, and a
             # flood of forged commands must not turn into a flood of acks.
             if not decision.command_id:
@@ -358,7 +358,7 @@ class Actuator:
             if handler is None:
                 self.stats.failed += 1
                 status, detail = AckStatus.FAILED, f"no handler registered for {command.KIND}"
-            elif self.gate.claim(command, rank) is Verdict.DUPLICATE:
+            elif self.gate.claim(command, rank) is GateVerdict.DUPLICATE:
                 status, detail = AckStatus.DUPLICATE, "already executed on this rank"
             else:
                 try:

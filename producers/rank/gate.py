@@ -25,7 +25,7 @@ C = TypeVar("C", bound=Command)
 _MAX_DETAIL = 2000
 
 
-class Outcome(StrEnum):
+class GateOutcome(StrEnum):
     ACCEPTED = "accepted"  # authentic and for this attempt: see the per-rank verdicts
     REFUSED = "refused"
     OTHER_RUN = "other_run"  # for another run: ignored silently (cannot even be verified)
@@ -37,7 +37,7 @@ class RefuseReason(StrEnum):
     STALE_ATTEMPT = "stale_attempt"  # meant for another attempt of this run
 
 
-class Verdict(StrEnum):
+class GateVerdict(StrEnum):
     EXECUTE = "execute"
     DUPLICATE = "duplicate"  # this rank already executed this command_id
 
@@ -46,7 +46,7 @@ class Verdict(StrEnum):
 class Decision:
     """What to do with one record of the commands topic."""
 
-    outcome: Outcome
+    outcome: GateOutcome
     command: Command | None = None
     reason: RefuseReason | None = None
     detail: str = ""
@@ -117,14 +117,14 @@ class CommandGate:
             run_id, command_id, kind = _peek(raw)
             if run_id is not None and run_id != self.run_id:
                 self.counters.other_run += 1
-                return Decision(Outcome.OTHER_RUN, detail=f"run {run_id}")
+                return Decision(GateOutcome.OTHER_RUN, detail=f"run {run_id}")
             return self._refuse(
                 RefuseReason.UNDECODABLE, f"{rej.reason}: {rej.detail}", None, command_id, kind
             )
         assert isinstance(command, Command)
         if command.run_id != self.run_id:
             self.counters.other_run += 1
-            return Decision(Outcome.OTHER_RUN, command, detail=f"run {command.run_id}")
+            return Decision(GateOutcome.OTHER_RUN, command, detail=f"run {command.run_id}")
         if not auth.verify(command, self._key):
             return self._refuse(
                 RefuseReason.BAD_SIGNATURE,
@@ -140,31 +140,31 @@ class CommandGate:
             )
         if self.executes is not None and type(command) not in self.executes:
             self.counters.other_role += 1
-            return Decision(Outcome.ACCEPTED, command, detail=f"{command.KIND} is another role's")
+            return Decision(GateOutcome.ACCEPTED, command, detail=f"{command.KIND} is another role's")
         ranks = tuple(sorted(r for r in self.local_ranks if command.targets(r)))
         if not ranks:
             self.counters.untargeted += 1
-        return Decision(Outcome.ACCEPTED, command, ranks=ranks)
+        return Decision(GateOutcome.ACCEPTED, command, ranks=ranks)
 
-    def claim(self, command: Command, rank: int) -> Verdict:
+    def claim(self, command: Command, rank: int) -> GateVerdict:
         """EXECUTE (and remember it, journal first) or DUPLICATE for `rank`."""
         seen = self._executed.setdefault(rank, OrderedDict())
         if command.command_id in seen:
             seen.move_to_end(command.command_id)
             self.counters.duplicate += 1
-            return Verdict.DUPLICATE
+            return GateVerdict.DUPLICATE
         if self._journal is not None:
             self._journal.write(orjson.dumps([self.run_id, rank, command.command_id]) + b"\n")
             self._journal.flush()
             os.fsync(self._journal.fileno())
         self._remember(rank, command.command_id)
         self.counters.executed += 1
-        return Verdict.EXECUTE
+        return GateVerdict.EXECUTE
 
-    def admit(self, raw: bytes) -> tuple[Decision, dict[int, Verdict]]:
+    def admit(self, raw: bytes) -> tuple[Decision, dict[int, GateVerdict]]:
         """:meth:`check` then :meth:`claim` for every targeted local rank."""
         decision = self.check(raw)
-        if decision.outcome is not Outcome.ACCEPTED or decision.command is None:
+        if decision.outcome is not GateOutcome.ACCEPTED or decision.command is None:
             return decision, {}
         return decision, {rank: self.claim(decision.command, rank) for rank in decision.ranks}
 
@@ -197,7 +197,7 @@ class CommandGate:
         if command is not None:
             ranks = tuple(sorted(r for r in self.local_ranks if command.targets(r)))
             command_id, kind = command.command_id, command.KIND
-        return Decision(Outcome.REFUSED, command, reason, detail, ranks, command_id, kind)
+        return Decision(GateOutcome.REFUSED, command, reason, detail, ranks, command_id, kind)
 
     def _remember(self, rank: int, command_id: str) -> None:
         seen = self._executed.setdefault(rank, OrderedDict())

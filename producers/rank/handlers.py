@@ -197,7 +197,7 @@ def stack_signature(frame: FrameType | None, depth: int = SIGNATURE_DEPTH) -> st
     """The innermost `depth` frames, outermost first: ``file.py:function>...``. No line
     numbers and no directories, so that ranks stopped at the same place (the same
     collective, through the same code) have equal signatures and the odd one out
-    differs (processors/core/stacks.py compares them for equality)."""
+    differs (processors/core/detectors/stacks.py compares them for equality)."""
     frames: list[str] = []
     while frame is not None and len(frames) < depth:
         code = frame.f_code

@@ -115,7 +115,7 @@ class ShipperStats:
         return self.submitted - self.delivered - self.dropped - self.failed
 
 
-class Outcome(StrEnum):
+class DeliveryOutcome(StrEnum):
     """What became of a submitted event (each event has exactly one, or is still in flight)."""
 
     DELIVERED = "delivered"  # librdkafka acknowledged its record
@@ -126,7 +126,7 @@ class Outcome(StrEnum):
 #: Told the outcome of events, by event: for an oracle that must know which ids were
 #: acknowledged even when others were dropped. Called under the shipper's lock, from the
 #: training thread (a drop in submit) or the shipper's: keep it O(events), no I/O.
-OutcomeHook = Callable[[Outcome, Sequence[Envelope]], None]
+DeliveryHook = Callable[[DeliveryOutcome, Sequence[Envelope]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +200,7 @@ class TelemetryShipper:
         world_size: int,
         on_flush: Callable[[], None] | None = None,
         name: str = "",
-        on_outcome: OutcomeHook | None = None,
+        on_outcome: DeliveryHook | None = None,
     ) -> None:
         self.config = config
         self._on_outcome = on_outcome
@@ -240,9 +240,9 @@ class TelemetryShipper:
             if len(self._queue) + self._handed >= self.config.max_queued_events:
                 self.stats.dropped += 1
                 if not self._queue:
-                    self._tell(Outcome.DROPPED, [event])
+                    self._tell(DeliveryOutcome.DROPPED, [event])
                     return False
-                self._tell(Outcome.DROPPED, [self._queue.popleft()])
+                self._tell(DeliveryOutcome.DROPPED, [self._queue.popleft()])
                 self._queue.append(event)
                 return False
             self._queue.append(event)
@@ -263,10 +263,10 @@ class TelemetryShipper:
             room = self.config.max_queued_events - len(self._queue) - self._handed
             keep = events[-room:] if room > 0 else []
             self.stats.dropped += len(events) - len(keep)
-            self._tell(Outcome.DROPPED, events[: len(events) - len(keep)])
+            self._tell(DeliveryOutcome.DROPPED, events[: len(events) - len(keep)])
             self._queue.extendleft(reversed(keep))
 
-    def _tell(self, outcome: Outcome, events: Sequence[Envelope]) -> None:
+    def _tell(self, outcome: DeliveryOutcome, events: Sequence[Envelope]) -> None:
         if self._on_outcome is not None and events:
             self._on_outcome(outcome, events)
 
@@ -280,7 +280,7 @@ class TelemetryShipper:
                     self.stats.delivered += count
                 else:
                     self.stats.failed += count
-                self._tell(Outcome.DELIVERED if err is None else Outcome.FAILED, events)
+                self._tell(DeliveryOutcome.DELIVERED if err is None else DeliveryOutcome.FAILED, events)
 
         return done
 
@@ -340,7 +340,7 @@ class TelemetryShipper:
                     with self._lock:
                         self.stats.failed += len(record.counted)
                         self._handed -= len(record.counted)
-                        self._tell(Outcome.FAILED, record.counted)
+                        self._tell(DeliveryOutcome.FAILED, record.counted)
                     self._seq = record.seq + 1  # the gap in seq shows the loss downstream
                     continue
                 self._seq = record.seq + 1
@@ -394,7 +394,7 @@ class TelemetryShipper:
             self._producer.flush(0)
             with self._lock:
                 self.stats.dropped += len(self._queue)
-                self._tell(Outcome.DROPPED, list(self._queue))
+                self._tell(DeliveryOutcome.DROPPED, list(self._queue))
                 self._queue.clear()
         return self.stats
 

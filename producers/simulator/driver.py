@@ -28,7 +28,7 @@ from ...kafka.topics import TopicNames
 from ...schemas import Command, Envelope, auth
 from ...schemas.commands import COMMAND_KINDS
 from ...schemas.sharding import DEFAULT_SHARD_RANKS
-from ..rank.shipper import OutcomeHook, ShipperConfig, ShipperStats, TelemetryShipper
+from ..rank.shipper import DeliveryHook, ShipperConfig, ShipperStats, TelemetryShipper
 from .cluster import CommandRefused, FiredFault, LauncherNote, Phase, SimulatedCluster
 from .scenario import FaultTruth, Scenario
 
@@ -160,7 +160,7 @@ def run_simulation(
     lag_budget_s: float = 1.0,
     shard_ranks: int = DEFAULT_SHARD_RANKS,
     on_submit: Callable[[list[Envelope]], None] | None = None,
-    on_outcome: OutcomeHook | None = None,
+    on_outcome: DeliveryHook | None = None,
 ) -> SimulationResult:
     """Run `scenario` in real time (times `speed`) until it finishes or `max_seconds` of
     wall clock pass. With a `secret` (the master command-signing secret), an actuator

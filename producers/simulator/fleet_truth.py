@@ -26,7 +26,7 @@ from .fleet_scenario import Fleet
 from .precursors import Episode
 from .runlevel import DAY_S
 
-Outcome = Literal["pending", "struck", "drained", "removed"]
+FailureOutcome = Literal["pending", "struck", "drained", "removed"]
 
 
 @dataclass
@@ -41,7 +41,7 @@ class FailureTruth:
     precursor: str | None = None  # the precursor's kind; None: no precursor
     precursor_ts: float | None = None  # when the precursor began
     node: str | None = None  # the node it belongs to, once bound
-    outcome: Outcome = "pending"
+    outcome: FailureOutcome = "pending"
     struck_ts: float | None = None  # when it struck (a failure while the job was down: at the launch)
     detected_ts: float | None = None
     drained_ts: float | None = None  # drained: when the core decided the drain (DrainNode.issued_ts)

@@ -19,20 +19,20 @@ import torch
 
 from ..rank.handlers import RankControl
 from . import cross_check, inprocess, ring_check
-from .config import _CODES, Verdict
+from .config import _CODES, UpdateVerdict
 
 log = logging.getLogger(__name__)
 
 
 def agree(
     control: RankControl,
-    verdict: Verdict,
+    verdict: UpdateVerdict,
     wants_checkpoint: int,
     rank: int,
     device: Callable[[], torch.device],
     enabled: bool = True,
     self_check: bool = False,
-) -> tuple[Verdict, int, int | None, int | None, bool | None]:
+) -> tuple[UpdateVerdict, int, int | None, int | None, bool | None]:
     """(the verdict, checkpoint now (``wants_checkpoint``'s codes: 0 no, 1 yes, 2 yes and
     then leave the attempt for a resize: :class:`.inprocess.WorldResize`), the ring check
     to run at this step's end, the cross check to run, the self-check replay). The ring
@@ -70,6 +70,6 @@ def agree(
         log.warning("rank %d: ring check %s dropped: not every rank holds it", rank, dropped)
     due = -1 if ring.run is None else ring.run
     cross = cross_check.agreed(rest[3:]) or 0
-    if verdict is not Verdict.APPLY or worst == 0:
+    if verdict is not UpdateVerdict.APPLY or worst == 0:
         return verdict, checkpoint, due, cross, bool(replay)
-    return Verdict.PEER, checkpoint, due, cross, bool(replay)
+    return UpdateVerdict.PEER, checkpoint, due, cross, bool(replay)

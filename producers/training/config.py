@@ -57,7 +57,7 @@ ENV_CONFIG = {
 _COUNTS = frozenset({"checkpoint_keep"})
 
 
-class Verdict(StrEnum):
+class UpdateVerdict(StrEnum):
     """What :meth:`StepScope.check` decided about a step's update."""
 
     APPLY = "apply"
@@ -67,7 +67,12 @@ class Verdict(StrEnum):
     PEER = "peer"  # another rank skipped this step (agreement all-reduce)
 
 
-_CODES = {Verdict.APPLY: 0, Verdict.GRAD_SPIKE: 1, Verdict.COMMANDED: 2, Verdict.NON_FINITE: 3}
+_CODES = {
+    UpdateVerdict.APPLY: 0,
+    UpdateVerdict.GRAD_SPIKE: 1,
+    UpdateVerdict.COMMANDED: 2,
+    UpdateVerdict.NON_FINITE: 3,
+}
 
 
 class NonFiniteLoss(FloatingPointError):

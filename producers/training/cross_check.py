@@ -1,5 +1,5 @@
 """The three-rank cross check on real ranks (RunCrossRankCheck; the core's side is
-processors/core/sdc_cross.py): the bisection of a ring edge that failed alone.
+processors/core/detectors/sdc_cross.py): the bisection of a ring edge that failed alone.
 
 A ring edge source -> target fails when the source's recomputation of the target's
 microbatch differs from the target's own value (:mod:`.ring_check`). One of the two is

@@ -7,7 +7,7 @@ culprit, quarantining an innocent host.
 So an uncaught error is classified on its way out (:func:`peer_lost`) and noted in the
 rank's phases file (:func:`~.rank_files.note_exit`); the launcher copies it into the
 RankExit as ``peer_lost``, and the core waits for the culprit's own evidence
-(processors/core/peer_loss.py). Pure: an exception in, a short reason or None out.
+(processors/core/detectors/peer_loss.py). Pure: an exception in, a short reason or None out.
 
 The patterns are the transport errors a survivor sees, not a rank's own faults: a CUDA
 error, an OOM, a NaN or a bug in the training code never match, so they stay culprits.

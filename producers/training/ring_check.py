@@ -1,5 +1,5 @@
 """The ring cross-rank check on real ranks (seed R3; the core's side is
-processors/core/sdc_ring.py): the defence against a deterministically wrong device, which
+processors/core/detectors/sdc_ring.py): the defence against a deterministically wrong device, which
 passes its own bitwise self-check because it computes the same wrong answer twice.
 
 At a ring check every rank r recomputes, with the weights of that step, its own

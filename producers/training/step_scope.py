@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from ..rank.agent import RankAgent
-from .config import NonFiniteLoss, Verdict
+from .config import NonFiniteLoss, UpdateVerdict
 from .timing import _CudaMarks, _HostMarks
 
 
@@ -44,7 +44,7 @@ class StepScope:
         self.microbatch_id = microbatch_id
         self.loss: float | None = None
         self.grad_norm: float | None = None
-        self.verdict: Verdict | None = None
+        self.verdict: UpdateVerdict | None = None
         #: Save a checkpoint at the end of this step: decided in check(), agreed over ranks.
         self.checkpoint_due: bool | None = None
         #: ...and then leave the attempt: the launcher resizes the world (elastic.py).
@@ -87,7 +87,7 @@ class StepScope:
 
     @property
     def applied(self) -> bool:
-        return self.verdict is Verdict.APPLY
+        return self.verdict is UpdateVerdict.APPLY
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

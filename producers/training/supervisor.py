@@ -27,7 +27,7 @@ comm hook, :meth:`Supervisor.instrument_ddp`; how and why in :mod:`.timing`) or 
 Invariants (seed §7 failure 3 (a)), in :meth:`StepScope.check`: a non-finite loss or grad
 norm is never applied (StepStats finite=False goes out; the processors decide the abort,
 or set ``on_non_finite="raise"``); a grad norm above 10 x the running p99 of accepted
-steps (after 50 of them; the core's definition, processors/core/sdc_state.py) is skipped
+steps (after 50 of them; the core's definition, processors/core/detectors/sdc_state.py) is skipped
 and counted; a step named by a SkipUpdate command is skipped. Under torch.distributed
 the ranks agree on skipping with one all-reduce of a scalar (MAX), so that a skip seen by
 one rank (its own NaN loss, a command that reached it first) skips everywhere and the
@@ -62,7 +62,7 @@ attribute store at each boundary: forward from the step's start, allreduce once 
 rank's compute is done (the comm hook or compute_done()) and while the ranks agree in
 check(), optimizer after check(), checkpoint while saving, data between steps (the
 loader). When no stack dump arrives after a hang, the rank whose last phase differs from
-everyone waiting in the all-reduce is the culprit (processors/core/stacks.py).
+everyone waiting in the all-reduce is the culprit (processors/core/detectors/stacks.py).
 
 Nothing here blocks on the broker, the network or storage: events are queued; commands
 are read and acked on the actuator's thread; GPU health is sampled on its own thread;
@@ -103,7 +103,7 @@ from .config import (
     NonFiniteLoss,
     SupervisorConfig,
     SupervisorCounters,
-    Verdict,
+    UpdateVerdict,
     init_process_group,
     process_start_ts,
     supervisor_arguments,
@@ -125,7 +125,7 @@ __all__ = [
     "StepScope",
     "Supervisor",
     "SupervisorConfig",
-    "Verdict",
+    "UpdateVerdict",
     "init_process_group",
     "process_start_ts",
 ]
@@ -421,33 +421,33 @@ class Supervisor(ExitHooks):
         due, scope.resize_due = code > 0, code == 2
         scope.checkpoint_due, self._agreed = due, (scope.step, due)
         scope.verdict = verdict
-        if verdict is Verdict.APPLY:
+        if verdict is UpdateVerdict.APPLY:
             if norm is not None:
                 self._grad_norms.add(norm, self.config.grad_norm_window)
             self.counters.applied += 1
         else:
             attr = {
-                Verdict.NON_FINITE: "non_finite",
-                Verdict.GRAD_SPIKE: "grad_spikes",
-                Verdict.COMMANDED: "commanded_skips",
-                Verdict.PEER: "peer_skips",
+                UpdateVerdict.NON_FINITE: "non_finite",
+                UpdateVerdict.GRAD_SPIKE: "grad_spikes",
+                UpdateVerdict.COMMANDED: "commanded_skips",
+                UpdateVerdict.PEER: "peer_skips",
             }[verdict]
             setattr(self.counters, attr, getattr(self.counters, attr) + 1)
             log.warning("rank %d step %d: update not applied (%s)", self.rank, scope.step, verdict)
-        self.control.record_decision(scope.step, verdict is Verdict.APPLY)
-        if verdict is Verdict.NON_FINITE and self.config.on_non_finite == "raise":
+        self.control.record_decision(scope.step, verdict is UpdateVerdict.APPLY)
+        if verdict is UpdateVerdict.NON_FINITE and self.config.on_non_finite == "raise":
             raise NonFiniteLoss(f"step {scope.step}: loss {loss_f}, grad norm {norm}")
-        return verdict is Verdict.APPLY
+        return verdict is UpdateVerdict.APPLY
 
-    def _local_verdict(self, step: int, loss: float, norm: float | None) -> Verdict:
+    def _local_verdict(self, step: int, loss: float, norm: float | None) -> UpdateVerdict:
         if not (math.isfinite(loss) and (norm is None or math.isfinite(norm))):
-            return Verdict.NON_FINITE
+            return UpdateVerdict.NON_FINITE
         if self.control.take_skip(step):
-            return Verdict.COMMANDED
+            return UpdateVerdict.COMMANDED
         judged = norm is not None and len(self._grad_norms) >= self.config.grad_norm_min_samples
         if judged and norm > self.config.grad_spike_multiplier * self._grad_norms.quantile(0.99):  # type: ignore[operator]
-            return Verdict.GRAD_SPIKE
-        return Verdict.APPLY
+            return UpdateVerdict.GRAD_SPIKE
+        return UpdateVerdict.APPLY
 
     def collective_device(self) -> torch.device:
         """Where the supervisor's own collectives' tensors live: NCCL needs CUDA ones."""

@@ -21,8 +21,10 @@ ROOT = Path(__file__).resolve().parents[2]
 TREE = ("pyproject.toml", "README.md", "trainguard", "schemas", "producers", "processors", "sinks", "replay")
 _WHICH = """
 from trainguard.processors.core import compiled, engine
+from trainguard.processors.core.detectors import watchdog
 from trainguard.schemas import block_check
-print(compiled.active(), block_check.__file__.endswith(".py"), engine.__file__)
+core_active = compiled.active() and not watchdog.__file__.endswith(".py")  # a sub-package's too
+print(core_active, block_check.__file__.endswith(".py"), engine.__file__)
 """
 
 
@@ -52,7 +54,9 @@ def test_a_wheel_carries_the_builds_and_its_install_runs_them(tmp_path: Path) ->
     subprocess.run(
         [*pip, "install", "--no-deps", "--target", str(target), str(wheel)], check=True, cwd=tmp_path
     )
-    assert sorted(p.name for p in (target / "trainguard/processors/core/_compiled").glob("engine.*"))
+    carried = target / "trainguard/processors/core/_compiled"
+    assert sorted(p.name for p in carried.glob("engine.*"))
+    assert sorted(p.name for p in carried.glob("detectors/watchdog.*"))  # a sub-package's module
 
     env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"}  # (no PURE_ENV: the builds may run)
     out = subprocess.run(

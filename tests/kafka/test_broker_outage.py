@@ -40,7 +40,7 @@ from trainguard.kafka.lag import wait_caught_up
 from trainguard.kafka.topics import ensure_topics, topic_names
 from trainguard.processors.core.policy import load_policy
 from trainguard.producers.rank.agent import NodeAgents, RankAgent
-from trainguard.producers.rank.shipper import Outcome, ShipperConfig, ShipperStats, TelemetryShipper
+from trainguard.producers.rank.shipper import DeliveryOutcome, ShipperConfig, ShipperStats, TelemetryShipper
 from trainguard.replay.log import read_recording
 from trainguard.replay.oracle import check
 from trainguard.schemas import RUN_LEVEL_RANK, Envelope, Interruption, RankExit, RunStarted, decode_batch
@@ -74,8 +74,8 @@ class RecordingShipper(TelemetryShipper):
         self.max_held = 0
         super().__init__(*args, on_outcome=self._told, **kwargs)
 
-    def _told(self, outcome: Outcome, events: Sequence[Envelope]) -> None:
-        if outcome is Outcome.DELIVERED:
+    def _told(self, outcome: DeliveryOutcome, events: Sequence[Envelope]) -> None:
+        if outcome is DeliveryOutcome.DELIVERED:
             self.acked.update(e.event_id for e in events)
 
     def sample(self) -> None:

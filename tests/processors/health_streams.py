@@ -1,4 +1,4 @@
-"""A fleet's GPU health over hours, for failure prediction's tests (processors/core/hazard.py).
+"""A fleet's GPU health over hours, for failure prediction's tests (processors/core/detectors/hazard.py).
 
 Every GPU of every node reports its counters every `interval_s`, as the rank's sampler
 does: Poisson backgrounds at realistic per-GPU-day rates in every counter, overdispersed

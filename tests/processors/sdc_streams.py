@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 
 from harness.streams import Job
 from trainguard.processors.core import CorePolicy, CoreState, RunState, engine
-from trainguard.processors.core.engine import Output
-from trainguard.processors.core.sdc import (
+from trainguard.processors.core.detectors.sdc import (
     SdcPolicy,
     SdcState,
     on_cross_check,
@@ -24,6 +23,7 @@ from trainguard.processors.core.sdc import (
     on_step_completed,
     on_step_stats,
 )
+from trainguard.processors.core.engine import Output
 from trainguard.schemas import (
     CrossRankCheck,
     Envelope,

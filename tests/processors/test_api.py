@@ -21,7 +21,7 @@ from harness.streams import Job
 from trainguard import cli
 from trainguard.processors import api, api_view, api_web
 from trainguard.processors.core import CorePolicy, HangPolicy, goodput, step_time_summary
-from trainguard.processors.core.straggler_state import StragglerPolicy
+from trainguard.processors.core.detectors.straggler_state import StragglerPolicy
 from trainguard.processors.driver import CoreDriver
 from trainguard.schemas import (
     CheckpointNow,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from trainguard.processors.core.baseline import (
+from trainguard.processors.core.accounting.baseline import (
     baseline_rate_per_h,
     burst_p_value,
     gamma_quantile,
@@ -26,7 +26,7 @@ from trainguard.processors.core.baseline import (
     rate_ratio,
     regularized_gamma_p,
 )
-from trainguard.processors.core.baseline_state import BaselinePolicy, BaselineState
+from trainguard.processors.core.accounting.baseline_state import BaselinePolicy, BaselineState
 from trainguard.processors.core.state import RunState
 from trainguard.schemas import (
     Interruption,

@@ -1,5 +1,5 @@
-"""A record's columnar blocks (processors/core/block.py) and its heartbeats' and step
-stats' rows (processors/core/quiet.py) fold to exactly the state and outputs of its
+"""A record's columnar blocks (processors/core/folds/block.py) and its heartbeats' and step
+stats' rows (processors/core/folds/quiet.py) fold to exactly the state and outputs of its
 events folded one by one by ``step``, record by record along a simulated run
 with a thermal straggler that is flagged, diagnosed and evicted: not only at the run's end
 (tests/schemas/test_columnar.py), where a later event can hide a clock that an earlier one

@@ -1,4 +1,4 @@
-"""Elastic training's decision in the pure core (processors/core/capacity.py, issue 45): a
+"""Elastic training's decision in the pure core (processors/core/decisions/capacity.py, issue 45): a
 node lost with no spare ready is decided on the interruption's InterruptionDecided (wait
 for a replacement, or shrink), from the run's history where it has some, else the
 policy's priors; a smaller world's grow-back is planned; goodput counts reduced width."""
@@ -11,8 +11,8 @@ import pytest
 
 from harness.streams import Job
 from trainguard.processors.core import CorePolicy, run_all
-from trainguard.processors.core.capacity_state import ElasticPolicy
-from trainguard.processors.core.goodput import total
+from trainguard.processors.core.accounting.goodput import total
+from trainguard.processors.core.decisions.capacity_state import ElasticPolicy
 from trainguard.schemas import (
     Interruption,
     InterruptionCause,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from harness.straggler_streams import Harness, HealthFault, Slow, SyncJob, of_kind
-from trainguard.processors.core.diagnosis import diagnose, observe_health
-from trainguard.processors.core.diagnosis_state import DiagnosisPolicy, HealthState
+from trainguard.processors.core.detectors.diagnosis import diagnose, observe_health
+from trainguard.processors.core.detectors.diagnosis_state import DiagnosisPolicy, HealthState
 from trainguard.schemas import (
     Diagnosis,
     GpuHealth,

@@ -1,4 +1,4 @@
-"""Failure prediction's decision through the core (processors/core/drain.py, engine.py): a
+"""Failure prediction's decision through the core (processors/core/decisions/drain.py, engine.py): a
 node whose GPUs' correctable ECC climbs is predicted and drained at a checkpoint boundary
 when that pays, the next attempt's start is a planned stop (no page, no failure counted),
 a prediction that does not pay is declined with its numbers, a shard's prediction is
@@ -12,7 +12,7 @@ import pytest
 
 from harness.streams import Job
 from trainguard.processors.core import engine
-from trainguard.processors.core.hazard_state import PredictionPolicy
+from trainguard.processors.core.detectors.hazard_state import PredictionPolicy
 from trainguard.processors.core.outputs import Forward
 from trainguard.processors.core.policy import CorePolicy
 from trainguard.processors.core.state import CoreState

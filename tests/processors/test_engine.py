@@ -6,9 +6,9 @@ import pytest
 
 from harness.streams import Job
 from trainguard.processors.core import CorePolicy, CoreState, HangPolicy, RunPhase, run_all, step
+from trainguard.processors.core.detectors.watchdog import step_timeout_s
 from trainguard.processors.core.outputs import Forward, Reject
 from trainguard.processors.core.state import IllegalTransition, RunState
-from trainguard.processors.core.watchdog import step_timeout_s
 from trainguard.schemas import (
     Abort,
     HangDetected,

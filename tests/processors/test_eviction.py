@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from trainguard.processors.core.eviction import (
+from trainguard.processors.core.decisions.eviction import (
     on_cleared,
     on_diagnosed,
     on_flagged,
@@ -19,7 +19,7 @@ from trainguard.processors.core.eviction import (
     payback_s,
     straggler_cost,
 )
-from trainguard.processors.core.eviction_state import NEVER_S, EvictionPolicy, EvictionState
+from trainguard.processors.core.decisions.eviction_state import NEVER_S, EvictionPolicy, EvictionState
 from trainguard.schemas import (
     Diagnosis,
     EvictionDecision,

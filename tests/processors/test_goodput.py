@@ -10,8 +10,8 @@ import pytest
 
 from harness.streams import Job
 from trainguard.processors.core import CorePolicy, run_all
-from trainguard.processors.core.baseline_state import BaselinePolicy
-from trainguard.processors.core.goodput import GoodputPolicy, GoodputState, advance, breakdown
+from trainguard.processors.core.accounting.baseline_state import BaselinePolicy
+from trainguard.processors.core.accounting.goodput import GoodputPolicy, GoodputState, advance, breakdown
 from trainguard.schemas import CheckpointWritten, GoodputReport, Interruption, InterruptionRecovered, Page
 
 POLICY = CorePolicy(baseline=BaselinePolicy(reference_world_size=16))

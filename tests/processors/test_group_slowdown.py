@@ -10,8 +10,8 @@ import pytest
 from harness.group_streams import GroupHarness, RackJob, SlowGroup
 from harness.straggler_streams import HealthFault, Slow, SyncJob, of_kind
 from trainguard.processors.core import CorePolicy, CoreState, step
-from trainguard.processors.core.group_slowdown import _suspects, summarise
-from trainguard.processors.core.group_state import GroupSlowdownPolicy
+from trainguard.processors.core.detectors.group_slowdown import _suspects, summarise
+from trainguard.processors.core.detectors.group_state import GroupSlowdownPolicy
 from trainguard.schemas import (
     Diagnosis,
     EvictRank,

@@ -1,11 +1,11 @@
-"""Failure prediction's detector (processors/core/hazard.py) on a fleet's health over hours:
+"""Failure prediction's detector (processors/core/detectors/hazard.py) on a fleet's health over hours:
 quiet on bursty noise, a climbing ECC count found within minutes with its numbers, the
 fleet's noise measured rather than assumed, and the run's outcomes calibrating P."""
 
 from __future__ import annotations
 
-from trainguard.processors.core import hazard
-from trainguard.processors.core.hazard_state import HazardState, PredictionPolicy
+from trainguard.processors.core.detectors import hazard
+from trainguard.processors.core.detectors.hazard_state import HazardState, PredictionPolicy
 from trainguard.schemas import FailurePredicted
 
 from .health_streams import T0, Fleet

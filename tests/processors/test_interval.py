@@ -10,8 +10,8 @@ from pydantic import ValidationError
 
 from harness.streams import Job
 from trainguard.processors.core import CorePolicy, run_all
-from trainguard.processors.core.baseline_state import BaselinePolicy
-from trainguard.processors.core.interval import IntervalPolicy, daly_s, optimal_s, overhead, young_s
+from trainguard.processors.core.accounting.baseline_state import BaselinePolicy
+from trainguard.processors.core.decisions.interval import IntervalPolicy, daly_s, optimal_s, overhead, young_s
 from trainguard.schemas import IntervalUpdate, ReasonCode, SetCheckpointInterval
 
 #: Llama 3 on 16,384 GPUs: 419 unexpected interruptions in 54 days (the seed's figure).

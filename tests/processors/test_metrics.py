@@ -13,8 +13,8 @@ from harness.straggler_streams import HealthFault, Slow, SyncJob
 from harness.streams import Job
 from trainguard.processors import metrics as metrics_module
 from trainguard.processors.core import CorePolicy
-from trainguard.processors.core.baseline_state import BaselinePolicy
-from trainguard.processors.core.paging import page
+from trainguard.processors.core.accounting.baseline_state import BaselinePolicy
+from trainguard.processors.core.decisions.paging import page
 from trainguard.processors.driver import CoreDriver, DriverResult
 from trainguard.processors.metrics import OTHER_RULE, PAGE_RULES, ProcessorMetrics
 from trainguard.schemas import Envelope, Interruption, Page, ReasonCode, encode, encode_batch

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from harness.streams import Job
 from trainguard.processors.core import CorePolicy, run_all
-from trainguard.processors.core.baseline_state import BaselinePolicy
+from trainguard.processors.core.accounting.baseline_state import BaselinePolicy
 from trainguard.schemas import (
     NodeSelfTestResult,
     PauseRun,

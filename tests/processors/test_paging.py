@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from harness.streams import Job
 from trainguard.processors.core import CorePolicy, run_all
-from trainguard.processors.core.baseline_state import BaselinePolicy
-from trainguard.processors.core.paging_state import PagingPolicy
+from trainguard.processors.core.accounting.baseline_state import BaselinePolicy
+from trainguard.processors.core.decisions.paging_state import PagingPolicy
 from trainguard.schemas import (
     Interruption,
     Page,

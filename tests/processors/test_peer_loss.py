@@ -1,4 +1,4 @@
-"""A crash that every survivor reports (processors/core/peer_loss.py): a whole host lost
+"""A crash that every survivor reports (processors/core/detectors/peer_loss.py): a whole host lost
 is named from the silence of its ranks, never from the first survivor's exit; a rank's
 own crash is still its own; with no host silent, nobody is quarantined."""
 

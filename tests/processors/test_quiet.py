@@ -1,4 +1,4 @@
-"""Quiet heartbeats, step stats and GPU health fold from their rows (processors/core/quiet.py)
+"""Quiet heartbeats, step stats and GPU health fold from their rows (processors/core/folds/quiet.py)
 to the decisions, the dead letters and the whole state of their models folded by ``step``,
 on runs where the events that are not quiet matter: a gradient spike and a NaN burst (the
 step stats the SDC detector judges), a hang (the heartbeats whose stall the watchdog

@@ -11,15 +11,21 @@ from pydantic import ValidationError
 
 from harness.streams import Job
 from trainguard.processors.core import CorePolicy, run_all
-from trainguard.processors.core.retention import (
+from trainguard.processors.core.accounting.retention import (
     RetentionPolicy,
     keep_count_for,
     retained,
     watermark_interval_steps,
 )
-from trainguard.processors.core.rollback import Bound, keep_count, on_mismatch, on_validated, retention_count
-from trainguard.processors.core.rollback_state import KEEP_ALL, RollbackState, Validated
-from trainguard.processors.core.sdc_state import SdcPolicy
+from trainguard.processors.core.decisions.rollback import (
+    Bound,
+    keep_count,
+    on_mismatch,
+    on_validated,
+    retention_count,
+)
+from trainguard.processors.core.decisions.rollback_state import KEEP_ALL, RollbackState, Validated
+from trainguard.processors.core.detectors.sdc_state import SdcPolicy
 from trainguard.processors.core.state import RunState
 from trainguard.schemas import (
     CheckpointValidated,

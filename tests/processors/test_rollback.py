@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from harness.streams import Job
 from trainguard.processors.core import CorePolicy, run_all
-from trainguard.processors.core.rollback import retention_count
+from trainguard.processors.core.decisions.rollback import retention_count
 from trainguard.schemas import (
     Interruption,
     Page,

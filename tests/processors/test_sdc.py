@@ -12,8 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from trainguard.processors.core import RunPhase
-from trainguard.processors.core.sdc import SELF_CHECK_SCHEDULED, SdcPolicy
-from trainguard.processors.core.sdc_checks import bisect_three, cross_pair, third_rank
+from trainguard.processors.core.detectors.sdc import SELF_CHECK_SCHEDULED, SdcPolicy
+from trainguard.processors.core.detectors.sdc_checks import bisect_three, cross_pair, third_rank
 from trainguard.schemas import (
     Abort,
     CrossRankCheck,

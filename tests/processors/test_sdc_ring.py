@@ -16,13 +16,13 @@ import pickle
 import pytest
 
 from trainguard.devtools.stack import builtin_policy
+from trainguard.processors.core.accounting.retention import RetentionPolicy, retained
+from trainguard.processors.core.decisions.rollback import Bound, on_mismatch, on_validated
+from trainguard.processors.core.decisions.rollback_state import RollbackState
+from trainguard.processors.core.detectors.sdc_checks import cross_pair
+from trainguard.processors.core.detectors.sdc_ring import ring_offset, ring_tolerance
+from trainguard.processors.core.detectors.sdc_state import AttemptSdc, SdcPolicy, SdcState
 from trainguard.processors.core.policy import load_policy
-from trainguard.processors.core.retention import RetentionPolicy, retained
-from trainguard.processors.core.rollback import Bound, on_mismatch, on_validated
-from trainguard.processors.core.rollback_state import RollbackState
-from trainguard.processors.core.sdc_checks import cross_pair
-from trainguard.processors.core.sdc_ring import ring_offset, ring_tolerance
-from trainguard.processors.core.sdc_state import AttemptSdc, SdcPolicy, SdcState
 from trainguard.schemas import (
     CheckpointValidated,
     Interruption,

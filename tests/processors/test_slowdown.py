@@ -12,8 +12,8 @@ import pytest
 from harness.slowdown_streams import NoisyJob, SlowUnit, WindowHarness
 from harness.straggler_streams import HealthFault, Slow, SyncJob, of_kind
 from trainguard.processors.core import CorePolicy, CoreState, step
-from trainguard.processors.core.slowdown import z_threshold
-from trainguard.processors.core.slowdown_state import NODE, RANK, SlowdownPolicy
+from trainguard.processors.core.detectors.slowdown import z_threshold
+from trainguard.processors.core.detectors.slowdown_state import NODE, RANK, SlowdownPolicy
 from trainguard.schemas import (
     Diagnosis,
     EvictionDecision,

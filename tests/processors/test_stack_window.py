@@ -1,11 +1,11 @@
-"""The hang's stack-collection window (processors/core/stack_window.py): it opens only once
+"""The hang's stack-collection window (processors/core/detectors/stack_window.py): it opens only once
 the abort can have reached the ranks, and closes as soon as the odd stack out is certain."""
 
 from __future__ import annotations
 
 from harness.streams import Job
 from trainguard.processors.core import CorePolicy, CoreState, HangPolicy, run_all, step
-from trainguard.processors.core.stack_window import odd_one_certain
+from trainguard.processors.core.detectors.stack_window import odd_one_certain
 from trainguard.schemas import Abort, Interruption, InterruptionCause, ReasonCode, Tick
 
 POLICY = CorePolicy(hang=HangPolicy(min_samples=20, floor_s=2.0, stack_collect_s=10.0))

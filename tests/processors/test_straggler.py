@@ -9,9 +9,9 @@ import pytest
 from pydantic import ValidationError
 
 from harness.straggler_streams import Harness, Slow, SyncJob, of_kind
+from trainguard.processors.core.detectors.straggler import observe_step
+from trainguard.processors.core.detectors.straggler_state import StragglerPolicy, StragglerState
 from trainguard.processors.core.state import RunState
-from trainguard.processors.core.straggler import observe_step
-from trainguard.processors.core.straggler_state import StragglerPolicy, StragglerState
 from trainguard.schemas import (
     Derived,
     Envelope,

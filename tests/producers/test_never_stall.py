@@ -14,7 +14,7 @@ from trainguard.devtools.broker_jars import ensure_jars
 from trainguard.devtools.local_broker import LocalBroker
 from trainguard.kafka.topics import ensure_topics, topic_names
 from trainguard.producers.rank.agent import RankAgent
-from trainguard.producers.rank.shipper import Outcome, ShipperConfig, TelemetryShipper
+from trainguard.producers.rank.shipper import DeliveryOutcome, ShipperConfig, TelemetryShipper
 from trainguard.schemas import Envelope
 
 pytestmark = pytest.mark.broker
@@ -44,9 +44,9 @@ def test_step_never_blocks_when_the_broker_dies(tmp_path: Path) -> None:
             max_queued_events=1000,
             producer={"message.timeout.ms": 3000},
         )
-        outcomes: dict[str, list[Outcome]] = {}
+        outcomes: dict[str, list[DeliveryOutcome]] = {}
 
-        def told(outcome: Outcome, events: Sequence[Envelope]) -> None:
+        def told(outcome: DeliveryOutcome, events: Sequence[Envelope]) -> None:
             for event in events:
                 outcomes.setdefault(event.event_id, []).append(outcome)
 
@@ -94,7 +94,7 @@ def test_step_never_blocks_when_the_broker_dies(tmp_path: Path) -> None:
     assert stats.in_flight == 0
     # By id: every event has one outcome; the acknowledged ones are the first ten exactly.
     assert len(outcomes) == stats.submitted and all(len(o) == 1 for o in outcomes.values())
-    by_outcome = {kind: {i for i, (o,) in outcomes.items() if o is kind} for kind in Outcome}
-    assert by_outcome[Outcome.DELIVERED] == first_ids and len(first_ids) == 10
-    assert len(by_outcome[Outcome.DROPPED]) == stats.dropped > 0
-    assert len(by_outcome[Outcome.FAILED]) == stats.failed
+    by_outcome = {kind: {i for i, (o,) in outcomes.items() if o is kind} for kind in DeliveryOutcome}
+    assert by_outcome[DeliveryOutcome.DELIVERED] == first_ids and len(first_ids) == 10
+    assert len(by_outcome[DeliveryOutcome.DROPPED]) == stats.dropped > 0
+    assert len(by_outcome[DeliveryOutcome.FAILED]) == stats.failed

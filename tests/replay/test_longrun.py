@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trainguard.cli import app
-from trainguard.processors.core.interval import optimal_s, overhead
+from trainguard.processors.core.decisions.interval import optimal_s, overhead
 from trainguard.processors.core.policy import CorePolicy, IntervalPolicy
 from trainguard.producers.simulator.longrun import LongRun, llama3_mtbf_s
 from trainguard.replay.longrun import MONTH_S, LongRunResult, run_longrun

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from trainguard.cli import app
 from trainguard.devtools.stack import builtin_policy
-from trainguard.processors.core.goodput import Breakdown
+from trainguard.processors.core.accounting.goodput import Breakdown
 from trainguard.processors.core.policy import load_policy
 from trainguard.processors.driver import CoreDriver
 from trainguard.producers.rank.shipper import pack

@@ -55,7 +55,7 @@ def test_replaying_a_recorded_run_with_its_policy_reproduces_every_decision(reco
 @pytest.mark.broker
 def test_the_recorded_runs_blocks_folded_row_by_row_decide_the_same(recorded: Recorded) -> None:
     """Issue 20: the per-event and the columnar paths decide identically on a recorded run
-    (its step timings came as columnar blocks, processors/core/block.py)."""
+    (its step timings came as columnar blocks, processors/core/folds/block.py)."""
     recording = recorded.recording
     assert sum(b'"step_timings/1"' in value for _, _, value in recording.records) > 100
     policy = load_policy(str(POLICY))

@@ -443,7 +443,7 @@ def test_a_cross_rank_check_command_of_version_1_is_upcast_with_no_batch_rank() 
 
 def test_a_shards_failure_prediction_decodes_alone_on_the_telemetry_topic() -> None:
     """A shard forwards its FailurePredicted to shard 0 as a lone record on the telemetry
-    topic (processors/core/drain.py decides there); any other derived record alone there is
+    topic (processors/core/decisions/drain.py decides there); any other derived record alone there is
     refused as an unknown kind."""
     from trainguard.schemas import decode_batch, encode
 

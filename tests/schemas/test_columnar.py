@@ -187,7 +187,7 @@ SLOW = [pytest.param(n, marks=pytest.mark.timeout(1800)) for n in Scenario.libra
 
 @pytest.mark.parametrize("name", with_slow([pytest.param(n) for n in SUITE], SLOW))
 def test_the_core_folds_a_block_as_it_folds_its_rows(name: str) -> None:
-    """Blocks fold their quiet rows as columns (processors/core/block.py): the decisions,
+    """Blocks fold their quiet rows as columns (processors/core/folds/block.py): the decisions,
     the dead letters and the whole state after the run are those of the same rows folded
     one by one."""
     scenario = Scenario.builtin(name)

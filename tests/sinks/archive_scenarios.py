@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainguard.processors.core import CorePolicy, CoreState, step
-from trainguard.processors.core.goodput import GoodputPolicy
+from trainguard.processors.core.accounting.goodput import GoodputPolicy
+from trainguard.processors.core.detectors.straggler_state import StragglerPolicy
 from trainguard.processors.core.outputs import Forward
-from trainguard.processors.core.straggler_state import StragglerPolicy
 from trainguard.producers.simulator import Scenario, SimulatedCluster
 from trainguard.producers.simulator.cluster import CommandRefused, FiredFault
 from trainguard.schemas import Command, Derived, Envelope, GpuHealth, Record

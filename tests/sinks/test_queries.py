@@ -56,7 +56,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "queries.md"
 
 #: What the core does about each fault that strikes (a slow rank only once it is flagged).
 CAUSE = {"crash": "crash", "hang": "hang", "slow": "eviction", "bitflip": "sdc"}
-#: Faults whose node the core quarantines (processors/core/quarantine.py; the SDC detector).
+#: Faults whose node the core quarantines (processors/core/decisions/quarantine.py; the SDC detector).
 QUARANTINED = {"crash", "hang", "bitflip"}
 
 

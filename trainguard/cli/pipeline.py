@@ -123,7 +123,7 @@ def archive(
 def _checkpoint_location(given: str) -> Path | str:
     """A local or shared-filesystem checkpoint directory (absolute), or an fsspec URL whose
     package is installed here; anything else is refused in one line."""
-    from ..producers.checkpoint.location import LocationError, checkpoint_location, is_url
+    from ..common.checkpoint_location import LocationError, checkpoint_location, is_url
 
     try:
         location = checkpoint_location(given)
@@ -193,7 +193,7 @@ def simulate(
     from ..kafka.topics import topic_names
     from ..producers.simulator.driver import Progress, run_simulation
     from ..producers.simulator.scenario import Scenario
-    from .report import progress_bar
+    from .render import progress_bar
 
     chosen = Scenario.load(scenario) if Path(scenario).exists() else Scenario.builtin(scenario)
     with progress_bar() as update:

@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from .app import Bootstrap, Prefix, app, reach_broker
-from .report import progress_bar
+from .render import progress_bar
 
 if TYPE_CHECKING:
     from ..replay.log import Recording
@@ -42,7 +42,7 @@ def _recording(bootstrap: str | None, topic_prefix: str, run_id: str, archive: s
             )
         where = "telemetry topic"
     if not recording.records:
-        from .report import make_console
+        from .render import make_console
 
         make_console().print(f"[red]no telemetry of run {run_id} in the {where}", markup=False)
         raise typer.Exit(2)
@@ -66,7 +66,7 @@ def replay(
     1 when some differ."""
     from ..processors.core.policy import load_policy
     from ..replay.replay import compare, decisions_of, replay, replayed_decisions
-    from .report import make_console
+    from .render import make_console
 
     out = make_console()
     recording = _recording(bootstrap, topic_prefix, run_id, archive)
@@ -127,7 +127,7 @@ def backtest(
         summary_cells,
         write_report,
     )
-    from .report import make_console
+    from .render import make_console
 
     out = make_console()
     policies = [(path.stem, load_policy(str(path))) for path in policy]

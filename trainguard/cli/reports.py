@@ -50,7 +50,7 @@ def longrun(
     from ..processors.core.policy import load_policy
     from ..producers.simulator.longrun import LongRun
     from ..replay.longrun import run_longrun
-    from .report import longrun_table, make_console, print_goodput, print_timeline
+    from .render import longrun_table, make_console, print_goodput, print_timeline
 
     chosen = load_policy(policy)
     if interval != "auto":
@@ -92,7 +92,7 @@ def timeline(
     output: ReportFile = None,
 ) -> None:
     """Print every interruption: when, cause, node, cost (from the archive)."""
-    from .report import make_console, print_timeline, save_report
+    from .render import make_console, print_timeline, save_report
 
     _existing(db)
     console = make_console(record=output is not None)
@@ -107,7 +107,7 @@ def goodput(
     output: ReportFile = None,
 ) -> None:
     """Print each run's goodput breakdown over 1 h, 24 h and 7 d (from the archive)."""
-    from .report import make_console, print_goodput, save_report
+    from .render import make_console, print_goodput, save_report
 
     _existing(db)
     console = make_console(record=output is not None)
@@ -154,7 +154,7 @@ def query(
         out.writerow(names)
         out.writerows([row[n] for n in names] for row in rows)
         return
-    from .report import make_console
+    from .render import make_console
 
     table = Table(*names)
     for row in rows:

@@ -1,5 +1,5 @@
 """The checkpoint interval's formulas and defaults (seed §6), shared by the processor's
-interval policy (processors/core/interval.py), which derives T from a run's measured MTBF,
+interval policy (processors/core/decisions/interval.py), which derives T from a run's measured MTBF,
 and the rank's cadence (producers/checkpoint/cadence.py), which derives it from the prior
 MTBF for its world size until the processor sends one, and offline, where none ever does.
 

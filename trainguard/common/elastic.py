@@ -1,6 +1,6 @@
 """Wait for a replacement, or go on at a smaller world (issue 45; seed §9.4, "elastic
 training": turn an interruption into a slowdown). The one rule, shared by the policy core
-(processors/core/capacity.py), which decides it for every loss, and the launcher, which
+(processors/core/decisions/capacity.py), which decides it for every loss, and the launcher, which
 applies it itself when the processor does not answer. Pure: it imports nothing.
 
 When nodes are lost and no proven spare is ready to take their place, the job can

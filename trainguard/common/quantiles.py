@@ -1,6 +1,6 @@
 """A bounded running quantile: the last `window` values, for nearest-rank quantiles in
 O(log n) per value. The SDC checks calibrate their tolerances with it, on the processor
-(processors/core/sdc_state.py) and on the rank (producers/training/supervisor.py)."""
+(processors/core/detectors/sdc_state.py) and on the rank (producers/training/supervisor.py)."""
 
 from __future__ import annotations
 

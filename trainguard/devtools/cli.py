@@ -95,7 +95,7 @@ def demo(
 ) -> None:
     """The live demo: a local broker, a 64-rank simulated run with a crash and a hang, the
     processor detecting both, commands executed and acknowledged, then the timeline."""
-    from ..cli.report import make_console
+    from ..cli.render import make_console
     from .demo import run_demo
 
     raise typer.Exit(run_demo(scenario, workdir, metrics_port, make_console()))
@@ -148,7 +148,7 @@ def evaluate(
     (failure prediction, issue 46: precursor-*, noise-*) runs at run level through the pure
     core twice with the same seed, prediction on and off: precision, recall, lead time,
     false drains and the goodput gained (replay/prediction.py); never live."""
-    from ..cli.report import capacity_table, evaluation_table, harms_table, make_console, scenario_lines
+    from ..cli.render import capacity_table, evaluation_table, harms_table, make_console, scenario_lines
     from ..processors.core.policy import load_policy
     from ..producers.simulator import Scenario
     from ..producers.simulator.fleet_scenario import fleet_library
@@ -228,7 +228,7 @@ def _prediction(
     fleets: dict[str, FleetScenario], policy: CorePolicy, out: Console
 ) -> list[PredictionComparison]:
     """The fleet scenarios, prediction on and off (replay/prediction.py), printed."""
-    from ..cli.report import prediction_table
+    from ..cli.render import prediction_table
     from ..replay.prediction import acceptance_lines, compare_prediction
 
     comparisons = []

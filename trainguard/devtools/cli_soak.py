@@ -39,7 +39,7 @@ def soak(
     """Chaos soak: R simulated runs through W workers and the archive writer while workers,
     the writer and ranks are SIGKILLed at random (restarted after a short delay); then the
     nothing-lost oracle per run. Exit 1 if any check fails."""
-    from ..cli.report import make_console
+    from ..cli.render import make_console
     from .soak import run_soak
     from .soak_plan import SoakConfig, kill_rate
     from .soak_report import print_report, write_markdown

@@ -60,7 +60,7 @@ def build(target: CompiledBuild) -> Path:
     name = target.package.replace(".", "_")
     # mypy's settings are the project's (pyproject.toml), as scripts/typecheck uses them.
     paths = ["--config-file", str(ROOT / "pyproject.toml")]
-    paths += [str(relative / f"{module}.py") for module in target.modules]
+    paths += [str(relative.joinpath(*module.split(".")).with_suffix(".py")) for module in target.modules]
     script = TREE / f"setup_{name}.py"
     script.write_text(_SETUP.format(paths=paths, group=target.group, out=f"out_{name}", tmp=f"tmp_{name}"))
     subprocess.run([sys.executable, script.name], cwd=TREE, check=True, stdout=subprocess.DEVNULL)
@@ -68,13 +68,16 @@ def build(target: CompiledBuild) -> Path:
 
 
 def install(target: CompiledBuild, built: Path) -> int:
-    """Replace the package's _compiled/ with the new extensions and their stamp."""
-    extensions = sorted(built.glob("*.so")) + sorted(built.glob("*.pyd"))
+    """Replace the package's _compiled/ with the new extensions and their stamp (a
+    sub-package's in a folder of its name, as mypyc built them)."""
+    extensions = sorted(built.rglob("*.so")) + sorted(built.rglob("*.pyd"))
     staged = target.folder.with_name("_compiled.new")
     shutil.rmtree(staged, ignore_errors=True)
     staged.mkdir()
     for extension in extensions:
-        shutil.copy2(extension, staged / extension.name)
+        copy = staged / extension.relative_to(built)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(extension, copy)
     (staged / "stamp.json").write_text(json.dumps(target.stamp(), indent=1))
     shutil.rmtree(target.folder, ignore_errors=True)
     staged.rename(target.folder)

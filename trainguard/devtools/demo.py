@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..cli.report import print_goodput, timeline_table
+from ..cli.render import print_goodput, timeline_table
 from ..kafka.lag import wait_caught_up
 from ..kafka.topics import EVENTS
 from ..replay.evaluate import EXPECTED, score

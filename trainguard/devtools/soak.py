@@ -27,7 +27,7 @@ from pathlib import Path
 from ..kafka.lag import wait_caught_up
 from ..kafka.topics import TopicNames, delete_topics, ensure_topics, partition_count, topic_names
 from ..processors.core.policy import load_policy
-from ..producers.rank.shipper import Outcome
+from ..producers.rank.shipper import DeliveryOutcome
 from ..producers.simulator.driver import SimulationResult, run_simulation
 from ..producers.simulator.scenario import Scenario, SlowFault
 from ..replay.log import read_recording, read_topic
@@ -39,7 +39,7 @@ from ..replay.oracle import (
     RANK_ORDER,
     REPLAY,
     OracleReport,
-    Verdict,
+    OracleVerdict,
     check,
 )
 from ..replay.replay import decision_id, decisions_of
@@ -75,12 +75,14 @@ class RunLoad:
 
     scenario: Scenario
     run_id: str
-    outcomes: dict[Outcome, set[str]] = field(default_factory=lambda: {o: set() for o in Outcome})
+    outcomes: dict[DeliveryOutcome, set[str]] = field(
+        default_factory=lambda: {o: set() for o in DeliveryOutcome}
+    )
     start_ts: float = 0.0
     result: SimulationResult | None = None
     error: str = ""
 
-    def told(self, outcome: Outcome, events: Sequence[Envelope]) -> None:
+    def told(self, outcome: DeliveryOutcome, events: Sequence[Envelope]) -> None:
         self.outcomes[outcome].update(e.event_id for e in events)
 
 
@@ -385,9 +387,9 @@ def _judge(
     stats = result.shipper if result is not None else None
     # The shipper tells each event's outcome by id: "nothing lost" covers every acknowledged
     # event even when others were dropped (a full buffer drops by design, and counts it).
-    acknowledged = load.outcomes[Outcome.DELIVERED]
+    acknowledged = load.outcomes[DeliveryOutcome.DELIVERED]
     told = {o.value: len(ids) for o, ids in load.outcomes.items()}
-    counted = {o.value: getattr(stats, o.value) for o in Outcome} if stats is not None else {}
+    counted = {o.value: getattr(stats, o.value) for o in DeliveryOutcome} if stats is not None else {}
     accounted = stats is not None and told == counted and stats.in_flight == 0
     detail = (
         f"{stats.delivered} of {stats.submitted} submitted events acknowledged, "
@@ -402,7 +404,7 @@ def _judge(
         recording, load_policy(str(policy)), acknowledged=acknowledged, acks=acks, archive=db, expect=expect
     )
     report.verdicts.insert(
-        0, Verdict("shipper accounting", accounted, detail, stats.submitted if stats else 0)
+        0, OracleVerdict("shipper accounting", accounted, detail, stats.submitted if stats else 0)
     )
     logged = {e.event_id for _, _, value in recording.records for e in decode_batch(value).events}
     ids = [decision_id(d) for d in decisions_of(recording)]

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from trainguard.producers.checkpoint.location import LocationError
+from trainguard.common.checkpoint_location import LocationError
 from trainguard.producers.checkpoint.storage import CheckpointStore
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

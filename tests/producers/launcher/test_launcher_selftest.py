@@ -17,7 +17,7 @@ from trainguard.producers.launcher.launcher import Launcher
 from trainguard.producers.launcher.node_selftest import CheckResult, NodeSelfTestReport
 from trainguard.producers.launcher.spare_selftest import NodeTester
 from trainguard.producers.rank.agent import MemorySink
-from trainguard.producers.rank.gate import CommandGate, Outcome, Verdict
+from trainguard.producers.rank.gate import CommandGate, GateOutcome, GateVerdict
 from trainguard.schemas import (
     RUN_LEVEL_RANK,
     NodeSelfTestResult,
@@ -88,9 +88,9 @@ def test_the_command_reaches_the_launchers_actuator_not_the_ranks_it_names() -> 
     raw = encode(auth.sign(test, key))
     launcher_side = CommandGate("r1", 0, (RUN_LEVEL_RANK,), key)
     rank_side = CommandGate("r1", 0, (2, 3), key)  # the node's own ranks: no handler there
-    assert launcher_side.admit(raw)[1] == {RUN_LEVEL_RANK: Verdict.EXECUTE}
+    assert launcher_side.admit(raw)[1] == {RUN_LEVEL_RANK: GateVerdict.EXECUTE}
     decision, verdicts = rank_side.admit(raw)
-    assert decision.outcome is Outcome.ACCEPTED and verdicts == {} and rank_side.counters.untargeted == 1
+    assert decision.outcome is GateOutcome.ACCEPTED and verdicts == {} and rank_side.counters.untargeted == 1
 
 
 def test_a_quarantined_node_is_tested_once_its_ranks_left_and_stays_out_when_it_fails(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainguard.producers.command_roles import Role, kinds_of
-from trainguard.producers.rank.gate import CommandGate, Outcome, RefuseReason, Verdict
+from trainguard.producers.rank.gate import CommandGate, GateOutcome, GateVerdict, RefuseReason
 from trainguard.schemas import (
     RUN_LEVEL_RANK,
     CheckpointNow,
@@ -48,9 +48,9 @@ def gate(tmp_path: Path | None = None, attempt: int = 0, ranks: tuple[int, ...] 
 def test_valid_command_executes_once_per_targeted_rank() -> None:
     g = gate(ranks=(0, 1, 2))
     decision, verdicts = g.admit(signed(command(ranks=[0, 2, 7])))
-    assert decision.outcome is Outcome.ACCEPTED
+    assert decision.outcome is GateOutcome.ACCEPTED
     assert decision.ranks == (0, 2)
-    assert verdicts == {0: Verdict.EXECUTE, 2: Verdict.EXECUTE}
+    assert verdicts == {0: GateVerdict.EXECUTE, 2: GateVerdict.EXECUTE}
     assert g.counters.executed == 2
 
 
@@ -59,8 +59,8 @@ def test_redelivery_is_a_duplicate() -> None:
     raw = signed(command())
     _, first = g.admit(raw)
     _, second = g.admit(raw)
-    assert first == {0: Verdict.EXECUTE, 1: Verdict.EXECUTE}
-    assert second == {0: Verdict.DUPLICATE, 1: Verdict.DUPLICATE}
+    assert first == {0: GateVerdict.EXECUTE, 1: GateVerdict.EXECUTE}
+    assert second == {0: GateVerdict.DUPLICATE, 1: GateVerdict.DUPLICATE}
     assert (g.counters.executed, g.counters.duplicate) == (2, 2)
 
 
@@ -68,7 +68,7 @@ def test_forged_command_is_refused() -> None:
     g = gate()
     forged = signed(command(), key=auth.run_key(b"x" * 32, RUN))
     decision, verdicts = g.admit(forged)
-    assert decision.outcome is Outcome.REFUSED
+    assert decision.outcome is GateOutcome.REFUSED
     assert decision.reason is RefuseReason.BAD_SIGNATURE
     assert verdicts == {}
     assert g.counters.refused == {RefuseReason.BAD_SIGNATURE: 1}
@@ -85,7 +85,7 @@ def test_tampered_fields_are_refused() -> None:
     original = auth.sign(command(ranks=[3]), KEY)
     for change in ({"ranks": [0, 1]}, {"attempt": 1}, {"command_id": "cmd-other"}):
         decision, verdicts = g.admit(encode(original.model_copy(update=change)))
-        assert decision.outcome is Outcome.REFUSED, change
+        assert decision.outcome is GateOutcome.REFUSED, change
         assert decision.reason is RefuseReason.BAD_SIGNATURE, change
         assert verdicts == {}
     # A different kind with the same fields and signature is tampering too.
@@ -98,11 +98,11 @@ def test_stale_attempt_is_refused() -> None:
     g = gate(attempt=0)
     g.set_attempt(2)
     decision, verdicts = g.admit(signed(command(attempt=1)))
-    assert decision.outcome is Outcome.REFUSED
+    assert decision.outcome is GateOutcome.REFUSED
     assert decision.reason is RefuseReason.STALE_ATTEMPT
     assert "attempt 1" in decision.detail and "attempt 2" in decision.detail
     assert verdicts == {}
-    assert g.admit(signed(command(attempt=2)))[1] == {0: Verdict.EXECUTE, 1: Verdict.EXECUTE}
+    assert g.admit(signed(command(attempt=2)))[1] == {0: GateVerdict.EXECUTE, 1: GateVerdict.EXECUTE}
 
 
 def test_a_quarantine_from_an_earlier_attempt_is_accepted_a_later_one_is_not() -> None:
@@ -115,7 +115,7 @@ def test_a_quarantine_from_an_earlier_attempt_is_accepted_a_later_one_is_not() -
         body = command(command_id=f"q-{attempt}", attempt=attempt).model_dump(exclude={"ranks"})
         return signed(QuarantineNode(**body, ranks=None, node="host-b"))
 
-    assert g.admit(quarantine(0))[0].outcome is Outcome.ACCEPTED
+    assert g.admit(quarantine(0))[0].outcome is GateOutcome.ACCEPTED
     assert g.admit(quarantine(2))[0].reason is RefuseReason.STALE_ATTEMPT
     assert g.admit(signed(command(attempt=0)))[0].reason is RefuseReason.STALE_ATTEMPT  # not a node's
 
@@ -124,7 +124,7 @@ def test_other_run_is_ignored_silently() -> None:
     g = gate()
     other = signed(command(run_id="run-other"), key=auth.run_key(SECRET, "run-other"))
     decision, verdicts = g.admit(other)
-    assert decision.outcome is Outcome.OTHER_RUN
+    assert decision.outcome is GateOutcome.OTHER_RUN
     assert verdicts == {}
     assert g.counters.other_run == 1
     assert g.counters.refused_total == 0
@@ -140,7 +140,7 @@ def test_undecodable_bytes_are_refused_with_the_codec_reason() -> None:
     }
     for raw, codec_reason in cases.items():
         decision, verdicts = g.admit(raw)
-        assert decision.outcome is Outcome.REFUSED, raw
+        assert decision.outcome is GateOutcome.REFUSED, raw
         assert decision.reason is RefuseReason.UNDECODABLE
         assert decision.detail.startswith(codec_reason), decision.detail
         assert verdicts == {}
@@ -150,14 +150,14 @@ def test_undecodable_bytes_are_refused_with_the_codec_reason() -> None:
         == "c9"
     )
     # An undecodable record that names another run is that run's business.
-    assert g.check(b'{"schema": "checkpoint_now/9", "run_id": "elsewhere"}').outcome is Outcome.OTHER_RUN
+    assert g.check(b'{"schema": "checkpoint_now/9", "run_id": "elsewhere"}').outcome is GateOutcome.OTHER_RUN
     assert g.counters.refused == {RefuseReason.UNDECODABLE: 5}
 
 
 def test_untargeted_command_needs_no_action() -> None:
     g = gate(ranks=(0, 1))
     decision, verdicts = g.admit(signed(command(ranks=[5])))
-    assert decision.outcome is Outcome.ACCEPTED
+    assert decision.outcome is GateOutcome.ACCEPTED
     assert (decision.ranks, verdicts) == ((), {})
     assert g.counters.untargeted == 1
 
@@ -165,14 +165,14 @@ def test_untargeted_command_needs_no_action() -> None:
 def test_journal_survives_a_new_gate(tmp_path: Path) -> None:
     raw = signed(command())
     first = gate(tmp_path)
-    assert first.admit(raw)[1] == {0: Verdict.EXECUTE, 1: Verdict.EXECUTE}
+    assert first.admit(raw)[1] == {0: GateVerdict.EXECUTE, 1: GateVerdict.EXECUTE}
     first.close()
     # A torn last line (crash mid-write) must not break the reload.
     with (tmp_path / "journal.jsonl").open("ab") as fh:
         fh.write(b'["run-gate", 0, "cmd-to')
     second = gate(tmp_path)
-    assert second.admit(raw)[1] == {0: Verdict.DUPLICATE, 1: Verdict.DUPLICATE}
-    assert second.admit(signed(command("cmd-2")))[1] == {0: Verdict.EXECUTE, 1: Verdict.EXECUTE}
+    assert second.admit(raw)[1] == {0: GateVerdict.DUPLICATE, 1: GateVerdict.DUPLICATE}
+    assert second.admit(signed(command("cmd-2")))[1] == {0: GateVerdict.EXECUTE, 1: GateVerdict.EXECUTE}
     second.close()
 
 
@@ -180,8 +180,8 @@ def test_memory_is_bounded_per_rank(tmp_path: Path) -> None:
     g = CommandGate(RUN, 0, (0,), KEY, journal_path=tmp_path / "j", max_ids_per_rank=3)
     for i in range(5):
         g.admit(signed(command(f"c{i}")))
-    assert g.admit(signed(command("c4")))[1] == {0: Verdict.DUPLICATE}
-    assert g.admit(signed(command("c0")))[1] == {0: Verdict.EXECUTE}  # forgotten: oldest evicted
+    assert g.admit(signed(command("c4")))[1] == {0: GateVerdict.DUPLICATE}
+    assert g.admit(signed(command("c0")))[1] == {0: GateVerdict.EXECUTE}  # forgotten: oldest evicted
     g.close()
 
 
@@ -194,7 +194,7 @@ def test_journal_is_compacted_on_reload(tmp_path: Path) -> None:
     g.close()
     reloaded = CommandGate(RUN, 0, (0,), KEY, journal_path=path, max_ids_per_rank=3)
     assert len(path.read_bytes().splitlines()) == 3
-    assert reloaded.claim(cmd.model_copy(update={"command_id": "c1499"}), 0) is Verdict.DUPLICATE
+    assert reloaded.claim(cmd.model_copy(update={"command_id": "c1499"}), 0) is GateVerdict.DUPLICATE
     reloaded.close()
 
 
@@ -209,9 +209,9 @@ def test_another_roles_command_is_passed_over_and_the_launcher_takes_it() -> Non
     rank_side = CommandGate(RUN, 0, (0, 1), KEY, executes=kinds_of(Role.RANK))
     launcher_side = CommandGate(RUN, 0, (RUN_LEVEL_RANK,), KEY, executes=kinds_of(Role.LAUNCHER))
     decision, verdicts = rank_side.admit(signed(quarantine))
-    assert (decision.outcome, decision.ranks, verdicts) == (Outcome.ACCEPTED, (), {})
+    assert (decision.outcome, decision.ranks, verdicts) == (GateOutcome.ACCEPTED, (), {})
     assert rank_side.counters.other_role == 1 and rank_side.counters.executed == 0
-    assert launcher_side.admit(signed(quarantine))[1] == {RUN_LEVEL_RANK: Verdict.EXECUTE}
-    assert rank_side.admit(signed(command()))[1] == {0: Verdict.EXECUTE, 1: Verdict.EXECUTE}
+    assert launcher_side.admit(signed(quarantine))[1] == {RUN_LEVEL_RANK: GateVerdict.EXECUTE}
+    assert rank_side.admit(signed(command()))[1] == {0: GateVerdict.EXECUTE, 1: GateVerdict.EXECUTE}
     everything = CommandGate(RUN, 0, (0, 1), KEY)  # no role given: every kind reaches the ranks
     assert everything.admit(signed(quarantine))[0].ranks == (0, 1)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from trainguard.producers.rank.agent import MemorySink
-from trainguard.producers.rank.gate import CommandGate, Verdict
+from trainguard.producers.rank.gate import CommandGate, GateVerdict
 from trainguard.producers.rank.handlers import REQUESTED_EXIT_CODE, TooLate, stack_signature
 from trainguard.producers.training.supervisor import Supervisor, SupervisorConfig
 from trainguard.schemas import (
@@ -46,7 +46,7 @@ def signed(cls: type[Command], command_id: str, **fields: Any) -> Any:
     )  # fmt: skip
     gate = CommandGate(RUN, 0, [0], KEY)
     decision, verdicts = gate.admit(encode(command))
-    assert verdicts == {0: Verdict.EXECUTE}
+    assert verdicts == {0: GateVerdict.EXECUTE}
     return decision.command
 
 

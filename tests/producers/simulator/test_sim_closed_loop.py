@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from trainguard.devtools.stack import builtin_policy
 from trainguard.processors.core import engine
-from trainguard.processors.core.paging_state import PagingPolicy
+from trainguard.processors.core.decisions.paging_state import PagingPolicy
 from trainguard.processors.core.policy import CorePolicy, load_policy
 from trainguard.processors.core.state import CoreState
 from trainguard.producers.simulator import Phase, Scenario, SimulatedCluster

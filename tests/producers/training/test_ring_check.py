@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trainguard.processors.core.sdc_checks import bisect_three
-from trainguard.processors.core.sdc_ring import relative_gap
+from trainguard.processors.core.detectors.sdc_checks import bisect_three
+from trainguard.processors.core.detectors.sdc_ring import relative_gap
 from trainguard.producers.chaos.device_fault import (
     WrongDevice,
     install_wrong_device,
@@ -31,7 +31,7 @@ from trainguard.producers.chaos.device_fault import (
 )
 from trainguard.producers.checkpoint.train_state import ResumableSampler
 from trainguard.producers.rank.agent import MemorySink
-from trainguard.producers.rank.gate import CommandGate, Verdict
+from trainguard.producers.rank.gate import CommandGate, GateVerdict
 from trainguard.producers.rank.handlers import RankControl
 from trainguard.producers.training import cross_check, ring_check
 from trainguard.producers.training.cross_check import CrossCheck
@@ -234,7 +234,7 @@ class Registered:
 
     def deliver(self, command: Command, rank: int) -> str:
         decision, verdicts = CommandGate(RUN, 0, [rank], KEY).admit(encode(command))
-        assert verdicts == {rank: Verdict.EXECUTE} and decision.command is not None
+        assert verdicts == {rank: GateVerdict.EXECUTE} and decision.command is not None
         return self.handlers[type(command)](decision.command, rank)  # type: ignore[no-any-return]
 
 

@@ -26,7 +26,7 @@ from trainguard.producers.training.supervisor import (
     NonFiniteLoss,
     Supervisor,
     SupervisorConfig,
-    Verdict,
+    UpdateVerdict,
     init_process_group,
 )
 from trainguard.schemas import (
@@ -357,9 +357,11 @@ def test_ddp_compute_time_is_measured_before_the_all_reduce(monkeypatch: pytest.
         assert c0 < 0.5 * t0  # the fast rank spent most of its step waiting in the all-reduce
     # Step 3: non-finite on both (NaN grads after the all-reduce). Step 4: the skip only rank 1
     # was told of is agreed by both, so the replicas stay bitwise equal.
-    assert [results[r][1][3] for r in (0, 1)] == [Verdict.NON_FINITE] * 2
-    assert (results[0][1][4], results[1][1][4]) == (Verdict.PEER, Verdict.COMMANDED)
-    assert all(v is Verdict.APPLY for r in (0, 1) for i, v in enumerate(results[r][1]) if i not in (3, 4))
+    assert [results[r][1][3] for r in (0, 1)] == [UpdateVerdict.NON_FINITE] * 2
+    assert (results[0][1][4], results[1][1][4]) == (UpdateVerdict.PEER, UpdateVerdict.COMMANDED)
+    assert all(
+        v is UpdateVerdict.APPLY for r in (0, 1) for i, v in enumerate(results[r][1]) if i not in (3, 4)
+    )
     assert results[0][3] == results[1][3]
     assert results[0][2] == [True] and results[1][2] == []  # rank 0 self-checked without a hang
     # Step 2: the checkpoint only rank 0 was asked for, on both; step 5: the cadence's first

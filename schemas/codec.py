@@ -40,6 +40,9 @@ from .events import (
     Heartbeat,
     StepStats,
     StepTiming,
+    StragglerCleared,
+    StragglerDiagnosed,
+    StragglerFlagged,
 )
 
 #: One record's JSON may not exceed this (a 16,384-rank RunStarted is ~70 KB); a batch may hold many.
@@ -111,9 +114,14 @@ ALL: dict[str, type[Record]] = {**TELEMETRY, **DERIVED, **COMMANDS, **ACKS, "bat
 #: What a telemetry batch's `records` may hold: any telemetry record, or a columnar block
 #: of step timings (schemas/columnar.py), which stands for its rows.
 BATCH_RECORDS: dict[str, type[Record]] = {**TELEMETRY, StepTimings.KIND: StepTimings}
-#: What may come alone on the telemetry topic: any telemetry record, or a shard's failure
-#: prediction forwarded to the run's shard 0, which decides the drain (processors/core/decisions/drain.py).
-LONE_RECORDS: dict[str, type[Record]] = {**TELEMETRY, FailurePredicted.KIND: FailurePredicted}
+#: What may come alone on the telemetry topic: any telemetry record, or what a shard forwards
+#: to the run's shard 0, which decides: its failure predictions (the drain,
+#: processors/core/decisions/drain.py) and its stragglers' flags, diagnoses and clears (the
+#: eviction, processors/core/decisions/eviction.py).
+LONE_RECORDS: dict[str, type[Record]] = {
+    **TELEMETRY,
+    **_registry([FailurePredicted, StragglerFlagged, StragglerDiagnosed, StragglerCleared]),
+}
 
 #: "kind/version" of every current telemetry class -> the class (decode_batch's fast path).
 _CURRENT_TELEMETRY: dict[str, type[Envelope]] = {

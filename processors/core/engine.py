@@ -211,6 +211,8 @@ def _on_other(run: RunState, rank: RankState | None, event: Envelope, policy: Co
         outputs += node_tests.on_result(run.paging, event, policy.release_on_self_test_pass)
     elif isinstance(event, FailurePredicted):  # a shard's prediction: shard 0 decides the drain
         outputs += drain.on_predicted(run, event, policy)
+    elif isinstance(event, StragglerFlagged | StragglerDiagnosed | StragglerCleared):  # a shard's
+        outputs += _on_forwarded_straggler(run, event, policy)
     elif isinstance(event, NodeExcluded):
         outputs += drain.on_excluded(run, event)
     elif isinstance(event, CheckpointRejected):
@@ -277,8 +279,9 @@ def _stragglers(run: RunState, event: StepTiming, policy: CorePolicy) -> list[Ou
     """The straggler detectors on one step timing (the per-step rule, and the windowed one
     over the steps it completes: detectors/slowdown.py); a flag is diagnosed before any action
     (R2), and the flagged slowdowns are what goodput accounting charges the run for. On
-    the coordinator, a diagnosis recommending eviction goes to the payback decision (a
-    sharded run's other shards flag and diagnose; their evictions are not decided yet)."""
+    the coordinator, a diagnosis recommending eviction goes to the payback decision; a
+    sharded run's other shards flag and diagnose, and forward both (and the clear) to shard
+    0, which charges the slowdown and decides (:func:`_on_forwarded_straggler`)."""
     outputs: list[Output] = []
     judged: list[Derived | GroupComputeTimes] = []
     windowed: list[Derived] = []
@@ -302,17 +305,39 @@ def _stragglers(run: RunState, event: StepTiming, policy: CorePolicy) -> list[Ou
         if isinstance(found, StragglerFlagged):
             diagnosed = _in_flagged_group(run, diagnosis.diagnosed(run.health, run, found, policy.diagnosis))
             outputs.append(diagnosed)
-            run.goodput.slowdowns[found.rank] = found.slowdown
             if run.coordinator:
-                eviction.on_flagged(run.eviction, found, policy.eviction)
-                rack = run.racks.get(found.node)
-                outputs += eviction.on_diagnosed(run.eviction, diagnosed, rack, None, policy.eviction)
+                outputs += _on_forwarded_straggler(run, found, policy)
+                outputs += _on_forwarded_straggler(run, diagnosed, policy)
+            else:
+                why = "a shard's straggler: shard 0 charges it and decides the eviction"
+                outputs += [Forward(found, why), Forward(diagnosed, why)]
         elif isinstance(found, StragglerCleared):
-            run.goodput.slowdowns.pop(found.rank, None)
-            eviction.on_cleared(run.eviction, found.rank)
+            if run.coordinator:
+                _on_forwarded_straggler(run, found, policy)
+            else:
+                outputs.append(Forward(found, "a shard's straggler cleared"))
     for made in judged:  # a shard's summary goes to shard 0, which alone has the reference
         outputs += [Forward(made, "group step summary")] if isinstance(made, GroupComputeTimes) else []
     return outputs + _group_findings(run, [d for d in judged if not isinstance(d, GroupComputeTimes)])
+
+
+def _on_forwarded_straggler(
+    run: RunState, found: StragglerFlagged | StragglerDiagnosed | StragglerCleared, policy: CorePolicy
+) -> list[Output]:
+    """Shard 0's part of a straggler, its own or one a shard forwarded: the flag's slowdown
+    charged to goodput and counted in the eviction's P, the diagnosis priced for eviction
+    (decisions/eviction.py, once per diagnosis), the clear forgetting both."""
+    if isinstance(found, StragglerFlagged):
+        run.goodput.slowdowns[found.rank] = found.slowdown
+        eviction.on_flagged(run.eviction, found, policy.eviction)
+        return []
+    if isinstance(found, StragglerDiagnosed):
+        return list(
+            eviction.on_diagnosed(run.eviction, found, run.racks.get(found.node), None, policy.eviction)
+        )
+    run.goodput.slowdowns.pop(found.rank, None)
+    eviction.on_cleared(run.eviction, found.rank)
+    return []
 
 
 def _group_findings(run: RunState, found: list[Derived]) -> list[Output]:

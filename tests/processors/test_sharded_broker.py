@@ -18,7 +18,14 @@ from trainguard.devtools.stack import scrape, start_processor
 from trainguard.kafka.topics import TopicNames, delete_topics, ensure_topics, topic_names
 from trainguard.producers.simulator.driver import run_simulation
 from trainguard.producers.simulator.scenario import Scenario
-from trainguard.schemas import Interruption, ReasonCode, StragglerFlagged, decode
+from trainguard.schemas import (
+    EvictionDecision,
+    EvictionVerdict,
+    Interruption,
+    ReasonCode,
+    StragglerFlagged,
+    decode,
+)
 from trainguard.schemas.codec import DERIVED
 
 from ..readers import TopicReader
@@ -87,7 +94,7 @@ def run(workers: TwoWorkers, name: str, until: type, count: int = 1) -> list:
     return derived
 
 
-def test_a_hang_is_pinned_on_a_rank_of_another_shard_and_a_straggler_is_flagged_by_its_shard(
+def test_a_hang_is_pinned_on_a_rank_of_another_shard_and_a_straggler_is_evicted_from_its_shard(
     workers: TwoWorkers,
 ) -> None:
     before = workers.processed()
@@ -99,11 +106,16 @@ def test_a_hang_is_pinned_on_a_rank_of_another_shard_and_a_straggler_is_flagged_
     # Both workers took part of the run.
     assert all(after > b for after, b in zip(workers.processed(), before, strict=True))
 
+    # Shard 2 flags and diagnoses its straggler (node_link) and forwards both; shard 0, which
+    # alone decides, prices and evicts it, as an unsharded run does.
     truth = LIBRARY["straggler-nvlink"].truth()[0]  # rank 90: shard 2
-    derived = run(workers, "straggler-nvlink", StragglerFlagged)
+    derived = run(workers, "straggler-nvlink", Interruption)
     flagged = {(d.rank, d.node) for d in derived if isinstance(d, StragglerFlagged)}
     assert flagged == {(truth.rank, truth.node)}
-    assert not [d for d in derived if isinstance(d, Interruption)]
+    (decision,) = [d for d in derived if isinstance(d, EvictionDecision)]
+    assert (decision.rank, decision.decision) == (truth.rank, EvictionVerdict.EVICT)
+    evicted = [(d.cause.value, d.rank, d.node) for d in derived if isinstance(d, Interruption)]
+    assert evicted == [("eviction", truth.rank, truth.node)]
 
 
 def test_non_finite_reports_from_every_shard_make_one_decision(workers: TwoWorkers) -> None:

@@ -14,14 +14,17 @@ from harness.straggler_streams import HealthFault, Slow, SyncJob, of_kind
 from trainguard.processors.core import CorePolicy, CoreState, step
 from trainguard.processors.core.detectors.slowdown import z_threshold
 from trainguard.processors.core.detectors.slowdown_state import NODE, RANK, SlowdownPolicy
+from trainguard.processors.core.outputs import Forward
 from trainguard.schemas import (
     Diagnosis,
     EvictionDecision,
     EvictionVerdict,
+    EvictRank,
     StragglerCleared,
     StragglerDiagnosed,
     StragglerFlagged,
 )
+from trainguard.schemas.sharding import route
 
 ONSET = 100
 WITHIN = 300
@@ -181,7 +184,9 @@ def test_a_sharded_run_finds_what_an_unsharded_one_does() -> None:
 # --------------------------------------------------------------------------- through the engine
 
 
-def _engine(job: SyncJob, health: list[HealthFault], steps: int) -> list:
+def _engine(job: SyncJob, health: list[HealthFault], steps: int, shard_ranks: int = 0) -> list:
+    """The job's events through the core; with `shard_ranks`, routed to their shards as the
+    driver does (schemas/sharding.py), each Forward re-published to shard 0."""
     job.start()
     outputs: list = []
     state, policy = CoreState(), CorePolicy()
@@ -189,8 +194,15 @@ def _engine(job: SyncJob, health: list[HealthFault], steps: int) -> list:
         job.health(health)
         job.steps(min(20, steps - chunk))
         for event in job.events:
-            state, out = step(state, event, policy)
-            outputs += out
+            shards = route(event, job.world_size, shard_ranks) if shard_ranks else [0]
+            for shard in shards:
+                state, out = step(state, event, policy, shard=shard, shard_ranks=shard_ranks)
+                for o in out:
+                    if isinstance(o, Forward):
+                        state, more = step(state, o.event, policy, shard=0, shard_ranks=shard_ranks)
+                        outputs += more
+                    else:
+                        outputs.append(o)
         job.events.clear()
     return outputs
 
@@ -217,6 +229,23 @@ def test_through_the_engine_a_node_10pct_slow_from_nic_contention_is_diagnosed_a
     assert diagnosed.diagnosis == Diagnosis.NETWORK_CONTENTION
     (decision,) = of_kind(outputs, EvictionDecision)
     assert decision.decision == EvictionVerdict.EVICT  # ~9% of the job: pays back in ~2 h
+
+
+def test_a_shards_slow_node_is_diagnosed_there_and_its_eviction_decided_by_shard_0() -> None:
+    # Two shards of 128 ranks: the node 10% slow lives on shard 1, which alone sees its step
+    # times and GPU health; it flags and diagnoses, and forwards both to shard 0, which
+    # charges the slowdown and prices the eviction (one decision, as unsharded).
+    node = 20  # ranks 160-167
+    slow = [Slow(r, 1.10, from_step=60) for r in range(node * 8, node * 8 + 8)]
+    job = SyncJob(world_size=256, nodes_per_rack=4, jitter=0.04, heavy_tail=True, slow=slow)
+    outputs = _engine(job, [HealthFault("nic", node=job.node(node * 8))], 260, shard_ranks=128)
+    (flag,) = of_kind(outputs, StragglerFlagged)
+    assert flag.node == job.node(node * 8) and flag.rank >= 128
+    (diagnosed,) = of_kind(outputs, StragglerDiagnosed)
+    assert diagnosed.diagnosis == Diagnosis.NETWORK_CONTENTION
+    (decision,) = of_kind(outputs, EvictionDecision)
+    assert (decision.rank, decision.decision) == (flag.rank, EvictionVerdict.EVICT)
+    assert [c.rank for c in of_kind(outputs, EvictRank)] == [flag.rank]
 
 
 def test_through_the_engine_a_rank_flagged_by_both_rules_is_flagged_once() -> None:

@@ -9,9 +9,10 @@ AsyncAPI parser (tools/asyncapi/) accept the document. docs/streams.md explains 
 
 Every message is on the channel of the topic that carries it: the telemetry topic carries
 batches, and also lone telemetry records (a single-record producer, the processors' ticks
-and forwarded predictions); a batch's `records` are each one of the telemetry record
-schemas or a columnar block of step timings (`step_timings`, inside batches only). The
-payloads are JSON Schema 2020-12, which each message's `schemaFormat` says.
+and what a shard forwards to its run's shard 0: predictions and stragglers); a batch's
+`records` are each one of the telemetry record schemas or a columnar block of step timings
+(`step_timings`, inside batches only). The payloads are JSON Schema 2020-12, which each
+message's `schemaFormat` says.
 """
 
 from __future__ import annotations
@@ -140,8 +141,8 @@ def topic_configuration(config: Mapping[str, str]) -> dict[str, Any]:
 _RUN_KEY = "the run_id: a run's records stay on one partition, in order"
 _TELEMETRY_KEY = "the run_id, or run_id#shard for a run cut into shards (schemas/sharding.py)"
 _FORWARD_KEY = (
-    "the run_id; on the telemetry topic, where a shard's worker forwards its prediction to the"
-    " run's shard 0, the telemetry key (schemas/sharding.py)"
+    "the run_id; on the telemetry topic, where a shard's worker forwards its predictions and"
+    " stragglers to the run's shard 0, the telemetry key (schemas/sharding.py)"
 )
 
 
@@ -221,7 +222,8 @@ def asyncapi() -> dict[str, Any]:
         "forwardToCoordinator": (
             "send",
             "telemetry",
-            "Processors write ticks and a shard's failure predictions to the run's shard 0.",
+            "Processors write ticks, and a shard's failure predictions and stragglers (flagged, "
+            "diagnosed, cleared) to the run's shard 0, which decides the drain and the eviction.",
             [TELEMETRY["tick"].KIND, *lone_derived],
         ),
         "processTelemetry": ("receive", "telemetry", "Processors consume the telemetry.", every),

@@ -10,8 +10,9 @@ Lazy (PEP 562): importing this module imports neither torch nor Lightning (the
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from trainguard.common.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from trainguard.producers.training.lightning import TrainguardLightningCallback
@@ -21,13 +22,4 @@ EXPORTS: dict[str, str] = {"TrainguardLightningCallback": "trainguard.producers.
 __all__ = ["TrainguardLightningCallback"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, globals(), EXPORTS)

@@ -10,8 +10,9 @@ paths are not public: they may move in any release.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from trainguard.common.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from trainguard.producers.checkpoint.manager import CheckpointError, CheckpointManager
@@ -55,15 +56,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    source = EXPORTS.get(name)
-    if source is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = importlib.import_module(source)
-    value = module if source.rpartition(".")[2] == name else getattr(module, name)
-    globals()[name] = value  # read once: later reads are plain attribute reads
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, globals(), EXPORTS)

@@ -10,8 +10,9 @@ extra); the callback is imported the first time it is read.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from trainguard.common.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from trainguard.producers.training.hf_trainer import TrainguardTrainerCallback
@@ -21,13 +22,4 @@ EXPORTS: dict[str, str] = {"TrainguardTrainerCallback": "trainguard.producers.tr
 __all__ = ["TrainguardTrainerCallback"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, globals(), EXPORTS)

@@ -212,7 +212,7 @@ def _on_other(run: RunState, rank: RankState | None, event: Envelope, policy: Co
     elif isinstance(event, FailurePredicted):  # a shard's prediction: shard 0 decides the drain
         outputs += drain.on_predicted(run, event, policy)
     elif isinstance(event, StragglerFlagged | StragglerDiagnosed | StragglerCleared):  # a shard's
-        outputs += _on_forwarded_straggler(run, event, policy)
+        outputs += _decide_straggler(run, event, policy)
     elif isinstance(event, NodeExcluded):
         outputs += drain.on_excluded(run, event)
     elif isinstance(event, CheckpointRejected):
@@ -281,7 +281,7 @@ def _stragglers(run: RunState, event: StepTiming, policy: CorePolicy) -> list[Ou
     (R2), and the flagged slowdowns are what goodput accounting charges the run for. On
     the coordinator, a diagnosis recommending eviction goes to the payback decision; a
     sharded run's other shards flag and diagnose, and forward both (and the clear) to shard
-    0, which charges the slowdown and decides (:func:`_on_forwarded_straggler`)."""
+    0, which charges the slowdown and decides (:func:`_decide_straggler`)."""
     outputs: list[Output] = []
     judged: list[Derived | GroupComputeTimes] = []
     windowed: list[Derived] = []
@@ -302,26 +302,23 @@ def _stragglers(run: RunState, event: StepTiming, policy: CorePolicy) -> list[Ou
     # the windowed detector's flags (issue 47) are diagnosed and decided as the per-step rule's
     for found in slowdown.absorb(run.slowdown, run, per_step) + windowed:
         outputs.append(found)
+        if not isinstance(found, StragglerFlagged | StragglerCleared):
+            continue
+        mine: list[StragglerFlagged | StragglerDiagnosed | StragglerCleared] = [found]
         if isinstance(found, StragglerFlagged):
-            diagnosed = _in_flagged_group(run, diagnosis.diagnosed(run.health, run, found, policy.diagnosis))
-            outputs.append(diagnosed)
+            mine.append(_in_flagged_group(run, diagnosis.diagnosed(run.health, run, found, policy.diagnosis)))
+            outputs.append(mine[-1])
+        for item in mine:  # shard 0 charges and decides; another shard forwards it there
             if run.coordinator:
-                outputs += _on_forwarded_straggler(run, found, policy)
-                outputs += _on_forwarded_straggler(run, diagnosed, policy)
+                outputs += _decide_straggler(run, item, policy)
             else:
-                why = "a shard's straggler: shard 0 charges it and decides the eviction"
-                outputs += [Forward(found, why), Forward(diagnosed, why)]
-        elif isinstance(found, StragglerCleared):
-            if run.coordinator:
-                _on_forwarded_straggler(run, found, policy)
-            else:
-                outputs.append(Forward(found, "a shard's straggler cleared"))
+                outputs.append(Forward(item, "a shard's straggler: shard 0 charges it and decides"))
     for made in judged:  # a shard's summary goes to shard 0, which alone has the reference
         outputs += [Forward(made, "group step summary")] if isinstance(made, GroupComputeTimes) else []
     return outputs + _group_findings(run, [d for d in judged if not isinstance(d, GroupComputeTimes)])
 
 
-def _on_forwarded_straggler(
+def _decide_straggler(
     run: RunState, found: StragglerFlagged | StragglerDiagnosed | StragglerCleared, policy: CorePolicy
 ) -> list[Output]:
     """Shard 0's part of a straggler, its own or one a shard forwarded: the flag's slowdown

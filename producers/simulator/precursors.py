@@ -55,6 +55,9 @@ _HOUR = 3_600.0
 _FAILING_XIDS = (48, 61, 62, 74, 79, 94, 95, 119, 120)
 #: Benign XIDs of healthy GPUs (an application's fault, a reset channel).
 _BENIGN_XIDS = (13, 31, 43, 45)
+#: Hardware XIDs a healthy GPU logs now and then (a contained ECC error, a burst of
+#: single-bit errors, a row remapped): `HealthNoise.hardware_xid_share` of its XIDs.
+_HEALTHY_HARDWARE_XIDS = (63, 92, 94)
 THERMAL_SLOWDOWN_C = 87.0
 #: A remapped row or a retired page awaits a GPU reset (none is modelled: the flag stays).
 _PENDING = (("remapped_rows_correctable", "remap_pending"), ("retired_pages", "retired_pages_pending"))
@@ -110,6 +113,9 @@ class HealthNoise(_Strict):
     scale: float = Field(1.0, gt=0, le=1000)
     hw_slowdown_per_gpu_day: float = Field(
         0.2, ge=0, description="Reports per GPU-day showing a hardware slowdown or power brake."
+    )
+    hardware_xid_share: float = Field(
+        0.05, ge=0, le=1, description="Share of a healthy GPU's XIDs with a hardware code (63, 92, 94)."
     )
     idle_c: float = 35.0
     load_rise_c: float = Field(30.0, ge=0, description="Mean rise from idle to full load (°C).")
@@ -264,14 +270,17 @@ class FleetHealth:
             spec = noise.counter(c)
             rate = spec.per_gpu_day * noise.scale * days
             if rate > 0:
-                self.counts[c] += rng.poisson(rate * self.mult[c])
+                drawn = rng.poisson(rate * self.mult[c])
+                self.counts[c] += drawn
+                if c == "xid_errors":
+                    self._healthy_xids(np.flatnonzero(drawn))
             bursts = spec.bursts_per_gpu_day * noise.scale * days
             if bursts > 0:
                 hit = np.flatnonzero(rng.random(w) < bursts)
                 if hit.size:
                     self.counts[c][hit] += rng.geometric(1.0 / spec.burst_mean, hit.size)
                     if c == "xid_errors":
-                        self.last_xid[hit] = rng.choice(_BENIGN_XIDS, hit.size)
+                        self._healthy_xids(hit)
         for counter, flag in _PENDING:
             self.flags[flag] |= self.counts[counter] > 0
         self.temp_noise = rng.normal(0.0, noise.noise_c, w)
@@ -282,6 +291,18 @@ class FleetHealth:
         for episode in self.episodes:
             if episode.start_ts <= t0 < episode.end_ts and episode.node == nodes[episode.slot]:
                 self._apply(episode, t0, dt)
+
+    def _healthy_xids(self, gpus: np.ndarray) -> None:
+        """The newest XID code of healthy GPUs that just logged some: mostly an
+        application's, `hardware_xid_share` of them the hardware's."""
+        if gpus.size:
+            hardware = self.rng.random(gpus.size) < self.noise.hardware_xid_share
+            codes = np.where(
+                hardware,
+                self.rng.choice(_HEALTHY_HARDWARE_XIDS, gpus.size),
+                self.rng.choice(_BENIGN_XIDS, gpus.size),
+            )
+            self.last_xid[gpus] = codes
 
     def _apply(self, e: Episode, ts: float, dt: float) -> None:
         rank = e.slot * self.ranks_per_node + e.gpu

@@ -46,6 +46,11 @@ class Fleet:
     #: node index -> (seconds after T0, count): one pair of buckets of XIDs on its GPU 0, then
     #: nothing (an application's faults).
     xid_burst: dict[int, tuple[float, int]] = field(default_factory=dict)
+    #: node index -> the code of its `xids` and `xid_burst` (default 79, the GPU fallen off
+    #: the bus); a healthy GPU's XIDs are an application's (13).
+    xid_code: dict[int, int] = field(default_factory=dict)
+    #: node index -> seconds after T0 a row remap on its GPU 0 fails (no spare row left).
+    remap_fails: dict[int, float] = field(default_factory=dict)
 
     def node(self, index: int) -> str:
         return f"node-{index:04d}"
@@ -55,12 +60,14 @@ class Fleet:
         rng = random.Random(self.seed)
         gpus = self.nodes * self.gpus_per_node
         counts = [dict.fromkeys(RATES, 0) for _ in range(gpus)]
+        last_xid: list[int | None] = [None] * gpus
         temperature = [62.0 + rng.gauss(0, 3) for _ in range(gpus)]
         for k in range(int(hours * 3600 / self.interval_s)):
             ts = T0 + k * self.interval_s
             for rank in range(gpus):
                 index = rank // self.gpus_per_node
                 mine = counts[rank]
+                xids_before = mine["xid_errors"]
                 scale = self.chronic.get(index, 1.0) if rank % self.gpus_per_node == 0 else 1.0
                 for name, per_day in RATES.items():
                     mine[name] += _poisson(rng, scale * per_day / 86_400 * self.interval_s)
@@ -69,6 +76,9 @@ class Fleet:
                 onset = self.failing.get(index)
                 if onset is not None and ts >= T0 + onset[0]:
                     mine["ecc_corrected"] += int(onset[1] * 1.5 ** min(20.0, (ts - T0 - onset[0]) / 600))
+                if mine["xid_errors"] > xids_before:
+                    last_xid[rank] = 13
+                xids_before = mine["xid_errors"]
                 xids = self.xids.get(index)
                 if xids is not None and rank % self.gpus_per_node == 0 and ts >= T0 + xids[0]:
                     mine["xid_errors"] += _poisson(rng, xids[1] * self.interval_s / 3600)
@@ -79,6 +89,8 @@ class Fleet:
                     and T0 + xid_burst[0] <= ts < T0 + xid_burst[0] + 2 * self.interval_s
                 ):
                     mine["xid_errors"] += xid_burst[1]
+                if mine["xid_errors"] > xids_before:  # the failing GPU's, or the burst's
+                    last_xid[rank] = self.xid_code.get(index, 79)
                 burst = self.one_burst.get(index)
                 if (
                     burst is not None
@@ -93,7 +105,17 @@ class Fleet:
                 creep = self.creeping.get(index)
                 if creep is not None and rank % self.gpus_per_node == 0 and ts > T0 + creep:
                     warm += 0.3 * (ts - T0 - creep) / 60
-                fields = {"present": True, **mine, "temperature_c": warm, "power_w": power}
+                failed_at = self.remap_fails.get(index)
+                fields = {
+                    "present": True,
+                    **mine,
+                    "remap_failed": failed_at is not None
+                    and rank % self.gpus_per_node == 0
+                    and ts >= T0 + failed_at,
+                    "last_xid": last_xid[rank],
+                    "temperature_c": warm,
+                    "power_w": power,
+                }
                 yield rank, self.node(index), ts + rng.random(), fields
 
 

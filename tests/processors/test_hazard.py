@@ -4,7 +4,11 @@ fleet's noise measured rather than assumed, and the run's outcomes calibrating P
 
 from __future__ import annotations
 
-from trainguard.processors.core.detectors import hazard
+import math
+
+import pytest
+
+from trainguard.processors.core.detectors import hazard, hazard_stats
 from trainguard.processors.core.detectors.hazard_state import HazardState, PredictionPolicy
 from trainguard.schemas import FailurePredicted
 
@@ -67,12 +71,38 @@ def test_sparse_xids_that_keep_coming_are_predicted_and_a_pair_of_bursts_is_not(
     node's application faults twice in a row (5 XIDs a bucket) earlier, then never again."""
     onset = 5 * 3600.0
     found, _ = predict(
-        Fleet(nodes=32, seed=12, xids={6: (onset, 5.0)}, xid_burst={20: (onset - 2 * 3600.0, 5)}), hours=7
+        Fleet(
+            nodes=32,
+            seed=12,
+            xids={6: (onset, 5.0)},
+            xid_burst={20: (onset - 2 * 3600.0, 5)},
+            xid_code={20: 13},
+        ),
+        hours=7,
     )
     assert {f.node for f in found} == {"node-0006"}
     first = found[0]
     assert onset < first.ts - T0 < onset + 60 * 60
-    assert first.signals[0].startswith("xid_errors: ")
+    assert first.signals[0].startswith(("xid_hardware: ", "xid_errors: "))
+
+
+def test_hardware_xids_are_told_from_an_applications() -> None:
+    """The same stream of XIDs, 4 an hour on one GPU: with a hardware code (79, fallen off
+    the bus) it is found by its own signal, whose healthy rate is a fifth of all XIDs',
+    sooner than with an application's code (13), which may not stand out at all."""
+    onset, found_after = 5 * 3600.0, {}
+    for code in (79, 13):
+        for seed in (13, 14, 15):
+            fleet = Fleet(nodes=32, seed=seed, xids={6: (onset, 4.0)}, xid_code={6: code})
+            found, _ = predict(fleet, hours=6.5)
+            assert {f.node for f in found} <= {"node-0006"}
+            found_after[(code, seed)] = found[0].ts - T0 - onset if found else None
+            if found and code == 79:
+                assert found[0].signals[0].startswith("xid_hardware: 4 in the last 60 min")
+    for seed in (13, 14, 15):
+        hardware, application = found_after[(79, seed)], found_after[(13, seed)]
+        assert hardware is not None and 0 < hardware < 40 * 60
+        assert application is None or application > hardware
 
 
 def test_a_node_warming_from_idle_to_the_fleets_load_has_not_drifted() -> None:
@@ -153,3 +183,33 @@ def _predicted_state(policy: PredictionPolicy) -> tuple[HazardState, list[Failur
         found += hazard.on_time(state, "run-h", 0, ts, PER_NODE, policy)
     assert found and found[0].node == "node-0007"
     return state, found
+
+
+def test_a_failed_row_remap_is_decisive_on_its_own() -> None:
+    """One failed remap (no spare row left) is predicted at once and calibrated by its prior;
+    as a rate against the fleet's background it would never pass the threshold alone."""
+    fails = 4 * 3600.0
+    fleet = Fleet(nodes=16, seed=21, remap_fails={9: fails})
+    found, _ = predict(fleet, hours=5)
+    assert [f.node for f in found] == ["node-0009"]
+    assert fails < found[0].ts - T0 <= fails + 3 * 120.0  # two evaluations in a row
+    assert found[0].signals[0].startswith("remap_failed: on rank 72 of node-0009")
+    assert found[0].probability >= 0.7  # its prior, 7 of 10
+    statistical, _ = predict(fleet, hours=5, policy=PredictionPolicy(decisive=()))
+    assert statistical == []
+    with pytest.raises(ValueError, match="not flags"):
+        PredictionPolicy(decisive=("ecc_corrected",))
+
+
+def test_the_volume_tail_is_poissons_exact_tail_never_less_than_its_bound() -> None:
+    """Three XIDs in an hour against 0.0033 expected: p 6e-9 exactly, where the Chernoff
+    bound says 3e-8 (the difference between a third and a fourth XID at the threshold)."""
+    for count, expected in ((3, 0.0033), (10, 2.0), (40, 25.0)):
+        exact = 1.0 - sum(math.exp(-expected) * expected**j / math.factorial(j) for j in range(count))
+        assert hazard_stats.tail_surprise(count, expected) == pytest.approx(-math.log10(exact), rel=1e-6)
+        k, mu = count, expected
+        bound = (k * math.log(k / mu) - k + mu) / math.log(10)
+        assert hazard_stats.tail_surprise(count, expected) >= bound
+    assert hazard_stats.tail_surprise(2, 5.0) == 0.0  # fewer than expected: no surprise
+    # overdispersed: the tail of count/dispersion at expected/dispersion
+    assert hazard_stats.tail_surprise(20, 4.0, 2.0) == pytest.approx(hazard_stats.tail_surprise(10, 2.0))

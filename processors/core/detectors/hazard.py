@@ -46,15 +46,16 @@ from .hazard_state import (
     HazardState,
     OwnRate,
     PredictionPolicy,
+    hardware_xid,
 )
 from .hazard_stats import (
     ACTIVE_P,
     active_level,
     binomial_surprise,
-    chernoff_surprise,
     decayed_add,
     normal_surprise,
     still_going,
+    tail_surprise,
 )
 
 _DAY = 86_400.0
@@ -102,6 +103,9 @@ def observe(
             increment = value - before if value >= before else value  # a reset counts from 0
         if increment > 0:
             _add(track, name, bucket, increment, policy)
+            if name == "xid_errors" and hardware_xid(fields.get("last_xid")):
+                # the report's XIDs are told by its newest code: exact at one XID a report
+                _add(track, "xid_hardware", bucket, increment, policy)
     for name in FLAGS:
         flag = fields.get(name)
         if flag is None:
@@ -130,6 +134,8 @@ def observe(
 
 
 def _counter(fields: Mapping[str, Any], name: str) -> float | None:
+    if name == "xid_hardware":  # reported with the XIDs (its increments: observe)
+        return None if fields.get("xid_errors") is None else 0.0
     if name == "hw_slowdown":
         reasons = fields.get("throttle_reasons")
         return None if reasons is None else float(bool(_HW_SLOWDOWN.intersection(reasons)))
@@ -384,6 +390,15 @@ def _standing_out(
             usual, known = _own(state, node, name, latest, fleet, policy)
             if not per or not known:
                 continue  # nothing in the window, or the node has no past of its own yet
+            if name in policy.decisive:
+                rank, _ = counts.top_gpu(name)
+                text = (
+                    f"{name}: on rank {rank} of {node} {(latest_bucket - max(per)) / 60:.0f} min ago, "
+                    f"a verdict on the part by itself (the policy's decisive flags)"
+                )
+                active.add((node, name))
+                _episode(state, node, name, bar, ts, text, out, policy)
+                continue
             closed = max(1, round(counts.span.get(name, every) / every))
             level = active_level(max(fleet, usual * every))
             silent = round((latest_bucket - max(per)) / every)
@@ -464,7 +479,7 @@ def _volume(
         f"{count:g} with each bucket capped at {level:g}, where the fleet's noise and its own usual "
         f"expect {expected:.2g} (dispersion {dispersion:.2g})"
     )
-    return chernoff_surprise(count, expected, dispersion), why
+    return tail_surprise(count, expected, dispersion), why
 
 
 def _episode(

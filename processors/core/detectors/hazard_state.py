@@ -8,16 +8,31 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ....schemas.events import PRECURSOR_COUNTERS, PRECURSOR_FLAGS
 
 #: The precursor counters a GpuHealth report carries, each a count that only grows while
 #: the driver is loaded (a reset, a smaller value, starts it again): failures foretold by
 #: memory (ECC, retired pages, remapped rows), the driver (XID) and the links (PCIe,
-#: NVLink). `hw_slowdown` counts the reports whose clock-event reasons include a hardware
-#: slowdown or power brake (a failing power supply or sensor).
-COUNTERS: tuple[str, ...] = (*PRECURSOR_COUNTERS, "hw_slowdown")
+#: NVLink). Two are derived from the report: `hw_slowdown` counts the reports whose
+#: clock-event reasons include a hardware slowdown or power brake (a failing power supply
+#: or sensor), `xid_hardware` the XIDs the application did not cause (:func:`hardware_xid`).
+COUNTERS: tuple[str, ...] = (*PRECURSOR_COUNTERS, "hw_slowdown", "xid_hardware")
+#: XIDs an application causes (NVIDIA's Xid catalog: immediate action RESTART_APP): a
+#: graphics engine exception (13), a memory page fault (31), a channel stopped or cleaned
+#: up after the application's error (43, 45), an idle timeout (8), a video engine's
+#: exception (68, 69). Every other code is the GPU's, its memory's, its links' or its
+#: firmware's: a storm of them foretells a failure where an application's do not.
+APPLICATION_XIDS: frozenset[int] = frozenset({8, 13, 31, 43, 45, 68, 69})
+
+
+def hardware_xid(code: object) -> bool:
+    """Whether an XID code (GpuHealth's `last_xid`) is the hardware's, not the
+    application's; an unknown code (None) is neither."""
+    return isinstance(code, int) and code > 0 and code not in APPLICATION_XIDS
+
+
 #: Flags that count once when they turn true (a remap or retirement that awaits a reset,
 #: a remap that failed: the memory has no spare rows left).
 FLAGS: tuple[str, ...] = PRECURSOR_FLAGS
@@ -35,6 +50,7 @@ _BACKGROUND = {
     "remapped_rows_correctable": 0.02,
     "remapped_rows_uncorrectable": 0.01,
     "xid_errors": 0.05,
+    "xid_hardware": 0.01,
     "pcie_replays": 5.0,
     "nvlink_crc_errors": 20.0,
     "nvlink_retries": 5.0,
@@ -54,6 +70,7 @@ _PRECISION = {
     "remapped_rows_correctable": (3.0, 7.0),
     "remapped_rows_uncorrectable": (6.0, 4.0),
     "xid_errors": (4.0, 6.0),
+    "xid_hardware": (5.0, 5.0),
     "pcie_replays": (2.0, 8.0),
     "nvlink_crc_errors": (2.0, 8.0),
     "nvlink_retries": (2.0, 8.0),
@@ -124,10 +141,26 @@ class PredictionPolicy(BaseModel):
         description="Each signal's (hits, misses) Beta prior: the share of its episodes a failure "
         "follows within the horizon, until the run's own outcomes weigh in.",
     )
+    decisive: tuple[str, ...] = Field(
+        ("remap_failed",),
+        description="Flags that stand out on their own, one occurrence being the part's verdict "
+        "rather than a rate to test: a row remap that failed has no spare row left (NVIDIA's "
+        "guidance: reset, then replace the GPU; DCGM's health check fails it). Their precision "
+        "prior still calibrates P.",
+    )
     level_spread: dict[str, float] = Field(
         default_factory=lambda: dict(_LEVEL_SPREAD),
         description="The smallest fleet spread of a level's rise over the window (°C, W).",
     )
+
+    @field_validator("decisive")
+    @classmethod
+    def _flags_only(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = sorted(set(value) - set(FLAGS))
+        if unknown:
+            raise ValueError(f"decisive: {unknown} are not flags (the flags: {', '.join(FLAGS)})")
+        return value
+
     drain_swap_prior_s: float = Field(
         60.0,
         ge=0,

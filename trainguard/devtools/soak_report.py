@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .soak import SoakReport
+from .soak import LASTING, SoakReport
 from .soak_plan import Victim
 
 RUN_HEADER = ["run", "verdict", "faults struck", "recovered", "survived", "events", "events/s", "max lag s",
@@ -86,6 +86,10 @@ def summary(report: SoakReport) -> list[str]:
         f"aborts acked after the crash or hang timeout (s, p50 / max): "
         f"{_p50_max(sorted(x for r in report.runs for x in r.abort_latencies))}",
         _hang_line(report),
+        "lasting commands (quarantine, release, go-ahead): "
+        + "; ".join(
+            f"{r.run_id} {v.detail}" for r in report.runs for v in r.oracle.verdicts if v.name == LASTING
+        ),
         f"caught up {report.drain_s:.0f} s after the load stopped; whole soak {report.total_s:.0f} s; "
         f"archive {report.archive}",
         *(f"failure: {f}" for f in report.failures),

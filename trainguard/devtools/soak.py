@@ -13,6 +13,7 @@ archive.
 
 from __future__ import annotations
 
+import multiprocessing
 import random
 import secrets
 import shutil
@@ -22,6 +23,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 from ..kafka.lag import wait_caught_up
@@ -73,7 +75,7 @@ RECOVERY_GRACE_S = 45.0
 
 @dataclass
 class RunLoad:
-    """One simulated run on its own thread, and what its shipper did with each event, by id."""
+    """One simulated run in its own process, and what its shipper did with each event, by id."""
 
     scenario: Scenario
     run_id: str
@@ -299,19 +301,53 @@ def _start_all(slots: list[Slot]) -> None:
 def _start_load(
     load: RunLoad, config: SoakConfig, bootstrap: str, names: TopicNames, secret: bytes
 ) -> threading.Thread:
+    """The run's simulation in a process of its own (its result and its shipper's outcomes
+    come back when it ends), watched by a thread of this one. Each run of thousands of ranks
+    keeps a core busy: as threads of one process, two runs shared one interpreter and fell
+    tens of seconds behind their clocks, which a crash's abort then carried as latency."""
+
     def body() -> None:
-        load.start_ts = time.time()
+        ours, theirs = _SPAWN.Pipe(duplex=False)
+        child = _SPAWN.Process(
+            target=_simulate, args=(theirs, load, config, bootstrap, names, secret),
+            name=f"load-{load.run_id}", daemon=True,
+        )  # fmt: skip
+        child.start()
+        theirs.close()
         try:
-            load.result = run_simulation(
-                load.scenario, bootstrap, names, secret, speed=config.speed, max_seconds=config.duration_s,
-                run_id=load.run_id, start_ts=load.start_ts, on_outcome=load.told,
+            done: RunLoad = ours.recv()
+        except EOFError:
+            load.error = f"{load.run_id}: the simulation's process died (exit code {child.exitcode})"
+        else:
+            load.start_ts, load.result, load.outcomes, load.error = (
+                done.start_ts, done.result, done.outcomes, done.error,
             )  # fmt: skip
-        except Exception as exc:  # noqa: BLE001 - the report names it, and the run fails
-            load.error = f"{load.run_id}: the simulation failed: {exc!r}"
+        child.join()
 
     thread = threading.Thread(target=body, name=f"load-{load.run_id}", daemon=True)
     thread.start()
     return thread
+
+
+#: Simulations start in fresh interpreters: this process has broker clients and threads
+#: that a fork would copy half-way.
+_SPAWN = multiprocessing.get_context("spawn")
+
+
+def _simulate(
+    conn: Connection, load: RunLoad, config: SoakConfig, bootstrap: str, names: TopicNames, secret: bytes
+) -> None:
+    """A load's process: the simulation, then `load` with its result sent back."""
+    load.start_ts = time.time()
+    try:
+        load.result = run_simulation(
+            load.scenario, bootstrap, names, secret, speed=config.speed, max_seconds=config.duration_s,
+            run_id=load.run_id, start_ts=load.start_ts, on_outcome=load.told,
+        )  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - the report names it, and the run fails
+        load.error = f"{load.run_id}: the simulation failed: {exc!r}"
+    conn.send(load)
+    conn.close()
 
 
 def _chaos(plan: list[Kill], slots: list[Slot], t0: float, note: Note) -> int:

@@ -216,7 +216,8 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
         for warning in recovered.warnings:
             log.warning("recovery of %s[%d]: %s", names.telemetry, partition, warning)
         log.info(
-            "recovered %s[%d] at %d: snapshot %s, %d records folded, %d outputs published, %.2f s",
+            "recovered %s[%d] at %d: snapshot %s, %d records folded, %d outputs published, %.2f s "
+            "(snapshot %.2f s, fold %.2f s, outputs %.2f s)",
             names.telemetry,
             partition,
             offset,
@@ -224,13 +225,17 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
             recovered.replayed,
             len(recovered.published),
             recovered.seconds,
+            recovered.snapshot_s,
+            recovered.fold_s,
+            recovered.published_s,
         )
 
     def write_snapshot(partition: int) -> None:
         t0 = time.perf_counter()
         held = book.held[partition]
         runs = {key: driver.state.runs[key] for key in held.keys if key in driver.state.runs}
-        frozen = freeze(Snapshot(names.telemetry, partition, held.next_offset, time.time(), runs))
+        frozen_at = held.next_offset
+        frozen = freeze(Snapshot(names.telemetry, partition, frozen_at, time.time(), runs))
         held.snapshot_cost_s = time.perf_counter() - t0  # the loop's share: what the budget bounds
 
         async def send() -> None:  # not awaited by the agent: a lost snapshot only costs time
@@ -247,6 +252,10 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
                 log.warning("snapshot of %s[%d] not written: %s", names.telemetry, partition, exc)
             else:
                 metrics.snapshots.labels(outcome="written").inc()
+                log.info(
+                    "snapshot of %s[%d] at %d written: %d bytes, %.3f s on the loop",
+                    names.telemetry, partition, frozen_at, len(value), held.snapshot_cost_s,
+                )  # fmt: skip
             finally:
                 held.sending = False
 
@@ -254,13 +263,28 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
         asyncio.ensure_future(send())
 
     async def on_revoked(sender: object, revoked: set[TP], **kwargs: object) -> None:
-        """Another worker may fold a revoked partition next: forget its state, so that
-        holding it again starts with a recovery rather than a stale state."""
+        """A rebalance began: suspend the revoked partitions' states until the assignment
+        says whether they come back (processors/partitions.py). faust's generation is
+        still the one they were held in."""
         for tp in revoked:
             if tp.topic == names.telemetry:
-                drop(book.release(tp.partition))
+                book.suspend(tp.partition, app.consumer_generation_id)
+
+    async def on_assigned(sender: object, assigned: set[TP], **kwargs: object) -> None:
+        """Keep the states of the partitions given straight back; another worker may fold
+        the others next (or did meanwhile): forget them, so that holding one again starts
+        with a recovery rather than a stale state."""
+        mine = {tp.partition for tp in assigned if tp.topic == names.telemetry}
+        suspended, kept = set(book.suspended), book.kept
+        drop(book.reassigned(mine, app.consumer_generation_id))
+        if suspended:
+            log.info(
+                "generation %d: kept %d of %d revoked partitions of %s without a recovery",
+                app.consumer_generation_id, book.kept - kept, len(suspended), names.telemetry,
+            )  # fmt: skip
 
     app.on_partitions_revoked.connect(cast(Any, on_revoked))
+    app.on_partitions_assigned.connect(cast(Any, on_assigned))
 
     async def until_done(attempt: Callable[[], Awaitable[None]], what: str) -> None:
         """Retry until it succeeds: faust acks a record even when the agent raises, so a
@@ -322,8 +346,9 @@ def create_app(settings: ProcessorSettings) -> tuple[faust.App, CoreDriver, Proc
         """Time must pass for a run that has gone silent (e.g. waiting for the stack
         dumps of ranks that will never answer). The tick is written INTO the telemetry
         log, so the core sees it in order and a replay sees the same ticks."""
-        for run in list(driver.state.runs.values()):
-            if run.pending_hang is None:  # only a coordinator (shard 0) waits for stacks
+        suspended = book.suspended_keys()  # a rebalance is under way: their holder is open
+        for key, run in list(driver.state.runs.items()):
+            if run.pending_hang is None or key in suspended:  # only a coordinator waits for stacks
                 continue
             event = Tick(
                 event_id=f"tick-{worker_id}-{next(ticks)}",

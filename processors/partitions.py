@@ -13,6 +13,15 @@ snapshotted and recovered on their own. Then, for a record at `offset`:
 - a partition not held, or `offset > next_offset` (records folded by another worker in
   between): recover the partition up to `offset` first (processors/recovery.py).
 
+A rebalance revokes every partition of every worker before it assigns them again (the
+eager protocol), most of them to the worker that held them. A revoked partition is
+suspended, not dropped: if the very next generation gives it back, nobody can have
+folded it in between (only its holder had it in the previous generation, and nobody holds
+anything between a revocation and the next assignment), so its state is kept and the
+worker goes on where it stopped. Dropping it would make every rebalance, a worker's
+restart included, cost each surviving worker a recovery of the partitions it keeps
+(issue 49: seconds of 2,048-rank snapshot and refold, the run's aborts waiting).
+
 Recovery also lists the outputs already on the output topics since the snapshot: those
 of records the previous holder processed but had not committed. Re-folding those
 records re-makes the same outputs with the same ids (ids derive from their cause); they
@@ -26,8 +35,12 @@ from enum import StrEnum
 
 from .driver import DriverResult
 
-#: A snapshot may take at most 1/SNAPSHOT_BUDGET of the worker's time.
-SNAPSHOT_BUDGET = 100.0
+#: A snapshot may take at most 1/SNAPSHOT_BUDGET of the worker's time. The other side of
+#: the trade: a worker taking the partition over refolds every record since the last one.
+#: At 1% (100), a 2,048-rank partition of 0.2 s steps on a loaded 2-core machine (0.1-0.35 s
+#: a snapshot) went up to 30 s between snapshots, and a takeover refolded them for 9 s
+#: while the run's aborts waited (issue 49); at 5% it refolds a few seconds' worth.
+SNAPSHOT_BUDGET = 20.0
 
 
 class Action(StrEnum):
@@ -60,6 +73,11 @@ class PartitionBook:
     held: dict[int, Held] = field(default_factory=dict)
     skipped: int = 0
     suppressed: int = 0
+    #: Held partitions revoked by a rebalance under way, with the group generation
+    #: they were held in: kept or released at the next assignment (:meth:`reassigned`).
+    suspended: dict[int, int] = field(default_factory=dict)
+    #: Partitions kept through a rebalance without a recovery.
+    kept: int = 0
 
     def action(self, partition: int, offset: int) -> Action:
         held = self.held.get(partition)
@@ -74,9 +92,32 @@ class PartitionBook:
         return old.keys if old is not None else set()
 
     def release(self, partition: int) -> set[str]:
-        """Forget a partition (revoked): returns the keys of its run states to drop."""
+        """Forget a partition: returns the keys of its run states to drop."""
+        self.suspended.pop(partition, None)
         held = self.held.pop(partition, None)
         return held.keys if held is not None else set()
+
+    def suspend(self, partition: int, generation: int) -> None:
+        """A rebalance revoked `partition`, held in group generation `generation`."""
+        if partition in self.held:
+            self.suspended[partition] = generation
+
+    def reassigned(self, partitions: set[int], generation: int) -> set[str]:
+        """The assignment of `generation`: a suspended partition in it is kept if the
+        generation is the very next one (no other holder can have come between), any
+        other suspended one is released. Returns the keys of the run states to drop."""
+        drop: set[str] = set()
+        for partition, held_in in list(self.suspended.items()):
+            if partition in partitions and generation == held_in + 1:
+                del self.suspended[partition]
+                self.kept += 1
+            else:
+                drop |= self.release(partition)
+        return drop
+
+    def suspended_keys(self) -> set[str]:
+        """Keys of the run states of suspended partitions (no timer may speak for them)."""
+        return {key for p in self.suspended for key in self.held[p].keys}
 
     def folded(self, partition: int, offset: int, key: str | None) -> None:
         held = self.held[partition]
@@ -102,7 +143,7 @@ class PartitionBook:
         return replace(result, derived=derived, commands=commands, rejections=rejections)
 
     def snapshot_due(self, partition: int, now: float, interval_s: float) -> bool:
-        """Every `interval_s`, but no more often than keeps snapshots under 1% of the time:
+        """Every `interval_s`, but no more often than keeps snapshots under 5% of the time:
         encoding stalls the worker's loop, and a 16,384-rank partition takes ~1 s; never
         while the partition's last snapshot is still being sent."""
         held = self.held[partition]

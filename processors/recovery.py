@@ -56,6 +56,11 @@ class Recovered:
     #: Records folded from the log (after the snapshot) to reach `next_offset`.
     replayed: int
     seconds: float
+    #: Seconds of each part: loading the snapshot, folding the records after it, listing
+    #: the outputs published since it.
+    snapshot_s: float = 0.0
+    fold_s: float = 0.0
+    published_s: float = 0.0
     #: The outputs of the replayed records (already published): for the API's view.
     derived: list[Derived] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
@@ -68,6 +73,9 @@ def _consumer(bootstrap: str, config: dict[str, object] | None = None) -> Consum
         "group.id": f"trainguard-recovery-{uuid.uuid4().hex}",  # never commits
         "enable.auto.commit": False,
         "enable.partition.eof": False,
+        # It reads ranges of records that are there already: librdkafka's default (500 ms)
+        # let the broker hold fetches that much, and every range waited it out (issue 49).
+        "fetch.wait.max.ms": 10,
         **(config or {}),
     }
     return Consumer(client_config(defaults))  # SASL settings from the environment, if any
@@ -81,9 +89,13 @@ def read_range(
         return
     consumer.assign([TopicPartition(topic, partition, start)])
     deadline = time.monotonic() + timeout_s
+    expected = start  # the next offset wanted
     try:
         while True:
-            messages = consumer.consume(500, timeout=0.5)
+            # consume() waits for its whole batch or its timeout: ask for no more than the
+            # range still holds, or every range's last batch costs the full timeout (the
+            # snapshot's, and each output partition's: seconds of a recovery, issue 49).
+            messages = consumer.consume(max(1, min(500, end - expected)), timeout=0.5)
             for message in messages:
                 if (error := message.error()) is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
@@ -91,6 +103,7 @@ def read_range(
                     raise KafkaException(error)
                 if (message.offset() or 0) >= end:
                     return
+                expected = (message.offset() or 0) + 1
                 yield message
                 deadline = time.monotonic() + timeout_s  # progress: a long range is fine
             position = consumer.position([TopicPartition(topic, partition)])[0].offset
@@ -110,9 +123,10 @@ def newest_snapshot(
     warnings: list[str] = []
     low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
     wanted = f"{telemetry}:{partition}".encode()
-    end = high
+    end, step = high, 1  # the newest first: a snapshot is MiBs, and it is nearly always good
     while end > low:
-        start = max(low, end - 8)
+        start = max(low, end - step)
+        step = 8
         candidates = [m for m in read_range(consumer, topic, partition, start, end) if m.key() == wanted]
         for message in reversed(candidates):
             try:
@@ -123,24 +137,57 @@ def newest_snapshot(
     return None, warnings
 
 
+def read_ranges(
+    consumer: Consumer, ranges: dict[tuple[str, int], tuple[int, int]], timeout_s: float = 60.0
+) -> Iterator[Message]:
+    """The records of several partitions, each in [start, end), read together (one fetch
+    round for all of them rather than one per partition); in order within a partition."""
+    left = {tp: (start, end) for tp, (start, end) in ranges.items() if start < end}
+    if not left:
+        return
+    consumer.assign([TopicPartition(topic, p, start) for (topic, p), (start, _) in left.items()])
+    deadline = time.monotonic() + timeout_s
+    try:
+        while left:
+            wanted = sum(end - start for start, end in left.values())
+            for message in consumer.consume(max(1, min(500, wanted)), timeout=0.5):
+                if (error := message.error()) is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise KafkaException(error)
+                key = (message.topic() or "", message.partition() or 0)
+                offset = message.offset() or 0
+                if key not in left or offset >= left[key][1]:
+                    continue
+                left[key] = (offset + 1, left[key][1])
+                if offset + 1 >= left[key][1]:
+                    del left[key]
+                yield message
+                deadline = time.monotonic() + timeout_s
+            for tp in consumer.position([TopicPartition(t, p) for t, p in left]):
+                if tp.offset >= left[(tp.topic, tp.partition)][1]:  # gaps: compaction, markers
+                    del left[(tp.topic, tp.partition)]
+            if left and time.monotonic() > deadline:
+                raise TimeoutError(f"no record for {timeout_s:g} s from {sorted(left)}")
+    finally:
+        consumer.unassign()
+
+
 def published_since(consumer: Consumer, names: TopicNames, since_ts: float | None) -> set[str]:
     """Ids of the outputs on the output topics from `since_ts` (None: from the start)."""
-    ids: set[str] = set()
+    ranges: dict[tuple[str, int], tuple[int, int]] = {}
     for topic in (names.events, names.commands, names.deadletter):
         partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
         # [start, end) per partition, from one watermark query each; start -1: nothing to read
-        ranges = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in partitions}
+        for p in partitions:
+            ranges[(topic, p)] = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
         if since_ts is not None:
             asked = [TopicPartition(topic, p, int(since_ts * 1000)) for p in partitions]
             for tp in consumer.offsets_for_times(asked, timeout=10):
                 # -1: no record that recent on this partition
-                low, high = ranges[tp.partition]
-                ranges[tp.partition] = (max(low, tp.offset) if tp.offset >= 0 else -1, high)
-        for p, (start, end) in ranges.items():
-            if start < 0:
-                continue
-            for message in read_range(consumer, topic, p, start, end):
-                ids.add(_output_id(topic == names.deadletter, message))
+                low, high = ranges[(topic, tp.partition)]
+                ranges[(topic, tp.partition)] = (max(low, tp.offset) if tp.offset >= 0 else high, high)
+    ids = {_output_id(m.topic() == names.deadletter, m) for m in read_ranges(consumer, ranges)}
     ids.discard("")
     return ids
 
@@ -176,6 +223,7 @@ def recover_partition(
             snapshot, warnings = newest_snapshot(
                 consumer, names.snapshots, partition, names.telemetry, snapshot_key
             )
+        t_snapshot = time.perf_counter()
         low, high = consumer.get_watermark_offsets(TopicPartition(names.telemetry, partition), timeout=10)
         runs = dict(snapshot.runs) if snapshot is not None else {}
         start = snapshot.offset if snapshot is not None else low
@@ -203,9 +251,12 @@ def recover_partition(
             out.replayed += 1
             out.derived += result.derived
             out.commands += result.commands
+        t_fold = time.perf_counter()
         since = snapshot.wall_ts - CLOCK_MARGIN_S if snapshot is not None else None
         out.published = published_since(consumer, names, since)
         out.seconds = time.perf_counter() - t0
+        out.snapshot_s, out.fold_s = t_snapshot - t0, t_fold - t_snapshot
+        out.published_s = out.seconds - (t_fold - t0)
         return out
     finally:
         consumer.close()

@@ -82,6 +82,9 @@ class SimulationResult:
     truth: list[FaultTruth] = field(default_factory=list)
     notes: list[LauncherNote] = field(default_factory=list)
     validated_checkpoints: list[int] = field(default_factory=list)
+    #: Wall time each command reached the simulated cluster (the actuator's first handler
+    #: call) and the time the loop executed it (None: refused), by command id.
+    command_times: dict[str, tuple[float, float | None]] = field(default_factory=dict)
 
     @property
     def events_per_s(self) -> float:
@@ -108,6 +111,8 @@ class CommandInbox:
         self._remember = remember
         self._lock = threading.Lock()
         self._closed = False
+        #: Wall time of each command's first handler call (the actuator read it), by id.
+        self.arrived: dict[str, float] = {}
 
     def handler(self, command: Command, rank: int) -> str | None:
         with self._lock:
@@ -117,6 +122,7 @@ class CommandInbox:
                 if self._closed:
                     future.set_exception(CommandRefused("the simulation has ended"))
                 else:
+                    self.arrived.setdefault(command.command_id, time.time())
                     self._queue.put((command, future))
                     self.received += 1
                     self.wake.set()
@@ -215,6 +221,7 @@ def run_simulation(
     generated = executed = refused = 0
     max_lag = lag_sum = 0.0
     lag_ticks = 0
+    executed_at: dict[str, float] = {}
     attempt = 0
     next_tick = next_report = mono0
     try:
@@ -230,6 +237,7 @@ def run_simulation(
                     future.set_exception(exc)
                     continue
                 executed += 1
+                executed_at[command.command_id] = time.time()
                 events += result.events
                 future.set_result(result.detail)
             for event in events:
@@ -297,6 +305,7 @@ def run_simulation(
         truth=scenario.truth(),
         notes=list(cluster.notes),
         validated_checkpoints=sorted(cluster.validated),
+        command_times={i: (t, executed_at.get(i)) for i, t in inbox.arrived.items()},
     )
 
 

@@ -48,6 +48,37 @@ def test_holding_again_or_releasing_returns_the_run_states_to_drop() -> None:
     assert book.action(2, 7) is Action.RECOVER
 
 
+def test_a_partition_given_straight_back_by_the_next_generation_keeps_its_state() -> None:
+    """Issue 49: a rebalance revokes everything; what the next generation gives straight
+    back was folded by nobody else, so it goes on without a recovery."""
+    book = PartitionBook()
+    for partition in (0, 1):
+        book.hold(partition, Held(next_offset=10))
+        book.folded(partition, 10, f"run-{partition}")
+    book.suspend(0, generation=4)
+    book.suspend(1, generation=4)
+    book.suspend(5, generation=4)  # not held: nothing to suspend
+    assert book.suspended == {0: 4, 1: 4}
+    assert book.suspended_keys() == {"run-0", "run-1"}
+    assert book.reassigned({0, 3}, generation=5) == {"run-1"}  # 1 went to another worker
+    assert book.suspended == {} and book.kept == 1
+    assert book.action(0, 11) is Action.FOLD  # no recovery: on where it stopped
+    assert book.action(0, 9) is Action.SKIP  # redelivered from the committed offset
+    assert book.action(1, 11) is Action.RECOVER
+    assert book.action(3, 0) is Action.RECOVER
+
+
+def test_a_partition_back_after_a_generation_without_this_worker_is_recovered() -> None:
+    """Revoked in generation 4, assigned again in 6: in 5 another worker may have held it
+    (this one was out of the group), so its state may be stale."""
+    book = PartitionBook()
+    book.hold(2, Held(next_offset=3))
+    book.folded(2, 3, "run-a")
+    book.suspend(2, generation=4)
+    assert book.reassigned({2}, generation=6) == {"run-a"}
+    assert book.action(2, 4) is Action.RECOVER and book.kept == 0
+
+
 def test_outputs_published_by_the_previous_holder_are_dropped_until_past_its_reach() -> None:
     result = crash_outputs()
     interruption, command = result.derived[0], result.commands[0]
@@ -95,6 +126,6 @@ def test_no_snapshot_is_due_while_the_last_one_is_being_sent() -> None:
 
 def test_a_costly_snapshot_is_taken_less_often() -> None:
     book = PartitionBook()
-    book.hold(0, Held(next_offset=0, snapshot_at=0.0, snapshot_cost_s=1.2))  # a 16k-rank state
-    assert not book.snapshot_due(0, 60.0, 30.0)  # 1.2 s each 30 s would be 4% of the loop
-    assert book.snapshot_due(0, 121.0, 30.0)  # each 120 s: 1%
+    book.hold(0, Held(next_offset=0, snapshot_at=0.0, snapshot_cost_s=3.0))  # a costly state
+    assert not book.snapshot_due(0, 40.0, 30.0)  # 3 s each 30 s would be 10% of the loop
+    assert book.snapshot_due(0, 61.0, 30.0)  # each 60 s: 5%

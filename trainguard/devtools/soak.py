@@ -13,6 +13,7 @@ archive.
 
 from __future__ import annotations
 
+import multiprocessing
 import random
 import secrets
 import shutil
@@ -22,11 +23,13 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 from ..kafka.lag import wait_caught_up
 from ..kafka.topics import TopicNames, delete_topics, ensure_topics, partition_count, topic_names
 from ..processors.core.policy import load_policy
+from ..producers.command_roles import OUTLIVE_THEIR_ATTEMPT
 from ..producers.rank.shipper import DeliveryOutcome
 from ..producers.simulator.driver import SimulationResult, run_simulation
 from ..producers.simulator.scenario import Scenario, SlowFault
@@ -62,6 +65,7 @@ from ..schemas.sharding import telemetry_partition
 from ..sinks.archive import archive_group
 from .soak_plan import Kill, SoakConfig, Victim, plan_kills, run_scenario
 from .soak_procs import Slot, archive_launcher, worker_launcher
+from .soak_timeline import AbortTimeline, WorkerEvent, abort_timelines, worker_events
 from .stack import PROCESSOR_GROUP, builtin_policy
 
 Note = Callable[[str], None]
@@ -71,7 +75,7 @@ RECOVERY_GRACE_S = 45.0
 
 @dataclass
 class RunLoad:
-    """One simulated run on its own thread, and what its shipper did with each event, by id."""
+    """One simulated run in its own process, and what its shipper did with each event, by id."""
 
     scenario: Scenario
     run_id: str
@@ -127,6 +131,8 @@ class RunOutcome:
     hangs: list[HangOutcome] = field(default_factory=list)
     #: Nodes quarantined although no fault struck them.
     innocent_quarantines: list[str] = field(default_factory=list)
+    #: Each abort's stages from its cause to its first ack (soak_timeline.py).
+    timelines: list[AbortTimeline] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -197,7 +203,8 @@ def run_soak(
         _start_all(slots)
         note(f"{config.workers} workers and the archive writer up on {prefix}* "
              f"({time.monotonic() - started:.0f} s)")  # fmt: skip
-        run_ids = spread_run_ids(config.runs, partition_count(bootstrap, names.telemetry))
+        partitions = partition_count(bootstrap, names.telemetry)
+        run_ids = spread_run_ids(config.runs, partitions)
         loads = [RunLoad(s, r) for s, r in zip(scenarios, run_ids, strict=True)]
         t0 = time.monotonic()
         threads = [_start_load(load, config, bootstrap, names, secret.encode()) for load in loads]
@@ -211,8 +218,12 @@ def run_soak(
         drain_s = time.monotonic() - drain_start
         note(f"caught up in {drain_s:.0f} s; running the oracle")
         acks = _acks(bootstrap, names)
+        workers = worker_events(workdir, {s.name: s.killed_at for s in slots if s.victim is Victim.WORKER})
         runs = [
-            _judge(load, config, bootstrap, names, policy, db, acks.get(load.run_id, [])) for load in loads
+            _judge(
+                load, config, bootstrap, names, policy, db, acks.get(load.run_id, []), (partitions, workers)
+            )
+            for load in loads
         ]
     finally:
         for slot in slots:
@@ -254,11 +265,14 @@ def _sum_metrics(each: list[dict[str, float]]) -> dict[str, float]:
 def _slots(
     config: SoakConfig, bootstrap: str, prefix: str, policy: Path, secret: str, workdir: Path, db: Path
 ) -> list[Slot]:
-    extra = ("--snapshot-interval", str(config.snapshot_interval_s))
     slots = []
     for i in range(config.workers):
         # Each worker's faust directory apart: two workers of one app id must not share it.
         env = {"TRAINGUARD_SECRET": secret, "TRAINGUARD_HOME": str(workdir / f"worker-{i}")}
+        # A static member, as deployed (docker-compose.yml, a StatefulSet's pod name): a
+        # restarted worker takes its partitions straight back, without a rebalance that
+        # would wait for the killed incarnation's session to expire.
+        extra = ("--snapshot-interval", str(config.snapshot_interval_s), "--instance-id", f"worker-{i}")
         launch = worker_launcher(bootstrap, prefix, policy, env, extra)
         slots.append(Slot(f"worker-{i}", Victim.WORKER, launch, workdir))
     slots.append(Slot("archive", Victim.ARCHIVE, archive_launcher(bootstrap, prefix, db, {}), workdir))
@@ -287,19 +301,53 @@ def _start_all(slots: list[Slot]) -> None:
 def _start_load(
     load: RunLoad, config: SoakConfig, bootstrap: str, names: TopicNames, secret: bytes
 ) -> threading.Thread:
+    """The run's simulation in a process of its own (its result and its shipper's outcomes
+    come back when it ends), watched by a thread of this one. Each run of thousands of ranks
+    keeps a core busy: as threads of one process, two runs shared one interpreter and fell
+    tens of seconds behind their clocks, which a crash's abort then carried as latency."""
+
     def body() -> None:
-        load.start_ts = time.time()
+        ours, theirs = _SPAWN.Pipe(duplex=False)
+        child = _SPAWN.Process(
+            target=_simulate, args=(theirs, load, config, bootstrap, names, secret),
+            name=f"load-{load.run_id}", daemon=True,
+        )  # fmt: skip
+        child.start()
+        theirs.close()
         try:
-            load.result = run_simulation(
-                load.scenario, bootstrap, names, secret, speed=config.speed, max_seconds=config.duration_s,
-                run_id=load.run_id, start_ts=load.start_ts, on_outcome=load.told,
+            done: RunLoad = ours.recv()
+        except EOFError:
+            load.error = f"{load.run_id}: the simulation's process died (exit code {child.exitcode})"
+        else:
+            load.start_ts, load.result, load.outcomes, load.error = (
+                done.start_ts, done.result, done.outcomes, done.error,
             )  # fmt: skip
-        except Exception as exc:  # noqa: BLE001 - the report names it, and the run fails
-            load.error = f"{load.run_id}: the simulation failed: {exc!r}"
+        child.join()
 
     thread = threading.Thread(target=body, name=f"load-{load.run_id}", daemon=True)
     thread.start()
     return thread
+
+
+#: Simulations start in fresh interpreters: this process has broker clients and threads
+#: that a fork would copy half-way.
+_SPAWN = multiprocessing.get_context("spawn")
+
+
+def _simulate(
+    conn: Connection, load: RunLoad, config: SoakConfig, bootstrap: str, names: TopicNames, secret: bytes
+) -> None:
+    """A load's process: the simulation, then `load` with its result sent back."""
+    load.start_ts = time.time()
+    try:
+        load.result = run_simulation(
+            load.scenario, bootstrap, names, secret, speed=config.speed, max_seconds=config.duration_s,
+            run_id=load.run_id, start_ts=load.start_ts, on_outcome=load.told,
+        )  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - the report names it, and the run fails
+        load.error = f"{load.run_id}: the simulation failed: {exc!r}"
+    conn.send(load)
+    conn.close()
 
 
 def _chaos(plan: list[Kill], slots: list[Slot], t0: float, note: Note) -> int:
@@ -380,8 +428,10 @@ def _judge(
     policy: Path,
     db: Path,
     acks: list[Ack],
+    workers: tuple[int, list[WorkerEvent]] = (1, []),
 ) -> RunOutcome:
-    """The oracle over one run, and the run's figures for the report."""
+    """The oracle over one run, and the run's figures for the report (`workers`: the
+    telemetry topic's partition count, and what the workers did, for the abort timelines)."""
     recording = read_recording(bootstrap, names, load.run_id)
     result = load.result
     stats = result.shipper if result is not None else None
@@ -406,6 +456,7 @@ def _judge(
     report.verdicts.insert(
         0, OracleVerdict("shipper accounting", accounted, detail, stats.submitted if stats else 0)
     )
+    report.verdicts.append(lasting_commands(acks))
     logged = {e.event_id for _, _, value in recording.records for e in decode_batch(value).events}
     ids = [decision_id(d) for d in decisions_of(recording)]
     faults: Counter[str] = Counter(f.kind for f in result.fired) if result is not None else Counter()
@@ -414,6 +465,12 @@ def _judge(
     stalls = [f for f in (result.fired if result is not None else []) if f.kind in ("crash", "hang")]
     attempts = result.attempts if result is not None else 0
     recovered = [f for f in stalls if f.attempt < attempts - 1]
+    aborts = [c for c in recording.commands if isinstance(c, Abort)]
+    timelines = abort_timelines(
+        load.run_id, aborts, recording.derived, acks, result.command_times if result is not None else {},
+        load.start_ts, config.speed, bootstrap, (names.telemetry, names.commands),
+        telemetry_partition(load.run_id, 0, 1, workers[0]), workers[1],
+    )  # fmt: skip
     late = config.duration_s - RECOVERY_GRACE_S
     pending_ok = all((f.ts - load.start_ts) / config.speed > late for f in stalls if f not in recovered)
     return RunOutcome(
@@ -430,15 +487,35 @@ def _judge(
         duplicates=len(ids) - len(set(ids)),
         decisions=len(set(ids)),
         executions=sum(a.status is AckStatus.EXECUTED for a in acks),
-        abort_latencies=_ack_latencies(
-            [c for c in recording.commands if isinstance(c, Abort)], acks, load.start_ts, config.speed
-        ),
+        abort_latencies=_ack_latencies(aborts, acks, load.start_ts, config.speed),
         hangs=_hangs(result, recording.derived, recording.commands, acks, load.start_ts, config.speed),
         innocent_quarantines=sorted(
             {c.node for c in recording.commands if isinstance(c, QuarantineNode)}
             - {f.node for f in (result.fired if result is not None else [])}
         ),
+        timelines=timelines,
     )
+
+
+#: The check that a node's quarantine or release (and the processor's go-ahead) decided in
+#: one attempt is executed when it lands after the restart (command_roles.OUTLIVE_THEIR_ATTEMPT).
+LASTING = "lasting commands executed"
+
+
+def lasting_commands(acks: list[Ack]) -> OracleVerdict:
+    """No command that outlives its attempt refused as stale (issue 49: a late
+    quarantine_node refused by all 2,048 simulated ranks, "command is for attempt 1")."""
+    kinds = {kind.KIND for kind in OUTLIVE_THEIR_ATTEMPT}
+    lasting = [a for a in acks if a.command_kind in kinds]
+    stale = [
+        a for a in lasting
+        if a.status in (AckStatus.REFUSED, AckStatus.FAILED) and "command is for attempt" in a.detail
+    ]  # fmt: skip
+    ids = {a.command_id for a in lasting}
+    detail = f"{len(ids)} lasting commands acked, {len({a.command_id for a in stale})} refused as stale"
+    if stale:
+        detail += f" (e.g. {stale[0].command_kind} {stale[0].command_id}: {stale[0].detail})"
+    return OracleVerdict(LASTING, not stale, detail, len(ids))
 
 
 def _hangs(
@@ -477,7 +554,9 @@ def _hangs(
     return out
 
 
-def _ack_latencies(commands: list[Command], acks: list[Ack], start_ts: float, speed: float) -> list[float]:
+def _ack_latencies(
+    commands: Sequence[Command], acks: list[Ack], start_ts: float, speed: float
+) -> list[float]:
     first: dict[str, float] = {}
     for ack in acks:
         first[ack.command_id] = min(ack.ts, first.get(ack.command_id, ack.ts))

@@ -52,6 +52,8 @@ class Slot:
     restarts: int = 0
     #: Seconds from each SIGKILL until the new incarnation was up (delay included).
     downtimes: list[float] = field(default_factory=list)
+    #: Wall time of each SIGKILL (for the soak's abort timelines).
+    killed_at: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     _incarnation: int = 0
     _restarting: threading.Thread | None = None
@@ -82,6 +84,7 @@ class Slot:
         assert self.proc is not None
         self.collect()
         self.proc.send_signal(signal.SIGKILL)
+        self.killed_at.append(time.time())
         self.proc.wait(30)
         self.kills += 1
         killed_at = time.monotonic()

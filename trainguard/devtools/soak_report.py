@@ -9,11 +9,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .soak import SoakReport
+from .soak import LASTING, SoakReport
 from .soak_plan import Victim
 
 RUN_HEADER = ["run", "verdict", "faults struck", "recovered", "survived", "events", "events/s", "max lag s",
               "lost", "duplicates", "decisions", "executions", "abort acked s p50 / max"]  # fmt: skip
+TIMELINE_HEADER = ["run", "abort of", "ship s", "decide s", "deliver s", "execute s", "ack s", "total s",
+                   "workers meanwhile (s from the fault)"]  # fmt: skip
 KILL_HEADER = ["victim", "planned", "killed", "restarted", "down s (mean / max)"]
 
 
@@ -42,6 +44,16 @@ def run_rows(report: SoakReport) -> list[list[str]]:
 
 def _p50_max(values: list[float]) -> str:
     return f"{values[len(values) // 2]:.1f} / {values[-1]:.1f}" if values else "-"
+
+
+def timeline_rows(report: SoakReport) -> list[list[str]]:
+    """Each abort's stages (soak_timeline.py): where the seconds from its cause to its ack went."""
+    rows = []
+    for run in report.runs:
+        for line in run.timelines:
+            stages = [f"{s:.1f}" if s is not None else "-" for s in line.stages()]
+            rows.append([run.run_id, line.cause, *stages, "; ".join(line.workers) or "-"])
+    return rows
 
 
 def kill_rows(report: SoakReport) -> list[list[str]]:
@@ -74,6 +86,10 @@ def summary(report: SoakReport) -> list[str]:
         f"aborts acked after the crash or hang timeout (s, p50 / max): "
         f"{_p50_max(sorted(x for r in report.runs for x in r.abort_latencies))}",
         _hang_line(report),
+        "lasting commands (quarantine, release, go-ahead): "
+        + "; ".join(
+            f"{r.run_id} {v.detail}" for r in report.runs for v in r.oracle.verdicts if v.name == LASTING
+        ),
         f"caught up {report.drain_s:.0f} s after the load stopped; whole soak {report.total_s:.0f} s; "
         f"archive {report.archive}",
         *(f"failure: {f}" for f in report.failures),
@@ -128,6 +144,7 @@ def _table(title: str, header: list[str], rows: list[list[str]]) -> Table:
 def print_report(report: SoakReport, console: Console) -> None:
     console.print(_table("runs (oracle per run)", RUN_HEADER, run_rows(report)))
     console.print(_table("kills", KILL_HEADER, kill_rows(report)))
+    console.print(_table("aborts, stage by stage", TIMELINE_HEADER, timeline_rows(report)))
     for run in report.runs:
         if not run.ok:
             console.print(f"[red]{run.run_id}[/red]:\n{run.oracle}", highlight=False)
@@ -149,6 +166,8 @@ def markdown(report: SoakReport) -> str:
         _markdown_table(RUN_HEADER, run_rows(report)),
         "## Kills",
         _markdown_table(KILL_HEADER, kill_rows(report)),
+        "## Aborts, stage by stage",
+        _markdown_table(TIMELINE_HEADER, timeline_rows(report)),
         "## Oracle, per run",
         *(f"### {run.run_id}\n\n```\n{run.oracle}\n```" for run in report.runs),
         "## Plan",

@@ -99,17 +99,15 @@ def main() -> None:
     library = fleet_library()
     names = args.scenario or sorted(library, key=lambda n: (library[n].fleet.world_size, n))
     started = time.perf_counter()
-    if args.jobs > 1:
-        with ProcessPoolExecutor(args.jobs) as pool:
-            results = list(pool.map(one, names, [args.warm_spares] * len(names)))
-    else:
-        results = []
-        for name in names:
-            results.append(one(name, args.warm_spares))
-            score, cost = results[-1]
-            print(
-                f"{name}: {cost['wall_s']:,.0f} s ({cost['events']:,} events with prediction on)", flush=True
-            )
+    results: list[tuple[PredictionScore, dict[str, Any]]] = []
+    with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else _InProcess() as pool:
+        # each scenario's row as it ends (a 16,384-rank one takes an hour), and the JSON so far
+        for score, cost in pool.map(one, names, [args.warm_spares] * len(names)):
+            results.append((score, cost))
+            print(f"{score.scenario}: {cost['wall_s']:,.0f} s ({cost['events']:,} events with prediction on)")
+            print(f"    {row(score)}", flush=True)
+            if args.json is not None:
+                _write_json(args.json, results)
     print()
     print(HEADER)
     for score, _ in results:
@@ -131,11 +129,26 @@ def main() -> None:
             leads = ", ".join(f"{k} min {d}/{n}" for k, (d, n) in by["lead_min"].items())
             print(f"{score.scenario}: drained/foretold by precursor: {kinds}; by lead: {leads}")
     print(f"total {time.perf_counter() - started:,.0f} s")
-    if args.json is not None:
-        document = [
-            {**cost["json"], "cost": {k: v for k, v in cost.items() if k != "json"}} for _, cost in results
-        ]
-        args.json.write_text(json.dumps(document, indent=1))
+
+
+class _InProcess:
+    """`map` in this process, one scenario after the other (--jobs 1)."""
+
+    def __enter__(self) -> _InProcess:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+    def map(self, fn: Any, *iterables: Any) -> Any:
+        return map(fn, *iterables)
+
+
+def _write_json(path: Path, results: list[tuple[PredictionScore, dict[str, Any]]]) -> None:
+    document = [
+        {**cost["json"], "cost": {k: v for k, v in cost.items() if k != "json"}} for _, cost in results
+    ]
+    path.write_text(json.dumps(document, indent=1))
 
 
 if __name__ == "__main__":

@@ -80,8 +80,9 @@ def test_a_climbing_node_is_drained_at_a_boundary_and_its_stop_is_planned() -> N
     drains = [o for o in outputs if isinstance(o, DrainNode)]
     # it waits for the cadence's checkpoint only while the failure it risks by waiting costs
     # less than the checkpoint it saves: P x (wait / horizon) x (R + L) < C
-    checkpoint = state.runs[job.run_id].interval.cost_s()
-    assert checkpoint is not None and checkpoint >= 2.0
+    # the checkpoint cost measured when it decided (its cost less the swap's prior: no drain measured yet)
+    checkpoint = decision.drain_cost_s - POLICY.prediction.drain_swap_prior_s
+    assert checkpoint >= 2.0 and state.runs[job.run_id].interval.cost_s() is not None
     at_stake = decision.probability * (decision.restart_s + decision.lost_work_s) / decision.horizon_s
     wait = min(POLICY.prediction.drain_within_s, checkpoint / at_stake)
     assert [d.node for d in drains] == [FAILING]

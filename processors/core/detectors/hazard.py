@@ -161,7 +161,7 @@ def _add(track: GpuTrack, name: str, bucket: float, increment: float, policy: Pr
 def threshold(policy: PredictionPolicy) -> float:
     """-log10 of the p-value a signal's window must beat: the false alarms asked for per
     node-day, shared over the signals and the day's evaluations."""
-    tests = 2 * len(SIGNALS) * _DAY / policy.check_every_s  # (a counter's two tests: activity, volume)
+    tests = 3 * len(SIGNALS) * _DAY / policy.check_every_s  # a counter's three: activity, volume, streak
     return -math.log10(policy.false_alarms_per_node_day / tests)
 
 
@@ -293,12 +293,44 @@ def _fleet_noise(
                 share = previous[1] + _SMOOTHING * (share - previous[1])
             state.noise[name] = (rate, share)
             _fleet_volume(state, name, reporting, rate, policy)
+            _fleet_follow(state, name, reporting, rate, policy)
         elif previous is None:
             noise[name] = (floor, ACTIVE_P)
             continue
         rate, share = state.noise[name]
         noise[name] = (max(rate, floor), max(share, ACTIVE_P))
     return noise
+
+
+def _fleet_follow(
+    state: HazardState, name: str, reporting: list[_NodeCounts], rate: float, policy: PredictionPolicy
+) -> None:
+    """The fleet's chance that an active bucket is followed by another active one (the
+    nodes with the most active buckets, _TRIM of them, left out), smoothed; unmeasured
+    while the fleet has no active bucket with a closed successor."""
+    every = policy.check_every_s
+    last_closed = state.checked_ts - every
+    per_node = []
+    for c in reporting:
+        level = active_level(rate * c.gpus[name] * every)
+        active = {b for b, v in c.buckets.get(name, {}).items() if v >= level}
+        followed = [b in active for b in (a + every for a in active) if b <= last_closed]
+        per_node.append((len(active), len(followed), sum(followed)))
+    per_node.sort()
+    calm = per_node[: max(1, len(per_node) - math.ceil(len(per_node) * _TRIM))]
+    base, pairs = sum(n for _, n, _ in calm), sum(k for _, _, k in calm)
+    if base == 0:
+        return
+    follow, previous = pairs / base, state.follow.get(name)
+    state.follow[name] = follow if previous is None else previous + _SMOOTHING * (follow - previous)
+
+
+def _streak(per: Mapping[float, float], level: float, latest_bucket: float, every: float) -> int:
+    """Buckets in a row at or over `level`, up to the latest."""
+    run, bucket = 0, latest_bucket
+    while per.get(bucket, 0.0) >= level:
+        run, bucket = run + 1, bucket - every
+    return run
 
 
 def _capped(c: _NodeCounts, name: str, cap: float) -> float:
@@ -410,9 +442,20 @@ def _standing_out(
             going = still_going(hot / closed, hot_silent)
             activity = binomial_surprise(hot, max(closed, hot), share) if going else 0.0
             volume, why = _volume(state, counts, name, per, usual, level, latest_bucket, policy)
-            evidence = max(activity, volume)
+            # a streak: r active buckets in a row up to now, against the fleet's share of
+            # active buckets and its measured chance that one follows another (a climb
+            # keeps every bucket active; noise, even clustered, rarely does for long)
+            run = _streak(per, level, latest_bucket, every)
+            follow = max(share, state.follow.get(name, share))
+            streak = -math.log10(share) - (run - 1) * math.log10(follow) if run >= 2 else 0.0
+            evidence = max(activity, volume, streak)
             if evidence < bar:
                 continue
+            if streak == evidence and streak > max(activity, volume):
+                why = (
+                    f"its last {run} {every / 60:.0f}-min buckets in a row over {level:g}, where the "
+                    f"fleet's buckets are {share:.2%} active and {follow:.1%} of those followed by another"
+                )
             rank, top = counts.top_gpu(name)
             text = (
                 f"{name}: {counts.count(name):g} in the last {closed * every / 60:.0f} min on {node}'s "
@@ -421,7 +464,7 @@ def _standing_out(
                     f"{hot} of its {closed} {every / 60:.0f}-min buckets over {level:g} (the fleet's "
                     f"noise, {fleet:.2g} a bucket, or its own usual {usual * every:.2g}) where the "
                     f"fleet's are {share:.2%}"
-                    if activity >= volume
+                    if activity >= max(volume, streak)
                     else why
                 )
                 + f": p <= 1e-{evidence:.0f}"

@@ -252,6 +252,9 @@ class HazardState:
     #: The fleet's volume noise: signal -> (per-GPU rate per second and dispersion of the
     #: nodes' window counts, each node's two largest buckets left out: bursts removed).
     volume: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: The fleet's measured chance that a node's active bucket is followed by another
+    #: (bursts that straddle buckets, noise that clusters), smoothed: a streak's bar.
+    follow: dict[str, float] = field(default_factory=dict)
     #: (node, signal) -> the node's own usual rate (before the window, decaying past
     #: own_history_s), frozen while the signal stands out on it.
     own: dict[tuple[str, str], OwnRate] = field(default_factory=dict)

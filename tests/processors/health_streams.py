@@ -28,6 +28,9 @@ class Fleet:
     seed: int = 0
     #: Chance per GPU, report and counter of a benign burst (mean size 30).
     burst_prob: float = 0.002
+    #: Reports a benign burst lasts (each as large): 1, one report's worth; more, noise that
+    #: clusters over minutes (an application hammering a weak page, then stopping).
+    burst_reports: int = 1
     #: node index -> (onset seconds after T0, the climb's first count per report).
     failing: dict[int, tuple[float, float]] = field(default_factory=dict)
     #: node index -> seconds after T0 of one huge benign burst on its GPU 0.
@@ -61,6 +64,7 @@ class Fleet:
         gpus = self.nodes * self.gpus_per_node
         counts = [dict.fromkeys(RATES, 0) for _ in range(gpus)]
         last_xid: list[int | None] = [None] * gpus
+        lasting: dict[tuple[int, str], tuple[int, int]] = {}  # a burst's size and reports left
         temperature = [62.0 + rng.gauss(0, 3) for _ in range(gpus)]
         for k in range(int(hours * 3600 / self.interval_s)):
             ts = T0 + k * self.interval_s
@@ -71,8 +75,16 @@ class Fleet:
                 scale = self.chronic.get(index, 1.0) if rank % self.gpus_per_node == 0 else 1.0
                 for name, per_day in RATES.items():
                     mine[name] += _poisson(rng, scale * per_day / 86_400 * self.interval_s)
-                    if name != "xid_errors" and rng.random() < self.burst_prob:
-                        mine[name] += int(rng.expovariate(1 / 30))
+                    if name != "xid_errors" and (rank, name) in lasting:
+                        size, left = lasting.pop((rank, name))
+                        mine[name] += size
+                        if left > 1:
+                            lasting[(rank, name)] = (size, left - 1)
+                    elif name != "xid_errors" and rng.random() < self.burst_prob:
+                        size = int(rng.expovariate(1 / 30))
+                        mine[name] += size
+                        if self.burst_reports > 1:
+                            lasting[(rank, name)] = (size, self.burst_reports - 1)
                 onset = self.failing.get(index)
                 if onset is not None and ts >= T0 + onset[0]:
                     mine["ecc_corrected"] += int(onset[1] * 1.5 ** min(20.0, (ts - T0 - onset[0]) / 600))

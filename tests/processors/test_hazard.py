@@ -54,6 +54,16 @@ def test_a_climbing_ecc_count_is_predicted_within_minutes_and_explained() -> Non
     assert {f.node for f in found} == {"node-0007"}  # nobody else
 
 
+def test_noise_that_clusters_over_minutes_raises_the_streaks_bar() -> None:
+    """Benign bursts that last five reports (10 min of active buckets in a row): the fleet's
+    measured chance that an active bucket follows another keeps them from passing for a
+    climb, where independent buckets would make a streak of five a 1e-9 event."""
+    found, state = predict(Fleet(nodes=32, seed=3, burst_reports=5), hours=12)
+    assert found == []
+    share = state.noise["ecc_corrected"][1]
+    assert state.follow["ecc_corrected"] > 10 * share  # measured, not assumed independent
+
+
 def test_one_huge_burst_is_one_active_bucket_and_predicts_nothing() -> None:
     found, _ = predict(Fleet(nodes=16, seed=5, one_burst={3: 2 * 3600.0}), hours=4)
     assert found == []

@@ -440,13 +440,18 @@ def _standing_out(
             last_hot = max((b for b, v in per.items() if v >= level), default=None)
             hot_silent = closed if last_hot is None else round((latest_bucket - last_hot) / every)
             going = still_going(hot / closed, hot_silent)
-            activity = binomial_surprise(hot, max(closed, hot), share) if going else 0.0
+            # activity counts the runs of active buckets, against the share of the fleet's
+            # buckets that start one: noise that clusters over minutes is one run, not five
+            # independent surprises (a steady climb is one run too: the streak finds it)
+            follow = max(share, state.follow.get(name, share))
+            starts = sum(1 for b, v in per.items() if v >= level and per.get(b - every, 0.0) < level)
+            start_share = max(ACTIVE_P, share * (1.0 - follow))
+            activity = binomial_surprise(starts, max(closed, starts), start_share) if going else 0.0
             volume, why = _volume(state, counts, name, per, usual, level, latest_bucket, policy)
             # a streak: r active buckets in a row up to now, against the fleet's share of
             # active buckets and its measured chance that one follows another (a climb
             # keeps every bucket active; noise, even clustered, rarely does for long)
             run = _streak(per, level, latest_bucket, every)
-            follow = max(share, state.follow.get(name, share))
             streak = -math.log10(share) - (run - 1) * math.log10(follow) if run >= 2 else 0.0
             evidence = max(activity, volume, streak)
             if evidence < bar:
@@ -462,8 +467,8 @@ def _standing_out(
                 f"{gpus} GPUs (rank {rank}: {top:g}), {latest:g} in the last {every / 60:.0f} min; "
                 + (
                     f"{hot} of its {closed} {every / 60:.0f}-min buckets over {level:g} (the fleet's "
-                    f"noise, {fleet:.2g} a bucket, or its own usual {usual * every:.2g}) where the "
-                    f"fleet's are {share:.2%}"
+                    f"noise, {fleet:.2g} a bucket, or its own usual {usual * every:.2g}) in {starts} "
+                    f"run(s), where {start_share:.2%} of the fleet's buckets start one"
                     if activity >= max(volume, streak)
                     else why
                 )

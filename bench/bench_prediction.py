@@ -15,6 +15,7 @@ days dominate (~11.8 million GPU health reports a day each way).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -100,9 +101,10 @@ def main() -> None:
     names = args.scenario or sorted(library, key=lambda n: (library[n].fleet.world_size, n))
     started = time.perf_counter()
     results: list[tuple[PredictionScore, dict[str, Any]]] = []
-    with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else _InProcess() as pool:
+    with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else contextlib.nullcontext() as pool:
+        mapped = (pool.map if pool is not None else map)(one, names, [args.warm_spares] * len(names))
         # each scenario's row as it ends (a 16,384-rank one takes an hour), and the JSON so far
-        for score, cost in pool.map(one, names, [args.warm_spares] * len(names)):
+        for score, cost in mapped:
             results.append((score, cost))
             print(f"{score.scenario}: {cost['wall_s']:,.0f} s ({cost['events']:,} events with prediction on)")
             print(f"    {row(score)}", flush=True)
@@ -129,19 +131,6 @@ def main() -> None:
             leads = ", ".join(f"{k} min {d}/{n}" for k, (d, n) in by["lead_min"].items())
             print(f"{score.scenario}: drained/foretold by precursor: {kinds}; by lead: {leads}")
     print(f"total {time.perf_counter() - started:,.0f} s")
-
-
-class _InProcess:
-    """`map` in this process, one scenario after the other (--jobs 1)."""
-
-    def __enter__(self) -> _InProcess:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        return None
-
-    def map(self, fn: Any, *iterables: Any) -> Any:
-        return map(fn, *iterables)
 
 
 def _write_json(path: Path, results: list[tuple[PredictionScore, dict[str, Any]]]) -> None:

@@ -298,6 +298,11 @@ def _start_all(slots: list[Slot]) -> None:
         raise errors[0]
 
 
+#: Simulations start in fresh interpreters: this process has broker clients and threads
+#: that a fork would copy half-way.
+_SPAWN = multiprocessing.get_context("spawn")
+
+
 def _start_load(
     load: RunLoad, config: SoakConfig, bootstrap: str, names: TopicNames, secret: bytes
 ) -> threading.Thread:
@@ -327,11 +332,6 @@ def _start_load(
     thread = threading.Thread(target=body, name=f"load-{load.run_id}", daemon=True)
     thread.start()
     return thread
-
-
-#: Simulations start in fresh interpreters: this process has broker clients and threads
-#: that a fork would copy half-way.
-_SPAWN = multiprocessing.get_context("spawn")
 
 
 def _simulate(

@@ -20,9 +20,9 @@ Every GPU's health report folds into per-signal increments, bucketed by evaluati
   failure rate over the horizon, q_s a Beta prior per signal updated with the run's
   outcomes (a failure of the node within the horizon: hit; none: miss; drained: not counted).
 
-The statistics are hazard_stats.py's. The output, FailurePredicted, says each signal's
-numbers. It is made where the GPUs' reports are seen (any shard); the drain is shard 0's
-decision (drain.py). Pure: time is the events' ts.
+The statistics are hazard_stats.py's, the fleet's noise hazard_fleet.py's. The output,
+FailurePredicted, says each signal's numbers. It is made where the GPUs' reports are
+seen (any shard); the drain is shard 0's decision (drain.py). Pure: time is the events' ts.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 
 from ....schemas import RUN_LEVEL_RANK, FailurePredicted, Reason, ReasonCode
 from ..ids import derived_id
-from .hazard_levels import drift as level_drift
+from .hazard_fleet import NodeCounts, capped, fleet_noise, window_counts
 from .hazard_levels import level_spread
 from .hazard_state import (
     COUNTERS,
@@ -61,10 +61,6 @@ from .hazard_stats import (
 _DAY = 86_400.0
 #: Throttle reasons that count as a hardware slowdown report.
 _HW_SLOWDOWN = frozenset({"hw_slowdown", "hw_power_brake_slowdown"})
-#: The fleet's noise estimates move this far toward each evaluation's measurement.
-_SMOOTHING = 0.2
-#: The share of nodes with the largest counts left out of the fleet's rate (the failing ones).
-_TRIM = 0.02
 #: A node is judged once it has this many buckets of its own history (or a whole window):
 #: enough to know a chronically noisier GPU's usual, soon enough for a new spare.
 _OWN_BUCKETS = 5
@@ -190,7 +186,7 @@ def on_time(
     for buckets in state.fleet_levels.values():
         for bucket in [b for b in buckets if b <= state.checked_ts - policy.window_s - policy.check_every_s]:
             del buckets[bucket]
-    nodes = _nodes(state, ts, policy)
+    nodes = window_counts(state, ts, policy)
     standing = _standing_out(state, nodes, ts, policy)
     outputs: list[FailurePredicted] = []
     p0 = 1.0 - math.exp(-base_hazard_per_s * policy.horizon_s)
@@ -201,166 +197,12 @@ def on_time(
     return outputs
 
 
-class _NodeCounts:
-    """One node's signals over the window: per closed bucket the node's count, the GPUs
-    reporting each signal, the GPU contributing most, the window's coverage; each level's
-    rises per GPU."""
-
-    __slots__ = ("buckets", "gpus", "top", "span", "rises")
-
-    def __init__(self) -> None:
-        self.buckets: dict[str, dict[float, float]] = {}
-        self.gpus: dict[str, int] = {}
-        self.top: dict[str, dict[int, float]] = {}
-        self.span: dict[str, float] = {}
-        self.rises: dict[str, list[tuple[float, float, int]]] = {}
-
-    def count(self, name: str) -> float:
-        return sum(self.buckets.get(name, {}).values())
-
-    def top_gpu(self, name: str) -> tuple[int, float]:
-        per = self.top.get(name, {})
-        rank = max(per, key=lambda r: per[r]) if per else -1
-        return rank, per.get(rank, 0.0)
-
-
-def _nodes(state: HazardState, ts: float, policy: PredictionPolicy) -> dict[str, _NodeCounts]:
-    """Every node still reporting, its closed buckets of the window summed over its GPUs."""
-    every = policy.check_every_s
-    oldest = state.checked_ts - policy.window_s  # the window's closed buckets: [oldest, checked_ts)
-    out: dict[str, _NodeCounts] = {}
-    for rank, track in state.gpus.items():
-        if track.last_ts < ts - policy.window_s:
-            continue  # gone quiet: left the run
-        counts = out.get(track.node)
-        if counts is None:
-            counts = out[track.node] = _NodeCounts()
-        span = max(
-            0.0, min(policy.window_s, state.checked_ts - math.floor(track.first_ts / every) * every - every)
-        )
-        for name in track.last:
-            counts.gpus[name] = counts.gpus.get(name, 0) + 1
-            counts.span[name] = max(counts.span.get(name, 0.0), span)
-        for name, buckets in track.buckets.items():
-            while buckets and buckets[0][0] < oldest:
-                buckets.popleft()  # a GPU that stopped counting: its old buckets age out here
-            per = counts.buckets.setdefault(name, {})
-            for bucket, value in buckets:
-                if bucket < state.checked_ts:  # closed
-                    per[bucket] = per.get(bucket, 0.0) + value
-                    top = counts.top.setdefault(name, {})
-                    top[rank] = top.get(rank, 0.0) + value
-        power = state.fleet_levels.get("power_w", {})
-        for name in track.levels:
-            frozen = (track.node, name) in state.episodes
-            drift = level_drift(
-                track, name, state.fleet_levels.get(name, {}), power, frozen, state.checked_ts, policy
-            )
-            if drift is not None:
-                counts.rises.setdefault(name, []).append((*drift, rank))
-    return out
-
-
-def _fleet_noise(
-    state: HazardState, nodes: dict[str, _NodeCounts], policy: PredictionPolicy
-) -> dict[str, tuple[float, float]]:
-    """Each counter's and flag's per-GPU rate (per second) and the share of a node's
-    buckets its noise makes active, measured over the fleet (the nodes with the most
-    activity, _TRIM of them, left out) and smoothed; before min_fleet_nodes report it, the
-    policy's background and the active level's own share (ACTIVE_P), which are also
-    the floors."""
-    every = policy.check_every_s
-    noise: dict[str, tuple[float, float]] = {}
-    for name in (*COUNTERS, *FLAGS):
-        floor = policy.background_per_gpu_day.get(name, 0.0) / _DAY
-        reporting = [c for c in nodes.values() if name in c.gpus and c.span[name] >= every]
-        previous = state.noise.get(name)
-        if len(reporting) >= policy.min_fleet_nodes:
-            reporting.sort(key=lambda c: c.count(name) / (c.gpus[name] * c.span[name]))
-            calm = reporting[: len(reporting) - math.ceil(len(reporting) * _TRIM)] or reporting[:1]
-            exposure = sum(c.gpus[name] * c.span[name] for c in calm)
-            rate = max(floor, sum(c.count(name) for c in calm) / exposure)
-            shares = []
-            for c in reporting:
-                level = active_level(rate * c.gpus[name] * every)
-                closed = c.span[name] / every
-                shares.append(sum(1 for v in c.buckets.get(name, {}).values() if v >= level) / closed)
-            shares.sort()
-            kept = shares[: max(1, len(shares) - math.ceil(len(shares) * _TRIM))]
-            share = sum(kept) / len(kept)
-            if previous is not None:
-                rate = previous[0] + _SMOOTHING * (rate - previous[0])
-                share = previous[1] + _SMOOTHING * (share - previous[1])
-            state.noise[name] = (rate, share)
-            _fleet_volume(state, name, reporting, rate, policy)
-            _fleet_follow(state, name, reporting, rate, policy)
-        elif previous is None:
-            noise[name] = (floor, ACTIVE_P)
-            continue
-        rate, share = state.noise[name]
-        noise[name] = (max(rate, floor), max(share, ACTIVE_P))
-    return noise
-
-
-def _fleet_follow(
-    state: HazardState, name: str, reporting: list[_NodeCounts], rate: float, policy: PredictionPolicy
-) -> None:
-    """The fleet's chance that an active bucket is followed by another active one (the
-    nodes with the most active buckets, _TRIM of them, left out), smoothed; unmeasured
-    while the fleet has no active bucket with a closed successor."""
-    every = policy.check_every_s
-    last_closed = state.checked_ts - every
-    per_node = []
-    for c in reporting:
-        level = active_level(rate * c.gpus[name] * every)
-        active = {b for b, v in c.buckets.get(name, {}).items() if v >= level}
-        followed = [b in active for b in (a + every for a in active) if b <= last_closed]
-        per_node.append((len(active), len(followed), sum(followed)))
-    per_node.sort()
-    calm = per_node[: max(1, len(per_node) - math.ceil(len(per_node) * _TRIM))]
-    base, pairs = sum(n for _, n, _ in calm), sum(k for _, _, k in calm)
-    if base == 0:
-        return
-    follow, previous = pairs / base, state.follow.get(name)
-    state.follow[name] = follow if previous is None else previous + _SMOOTHING * (follow - previous)
-
-
 def _streak(per: Mapping[float, float], level: float, latest_bucket: float, every: float) -> int:
     """Buckets in a row at or over `level`, up to the latest."""
     run, bucket = 0, latest_bucket
     while per.get(bucket, 0.0) >= level:
         run, bucket = run + 1, bucket - every
     return run
-
-
-def _capped(c: _NodeCounts, name: str, cap: float) -> float:
-    """A node's window count of the signal with each bucket capped at `cap` (the count that
-    makes a bucket active): a burst adds at most one bucket's worth, a climb every bucket's."""
-    return sum(min(v, cap) for v in c.buckets.get(name, {}).values())
-
-
-def _fleet_volume(
-    state: HazardState, name: str, reporting: list[_NodeCounts], rate: float, policy: PredictionPolicy
-) -> None:
-    """The fleet's per-GPU rate and dispersion of the nodes' capped window counts (the
-    nodes with the most, _TRIM of them, left out), smoothed."""
-    every = policy.check_every_s
-    samples = sorted(
-        (_capped(c, name, active_level(rate * c.gpus[name] * every)), c.gpus[name] * c.span[name])
-        for c in reporting
-    )
-    calm = samples[: max(1, len(samples) - math.ceil(len(samples) * _TRIM))]
-    exposure = sum(e for _, e in calm)
-    if exposure <= 0:
-        return
-    mean = sum(c for c, _ in calm) / exposure
-    pearson = [(c - mean * e) ** 2 / (mean * e) for c, e in calm if mean * e > 0]
-    dispersion = max(1.0, sum(pearson) / len(pearson)) if pearson else 1.0
-    previous = state.volume.get(name)
-    if previous is not None:
-        mean = previous[0] + _SMOOTHING * (mean - previous[0])
-        dispersion = previous[1] + _SMOOTHING * (dispersion - previous[1])
-    state.volume[name] = (mean, dispersion)
 
 
 def _own(
@@ -393,7 +235,7 @@ def _own(
 
 
 def _standing_out(
-    state: HazardState, nodes: dict[str, _NodeCounts], ts: float, policy: PredictionPolicy
+    state: HazardState, nodes: dict[str, NodeCounts], ts: float, policy: PredictionPolicy
 ) -> dict[str, list[tuple[Episode, str]]]:
     """Update every (node, signal) episode at this evaluation; the nodes with at least one
     episode persistent enough to predict, each with its episodes and their sentences.
@@ -405,7 +247,7 @@ def _standing_out(
     however large, is one active bucket, and a failing part is many, in a row or every few."""
     every = policy.check_every_s
     latest_bucket = state.checked_ts - every
-    noise = _fleet_noise(state, nodes, policy)
+    noise = fleet_noise(state, nodes, policy)
     spread = level_spread([c.rises for c in nodes.values()], policy)
     bar = threshold(policy)
     active: set[tuple[str, str]] = set()
@@ -434,7 +276,7 @@ def _standing_out(
             closed = max(1, round(counts.span.get(name, every) / every))
             level = active_level(max(fleet, usual * every))
             silent = round((latest_bucket - max(per)) / every)
-            if not still_going(_capped(counts, name, level) / closed, silent):
+            if not still_going(capped(counts, name, level) / closed, silent):
                 continue  # it stopped: a burst, or a part that recovered
             hot = sum(1 for v in per.values() if v >= level)
             last_hot = max((b for b, v in per.items() if v >= level), default=None)
@@ -501,7 +343,7 @@ def _standing_out(
 
 def _volume(
     state: HazardState,
-    counts: _NodeCounts,
+    counts: NodeCounts,
     name: str,
     per: Mapping[float, float],
     usual: float,
@@ -518,7 +360,7 @@ def _volume(
     rate = max(rate, floor)
     middle = latest_bucket - policy.window_s / 2
     recent = sum(min(v, level) for b, v in per.items() if b > middle)
-    count = _capped(counts, name, level)
+    count = capped(counts, name, level)
     if recent < count - recent:
         return 0.0, ""  # falling: its recent half holds less than its older half
     exposure = counts.gpus[name] * counts.span[name]

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ...kafka.topics import TopicNames
 from ...schemas import Command, Envelope, auth
@@ -31,6 +32,9 @@ from ...schemas.sharding import DEFAULT_SHARD_RANKS
 from ..rank.shipper import DeliveryHook, ShipperConfig, ShipperStats, TelemetryShipper
 from .cluster import CommandRefused, FiredFault, LauncherNote, Phase, SimulatedCluster
 from .scenario import FaultTruth, Scenario
+
+if TYPE_CHECKING:
+    from ..rank.actuator import Actuator
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +89,12 @@ class SimulationResult:
     #: Wall time each command reached the simulated cluster (the actuator's first handler
     #: call) and the time the loop executed it (None: refused), by command id.
     command_times: dict[str, tuple[float, float | None]] = field(default_factory=dict)
+    #: Wall time the simulation stopped (no command reaches it after this).
+    ended_ts: float = 0.0
+    #: What the actuator read and did, and whether it was still running at the end ("" without one).
+    actuator: str = ""
+    #: The consumer group the actuator keeps its offsets in ("" without one).
+    actuator_group: str = ""
 
     @property
     def events_per_s(self) -> float:
@@ -194,7 +204,7 @@ def run_simulation(
         config, cluster.run_id, scenario.world_size, name="simulator", on_outcome=on_outcome
     )
     inbox = CommandInbox()
-    actuator = None
+    actuator: Actuator | None = None
     if secret is not None:
         from ..rank.actuator import Actuator
 
@@ -269,8 +279,11 @@ def run_simulation(
                 inbox.wake.clear()
     finally:
         wall_s = time.monotonic() - mono0
+        ended_ts = time.time()
         inbox.close()
+        told = ""
         if actuator is not None:
+            told = _actuator_summary(actuator)
             actuator.stop(timeout_s=10.0)
         stats = shipper.close(timeout_s=30.0)
         cpu_s = _cpu_s() - cpu0
@@ -306,6 +319,22 @@ def run_simulation(
         notes=list(cluster.notes),
         validated_checkpoints=sorted(cluster.validated),
         command_times={i: (t, executed_at.get(i)) for i, t in inbox.arrived.items()},
+        ended_ts=ended_ts,
+        actuator=told,
+        actuator_group=actuator.group_id if actuator is not None else "",
+    )
+
+
+def _actuator_summary(actuator: Actuator) -> str:
+    """The actuator's counters in a line: what a command that never reached the cluster met."""
+    stats, gate = actuator.stats, actuator.counters
+    refused = ", ".join(f"{reason} {n}" for reason, n in gate.refused.items()) or "0"
+    state = "running" if actuator.running else f"stopped ({actuator.error!r})"
+    return (
+        f"{state}; read {stats.records} records: executed {gate.executed} (rank, command), "
+        f"duplicate {gate.duplicate}, other run {gate.other_run}, untargeted {gate.untargeted}, "
+        f"other role {gate.other_role}, refused {refused}; {stats.acks_delivered} acks, "
+        f"{stats.ack_retries} ack retries, {stats.commit_errors} commit errors"
     )
 
 

@@ -36,11 +36,12 @@ def test_a_hang_named_from_its_stack_and_acked_two_seconds_after_its_timeout() -
     fired = [FiredFault("hang", 13, job.node(13), 40, 0, hang.ts - hang.stalled_s)]
     result = cast(Any, SimpleNamespace(fired=fired))
     (outcome,) = _hangs(result, derived, commands, acks, start_ts, speed=1.0)
-    assert outcome == HangOutcome(rank=13, named=13, code=ReasonCode.ODD_STACK.value, ack_s=outcome.ack_s)
+    struck = fired[0].ts - start_ts
+    assert outcome == HangOutcome(13, 13, ReasonCode.ODD_STACK.value, outcome.ack_s, at_s=struck)
     assert outcome.from_stack and outcome.ack_s is not None and abs(outcome.ack_s - 2.0) < 1e-6
 
 
 def test_a_hang_without_a_verdict_or_an_ack_is_reported_as_such() -> None:
     fired = [FiredFault("hang", 5, "node-000", 40, 0, 1_800_000_050.0)]
     (outcome,) = _hangs(cast(Any, SimpleNamespace(fired=fired)), [], [], [], 1_800_000_000.0, speed=1.0)
-    assert outcome == HangOutcome(rank=5, named=-1, code="", ack_s=None) and not outcome.from_stack
+    assert outcome == HangOutcome(rank=5, named=-1, code="", ack_s=None, at_s=50.0) and not outcome.from_stack

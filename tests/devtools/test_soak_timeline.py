@@ -7,7 +7,7 @@ from datetime import datetime
 from pathlib import Path
 
 from trainguard.devtools.soak import LASTING, lasting_commands
-from trainguard.devtools.soak_timeline import AbortTimeline, worker_events
+from trainguard.devtools.soak_timeline import AbortTimeline, Placed, stopped_at, worker_events
 from trainguard.schemas import Ack, AckStatus
 
 
@@ -74,3 +74,16 @@ def test_worker_events_come_from_the_kills_and_the_workers_logs(tmp_path: Path) 
     recovered = events[-1]
     assert recovered.partition == 3 and recovered.seconds == 3.21
     assert recovered.describe(killed) == "worker-0 recovered p3 +14.4 (fold 3.2 s)"
+
+
+def test_an_undelivered_abort_says_where_it_stopped() -> None:
+    on_topic = Placed(ts=1_800_000_100.0, partition=2, offset=40)
+    assert stopped_at(None, None, 1_800_000_200.0) == "never on the commands topic"
+    # The actuator's group committed past the record: it read it and handed it to no rank.
+    assert stopped_at(on_topic, 41, 1_800_000_200.0).startswith("read by the actuator (p2@40)")
+    # Committed short of it (or nothing committed): never read, while the run went on ...
+    unread = stopped_at(on_topic, 40, 1_800_000_130.0)
+    assert "not read by the actuator" in unread and unread.endswith("the run went on 30.0 s")
+    assert "the run went on" in stopped_at(on_topic, None, 1_800_000_130.0)
+    # ... or because the run had already stopped.
+    assert stopped_at(on_topic, None, 1_800_000_090.0).endswith("the run had ended 10.0 s before")

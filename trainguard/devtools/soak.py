@@ -100,6 +100,8 @@ class HangOutcome:
     code: str  # the interruption's reason code ("" without one)
     #: Wall seconds from the hang timeout to the first ack of its stack-dump abort (None: never).
     ack_s: float | None
+    #: Seconds into the load the hang struck (its step began and never ended).
+    at_s: float = 0.0
 
     @property
     def from_stack(self) -> bool:
@@ -470,6 +472,8 @@ def _judge(
         load.run_id, aborts, recording.derived, acks, result.command_times if result is not None else {},
         load.start_ts, config.speed, bootstrap, (names.telemetry, names.commands),
         telemetry_partition(load.run_id, 0, 1, workers[0]), workers[1],
+        actuator_group=result.actuator_group if result is not None else "",
+        ended=result.ended_ts if result is not None else None,
     )  # fmt: skip
     late = config.duration_s - RECOVERY_GRACE_S
     pending_ok = all((f.ts - load.start_ts) / config.speed > late for f in stalls if f not in recovered)
@@ -549,6 +553,7 @@ def _hangs(
                 verdict.rank if verdict is not None else -1,
                 verdict.reason.code.value if verdict is not None else "",
                 latency[0] if latency else None,
+                (fault.ts - start_ts) / speed,
             )
         )
     return out

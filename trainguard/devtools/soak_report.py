@@ -15,7 +15,7 @@ from .soak_plan import Victim
 RUN_HEADER = ["run", "verdict", "faults struck", "recovered", "survived", "events", "events/s", "max lag s",
               "lost", "duplicates", "decisions", "executions", "abort acked s p50 / max"]  # fmt: skip
 TIMELINE_HEADER = ["run", "abort of", "ship s", "decide s", "deliver s", "execute s", "ack s", "total s",
-                   "workers meanwhile (s from the fault)"]  # fmt: skip
+                   "workers meanwhile (s from the fault)", "never delivered: where it stopped"]  # fmt: skip
 KILL_HEADER = ["victim", "planned", "killed", "restarted", "down s (mean / max)"]
 
 
@@ -52,7 +52,8 @@ def timeline_rows(report: SoakReport) -> list[list[str]]:
     for run in report.runs:
         for line in run.timelines:
             stages = [f"{s:.1f}" if s is not None else "-" for s in line.stages()]
-            rows.append([run.run_id, line.cause, *stages, "; ".join(line.workers) or "-"])
+            meanwhile = "; ".join(line.workers) or "-"
+            rows.append([run.run_id, line.cause, *stages, meanwhile, line.stopped or "-"])
     return rows
 
 
@@ -103,7 +104,7 @@ def _hang_line(report: SoakReport) -> str:
     named = sum(h.from_stack for h in hangs)
     acked = sorted(h.ack_s for h in hangs if h.ack_s is not None)
     detail = "; ".join(
-        f"rank {h.rank}: named {h.named} ({h.code or 'no verdict'}), acked "
+        f"rank {h.rank} at {h.at_s:.0f} s: named {h.named} ({h.code or 'no verdict'}), acked "
         + (f"{h.ack_s:.1f} s" if h.ack_s is not None else "never")
         for h in hangs
     )
@@ -170,6 +171,8 @@ def markdown(report: SoakReport) -> str:
         _markdown_table(TIMELINE_HEADER, timeline_rows(report)),
         "## Oracle, per run",
         *(f"### {run.run_id}\n\n```\n{run.oracle}\n```" for run in report.runs),
+        "## Each run's actuator at the end",
+        "\n".join(f"- {run.run_id}: {run.result.actuator}" for run in report.runs if run.result is not None),
         "## Plan",
         _markdown_table(
             ["at s", "victim", "target", "restart after s"],

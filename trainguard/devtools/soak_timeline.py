@@ -63,6 +63,8 @@ class AbortTimeline:
     acked: float | None = None
     #: What the workers did between the fault (less a little) and the decision.
     workers: list[str] = field(default_factory=list)
+    #: For an abort that never reached the ranks: where it stopped (see :func:`stopped_at`).
+    stopped: str = ""
 
     def stages(self) -> list[float | None]:
         """Seconds of each stage: ship, decide, deliver, execute, ack; then the total."""
@@ -106,9 +108,18 @@ def _consumer(bootstrap: str) -> Consumer:
     )
 
 
-def command_times(bootstrap: str, topic: str, ids: set[str]) -> dict[str, float]:
-    """The Kafka timestamp of the first record of each command id in `ids` on `topic`."""
-    found: dict[str, float] = {}
+@dataclass(frozen=True)
+class Placed:
+    """A command's first record on the commands topic: its Kafka timestamp and place."""
+
+    ts: float
+    partition: int
+    offset: int
+
+
+def command_times(bootstrap: str, topic: str, ids: set[str]) -> dict[str, Placed]:
+    """The first record of each command id in `ids` on `topic`."""
+    found: dict[str, Placed] = {}
     if not ids:
         return found
     consumer = _consumer(bootstrap)
@@ -128,12 +139,38 @@ def command_times(bootstrap: str, topic: str, ids: set[str]) -> dict[str, float]
             value = message.value() or b""
             for command_id in ids - found.keys():
                 if command_id.encode() in value:
-                    found[command_id] = message.timestamp()[1] / 1000
+                    place = (message.partition() or 0, message.offset() or 0)
+                    found[command_id] = Placed(message.timestamp()[1] / 1000, *place)
             if (message.offset() or 0) + 1 >= ends[message.partition() or 0]:
                 done.add(message.partition() or 0)
     finally:
         consumer.close()
     return found
+
+
+def committed(bootstrap: str, group: str, topic: str, partition: int) -> int | None:
+    """The offset `group` committed on `topic[partition]` (None: none)."""
+    consumer = _consumer(bootstrap)
+    try:
+        (tp,) = consumer.committed([TopicPartition(topic, partition)], timeout=10)
+        return tp.offset if tp.error is None and tp.offset >= 0 else None
+    finally:
+        consumer.close()
+
+
+def stopped_at(placed: Placed | None, read_up_to: int | None, ended: float | None) -> str:
+    """Where an abort that never reached the simulated ranks stopped: not on the commands
+    topic; on it but not read by the run's actuator (its group's committed offset short of
+    the record), after the run had ended or while it ran; read by the actuator and not
+    handed to the ranks (its gate let it through to no rank, or dropped it)."""
+    if placed is None:
+        return "never on the commands topic"
+    if read_up_to is not None and read_up_to > placed.offset:
+        return f"read by the actuator (p{placed.partition}@{placed.offset}), handed to no rank"
+    where = f"on the commands topic (p{placed.partition}@{placed.offset}), not read by the actuator"
+    if ended is not None and placed.ts >= ended:
+        return f"{where}: the run had ended {placed.ts - ended:.1f} s before"
+    return f"{where}: the run went on {ended - placed.ts:.1f} s" if ended is not None else where
 
 
 def record_time(bootstrap: str, topic: str, partition: int, since: float, needle: bytes) -> float | None:
@@ -172,8 +209,12 @@ def abort_timelines(
     topics: tuple[str, str],
     partition: int,
     workers: list[WorkerEvent],
+    actuator_group: str = "",
+    ended: float | None = None,
 ) -> list[AbortTimeline]:
-    """One timeline per abort of the run (`topics`: telemetry and commands)."""
+    """One timeline per abort of the run (`topics`: telemetry and commands); an abort that
+    never reached the ranks says where it stopped (`actuator_group`: the run's actuator's
+    offsets; `ended`: when the simulated run stopped, wall time)."""
     telemetry, commands = topics
     causes = {d.event_id: d for d in derived}
     first_ack: dict[str, float] = {}
@@ -187,8 +228,12 @@ def abort_timelines(
         line = AbortTimeline(run_id, abort.command_id, cause.KIND if cause is not None else "?", fault)
         if cause is not None and cause.caused_by:
             line.shipped = record_time(bootstrap, telemetry, partition, fault, cause.caused_by[-1].encode())
-        line.decided = decided.get(abort.command_id)
+        placed = decided.get(abort.command_id)
+        line.decided = placed.ts if placed is not None else None
         line.received, line.executed = command_times_.get(abort.command_id, (None, None))
+        if line.received is None:
+            read = committed(bootstrap, actuator_group, commands, placed.partition) if placed else None
+            line.stopped = stopped_at(placed, read, ended)
         line.acked = first_ack.get(abort.command_id)
         until = line.decided if line.decided is not None else fault + 60.0
         line.workers = [

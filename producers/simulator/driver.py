@@ -177,6 +177,7 @@ def run_simulation(
     shard_ranks: int = DEFAULT_SHARD_RANKS,
     on_submit: Callable[[list[Envelope]], None] | None = None,
     on_outcome: DeliveryHook | None = None,
+    settle_s: float = 0.0,
 ) -> SimulationResult:
     """Run `scenario` in real time (times `speed`) until it finishes or `max_seconds` of
     wall clock pass. With a `secret` (the master command-signing secret), an actuator
@@ -185,7 +186,12 @@ def run_simulation(
     `lag_budget_s` after its simulated moment. A run over `shard_ranks` ranks is shipped
     in shards (schemas/sharding.py). `on_submit` sees each tick's events as they are
     handed to the shipper; `on_outcome` is told, by event, what the shipper did with each
-    (delivered, dropped, failed: a soak's record of what was acknowledged, for the oracle)."""
+    (delivered, dropped, failed: a soak's record of what was acknowledged, for the oracle).
+
+    `settle_s`: a run that is stalled when `max_seconds` pass (a crash or a hang struck
+    near the end) goes on up to this long, until the stall ends (its abort landed, or the
+    launcher's own timeout tore the attempt down), so that the abort of a fault that struck
+    in time is measured rather than cut off with the run."""
     if speed <= 0:
         raise ValueError(f"speed must be positive, got {speed}")
     wall_start = time.time()
@@ -264,7 +270,10 @@ def run_simulation(
                 attempt = cluster.attempt
                 actuator.set_attempt(attempt)
             elapsed = time.monotonic() - mono0
-            finished = cluster.done or (max_seconds is not None and elapsed >= max_seconds)
+            out_of_time = max_seconds is not None and elapsed >= max_seconds
+            if max_seconds is not None and out_of_time and cluster.phase is Phase.STALLED:
+                out_of_time = elapsed >= max_seconds + settle_s  # let its abort land
+            finished = cluster.done or out_of_time
             if progress is not None and (finished or time.monotonic() >= next_report):
                 next_report += 1.0
                 state = (cluster.last_completed, cluster.attempt, cluster.phase)

@@ -71,6 +71,9 @@ from .stack import PROCESSOR_GROUP, builtin_policy
 Note = Callable[[str], None]
 #: A crash or hang that struck this close to the end may still be recovering.
 RECOVERY_GRACE_S = 45.0
+#: A run stalled when the load ends goes on this long at most for the stall's abort to land
+#: (a hang struck 2 s before the end times out after it: its abort would reach no rank).
+SETTLE_S = 30.0
 
 
 @dataclass
@@ -344,7 +347,7 @@ def _simulate(
     try:
         load.result = run_simulation(
             load.scenario, bootstrap, names, secret, speed=config.speed, max_seconds=config.duration_s,
-            run_id=load.run_id, start_ts=load.start_ts, on_outcome=load.told,
+            run_id=load.run_id, start_ts=load.start_ts, on_outcome=load.told, settle_s=SETTLE_S,
         )  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - the report names it, and the run fails
         load.error = f"{load.run_id}: the simulation failed: {exc!r}"

@@ -13,6 +13,7 @@ from confluent_kafka import Consumer, Producer
 
 from trainguard.kafka.topics import TopicNames
 from trainguard.producers.simulator import CommandRefused, Scenario
+from trainguard.producers.simulator.cluster import Phase
 from trainguard.producers.simulator.driver import CommandInbox, Progress, run_simulation
 from trainguard.schemas import (
     Abort,
@@ -155,3 +156,47 @@ def test_simulation_ships_telemetry_and_executes_signed_commands(bootstrap: str,
     assert all(isinstance(a, Ack) and a.status is AckStatus.EXECUTED for a in acks)
     by_kind = Counter((a.command_kind, a.detail.split(" ")[0]) for a in acks)
     assert by_kind == {("abort", "aborted"): 64, ("checkpoint_now", "checkpoint"): 64}
+
+
+@pytest.mark.broker
+def test_a_run_stalled_at_its_end_goes_on_until_its_abort_lands(bootstrap: str, topics: TopicNames) -> None:
+    # A hang just before max_seconds: the abort, sent once the time is up, must still
+    # reach the ranks (issue 49: an abort decided 1 s after a hang timed out at the end of
+    # a soak reached no rank, and the hang read as never aborted).
+    scenario = Scenario.parse(
+        {
+            "name": "settle-test",
+            "world_size": 16,
+            "ranks_per_node": 8,
+            "step_time_s": 0.2,
+            "steps": 500,
+            "checkpoint_every": 25,
+            "heartbeat_interval_s": 0.5,
+            "restart_delay_s": 1.0,
+            "orphan_restart_after_s": 600.0,  # the launcher's own timeout never ends this stall
+            "seed": 5,
+            "faults": [{"kind": "hang", "rank": 3, "at_step": 30}],
+        }
+    )
+    run_id = f"sim-settle-{uuid.uuid4().hex[:8]}"
+    producer = Producer({"bootstrap.servers": bootstrap})
+    max_seconds, sent_at = 3.0, []
+
+    def operator(p: Progress) -> None:
+        """Aborts the hung attempt only once the run's time is up."""
+        if not sent_at and p.wall_s >= max_seconds and p.phase is Phase.STALLED:
+            abort = auth.sign(_abort(run_id), auth.run_key(SECRET, run_id))
+            producer.produce(topics.commands, key=run_id.encode(), value=encode(abort))
+            producer.flush(10)
+            sent_at.append(p.wall_s)
+
+    result = run_simulation(
+        scenario, bootstrap, topics, SECRET, speed=5.0, max_seconds=max_seconds, progress=operator,
+        run_id=run_id, settle_s=30.0,
+    )  # fmt: skip
+    assert sent_at, "the run was not stalled when its time was up"
+    assert result.commands_executed == 1 and result.commands_refused == 0  # it landed after the time
+    received, executed = result.command_times["op-abort-1"]
+    assert executed is not None and executed - received < 5.0
+    assert max_seconds <= result.wall_s < max_seconds + 30.0  # and the run stopped once it had
+    assert [f.kind for f in result.fired] == ["hang"]

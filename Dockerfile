@@ -12,8 +12,10 @@
 FROM python:3.11.16-trixie@sha256:49b1cf25d7f7e958959234f66ff97fc4a3156e084b468624eb85eaa3ab4aaf7b AS compiled
 WORKDIR /src
 COPY . .
+# compile_core is development tooling (harness/, not in the product's wheel), run from the
+# source tree: `python -m` finds it from the working directory.
 RUN pip install --no-cache-dir -e ".[compile]" \
-    && python -m trainguard.devtools.compile_core --force
+    && python -m harness.devtools.compile_core --force
 
 FROM python:3.11.16-slim-trixie@sha256:be1575ed968de893bd54f4c56315ff7c4736ce522c1bca08fd521731aafc0d76
 

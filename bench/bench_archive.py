@@ -198,8 +198,8 @@ def broker(bootstrap: str | None, workdir: Path) -> Iterator[str]:
     if bootstrap:
         yield bootstrap
         return
-    from trainguard.devtools.broker_jars import ensure_jars
-    from trainguard.devtools.local_broker import LocalBroker
+    from harness.devtools.broker_jars import ensure_jars
+    from harness.devtools.local_broker import LocalBroker
 
     ensure_jars()
     local = LocalBroker(workdir / "kafka")

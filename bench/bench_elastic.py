@@ -36,7 +36,7 @@ from typing import Any
 
 from restart_compare import restart_seconds, run_torchrun
 
-from trainguard.devtools.stack import local_stack
+from harness.devtools.stack import local_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "train_elastic.py"

@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_hang_live.py                      # hang-2048 at real speed
     .venv/bin/python bench/bench_hang_live.py --speed 2 --scenario hang-2048
 
-Starts a local stack (a fresh Kafka broker and one processor, `trainguard.devtools.stack.local_stack`,
+Starts a local stack (a fresh Kafka broker and one processor, `harness.devtools.stack.local_stack`,
 policies/evaluate.yaml), runs the scenario through the simulator with its actuator (the
 processor's commands are executed and acknowledged), and then reads the run's records back
 with their Kafka timestamps. Every moment is put on one wall clock, in seconds after the
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from trainguard.devtools.stack import PROCESSOR_GROUP, builtin_policy, local_stack
+from harness.devtools.stack import PROCESSOR_GROUP, builtin_policy, local_stack
 from trainguard.kafka.lag import wait_caught_up
 from trainguard.producers.simulator import Scenario
 from trainguard.producers.simulator.driver import run_simulation

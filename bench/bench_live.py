@@ -7,7 +7,7 @@
 
 Answers two questions about ONE processor (``python -m trainguard process``, a faust
 worker in its own process, started with a fresh local Kafka broker by
-trainguard.devtools.stack.local_stack):
+harness.devtools.stack.local_stack):
   1. how many telemetry events/s it sustains, as a multiple of the run's real-time event
      rate (issue 3's target: 5x a 16,384-rank run at 2 s/step; live-16k's real-time rate
      is ~16,900 events/s, so ~85,000 events/s), and
@@ -83,8 +83,8 @@ from confluent_kafka import KafkaError, Message, Producer
 from raw_consume import cpu_s as cpu_s_self
 from raw_consume import faust_consume, high_watermarks, raw_consume
 
-from trainguard.devtools.broker_config import free_ports
-from trainguard.devtools.stack import (
+from harness.devtools.broker_config import free_ports
+from harness.devtools.stack import (
     PROCESSOR_GROUP,
     Stack,
     builtin_policy,

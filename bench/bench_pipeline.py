@@ -42,8 +42,8 @@ from pathlib import Path
 
 import psutil
 
-from trainguard.devtools.broker_config import free_ports
-from trainguard.devtools.stack import local_stack
+from harness.devtools.broker_config import free_ports
+from harness.devtools.stack import local_stack
 from trainguard.kafka.lag import group_lag
 from trainguard.kafka.topics import TopicNames
 from trainguard.producers.simulator import Scenario
@@ -95,7 +95,7 @@ class Pipeline:
 
 @contextlib.contextmanager
 def pipeline(workdir: Path, policy: Path) -> Iterator[Pipeline]:
-    """Broker, processor (trainguard.devtools.stack) and archive writer, started fresh; all stopped on
+    """Broker, processor (harness.devtools.stack) and archive writer, started fresh; all stopped on
     exit, errors included."""
     secret = secrets.token_hex(24)
     stop = threading.Event()

@@ -1,7 +1,7 @@
 """Failure prediction over the library's fleet scenarios (issue 46): every precursor-* and
 noise-* scenario, at 1,024 and 16,384 ranks, run at run level (producers/simulator/fleet.py)
 through the pure core twice with the same seed, prediction on (the evaluate policy's
-defaults) and off, and scored against the truth (replay/prediction.py): precision, recall,
+defaults) and off, and scored against the truth (harness/scoring/prediction.py): precision, recall,
 lead time, false drains, false drains per 1,000 node-days, and the net goodput gained.
 Prints the docs/benchmarks.md table, the acceptance lines and what each run cost.
 
@@ -22,15 +22,15 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from trainguard.devtools.stack import builtin_policy
-from trainguard.processors.core.policy import load_policy
-from trainguard.producers.simulator.fleet_scenario import fleet_library
-from trainguard.replay.prediction import (
+from harness.devtools.stack import builtin_policy
+from harness.scoring.prediction import (
     PredictionScore,
     acceptance_lines,
     compare_prediction,
     prediction_json,
 )
+from trainguard.processors.core.policy import load_policy
+from trainguard.producers.simulator.fleet_scenario import fleet_library
 
 
 def one(name: str, warm: bool = False) -> tuple[PredictionScore, dict[str, Any]]:

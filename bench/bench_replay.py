@@ -23,7 +23,7 @@ import time
 import uuid
 from pathlib import Path
 
-from trainguard.devtools.stack import builtin_policy, local_stack
+from harness.devtools.stack import builtin_policy, local_stack
 from trainguard.processors.core.policy import load_policy, parse_policy
 from trainguard.producers.simulator.driver import run_simulation
 from trainguard.producers.simulator.scenario import Scenario

@@ -50,7 +50,7 @@ from pathlib import Path
 
 from restart_compare import restart_seconds, run_torchrun
 
-from trainguard.devtools.stack import local_stack
+from harness.devtools.stack import local_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "train_tiny.py"

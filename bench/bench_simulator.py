@@ -146,8 +146,8 @@ def main() -> int:
         print(bench_no_broker(scenario, args.seconds), flush=True)
         return 0
     if args.start_broker:
-        from trainguard.devtools.broker_jars import ensure_jars
-        from trainguard.devtools.local_broker import LocalBroker
+        from harness.devtools.broker_jars import ensure_jars
+        from harness.devtools.local_broker import LocalBroker
 
         ensure_jars()
         with tempfile.TemporaryDirectory(prefix="bench-kafka-") as tmp, LocalBroker(Path(tmp)) as broker:

@@ -28,7 +28,7 @@ MODULES = [
     "tests/kafka/test_broker_outage.py",
     "tests/processors/test_processor_kill_broker.py",
     "tests/producers/checkpoint/test_peer_replica.py",
-    "tests/devtools/test_soak_broker.py",
+    "tests/harness/devtools/test_soak_broker.py",
     "tests/processors/test_rebalance_broker.py",  # whole modules (tests/variants.py: SLOW_MODULES)
     "tests/producers/launcher/test_multihost_hang_broker.py",
     "tests/producers/launcher/test_multihost_bucket.py",

@@ -222,10 +222,10 @@ def cost_table(world: int = 16_384, blocks: int = 40) -> None:
 def scenarios_table(names: list[str]) -> None:
     """The library's acceptance scenarios through the pure core in a closed loop (the
     simulator obeys the core's commands): each slow unit's flag, diagnosis and eviction."""
-    from trainguard.devtools.stack import builtin_policy
+    from harness.devtools.stack import builtin_policy
+    from harness.scoring.evaluate import closed_loop, score_loop
     from trainguard.processors.core.policy import load_policy
     from trainguard.producers.simulator import Scenario
-    from trainguard.replay.evaluate import closed_loop, score_loop
     from trainguard.schemas import EvictionDecision, StragglerDiagnosed, StragglerFlagged
 
     policy = load_policy(str(builtin_policy("evaluate")))

@@ -126,7 +126,8 @@ class SyncJob(Job):
                 self.events.append(StepTiming(**self._env(r), compute_s=compute[r], total_s=total))
         return self
 
-    def health(self, faults: Iterable[HealthFault] = ()) -> SyncJob:
+    # Every rank's report at once (Job.health: one rank's); a SyncJob is never used as a Job.
+    def health(self, faults: Iterable[HealthFault] = ()) -> SyncJob:  # type: ignore[override]
         """One GpuHealth report per rank, the faults' fingerprints applied (seed R2)."""
         faults = list(faults)
         for r in range(self.world_size):

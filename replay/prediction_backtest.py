@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from ..processors.core import CorePolicy
 from ..schemas import DrainNode, FailurePredicted, Interruption, InterruptionRecovered
 from .cost_model import RunFacts
-from .prediction import DrainRates
+from .drain_rates import DrainRates
 from .replay import Replayed
 
 #: Interruption causes that are a node's failure (not a planned stop, not an operator's).

@@ -24,8 +24,8 @@ def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if address := os.environ.get("TRAINGUARD_BOOTSTRAP"):
         yield address
         return
-    from trainguard.devtools.broker_jars import ensure_jars
-    from trainguard.devtools.local_broker import LocalBroker
+    from harness.devtools.broker_jars import ensure_jars
+    from harness.devtools.local_broker import LocalBroker
 
     ensure_jars()
     broker = LocalBroker(Path(tmp_path_factory.mktemp("kafka")))

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainguard.devtools.stack import start_processor
+from harness.devtools.stack import start_processor
 from trainguard.kafka.topics import TopicNames, delete_topics, ensure_topics, topic_names
 
 

@@ -1,5 +1,5 @@
 """The package's shape (docs/architecture.md): no import cycles, and the product apart
-from its development tooling.
+from its development harness and tooling (harness/, a distribution of its own).
 
 The graph is read from the source with `ast`, every import counted: at module level,
 inside functions (a lazy import is still a dependency) and under `TYPE_CHECKING`. grimp
@@ -19,9 +19,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Development tooling: the local broker launcher, the soak harness, the stack helpers and
-# the demo. Product modules (everything else) must never import these.
-TOOLING = "trainguard.devtools"
+# The development harness, a distribution of its own (harness/pyproject.toml): the test
+# streams, the scenario scoring, the harms and the oracle (harness/scoring/), and the
+# development tooling (harness/devtools/: the local broker launcher, the soak, the stack
+# helpers, the demo). Product modules (`trainguard.*`) must never import it.
+TOOLING = "harness"
+#: The project files whose package-dir maps the modules: the product's and the harness's.
+PROJECTS = (ROOT / "pyproject.toml", ROOT / "harness" / "pyproject.toml")
 
 
 @dataclass(frozen=True)
@@ -31,8 +35,15 @@ class ImportGraph:
 
 
 def package_dirs() -> dict[str, Path]:
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    return {name: ROOT / folder for name, folder in config["package-dir"].items()}
+    dirs: dict[str, Path] = {}
+    for project in PROJECTS:
+        config = tomllib.loads(project.read_text())["tool"]["setuptools"]
+        dirs |= {name: (project.parent / folder).resolve() for name, folder in config["package-dir"].items()}
+    return dirs
+
+
+def is_tooling(module: str) -> bool:
+    return module == TOOLING or module.startswith(f"{TOOLING}.")
 
 
 def discover_modules() -> dict[str, Path]:
@@ -130,8 +141,9 @@ def test_the_scanner_sees_every_kind_of_import(graph: ImportGraph) -> None:
     # imports under TYPE_CHECKING are all edges.
     assert len(graph.modules) > 100
     assert "trainguard.schemas" in graph.edges["trainguard.processors.core.engine"]
-    assert "trainguard.cli.app" in graph.edges["trainguard.devtools.cli"]  # from ..cli.app
-    assert "trainguard.devtools.local_broker" in graph.edges["trainguard.devtools.cli"]  # lazy
+    assert "trainguard.cli.app" in graph.edges["harness.devtools.cli"]  # another distribution's
+    assert "harness.scoring.prediction" in graph.edges["harness.devtools.cli"]  # from ..scoring
+    assert "harness.devtools.local_broker" in graph.edges["harness.devtools.cli"]  # lazy
     assert "trainguard.kafka.security" in graph.edges["trainguard.cli.admin"]  # TYPE_CHECKING
 
 
@@ -152,12 +164,15 @@ def test_the_product_never_imports_the_development_tooling(graph: ImportGraph) -
     offenders = sorted(
         f"{module} imports {target}"
         for module, targets in graph.edges.items()
-        if not module.startswith(TOOLING)
+        if not is_tooling(module)
         for target in targets
-        if target.startswith(TOOLING)
+        if is_tooling(target)
     )
     assert offenders == []
-    assert any(m.startswith(TOOLING) for m in graph.modules), "the tooling package moved"
+    # Guards the guard: the harness's modules are in the graph, where they moved to.
+    moved = {f"harness.scoring.{m}" for m in ("evaluate", "harms", "oracle", "capacity", "prediction")}
+    assert moved | {"harness.devtools.cli", "harness.devtools.soak"} <= set(graph.modules)
+    assert not any(m.startswith(("trainguard.devtools", "trainguard.replay.evaluate")) for m in graph.modules)
 
 
 #: The rank side and the decisions: they agree through modules both may import (the
@@ -222,12 +237,13 @@ def test_bench_and_the_harness_never_import_the_tests() -> None:
 def test_the_product_never_imports_the_harness(graph: ImportGraph) -> None:
     offenders = sorted(
         str(path.relative_to(ROOT))
-        for path in graph.modules.values()
-        if "harness" in _top_level_imports(path)
+        for module, path in graph.modules.items()
+        if not is_tooling(module) and TOOLING in _top_level_imports(path)
     )
     assert offenders == []
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    assert not any(p.split(".")[0] == "harness" or "harness" in p for p in packages)  # not in the wheel
+    assert not any(p.split(".")[0] == "harness" or "harness" in p or "devtools" in p for p in packages)
+    # (the wheel's own file list: tests/test_wheel.py)
 
 
 CHAOS = "trainguard.producers.chaos"

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from trainguard.devtools.pin_images import Pins, read_table
+from harness.devtools.pin_images import Pins, read_table
 from trainguard.processors.metrics import ProcessorMetrics
 from trainguard.sinks.archive_metrics import ArchiveMetrics
 

@@ -3,7 +3,7 @@ putting a valid one first on the package's path.
 
 Each compiled package declares its modules and its build (processors/core/compiled.py,
 schemas/compiled.py) and calls ``BUILD.use(__path__)`` before it imports them;
-`trainguard.devtools.compile_core` (run by `scripts/setup`) builds every declared
+`harness.devtools.compile_core` (run by `scripts/setup`) builds every declared
 package into ``_compiled/`` beside its sources, with a stamp of the sources it compiled.
 
 The sources stay the truth. A build is used only while every source it was compiled from
@@ -93,7 +93,7 @@ class CompiledBuild:
         if not self.is_current():
             log.warning(
                 "trainguard: the compiled build in %s is stale (a source changed since it was built): "
-                "running the Python; rebuild with `.venv/bin/python -m trainguard.devtools.compile_core`",
+                "running the Python; rebuild with `.venv/bin/python -m harness.devtools.compile_core`",
                 self.folder,
             )
             return False

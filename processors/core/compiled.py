@@ -4,7 +4,7 @@ The per-event core is pure Python, and a quiet step timing costs ~35 Python stat
 (~1.2 us a row on the 16k drain), which no rearrangement of the Python got much below.
 mypyc compiles the same typed modules to C: a compiled class's fields are C slots and a
 call between compiled functions is a C call, so the whole decode and fold runs ~25%
-faster (docs/benchmarks.md). `trainguard.devtools.compile_core` (run by `scripts/setup`)
+faster (docs/benchmarks.md). `harness.devtools.compile_core` (run by `scripts/setup`)
 builds MODULES into ``_compiled/`` beside this file; the package puts a valid build
 first on its ``__path__`` (trainguard/compiled_build.py: when a build is valid, and
 ``TRAINGUARD_PURE_PYTHON=1``), so ``trainguard.processors.core.engine`` is the compiled

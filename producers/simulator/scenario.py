@@ -283,7 +283,7 @@ class FaultTruth:
         return _DIAGNOSES[self.cause]
 
 
-#: What must not happen in a run (Expect.must_not), each scored by replay/evaluate.py:
+#: What must not happen in a run (Expect.must_not), each scored by harness/scoring/evaluate.py:
 #:   page_false            a page whose rule is not in `pages` or that no true fault explains
 #:   quarantine_innocent   a node quarantined (or evicted) that holds no hardware fault
 #:   rollback_after_onset  a rollback for a corruption fault to a checkpoint after its onset

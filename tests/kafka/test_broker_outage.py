@@ -12,7 +12,7 @@ rank's shipper has a bound that the outage exceeds.
 What must hold: no emit call blocked a step during the outage; each shipper held at
 most its bound and every event it took ended delivered, dropped or failed, exactly;
 the processor resumed on the events produced after the restart and still detected the
-crash; and the oracle (replay/oracle.py) holds for every acknowledged event."""
+crash; and the oracle (harness/scoring/oracle.py) holds for every acknowledged event."""
 
 from __future__ import annotations
 
@@ -32,17 +32,17 @@ from typing import Any
 
 import pytest
 
-from trainguard.devtools.broker_config import port_open
-from trainguard.devtools.broker_jars import ensure_jars
-from trainguard.devtools.local_broker import LocalBroker
-from trainguard.devtools.stack import builtin_policy, scrape, start_processor
+from harness.devtools.broker_config import port_open
+from harness.devtools.broker_jars import ensure_jars
+from harness.devtools.local_broker import LocalBroker
+from harness.devtools.stack import builtin_policy, scrape, start_processor
+from harness.scoring.oracle import check
 from trainguard.kafka.lag import wait_caught_up
 from trainguard.kafka.topics import ensure_topics, topic_names
 from trainguard.processors.core.policy import load_policy
 from trainguard.producers.rank.agent import NodeAgents, RankAgent
 from trainguard.producers.rank.shipper import DeliveryOutcome, ShipperConfig, ShipperStats, TelemetryShipper
 from trainguard.replay.log import read_recording
-from trainguard.replay.oracle import check
 from trainguard.schemas import RUN_LEVEL_RANK, Envelope, Interruption, RankExit, RunStarted, decode_batch
 from trainguard.sinks.archive import archive_group, archived_topics
 

@@ -22,10 +22,11 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
+from harness.devtools.broker_jars import ensure_jars
+from harness.devtools.local_broker import BrokerError, LocalBroker, start_local_broker
+from harness.devtools.stack import builtin_policy, start_processor
+from harness.scoring.oracle import check
 from harness.streams import Job
-from trainguard.devtools.broker_jars import ensure_jars
-from trainguard.devtools.local_broker import BrokerError, LocalBroker, start_local_broker
-from trainguard.devtools.stack import builtin_policy, start_processor
 from trainguard.kafka.acl import PROCESSOR_USER, provision_run, revoke_run, wait_login
 from trainguard.kafka.security import KafkaCredentials
 from trainguard.kafka.topics import TopicNames, actuator_group_prefix, topic_names
@@ -33,7 +34,6 @@ from trainguard.processors.core.policy import load_policy
 from trainguard.producers.rank.actuator import Actuator
 from trainguard.producers.rank.gate import RefuseReason
 from trainguard.replay.log import read_recording
-from trainguard.replay.oracle import check
 from trainguard.schemas import Abort, Ack, AckStatus, Command, auth, decode, encode, encode_batch
 from trainguard.schemas.codec import ACKS, COMMANDS
 

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
+from harness.devtools.stack import start_processor
 from harness.streams import Job
-from trainguard.devtools.stack import start_processor
 from trainguard.kafka.topics import TopicNames, delete_topics, ensure_topics, topic_names
 from trainguard.processors.core.policy import load_policy
 from trainguard.replay.log import read_recording

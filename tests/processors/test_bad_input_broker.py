@@ -6,7 +6,7 @@ range, other runs' events, oversized fields), redelivered batches at new offsets
 batch with a null key, a batch that claims another world size, and late events of the
 attempt before the restart. Every bad record lands in the dead-letter topic with its
 reason and original bytes; every good event is processed once; the processor never
-crashes; and the oracle (replay/oracle.py) holds."""
+crashes; and the oracle (harness/scoring/oracle.py) holds."""
 
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ import orjson
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
 
+from harness.devtools.stack import builtin_policy, scrape
+from harness.scoring.oracle import check
 from harness.streams import Job
-from trainguard.devtools.stack import builtin_policy, scrape
 from trainguard.kafka.lag import wait_caught_up
 from trainguard.processors.core.policy import load_policy
 from trainguard.replay.log import read_recording
-from trainguard.replay.oracle import check
 from trainguard.schemas import Interruption, StepTiming, encode, encode_batch
 from trainguard.sinks.archive import archive_group, archived_topics
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainguard.devtools.stack import builtin_policy
+from harness.devtools.stack import builtin_policy
 from trainguard.processors.core.policy import (
     POLICY_VERSION,
     CorePolicy,

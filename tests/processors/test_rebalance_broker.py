@@ -23,14 +23,14 @@ from pathlib import Path
 
 import pytest
 
+from harness.devtools.stack import builtin_policy
 from harness.feed import Feed, node_batches
+from harness.scoring.oracle import check
 from harness.straggler_streams import Slow, SyncJob
-from trainguard.devtools.stack import builtin_policy
 from trainguard.kafka.lag import wait_caught_up
 from trainguard.kafka.topics import TopicNames, partition_count
 from trainguard.processors.core.policy import load_policy
 from trainguard.replay.log import read_recording
-from trainguard.replay.oracle import check
 from trainguard.replay.replay import decision_id
 from trainguard.schemas import Interruption, Page, decode
 from trainguard.schemas.codec import DERIVED

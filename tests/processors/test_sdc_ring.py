@@ -15,7 +15,7 @@ import pickle
 
 import pytest
 
-from trainguard.devtools.stack import builtin_policy
+from harness.devtools.stack import builtin_policy
 from trainguard.processors.core.accounting.retention import RetentionPolicy, retained
 from trainguard.processors.core.decisions.rollback import Bound, on_mismatch, on_validated
 from trainguard.processors.core.decisions.rollback_state import RollbackState

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.devtools.broker_config import free_ports
-from trainguard.devtools.stack import scrape, start_processor
+from harness.devtools.broker_config import free_ports
+from harness.devtools.stack import scrape, start_processor
 from trainguard.kafka.topics import TopicNames, delete_topics, ensure_topics, topic_names
 from trainguard.producers.simulator.driver import run_simulation
 from trainguard.producers.simulator.scenario import Scenario

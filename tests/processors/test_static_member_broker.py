@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from harness.devtools.stack import builtin_policy, scrape
 from harness.feed import Feed
+from harness.scoring.oracle import check
 from harness.straggler_streams import Slow, SyncJob
-from trainguard.devtools.stack import builtin_policy, scrape
 from trainguard.kafka.topics import TopicNames
 from trainguard.processors.core.policy import load_policy
 from trainguard.replay.log import read_recording
-from trainguard.replay.oracle import check
 from trainguard.replay.replay import decision_id
 from trainguard.schemas import Derived, StragglerFlagged, decode
 from trainguard.schemas.codec import DERIVED

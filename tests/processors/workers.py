@@ -13,8 +13,8 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from trainguard.devtools.broker_config import free_ports
-from trainguard.devtools.stack import scrape, start_processor
+from harness.devtools.broker_config import free_ports
+from harness.devtools.stack import scrape, start_processor
 from trainguard.kafka.topics import TELEMETRY, TopicNames
 
 APP_ID = "trainguard-processor"

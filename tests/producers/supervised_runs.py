@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from trainguard.devtools.stack import PROCESSOR_GROUP
+from harness.devtools.stack import PROCESSOR_GROUP
 from trainguard.kafka.lag import wait_caught_up
 from trainguard.replay.log import read_topic
 from trainguard.schemas import Command, Derived, Envelope, decode

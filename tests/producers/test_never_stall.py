@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.devtools.broker_jars import ensure_jars
-from trainguard.devtools.local_broker import LocalBroker
+from harness.devtools.broker_jars import ensure_jars
+from harness.devtools.local_broker import LocalBroker
 from trainguard.kafka.topics import ensure_topics, topic_names
 from trainguard.producers.rank.agent import RankAgent
 from trainguard.producers.rank.shipper import DeliveryOutcome, ShipperConfig, TelemetryShipper

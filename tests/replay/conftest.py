@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.devtools.stack import builtin_policy
+from harness.devtools.stack import builtin_policy
 from trainguard.kafka.topics import TopicNames
 from trainguard.producers.simulator.driver import run_simulation
 from trainguard.producers.simulator.scenario import Scenario

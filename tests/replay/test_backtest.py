@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from trainguard.devtools.stack import builtin_policy
+from harness.devtools.stack import builtin_policy
 from trainguard.processors.core import CorePolicy
 from trainguard.processors.core.policy import load_policy
 from trainguard.replay import cost_model, parallel

@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from trainguard.devtools.stack import builtin_policy
+from harness.devtools.stack import builtin_policy
 from trainguard.kafka.topics import topic_names
 from trainguard.processors.core.policy import CorePolicy, load_policy, parse_policy
 from trainguard.replay.log import Recording, read_archived_recording

@@ -115,7 +115,7 @@ def simulate(
     tweak: Callable[[Envelope], Envelope] | None = None,
     dt_s: float = 0.05,
 ) -> SimulatedRun:
-    """The closed loop of replay/evaluate.py run_core, keeping every record (not a score).
+    """The closed loop of harness/scoring/evaluate.py run_core, keeping every record (not a score).
     `tweak` rewrites telemetry before the core sees it (what a real GPU would have reported)."""
     cluster = SimulatedCluster(scenario, start_ts, run_id=scenario.run_id, id_prefix=scenario.name)
     state = CoreState()

@@ -39,9 +39,9 @@ from typing import Any
 import pytest
 import yaml
 
-from trainguard.devtools.broker_jars import ensure_jars
-from trainguard.devtools.local_broker import LocalBroker
-from trainguard.devtools.stack import PROCESSOR_GROUP, builtin_policy, scrape, start_processor
+from harness.devtools.broker_jars import ensure_jars
+from harness.devtools.local_broker import LocalBroker
+from harness.devtools.stack import PROCESSOR_GROUP, builtin_policy, scrape, start_processor
 from trainguard.kafka.topics import ensure_topics
 from trainguard.sinks.pager import Notification, PagerServer
 

@@ -81,7 +81,7 @@ ConnectTimeout = Annotated[
 
 #: Where a command finds the broker when --bootstrap and TRAINGUARD_BOOTSTRAP are both
 #: unset: functions returning a bootstrap address or None, tried in order. The
-#: development tooling adds the local broker's (trainguard/devtools/cli.py); the product
+#: development tooling adds the local broker's (harness/devtools/cli.py); the product
 #: knows of no broker on its own.
 bootstrap_fallbacks: list[Callable[[], str | None]] = []
 

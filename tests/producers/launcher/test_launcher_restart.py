@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
+from harness.scoring.oracle import executed_once
 from trainguard.kafka.topics import TopicNames
 from trainguard.producers.launcher.journal import (
     JOURNAL_NAME,
@@ -35,7 +36,6 @@ from trainguard.producers.launcher.journal import (
     rank_processes,
     replay,
 )
-from trainguard.replay.oracle import executed_once
 from trainguard.schemas import (
     Ack,
     AckStatus,

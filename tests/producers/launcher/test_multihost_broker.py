@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
+from harness.devtools.stack import PROCESSOR_GROUP
 from harness.hosts import agent, attempted, clean_run, environment, journal, kill_tree, log_tail
-from trainguard.devtools.stack import PROCESSOR_GROUP
 from trainguard.kafka.lag import wait_caught_up
 from trainguard.producers.launcher.config import free_port
 from trainguard.producers.launcher.shared_quarantine import SharedQuarantine

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from trainguard.devtools.broker_config import port_open
+from harness.devtools.broker_config import port_open
 from trainguard.producers.launcher.config import free_port
 from trainguard.producers.launcher.rendezvous import (
     HostRendezvous,

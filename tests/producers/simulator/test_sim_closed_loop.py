@@ -4,7 +4,7 @@ close the loop (crash -> abort -> restart; hang -> stack-dump abort -> odd stack
 
 from __future__ import annotations
 
-from trainguard.devtools.stack import builtin_policy
+from harness.devtools.stack import builtin_policy
 from trainguard.processors.core import engine
 from trainguard.processors.core.decisions.paging_state import PagingPolicy
 from trainguard.processors.core.policy import CorePolicy, load_policy

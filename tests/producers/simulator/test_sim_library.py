@@ -44,9 +44,10 @@ STRAGGLERS = [
     "straggler-nic",
 ]
 THERMAL_LIMIT_C = 85.0
-#: Several faults in one run (issue 14), scored in tests/replay/test_harms.py.
+#: Several faults in one run (issue 14), scored in tests/harness/scoring/test_harms.py.
 MIXED = ["mixed-256", "mixed-2048", "mixed-2048-b"]
-#: A node lost with its replacement 30 minutes away (issue 45), scored in tests/replay/test_capacity.py.
+#: A node lost with its replacement 30 minutes away (issue 45), scored in
+#: tests/harness/scoring/test_capacity.py.
 ELASTIC = ["elastic-1k", "elastic-16k"]
 #: A node 5% and a rank 8% slow (issue 47), scored by bench/bench_slowdown.py and `trainguard evaluate`.
 SLOW_SMALL = ["slow-small-1k", "slow-small-16k"]

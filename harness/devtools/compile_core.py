@@ -1,0 +1,115 @@
+"""Compile the hot modules with mypyc (trainguard/compiled_build.py: when a build is used;
+processors/core/compiled.py and schemas/compiled.py: which modules and why).
+
+    .venv/bin/python -m harness.devtools.compile_core          # build what is not up to date
+    .venv/bin/python -m harness.devtools.compile_core --force  # build everything again
+
+`scripts/setup` runs it. mypyc needs the modules under their package names, which the
+repository maps from top-level folders (pyproject's package-dir): as `scripts/typecheck`
+does, the build runs in a link tree shaped like the installed package (under
+.trainguard/compile), and only the compiled extensions and their stamp are copied into
+each package's _compiled/. Each package is its own mypyc group, built by its own run
+(its modules call another package's as Python). About 35 s on two cores; needs mypy
+(the dev extra) and a C compiler. A build that fails leaves no build: that package runs
+as Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ["TRAINGUARD_PURE_PYTHON"] = "1"  # the builder itself runs the Python (no stale-build warning)
+from trainguard.compiled_build import CompiledBuild  # noqa: E402
+from trainguard.processors.core import compiled as core_compiled  # noqa: E402
+from trainguard.schemas import compiled as schemas_compiled  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+TREE = ROOT / ".trainguard" / "compile"
+#: Every compiled package's build, in build order.
+BUILDS: tuple[CompiledBuild, ...] = (schemas_compiled.BUILD, core_compiled.BUILD)
+_SETUP = """
+from mypyc.build import mypycify
+from setuptools import setup
+paths = {paths!r}
+setup(name="trainguard-compiled", py_modules=[], ext_modules=mypycify(paths, group_name={group!r}),
+      script_args=["build_ext", "--build-lib", {out!r}, "--build-temp", {tmp!r}])
+"""
+
+
+def link_tree() -> None:
+    """The repository shaped like the installed package, under TREE."""
+    shutil.rmtree(TREE, ignore_errors=True)
+    package = TREE / "trainguard"
+    package.mkdir(parents=True)
+    for path in (ROOT / "trainguard").iterdir():
+        (package / path.name).symlink_to(path)
+    for folder in ("schemas", "producers", "processors", "sinks", "replay"):
+        (package / folder).symlink_to(ROOT / folder)
+
+
+def build(target: CompiledBuild) -> Path:
+    """Compile one package's modules; return the folder its extensions were built in."""
+    relative = Path(*target.package.split("."))
+    name = target.package.replace(".", "_")
+    # mypy's settings are the project's (pyproject.toml), as scripts/typecheck uses them.
+    paths = ["--config-file", str(ROOT / "pyproject.toml")]
+    paths += [str(relative.joinpath(*module.split(".")).with_suffix(".py")) for module in target.modules]
+    script = TREE / f"setup_{name}.py"
+    script.write_text(_SETUP.format(paths=paths, group=target.group, out=f"out_{name}", tmp=f"tmp_{name}"))
+    subprocess.run([sys.executable, script.name], cwd=TREE, check=True, stdout=subprocess.DEVNULL)
+    return TREE / f"out_{name}" / relative
+
+
+def install(target: CompiledBuild, built: Path) -> int:
+    """Replace the package's _compiled/ with the new extensions and their stamp (a
+    sub-package's in a folder of its name, as mypyc built them)."""
+    extensions = sorted(built.rglob("*.so")) + sorted(built.rglob("*.pyd"))
+    staged = target.folder.with_name("_compiled.new")
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir()
+    for extension in extensions:
+        copy = staged / extension.relative_to(built)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(extension, copy)
+    (staged / "stamp.json").write_text(json.dumps(target.stamp(), indent=1))
+    shutil.rmtree(target.folder, ignore_errors=True)
+    staged.rename(target.folder)
+    return len(extensions)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--force", action="store_true", help="build even what is up to date")
+    args = parser.parse_args(argv)
+    todo = [target for target in BUILDS if args.force or not target.is_current()]
+    for target in (target for target in BUILDS if target not in todo):
+        print(f"the compiled build in {target.folder} is up to date", file=sys.stderr)
+    if todo:
+        link_tree()
+    failed = 0
+    for target in todo:
+        started = time.monotonic()
+        shutil.rmtree(target.folder, ignore_errors=True)  # a failed build leaves the Python in use
+        try:
+            count = install(target, build(target))
+        except (subprocess.CalledProcessError, OSError) as exc:
+            print(f"compiling {target.package} failed ({exc}): it runs as Python", file=sys.stderr)
+            failed += 1
+            continue
+        took = time.monotonic() - started
+        print(
+            f"compiled {count} extensions of {target.package} into {target.folder} in {took:.0f} s",
+            file=sys.stderr,
+        )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

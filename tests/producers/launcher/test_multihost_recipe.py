@@ -68,11 +68,14 @@ def test_the_docs_one_machine_recipe_runs_as_written_and_every_agent_tells_and_r
     logs = {node: (run / f"{node}.log").read_text() for node in ("host-a", "host-b", "spare-1")}
     assert shell.returncode == 0, err[-3000:] + logs["host-a"][-3000:] + logs["spare-1"][-3000:]
 
-    # The rejoin: one line, its reason, within 2 s (bash's `time`), and nothing written.
+    # The rejoin: one line, its reason, at once (bash's `time`), and nothing written. "At
+    # once" is about half a second on an idle machine; the bound is 10 s, load-proof (three
+    # launches on two cores took it to 2.4 s) and still far below what an agent let in would
+    # take (a rendezvous round, then training on to the end).
     said = [line for line in err.splitlines() if not bash_own(line)]
     assert said == [REFUSAL], err
     (real,) = re.findall(r"^real\s+(\d+)m([\d.]+)s$", err, re.MULTILINE)
-    assert 60 * int(real[0]) + float(real[1]) < 2.0, err
+    assert 60 * int(real[0]) + float(real[1]) < 10.0, err
     host_b = run / "state" / "hosts" / "host-b"
     assert not (host_b / "restarts.jsonl").exists()  # its killed agent never got to one
     assert not [r for r in records(host_b / "launcher.actions.jsonl") if r["op"] == "session"]

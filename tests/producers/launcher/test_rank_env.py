@@ -41,6 +41,9 @@ def _environment() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "TRAINGUARD_"))}
     for name in ("OMP_NUM_THREADS", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
+    # Set in this process by any earlier test that built a HostRendezvous (the launcher's
+    # own setting, rendezvous.py); torchrun given it turns its agent store off.
+    env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
     return env
 
 

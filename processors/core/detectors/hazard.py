@@ -38,6 +38,7 @@ from .hazard_fleet import NodeCounts, capped, fleet_noise, window_counts
 from .hazard_levels import level_spread
 from .hazard_state import (
     COUNTERS,
+    DAY_S,
     FLAGS,
     LEVELS,
     SIGNALS,
@@ -58,7 +59,6 @@ from .hazard_stats import (
     tail_surprise,
 )
 
-_DAY = 86_400.0
 #: Throttle reasons that count as a hardware slowdown report.
 _HW_SLOWDOWN = frozenset({"hw_slowdown", "hw_power_brake_slowdown"})
 #: A node is judged once it has this many buckets of its own history (or a whole window):
@@ -157,7 +157,7 @@ def _add(track: GpuTrack, name: str, bucket: float, increment: float, policy: Pr
 def threshold(policy: PredictionPolicy) -> float:
     """-log10 of the p-value a signal's window must beat: the false alarms asked for per
     node-day, shared over the signals and the day's evaluations."""
-    tests = 3 * len(SIGNALS) * _DAY / policy.check_every_s  # a counter's three: activity, volume, streak
+    tests = 3 * len(SIGNALS) * DAY_S / policy.check_every_s  # a counter's three: activity, volume, streak
     return -math.log10(policy.false_alarms_per_node_day / tests)
 
 
@@ -355,7 +355,7 @@ def _volume(
     (a burst's excess left out), against the fleet's likewise capped noise and its own
     usual, if the count is not falling (its recent half holds at least its older half);
     its surprise and sentence."""
-    floor = policy.background_per_gpu_day.get(name, 0.0) / _DAY  # the prior, and the floor
+    floor = policy.background_per_s(name)  # the prior, and the floor
     rate, dispersion = state.volume.get(name, (floor, 1.0))
     rate = max(rate, floor)
     middle = latest_bucket - policy.window_s / 2

@@ -14,7 +14,6 @@ from .hazard_levels import drift as level_drift
 from .hazard_state import COUNTERS, FLAGS, HazardState, PredictionPolicy
 from .hazard_stats import ACTIVE_P, active_level
 
-_DAY = 86_400.0
 #: The fleet's noise estimates move this far toward each evaluation's measurement.
 _SMOOTHING = 0.2
 #: The share of nodes with the largest counts left out of the fleet's rate (the failing ones).
@@ -92,7 +91,7 @@ def fleet_noise(
     every = policy.check_every_s
     noise: dict[str, tuple[float, float]] = {}
     for name in (*COUNTERS, *FLAGS):
-        floor = policy.background_per_gpu_day.get(name, 0.0) / _DAY
+        floor = policy.background_per_s(name)
         reporting = [c for c in nodes.values() if name in c.gpus and c.span[name] >= every]
         previous = state.noise.get(name)
         if len(reporting) >= policy.min_fleet_nodes:

@@ -88,6 +88,9 @@ _PRECISION = {
 _LEVEL_SPREAD = {"temperature_c": 0.5, "power_w": 25.0}
 
 
+DAY_S = 86_400.0
+
+
 class PredictionPolicy(BaseModel):
     """Failure prediction (issue 46, seed §9.6): each node's precursors against its fleet's
     measured noise, calibrated into P(failure within the horizon), and a drain at a
@@ -152,6 +155,10 @@ class PredictionPolicy(BaseModel):
         default_factory=lambda: dict(_LEVEL_SPREAD),
         description="The smallest fleet spread of a level's rise over the window (°C, W).",
     )
+
+    def background_per_s(self, signal: str) -> float:
+        """The signal's healthy background per GPU per second: the prior, and the floor."""
+        return self.background_per_gpu_day.get(signal, 0.0) / DAY_S
 
     @field_validator("decisive")
     @classmethod

@@ -2,7 +2,7 @@
 parts are SIGKILLed at random, then the nothing-lost oracle over every run.
 
 W processor workers and the archive writer run as processes of their own on a fresh
-topic set; R simulated runs (threads of this process, each with its shipper and its
+topic set; R simulated runs (each a process of its own, with its shipper and its
 actuator, which executes and acks the commands) stream telemetry with hangs,
 stragglers and crashes. At the planned moments (harness/devtools/soak_plan.py) a worker or
 the archive writer is SIGKILLed and restarted after a short delay, and ranks crash.

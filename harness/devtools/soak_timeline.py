@@ -168,9 +168,11 @@ def stopped_at(placed: Placed | None, read_up_to: int | None, ended: float | Non
     if read_up_to is not None and read_up_to > placed.offset:
         return f"read by the actuator (p{placed.partition}@{placed.offset}), handed to no rank"
     where = f"on the commands topic (p{placed.partition}@{placed.offset}), not read by the actuator"
-    if ended is not None and placed.ts >= ended:
+    if ended is None:
+        return where
+    if placed.ts >= ended:
         return f"{where}: the run had ended {placed.ts - ended:.1f} s before"
-    return f"{where}: the run went on {ended - placed.ts:.1f} s" if ended is not None else where
+    return f"{where}: the run went on {ended - placed.ts:.1f} s"
 
 
 def record_time(bootstrap: str, topic: str, partition: int, since: float, needle: bytes) -> float | None:

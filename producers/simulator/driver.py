@@ -270,10 +270,9 @@ def run_simulation(
                 attempt = cluster.attempt
                 actuator.set_attempt(attempt)
             elapsed = time.monotonic() - mono0
-            out_of_time = max_seconds is not None and elapsed >= max_seconds
-            if max_seconds is not None and out_of_time and cluster.phase is Phase.STALLED:
-                out_of_time = elapsed >= max_seconds + settle_s  # let its abort land
-            finished = cluster.done or out_of_time
+            grace = settle_s if cluster.phase is Phase.STALLED else 0.0  # for its abort to land
+            limit = None if max_seconds is None else max_seconds + grace
+            finished = cluster.done or (limit is not None and elapsed >= limit)
             if progress is not None and (finished or time.monotonic() >= next_report):
                 next_report += 1.0
                 state = (cluster.last_completed, cluster.attempt, cluster.phase)

@@ -53,12 +53,14 @@ from ..training.inprocess import RESIZED
 from . import drain
 from .agent_bound import bound
 from .agent_store import AgentStores
-from .config import free_port
+from .config import free_port, rank_program
 from .context import LaunchContext
 from .elastic import should_grow
+from .fork_server import ForkedContext, ForkServer, ForkServers, ServerGone, forkable
 from .hot import HotRanks
+from .journal import ENV_RUN_DIR
 from .plan import Placement
-from .rank_env import rank_env
+from .rank_env import omp_threads, rank_env
 from .rank_output import Console, Owner, RankLogsSpecs, RankOutput
 from .records import LaunchResult, RankEnd, RestartCause, RestartPhases, closed_cleanly, peer_lost_of
 from .startup import Reports, completed_a_step
@@ -82,8 +84,12 @@ class AttemptRunner:
         #: The ranks' lines on the console and in their files (--tee, --redirects).
         self.output = RankOutput(Console(self.config.tee, self.config.redirects))
         #: --restart in-process: the processes that outlive attempts (hot.py).
+        #: A Python command's ranks forked from a server that imported torch once
+        #: (fork_server.py); None when each rank is a new process.
+        self.program = forkable(rank_program(self.config.command)) if self.config.preload else None
+        self.forks = ForkServers(self.config.preload, {**os.environ, ENV_RUN_DIR: str(self.run_dir)})
         in_process = self.config.restart == "in-process"
-        self.hot = HotRanks(self.config, self.run_dir, self.output) if in_process else None
+        self.hot = HotRanks(self.config, self.run_dir, self.output, self.forks) if in_process else None
         self._placement: Placement | None = None  # the last attempt's
         #: The last attempt's ranks' error and stderr files (none under in-process restart).
         self.reports: Reports = {}
@@ -218,16 +224,20 @@ class AttemptRunner:
         self.hot.renumber(dict(zip(keep, world.local_ranks, strict=False)))
 
     def prewarm(self, ranks: int) -> None:
-        """In-process restart: start importing the first attempt's `ranks` workers and the
-        warm spares now, while the world forms (across hosts: a spare host's wait)."""
+        """Start importing now, while the world forms (across hosts: a spare host's wait):
+        in-process restart, the first attempt's `ranks` workers and the warm spares; full
+        restarts, the fork server."""
         if self.hot is not None:
             self.hot.top_up(ranks)
+        elif self.program is not None:
+            self.forks.get(omp_threads(ranks))
 
     def close(self) -> None:
         """The run is over: what is left of its processes ends (survivors held for an
         attempt that never came, the warm spares)."""
         if self.hot is not None:
             self.hot.close(signal.SIGTERM, self.config.term_timeout_s)
+        self.forks.close()
         self.output.close()
 
     def _spawn(self, attempt: int, envs: list[dict[str, str]]) -> Any:
@@ -242,20 +252,42 @@ class AttemptRunner:
         main = threading.current_thread() is threading.main_thread()
         saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
         program = bound(cfg.command)
-        ctx = start_processes(
-            name=f"trainguard-{cfg.run_id}-{attempt}",
-            entrypoint=program[0],
-            args={i: tuple(program[1:]) for i in range(len(envs))},
-            envs=dict(enumerate(envs)),
-            logs_specs=RankLogsSpecs(cfg.log_root),  # both streams to files; RankOutput shows them
-        )
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
+        spec: dict[str, Any] = {
+            "name": f"trainguard-{cfg.run_id}-{attempt}",
+            "entrypoint": program[0],
+            "args": {i: tuple(program[1:]) for i in range(len(envs))},
+            "envs": dict(enumerate(envs)),
+            "logs_specs": RankLogsSpecs(cfg.log_root),  # both streams to files; RankOutput shows them
+        }
+        server = self.forks.get(envs[0]) if self.program is not None and envs else None
+        try:
+            ctx = start_processes(**spec) if server is None else self._forked(server, spec)
+        finally:
+            for sig, handler in saved.items():
+                signal.signal(sig, handler)
         assert isinstance(ctx, SubprocessContext)  # a str entrypoint: one binary per rank
         for i, env in enumerate(envs):
             owner = Owner(f"rank{env['RANK']}", int(env["LOCAL_RANK"]))
             self.output.follow(Path(ctx.stdouts[i]), Std.OUT, owner)
             self.output.follow(Path(ctx.stderrs[i]), Std.ERR, owner)
+        return ctx
+
+    def _forked(self, server: ForkServer, spec: dict[str, Any]) -> Any:
+        """torch elastic's process context, its ranks forked by `server` (fork_server.py),
+        started as start_processes() starts one. A server that died meanwhile: new processes."""
+        from torch.distributed.elastic.multiprocessing import start_processes
+
+        assert self.program is not None
+        ctx = ForkedContext(server, self.program, **spec)
+        try:
+            ctx.start()
+        except ServerGone as exc:
+            log.warning("%s: the ranks start as new processes", exc)
+            ctx.close()
+            return start_processes(**spec)
+        except BaseException:
+            ctx.close()
+            raise
         return ctx
 
     def _env(self, rank: int, world: World, port: int, agent_store: bool = False) -> dict[str, str]:

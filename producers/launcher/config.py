@@ -16,6 +16,9 @@ from ...common.checkpoint_location import is_url
 from ...home import trainguard_home
 from .rendezvous import RendezvousSpec
 
+#: What `trainguard launch` preloads unless told otherwise: torch and trainguard's rank side.
+PRELOAD = ("torch", "trainguard.torch")
+
 
 @dataclass(frozen=True)
 class LauncherConfig:
@@ -89,6 +92,11 @@ class LauncherConfig:
     #: In-process restart (--warm-spares): processes kept per host with the interpreter,
     #: torch and the user's modules imported, idle until one takes a failed rank.
     warm_spares: int = 0
+    #: --preload: modules a fork server imports once (producers/launcher/fork_server.py);
+    #: each rank of a ``python script.py`` or ``python -m module`` command is then forked
+    #: from it instead of being a new interpreter that imports them again (full restarts;
+    #: in-process restart keeps its own processes). (): a new process per rank.
+    preload: tuple[str, ...] = PRELOAD
     #: In-process restart: how long a survivor waits in the store for the next attempt
     #: before it gives up (the launcher ends it sooner when it restarts in full instead).
     restart_wait_s: float = 300.0

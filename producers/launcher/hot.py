@@ -62,6 +62,7 @@ from ..training.inprocess import (
 from .agent_bound import bound
 from .agent_store import AgentStores
 from .config import LauncherConfig, rank_program
+from .fork_server import ForkServers, forkable, start_handler
 from .rank_output import Console, Owner, RankOutput, rank_dir
 
 log = logging.getLogger(__name__)
@@ -74,8 +75,18 @@ SHARED_WAIT_S = 2.0
 class HotRanks:
     """The run's rank processes and warm spares, across attempts."""
 
-    def __init__(self, config: LauncherConfig, run_dir: Path, output: RankOutput | None = None) -> None:
+    def __init__(
+        self,
+        config: LauncherConfig,
+        run_dir: Path,
+        output: RankOutput | None = None,
+        forks: ForkServers | None = None,
+    ) -> None:
         self.config = config
+        #: Workers forked from a server that imported torch (fork_server.py), when the
+        #: command is a Python script or module; else each a new process.
+        self.forks = forks
+        self.program = forkable(rank_program(config.command)) if forks is not None else None
         self.run_dir = run_dir
         self.output = output or RankOutput(Console(config.tee, config.redirects))
         #: worker -> (attempt, rank, local rank) it serves: where its lines go (rank_output.py).
@@ -280,7 +291,11 @@ class HotRanks:
         logs.mkdir(parents=True, exist_ok=True)
         program = bound(rank_program(self.config.command))
         out, err = logs / f"{worker}.stdout.log", logs / f"{worker}.stderr.log"
-        handler = SubprocessHandler(program[0], tuple(program[1:]), dict(env), str(out), str(err), 0, None)
+        spec: dict[str, Any] = {
+            "entrypoint": program[0], "args": tuple(program[1:]), "env": dict(env),
+            "stdout": str(out), "stderr": str(err), "local_rank_id": 0, "numa_options": None,
+        }  # fmt: skip
+        handler = start_handler(self.forks, self.program, spec)
         self.output.follow(out, Std.OUT, lambda: self._owner(worker))
         self.output.follow(err, Std.ERR, lambda: self._owner(worker))
         return handler

@@ -243,6 +243,13 @@ def alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _environ(pid: int) -> dict[str, str] | None:
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
@@ -259,17 +266,20 @@ def _environ(pid: int) -> dict[str, str] | None:
 def rank_processes(run_dir: Path, candidates: dict[int, int] | None = None) -> dict[int, int]:
     """pid -> attempt of every live process started by a launcher of `run_dir`: the
     `candidates` (pid -> attempt, journaled) that still carry its environment, and any
-    other process under /proc that does. Never this process or its parent."""
+    other process under /proc that does. Never this process, its parent or its own
+    children (its fork server, started while the world forms). A rank forked by a fork
+    server shows the server's environment (/proc shows the one a process was exec'd
+    with): the run dir, but no attempt, which the journal then gives (else -1)."""
     want = str(run_dir)
     mine = {os.getpid(), os.getppid()}
     found: dict[int, int] = {}
 
     def check(pid: int) -> int | None:
         env = _environ(pid)
-        if env is None or env.get(ENV_RUN_DIR) != want or not alive(pid):
+        if env is None or env.get(ENV_RUN_DIR) != want or not alive(pid) or _parent(pid) == os.getpid():
             return None
         try:
-            return int(env.get(ENV_ATTEMPT, "-1"))
+            return int(env[ENV_ATTEMPT]) if ENV_ATTEMPT in env else (candidates or {}).get(pid, -1)
         except ValueError:
             return -1
 

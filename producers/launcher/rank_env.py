@@ -41,7 +41,7 @@ def host_layout(cfg: LauncherConfig, placement: Placement, rank: int) -> tuple[i
     return rank % rpn, len(placement.ranks_of(node)), rank // rpn, len(placement.nodes)
 
 
-def _omp_threads(local_world: int) -> dict[str, str]:
+def omp_threads(local_world: int) -> dict[str, str]:
     """torchrun's OMP_NUM_THREADS: the launcher's own if set, else 1 when a host runs
     more than one rank (so N ranks do not each start a thread per core), else unset."""
     if "OMP_NUM_THREADS" in os.environ:
@@ -74,7 +74,7 @@ def rank_env(
     world = str(placement.world_size)
     local_rank, local_world, group_rank, groups = host_layout(cfg, placement, rank)
     env = {
-        **_omp_threads(local_world),
+        **omp_threads(local_world),
         **cfg.env,
         "RANK": str(rank),
         "LOCAL_RANK": str(local_rank),

@@ -1,6 +1,6 @@
 """Parts of `trainguard launch` kept apart from pipeline.py (which holds the command): the
-lemon-node options (issue 46; docs/prediction.md, "Lemon nodes") and the line the command
-prints for each interruption at the end."""
+lemon-node options (issue 46; docs/prediction.md, "Lemon nodes"), the fork server's
+(--preload) and the line the command prints for each interruption at the end."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ..producers.launcher.config import PRELOAD
 from .app import DEFAULT_ARCHIVE, fail
 
 if TYPE_CHECKING:
@@ -27,6 +28,24 @@ LaunchArchive = Annotated[
         "archive` writes, when an archive is there (none: no node is kept out, nothing is said).",
     ),
 ]
+DEFAULT_PRELOAD = ",".join(PRELOAD)
+Preload = Annotated[
+    str,
+    typer.Option(
+        "--preload",
+        envvar="TRAINGUARD_PRELOAD",
+        help="Full restarts of a `python script.py` or `python -m module` command: modules a fork server "
+        "imports once, each rank then forked from it instead of a new interpreter importing them again "
+        "(comma-separated; trainguard.torch: trainguard's rank side; '' or none: a new process per rank).",
+    ),
+]
+
+
+def preload_modules(value: str) -> tuple[str, ...]:
+    """--preload's comma-separated modules ('' or none: none)."""
+    return tuple(m.strip() for m in value.split(",") if m.strip() and m.strip().lower() != "none")
+
+
 LemonFailures = Annotated[
     int,
     typer.Option(

@@ -23,7 +23,16 @@ from .app import (
     resolve_bootstrap,
     stop_on_signals,
 )
-from .launch_options import LaunchArchive, LemonDays, LemonFailures, lemon_settings, restart_line
+from .launch_options import (
+    DEFAULT_PRELOAD,
+    LaunchArchive,
+    LemonDays,
+    LemonFailures,
+    Preload,
+    lemon_settings,
+    preload_modules,
+    restart_line,
+)
 
 
 @app.command()
@@ -332,6 +341,7 @@ def launch(
             "each ready to take a failed rank (implies --restart in-process)."
         ),
     ] = 0,
+    preload: Preload = DEFAULT_PRELOAD,
     min_nproc: Annotated[
         int | None,
         typer.Option(
@@ -478,6 +488,7 @@ def launch(
         spare=spare,
         restart=restart,  # type: ignore[arg-type]  # checked above
         warm_spares=warm_spares,
+        preload=preload_modules(preload),
         min_nproc=min_nproc,
         checkpoint_dir=location,
         state_dir=state_dir.resolve() if state_dir is not None else None,

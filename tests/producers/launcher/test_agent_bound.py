@@ -1,7 +1,8 @@
 """Ranks never outlive their agent (issue 44): killing only the launcher process (not its
 group: the ranks run in sessions of their own) leaves no rank process of the run after
 5 s, in a full-restart run and under in-process restart with a warm spare
-(producers/launcher/agent_bound.py); a rank the launcher did not spawn itself ends
+(producers/launcher/agent_bound.py), and so does the fork server they were forked from
+(they die with it); a rank the launcher did not spawn itself ends
 through the rank side's watch (producers/training/agent_watch.py)."""
 
 from __future__ import annotations
@@ -53,13 +54,13 @@ def running(proc: psutil.Process) -> bool:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(
-    ("flags", "processes"),
-    [([], 2), (["--restart", "in-process", "--warm-spares", "1"], 3)],
-    ids=["full", "in-process-warm-spare"],
+@pytest.mark.parametrize(  # the rank processes (a warm spare too), and the fork server they were
+    ("flags", "processes", "servers"),  # forked from (producers/launcher/fork_server.py), if any
+    [([], 2, 1), (["--preload", ""], 2, 0), (["--restart", "in-process", "--warm-spares", "1"], 3, 1)],
+    ids=["full", "full-new-processes", "in-process-warm-spare"],
 )
 def test_killing_only_the_agent_leaves_no_rank_running_after_5_s(
-    tmp_path: Path, flags: list[str], processes: int
+    tmp_path: Path, flags: list[str], processes: int, servers: int
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
@@ -85,7 +86,7 @@ def test_killing_only_the_agent_leaves_no_rank_running_after_5_s(
             time.sleep(0.1)
         ranks = psutil.Process(launcher.pid).children(recursive=True)
         started = {int(p.name.removeprefix("proc-")) for p in out.glob("proc-*")}
-        assert started <= {p.pid for p in ranks} and len(ranks) == processes, (started, ranks)
+        assert started <= {p.pid for p in ranks} and len(ranks) == processes + servers, (started, ranks)
         assert all(os.getsid(p.pid) == p.pid for p in ranks)  # own sessions: the agent's group misses them
 
         os.kill(launcher.pid, signal.SIGKILL)  # the launcher alone

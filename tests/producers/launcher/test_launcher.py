@@ -141,6 +141,7 @@ def make_launcher(tmp_path: Path, sink: Any, env: dict[str, str], **overrides: A
         term_timeout_s=2,
         decision_wait_s=0.1,
         env={"FAKE_OUT": str(out), **env},
+        preload=(),  # the fake ranks import nothing: a fork server importing torch is all cost
     )
     fields.update(overrides)
     # Spares pass their self-test here (the real one spawns torch workers: test_selftest.py).

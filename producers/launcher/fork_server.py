@@ -1,0 +1,331 @@
+"""Rank processes forked from a process that has already imported torch (issue 48):
+``trainguard launch --preload torch,trainguard.torch`` (the default).
+
+Every rank of a Python job imports torch, 2-2.5 s of CPU each, and a full restart waits for
+it again. When the rank program is this interpreter running a script or a module
+(``python train.py ...``, ``python -m pkg.train ...``, torchrun's ``train.py ...``), the
+launcher keeps one server process (:mod:`.zygote`) that imported the ``--preload``
+modules, and each rank is a fork of it turned into that command (its own session, the
+rank's environment, streams, ``sys.argv``, ``__main__``). Anything else (another
+interpreter, a binary, ``python -c``, interpreter options other than ``-u``) is spawned as
+before, a new process per rank (``--preload ''`` always does).
+
+The ranks stay under torch elastic's process layer: :class:`ForkedContext` is its
+``SubprocessContext`` whose handlers fork through the server instead of ``Popen``
+(its log files, error files, ``close`` escalating SIGTERM to SIGKILL: unchanged), and
+:class:`ForkedProcess` answers as a ``Popen`` does (``pid``, ``poll``, ``wait``, signals), its
+exit status reported by the server, the child's parent. The server is bound to this
+launcher (:mod:`.agent_bound`) and its children to it, so they still die with the launcher;
+it carries the run dir in its environment, so a relaunched launcher's recovery finds it
+and its children (journal.rank_processes).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+from torch.distributed.elastic.multiprocessing.api import SubprocessContext
+from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+
+from .agent_bound import bound
+from .zygote import MAX_MESSAGE
+
+log = logging.getLogger(__name__)
+
+#: How long a spawn waits for the server to finish its imports (then: a new process).
+READY_TIMEOUT_S = 120.0
+#: The variables the server starts with as the ranks get them: read when torch is imported.
+IMPORT_TIME_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+@dataclass(frozen=True)
+class Program:
+    """A rank command this interpreter can run from a fork: a script or a module."""
+
+    argv: tuple[str, ...]  # sys.argv as the program sees it
+    script: str | None = None
+    module: str | None = None
+    unbuffered: bool = False
+
+
+def forkable(command: Sequence[str]) -> Program | None:
+    """`command` as a :class:`Program` when it is this interpreter (same environment)
+    running a script or a module with no interpreter option other than ``-u``; else None."""
+    if len(command) < 2:
+        return None
+    found = shutil.which(command[0])
+    if found is None or not _same_interpreter(found):
+        return None
+    rest, unbuffered = list(command[1:]), False
+    while rest and rest[0] == "-u":
+        rest, unbuffered = rest[1:], True
+    if len(rest) >= 2 and rest[0] == "-m" and not rest[1].startswith("-"):
+        return Program((rest[1], *rest[2:]), module=rest[1], unbuffered=unbuffered)
+    if rest and not rest[0].startswith("-") and os.path.isfile(rest[0]):
+        return Program(tuple(rest), script=rest[0], unbuffered=unbuffered)
+    return None
+
+
+def _same_interpreter(path: str) -> bool:
+    """The same interpreter in the same environment (a venv's python links to the system's:
+    the same file in another directory is another environment)."""
+    here = os.path.abspath(sys.executable)
+    there = os.path.abspath(path)
+    try:
+        return os.path.dirname(here) == os.path.dirname(there) and os.path.samefile(here, there)
+    except OSError:
+        return False
+
+
+class ServerGone(RuntimeError):
+    """The fork server ended (killed, or failed to start)."""
+
+
+class ForkServer:
+    """The launcher's end of one :mod:`.zygote` process: spawn requests, exit statuses."""
+
+    def __init__(self, preload: Sequence[str], env: Mapping[str, str]) -> None:
+        self.preload = tuple(preload)
+        #: The server's environment: the launcher's, and the ranks' import-time variables.
+        self.env = dict(env)
+        self._lock = threading.RLock()
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._sock = mine
+        program = bound([sys.executable, "-m", __package__ + ".zygote", str(theirs.fileno()), *self.preload])
+        self._proc = subprocess.Popen(
+            program, env=self.env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        theirs.close()
+        self.pid = self._proc.pid
+        self.ready: dict[str, Any] | None = None
+        self._exits: dict[int, int] = {}
+        self._replies: list[dict[str, Any]] = []
+        self.gone = False
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> dict[str, Any]:
+        """The server's imports done (what it imported, what failed, in how long)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self.ready is None:
+                left = deadline - time.monotonic()
+                if self.gone:
+                    raise ServerGone(f"the fork server (pid {self.pid}) ended before its imports were done")
+                if left <= 0:
+                    raise ServerGone(f"the fork server did not import {list(self.preload)} in {timeout:.0f}s")
+                self._pump(left)
+            return self.ready
+
+    def spawn(
+        self, program: Program, env: Mapping[str, str], stdio: Sequence[int], cwd: str
+    ) -> ForkedProcess:
+        """A child running `program` with exactly `env`, its stdin/stdout/stderr `stdio`."""
+        request = {
+            "argv": list(program.argv), "script": program.script, "module": program.module,
+            "unbuffered": program.unbuffered, "env": dict(env), "cwd": cwd,
+        }  # fmt: skip
+        with self._lock:
+            self.wait_ready()
+            try:
+                socket.send_fds(self._sock, [json.dumps(request).encode()], list(stdio))
+            except OSError as exc:
+                self._lost()
+                raise ServerGone(f"the fork server (pid {self.pid}) is gone: {exc}") from exc
+            while not self._replies:
+                self._pump(None)
+            reply = self._replies.pop(0)
+        if "pid" not in reply:
+            raise ServerGone(f"the fork server refused a spawn: {reply.get('error')}")
+        return ForkedProcess(self, int(reply["pid"]), tuple(program.argv))
+
+    def returncode(self, pid: int, timeout: float | None = 0) -> int | None:
+        """`pid`'s exit status once the server reported it; waits up to `timeout` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while pid not in self._exits:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    self._pump(0)
+                    break
+                self._pump(left if left is None else min(left, 0.05))
+            return self._exits.get(pid)
+
+    def _pump(self, timeout: float | None) -> None:
+        """Read what the server sent within `timeout` s (None: until one message)."""
+        if self.gone:
+            if timeout is None:
+                raise ServerGone(f"the fork server (pid {self.pid}) is gone")
+            return
+        while True:
+            readable, _, _ = select.select([self._sock], [], [], timeout)
+            if not readable:
+                return
+            data = self._sock.recv(MAX_MESSAGE)
+            if not data:
+                self._lost()
+                if timeout is None:
+                    raise ServerGone(f"the fork server (pid {self.pid}) is gone")
+                return
+            message = json.loads(data)
+            if "exit" in message:
+                self._exits[int(message["exit"])] = int(message["status"])
+            elif "ready" in message:
+                self.ready = message
+                if message.get("failed"):
+                    log.warning("fork server: could not preload %s", message["failed"])
+            else:
+                self._replies.append(message)
+            timeout = 0  # then whatever else is already there
+
+    def _lost(self) -> None:
+        """The server died: its children died with it (PR_SET_PDEATHSIG, SIGKILL)."""
+        self.gone = True
+        self._proc.poll()
+
+    def dead(self, pid: int) -> None:
+        """A child of a lost server: killed with it."""
+        self._exits.setdefault(pid, -signal.SIGKILL)
+
+    def close(self) -> None:
+        """End the server (its children with it)."""
+        with self._lock:
+            self._sock.close()
+            self.gone = True
+        try:
+            self._proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+class ForkedProcess:
+    """A forked rank as a ``Popen``: what torch elastic's handlers and the launcher's watch use."""
+
+    def __init__(self, server: ForkServer, pid: int, args: tuple[str, ...]) -> None:
+        self.server, self.pid, self.args = server, pid, args
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.server.returncode(self.pid, 0)
+            if self.returncode is None and self.server.gone:
+                self.server.dead(self.pid)
+                self.returncode = self.server.returncode(self.pid, 0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(list(self.args), timeout or 0)
+            left = 0.05 if deadline is None else max(0.0, min(0.05, deadline - time.monotonic()))
+            self.server.returncode(self.pid, left)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkedHandler(SubprocessHandler):
+    """torch elastic's handler of one rank, its process forked by the server."""
+
+    def __init__(self, server: ForkServer, program: Program, **kwargs: Any) -> None:
+        self._server, self._program = server, program
+        super().__init__(**kwargs)
+
+    def _popen(self, args: tuple, env: dict[str, str]) -> Any:
+        stdio: list[IO[Any] | int] = [0, self._stdout or 1, self._stderr or 2]
+        fds = [s if isinstance(s, int) else s.fileno() for s in stdio]
+        return self._server.spawn(self._program, env, fds, os.getcwd())
+
+
+def start_handler(
+    forks: ForkServers | None, program: Program | None, spec: dict[str, Any]
+) -> SubprocessHandler:
+    """torch elastic's handler of one process (`spec`: its arguments), forked by `forks`'
+    server when `program` is forkable, else a new process (also when the server is gone)."""
+    server = forks.get(spec["env"]) if forks is not None and program is not None else None
+    if server is not None and program is not None:
+        try:
+            return ForkedHandler(server, program, **spec)
+        except ServerGone as exc:
+            log.warning("%s: a new process instead", exc)
+    return SubprocessHandler(**spec)
+
+
+class ForkedContext(SubprocessContext):
+    """torch elastic's binary ``PContext``, each rank forked by `server` as `program`."""
+
+    def __init__(self, server: ForkServer, program: Program, **kwargs: Any) -> None:
+        self._server, self._program = server, program
+        super().__init__(**kwargs)
+
+    def _start(self) -> None:
+        self.subprocess_handlers = {
+            local_rank: ForkedHandler(
+                self._server,
+                self._program,
+                entrypoint=self.entrypoint,
+                args=self.args[local_rank],
+                env=self.envs[local_rank],
+                stdout=self.stdouts[local_rank],
+                stderr=self.stderrs[local_rank],
+                local_rank_id=local_rank,
+                numa_options=None,
+            )
+            for local_rank in range(self.nprocs)
+        }
+
+
+class ForkServers:
+    """The launcher's fork server, started ahead (its imports overlap the world forming) and
+    started again when it died or the ranks' import-time variables changed."""
+
+    def __init__(self, preload: Sequence[str], base_env: Mapping[str, str]) -> None:
+        self.preload = tuple(m for m in preload if m)
+        self.base_env = dict(base_env)
+        self._server: ForkServer | None = None
+
+    def get(self, rank_env: Mapping[str, str] | None = None) -> ForkServer | None:
+        """A live server whose import-time variables are `rank_env`'s (None: no preload)."""
+        if not self.preload:
+            return None
+        wanted = {k: rank_env[k] for k in IMPORT_TIME_ENV if rank_env and k in rank_env}
+        server = self._server
+        if server is not None and (server.gone or _import_env(server.env) != wanted):
+            server.close()
+            server = None
+        if server is None:
+            env = {k: v for k, v in self.base_env.items() if k not in IMPORT_TIME_ENV}
+            server = self._server = ForkServer(self.preload, {**env, **wanted})
+        return server
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+
+def _import_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: env[k] for k in IMPORT_TIME_ENV if k in env}

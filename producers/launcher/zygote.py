@@ -1,0 +1,223 @@
+"""The fork server's own process (issue 48): imports the modules every rank imports (torch
+first) once, then forks one child per rank and turns it into ``python script.py args``.
+
+Run by :mod:`.fork_server` as ``python -m trainguard.producers.launcher.zygote FD MODULE...``
+(through :mod:`.agent_bound`: it dies with its launcher). ``FD`` is its end of a Unix
+``SOCK_SEQPACKET`` pair: one JSON message per packet, the rank's stdin, stdout and stderr
+passed beside a spawn request (``SCM_RIGHTS``).
+
+- in: ``{"argv": [...], "script": path | null, "module": name | null, "env": {...},
+  "cwd": dir, "unbuffered": bool}`` with three descriptors;
+- out: ``{"ready": [modules imported], "failed": {module: error}, "import_s": s}`` once,
+  ``{"pid": p}`` for each spawn, ``{"exit": p, "status": rc}`` when a child ends (``rc`` as
+  ``Popen.returncode``: negative for a signal).
+
+A child becomes what a fresh interpreter running the command would be: its own session,
+bound to this process (``PR_SET_PDEATHSIG``: it dies with the server, which dies with the
+launcher), the rank's streams on 0/1/2, exactly the rank's environment, the launcher's
+working directory, ``sys.argv``, ``sys.path[0]``, ``__main__``, stdio buffering (``-u``),
+and fresh random state; the script then runs at module level of this file, so the
+interpreter's own exit runs its ``atexit`` hooks, joins its threads and reports its exit
+status or traceback as ``python`` would.
+
+What the preload cannot give a child: a variable that a preloaded module reads when it is
+imported takes the server's value (the launcher's environment; :mod:`.fork_server` starts
+the server with the ranks' ``OMP_NUM_THREADS``, the one torch reads then). Only the
+standard library is imported here before the preload.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import importlib
+import io
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+#: Beside a spawn request: the child's stdin, stdout and stderr.
+STDIO_FDS = 3
+#: One message's largest size (an environment of a few hundred variables fits).
+MAX_MESSAGE = 1 << 20
+#: linux/prctl.h
+PR_SET_PDEATHSIG = 1
+#: A preloaded name that stands for trainguard's whole rank side (every module behind
+#: trainguard.torch's public names, which that module itself imports lazily).
+TRAINGUARD_TORCH = "trainguard.torch"
+
+
+def preload(modules: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Import `modules` (those that fail are reported, not fatal: the rank imports them
+    itself and fails as it would have)."""
+    done: list[str] = []
+    failed: dict[str, str] = {}
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+            if name == TRAINGUARD_TORCH:
+                for implementation in sorted(set(module.EXPORTS.values())):
+                    importlib.import_module(implementation)
+            done.append(name)
+        except Exception as exc:  # any import-time error is the rank's to meet
+            failed[name] = f"{type(exc).__name__}: {exc}"
+    return done, failed
+
+
+def send(sock: socket.socket, message: dict[str, Any]) -> None:
+    sock.send(json.dumps(message).encode())
+
+
+def serve(sock: socket.socket) -> dict[str, Any]:
+    """Fork a child per request until the launcher closes its end (then exit). Returns only
+    in a child, with its request."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that the wakeup fd is written
+    children: set[int] = set()
+    while True:
+        _reap(sock, children)
+        ready = _wait_readable([sock.fileno(), wake_r])
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+        if sock.fileno() not in ready:
+            continue
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, STDIO_FDS)
+        except InterruptedError:
+            continue
+        if not data:  # the launcher is gone: so are we (the children follow, PDEATHSIG)
+            sys.exit(0)
+        if len(fds) != STDIO_FDS:
+            for fd in fds:
+                os.close(fd)
+            send(sock, {"error": f"a spawn request needs {STDIO_FDS} descriptors, got {len(fds)}"})
+            continue
+        request = json.loads(data)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        server = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            os.close(wake_r)
+            os.close(wake_w)
+            _become(request, fds, sock, server)
+            return request
+        for fd in fds:
+            os.close(fd)
+        children.add(pid)
+        send(sock, {"pid": pid})
+
+
+def _wait_readable(fds: list[int]) -> list[int]:
+    import select
+
+    while True:
+        try:
+            return select.select(fds, [], [])[0]
+        except InterruptedError:
+            continue
+
+
+def _reap(sock: socket.socket, children: set[int]) -> None:
+    for pid in list(children):
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done, status = pid, 255 << 8
+        if done:
+            children.discard(pid)
+            send(sock, {"exit": pid, "status": os.waitstatus_to_exitcode(status)})
+
+
+def _become(request: dict[str, Any], fds: list[int], sock: socket.socket, server: int) -> None:
+    """In the child of `server`: the process a fresh ``python`` would have started for
+    `request`."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    sock.close()
+    os.setsid()
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != server:  # the server died before the prctl: as if it fired
+        os.kill(os.getpid(), signal.SIGKILL)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    sys.argv = list(request["argv"])
+    script = request.get("script")
+    sys.path[0] = os.path.dirname(os.path.realpath(script)) if script else os.getcwd()
+    _stdio(bool(request.get("unbuffered")))
+    _reseed()
+    importlib.invalidate_caches()  # files written since the server started
+    gc.enable()
+
+
+def _stdio(unbuffered: bool) -> None:
+    """sys.stdin/stdout/stderr as the interpreter makes them for these descriptors."""
+    unbuffered = unbuffered or bool(os.environ.get("PYTHONUNBUFFERED"))
+    streams = []
+    for fd, old in ((0, sys.stdin), (1, sys.stdout), (2, sys.stderr)):
+        raw = io.FileIO(fd, "w" if fd else "r", closefd=False)
+        buffered: Any = io.BufferedReader(raw) if fd == 0 else raw if unbuffered else io.BufferedWriter(raw)
+        write_through = unbuffered and fd != 0
+        line_buffering = not write_through and (fd == 2 or os.isatty(fd))
+        errors = "backslashreplace" if fd == 2 else old.errors
+        wrapper = io.TextIOWrapper(buffered, old.encoding, errors, None, line_buffering, write_through)
+        streams.append(wrapper)
+    sys.stdin, sys.stdout, sys.stderr = streams
+    for name, stream in zip(("__stdin__", "__stdout__", "__stderr__"), streams, strict=True):
+        setattr(sys, name, stream)  # what a fresh interpreter's originals are
+
+
+def _reseed() -> None:
+    """Fresh random state, as a new interpreter has (`random` reseeds itself after a fork;
+    numpy's global generator, seeded from the OS when imported, does not)."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
+def run(request: dict[str, Any]) -> None:
+    """Run the rank's program as ``__main__``, as ``python script.py`` / ``python -m mod``."""
+    if request.get("module"):
+        import runpy
+
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        return
+    import types
+    from importlib.machinery import SourceFileLoader
+
+    path = os.path.abspath(request["script"])
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__loader__ = SourceFileLoader("__main__", path)
+    main.__builtins__ = __builtins__  # type: ignore[attr-defined]
+    main.__cached__ = None  # type: ignore[attr-defined]
+    main.__spec__ = None
+    sys.modules["__main__"] = main
+    with open(path, "rb") as source:
+        code = compile(source.read(), path, "exec", dont_inherit=True)
+    exec(code, main.__dict__)
+
+
+def main(argv: list[str]) -> dict[str, Any]:
+    sock = socket.socket(fileno=int(argv[0]))
+    start = time.monotonic()
+    done, failed = preload(argv[1:])
+    gc.collect()
+    gc.freeze()  # the preloaded objects out of the collector's way: fewer copied pages per child
+    gc.disable()
+    send(sock, {"ready": done, "failed": failed, "import_s": round(time.monotonic() - start, 3)})
+    return serve(sock)
+
+
+if __name__ == "__main__":
+    run(main(sys.argv[1:]))

@@ -1,0 +1,199 @@
+"""The fork server (producers/launcher/fork_server.py, zygote.py): a rank forked from a
+process that imported torch is the process a fresh ``python script.py`` would have been.
+Each check runs the same probe both ways, a new interpreter (as torch elastic's Popen
+starts it) and a fork of a real server, and compares what the probe saw."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trainguard.producers.launcher.fork_server import ForkServer, ForkServers, Program, forkable
+from trainguard.producers.launcher.journal import ENV_RUN_DIR, alive, rank_processes
+
+PROBE = textwrap.dedent(
+    """
+    import atexit, json, os, signal, sys, threading, time
+    mode = os.environ["PROBE_MODE"]
+    seen = {
+        "argv": sys.argv, "file": __file__, "name": __name__, "path0": sys.path[0], "cwd": os.getcwd(),
+        "env": dict(os.environ), "spec": __spec__ and [__spec__.name, __spec__.origin],
+        "main": sys.modules["__main__"].__dict__ is globals(),
+        "stdout": [sys.stdout.line_buffering, sys.stdout.write_through, sys.stdout.encoding],
+        "stderr": [sys.stderr.line_buffering, sys.stderr.write_through, sys.stderr.errors],
+        "own_session": os.getsid(0) == os.getpid(), "stdin_tty": sys.stdin.isatty(),
+    }
+    if mode == "numpy":
+        import numpy
+        seen = {"draw": numpy.random.randint(1 << 30)}
+    if mode == "threads":
+        import torch
+        seen = {"threads": torch.get_num_threads()}
+    print(json.dumps(seen))
+    if mode == "exit3":
+        sys.exit(3)
+    if mode == "raise":
+        raise ValueError("the probe's own error")
+    if mode == "interrupt":
+        raise KeyboardInterrupt
+    if mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "shutdown":  # the interpreter's exit: threads joined, then atexit hooks, in order
+        atexit.register(lambda: print("atexit", flush=True))
+        threading.Thread(target=lambda: (time.sleep(0.3), print("thread done", flush=True))).start()
+    if mode == "sleep":
+        time.sleep(60)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ForkServer]:
+    srv = ForkServer(["torch", "trainguard.torch"], {**os.environ, "OMP_NUM_THREADS": "1"})
+    assert srv.wait_ready()["ready"] == ["torch", "trainguard.torch"]
+    yield srv
+    srv.close()
+
+
+def _probe(tmp_path: Path) -> Path:
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    return script
+
+
+def _both(
+    server: ForkServer, tmp_path: Path, mode: str, command: list[str] | None = None
+) -> tuple[tuple[int, str, str], tuple[int, str, str]]:
+    """(returncode, stdout, stderr) of the probe as a new interpreter and as a fork."""
+    command = command or [sys.executable, "-u", str(_probe(tmp_path)), "--lr", "3e-4"]
+    env = {**os.environ, "PROBE_MODE": mode, "RANK": "1", "OMP_NUM_THREADS": "1"}
+    out = []
+    for how in ("fresh", "forked"):
+        stdout, stderr = tmp_path / f"{how}.out", tmp_path / f"{how}.err"
+        with stdout.open("w") as o, stderr.open("w") as e:
+            if how == "fresh":
+                rc = subprocess.Popen(command, env=env, stdout=o, stderr=e, start_new_session=True).wait(60)
+            else:
+                program = forkable(command)
+                assert program is not None
+                rc = server.spawn(program, env, [0, o.fileno(), e.fileno()], os.getcwd()).wait(60)
+        out.append((rc, stdout.read_text(), stderr.read_text()))
+    return out[0], out[1]
+
+
+def test_a_forked_rank_sees_what_a_new_interpreter_sees(server: ForkServer, tmp_path: Path) -> None:
+    fresh, forked = _both(server, tmp_path, "report")
+    assert fresh[0] == forked[0] == 0, (fresh[2], forked[2])
+    assert json.loads(forked[1]) == json.loads(fresh[1])  # argv, __main__, env, stdio, session
+
+
+def test_a_module_run_with_dash_m_is_the_same_too(server: ForkServer, tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "probe.py").write_text(PROBE)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)  # -m finds the package from the working directory
+    try:
+        fresh, forked = _both(server, tmp_path, "report", [sys.executable, "-m", "pkg.probe", "x"])
+    finally:
+        os.chdir(cwd)
+    assert fresh[0] == forked[0] == 0, (fresh[2], forked[2])
+    seen = json.loads(forked[1])
+    assert seen == json.loads(fresh[1]) and seen["argv"] == [str(tmp_path / "pkg" / "probe.py"), "x"]
+
+
+@pytest.mark.parametrize("mode", ["exit3", "raise", "interrupt", "kill", "shutdown"])
+def test_exits_as_a_new_interpreter_exits(server: ForkServer, tmp_path: Path, mode: str) -> None:
+    fresh, forked = _both(server, tmp_path, mode)
+    assert forked[0] == fresh[0] == {"exit3": 3, "raise": 1, "interrupt": -signal.SIGINT,
+                                     "kill": -signal.SIGKILL, "shutdown": 0}[mode]  # fmt: skip
+    assert forked[1].splitlines()[1:] == fresh[1].splitlines()[1:]  # "thread done" before "atexit"
+    if mode == "raise":  # the traceback on stderr, as python prints it
+        assert forked[2].strip().endswith("ValueError: the probe's own error")
+        assert f'File "{tmp_path / "probe.py"}"' in forked[2]
+
+
+def test_each_fork_draws_its_own_random_numbers(server: ForkServer, tmp_path: Path) -> None:
+    script = _probe(tmp_path)
+    program = forkable([sys.executable, str(script)])
+    assert program is not None
+    draws = set()
+    for i in range(2):
+        out = tmp_path / f"{i}.out"
+        with out.open("w") as o:
+            proc = server.spawn(
+                program, {**os.environ, "PROBE_MODE": "numpy"}, [0, o.fileno(), 2], os.getcwd()
+            )
+            assert proc.wait(60) == 0
+        draws.add(json.loads(out.read_text())["draw"])
+    assert len(draws) == 2  # numpy's global generator reseeded in each child, as in new processes
+
+
+def test_the_ranks_thread_count_is_what_torch_reads_at_import(tmp_path: Path) -> None:
+    """OMP_NUM_THREADS is read when torch is imported: the server starts with the ranks'."""
+    script = _probe(tmp_path)
+    program = forkable([sys.executable, str(script)])
+    assert program is not None
+    servers = ForkServers(["torch"], dict(os.environ))
+    try:
+        for threads in ("1", "2"):
+            env = {**os.environ, "PROBE_MODE": "threads", "OMP_NUM_THREADS": threads}
+            srv = servers.get(env)
+            assert srv is not None
+            out = tmp_path / f"{threads}.out"
+            with out.open("w") as o:
+                assert srv.spawn(program, env, [0, o.fileno(), 2], os.getcwd()).wait(60) == 0
+            assert json.loads(out.read_text()) == {"threads": int(threads)}
+    finally:
+        servers.close()
+
+
+def test_the_ranks_die_with_the_server_and_the_launcher_is_told(tmp_path: Path) -> None:
+    run_dir = str(tmp_path / "run")
+    srv = ForkServer(["json"], {**os.environ, ENV_RUN_DIR: run_dir})
+    program = forkable([sys.executable, str(_probe(tmp_path))])
+    assert program is not None
+    procs = [
+        srv.spawn(program, {**os.environ, "PROBE_MODE": "sleep"}, [0, 1, 2], os.getcwd()) for _ in range(2)
+    ]
+    # a relaunched launcher's recovery finds them by the run dir, their attempt from its
+    # journal; not the server, this process's own child (as a relaunched launcher's own is)
+    assert rank_processes(Path(run_dir), {procs[0].pid: 4}) == {procs[0].pid: 4, procs[1].pid: -1}
+    assert procs[0].poll() is None
+    os.kill(srv.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(alive(p.pid) for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(p.pid) for p in procs)  # PR_SET_PDEATHSIG
+    assert [p.wait(5) for p in procs] == [-signal.SIGKILL, -signal.SIGKILL]
+    srv.close()
+
+
+def test_only_this_interpreter_running_a_script_or_a_module_is_forked(tmp_path: Path) -> None:
+    script = str(_probe(tmp_path))
+    assert forkable([sys.executable, script, "--x"]) == Program((script, "--x"), script=script)
+    assert forkable([sys.executable, "-u", script]) == Program((script,), script=script, unbuffered=True)
+    assert forkable([sys.executable, "-m", "pkg.train", "a"]) == Program(
+        ("pkg.train", "a"), module="pkg.train"
+    )
+    other = tmp_path / "venv" / "bin"
+    other.mkdir(parents=True)
+    (other / "python").symlink_to(os.path.realpath(sys.executable))  # the same binary, another environment
+    for command in (
+        [str(other / "python"), script],
+        [sys.executable, "-c", "print(1)"],
+        [sys.executable, "-X", "dev", script],
+        [sys.executable, str(tmp_path / "missing.py")],
+        ["sh", "-c", f"{sys.executable} {script}"],
+        [sys.executable],
+    ):
+        assert forkable(command) is None, command

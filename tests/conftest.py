@@ -13,10 +13,31 @@ import pytest
 
 from trainguard.kafka.topics import TopicNames, delete_topics, ensure_topics, topic_names
 
-from .variants import SLOW_MODULES, slow_variants
+from .variants import LONGEST, SLOW_MARK, SLOW_MODULES, slow_variants
 
 #: Not collected (not skipped) unless the slow variants are asked for (tests/variants.py).
 collect_ignore = [] if slow_variants() else SLOW_MODULES
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Groups for parallel workers (scripts/test: pytest-xdist ``--dist loadgroup``): a
+    module's tests run on one worker (its module-scoped processors and launches made once),
+    except each slow variant's case, a group of its own; the slow variants first (whole
+    cases, then whole modules; LONGEST's cases before all), so that the longest groups
+    start first rather than last."""
+    here = Path(__file__).parent
+    longest = {str(here / m) for m in LONGEST}
+    slow_modules = {str(here / m) for m in SLOW_MODULES}
+
+    def order(item: pytest.Item) -> int:
+        if item.get_closest_marker(SLOW_MARK) is not None:
+            return 0 if str(item.path) in longest else 1
+        return 2 if str(item.path) in slow_modules else 3
+
+    for item in items:
+        alone = item.get_closest_marker(SLOW_MARK) is not None
+        item.add_marker(pytest.mark.xdist_group(item.nodeid if alone else str(item.path)))
+    items.sort(key=order)
 
 
 @pytest.fixture(scope="session")

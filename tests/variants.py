@@ -6,9 +6,10 @@ without it they are not collected (not skipped: a skip is not a pass)."""
 from __future__ import annotations
 
 import os
-from typing import TypeVar
+from typing import Any
 
-T = TypeVar("T")
+import pytest
+from _pytest.mark.structures import ParameterSet
 
 ENV = "TRAINGUARD_SLOW_VARIANTS"
 
@@ -34,6 +35,25 @@ def slow_variants() -> bool:
     return os.environ.get(ENV) == "1"
 
 
-def with_slow(suite: list[T], slow: list[T]) -> list[T]:
-    """`suite`, plus `slow` when the slow variants are asked for."""
-    return suite + (slow if slow_variants() else [])
+#: Modules whose slow cases are the longest of all (minutes each: the library's 2,048- and
+#: 16,384-rank scenarios): scheduled before the other slow groups (tests/conftest.py).
+LONGEST = ["schemas/test_columnar.py", "harness/scoring/test_capacity.py"]
+
+#: The mark of a slow variant's case: each is scheduled as a group of its own, ahead of the
+#: rest (tests/conftest.py), so that the longest cases start first on parallel workers.
+SLOW_MARK = "slow_variant"
+
+
+def with_slow(suite: list[Any], slow: list[Any]) -> list[Any]:
+    """`suite`, plus `slow` when the slow variants are asked for, each marked as one (a
+    tuple is one case's several arguments)."""
+    if not slow_variants():
+        return suite
+    mark = getattr(pytest.mark, SLOW_MARK)
+    marked = []
+    for case in slow:
+        if isinstance(case, ParameterSet):
+            marked.append(pytest.param(*case.values, marks=[*case.marks, mark], id=case.id))
+        else:
+            marked.append(pytest.param(*(case if isinstance(case, tuple) else (case,)), marks=mark))
+    return suite + marked

@@ -71,10 +71,13 @@ CASES = {
 
 #: The suite recovers from a snapshot ahead of the commit (C must skip up to it) and from
 #: the log alone; a snapshot behind the commit is the slow variant (tests/variants.py).
-SUITE = with_slow(["snapshot-ahead-of-commit", "no-snapshots"], ["snapshot-behind-commit"])
+SUITE = with_slow(
+    [pytest.param(CASES[n], id=n) for n in ("snapshot-ahead-of-commit", "no-snapshots")],
+    [pytest.param(CASES["snapshot-behind-commit"], id="snapshot-behind-commit")],
+)
 
 
-@pytest.fixture(params=[CASES[name] for name in SUITE], ids=SUITE)
+@pytest.fixture(params=SUITE)
 def case(request: pytest.FixtureRequest) -> Case:
     return request.param  # type: ignore[no-any-return]
 

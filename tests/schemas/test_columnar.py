@@ -182,7 +182,11 @@ def same(a: Any, b: Any, where: str = "state") -> None:
 SUITE = ["straggler-thermal", "hang-allreduce", "sdc-bitflip", "data-fault-repeat"]
 
 
-SLOW = [pytest.param(n, marks=pytest.mark.timeout(1800)) for n in Scenario.library() if n not in SUITE]
+SLOW = [  # the largest first: the longest cases start first on parallel workers
+    pytest.param(n, marks=pytest.mark.timeout(1800))
+    for n in sorted(Scenario.library(), key=lambda n: -Scenario.builtin(n).world_size)
+    if n not in SUITE
+]
 
 
 @pytest.mark.parametrize("name", with_slow([pytest.param(n) for n in SUITE], SLOW))

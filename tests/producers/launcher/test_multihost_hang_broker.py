@@ -68,7 +68,10 @@ def test_then_a_hang_on_another_host_with_no_spare_left_stops_the_run_naming_it(
 
     for other in set(codes) - {hung}:
         stopped = log_tail(tmp_path, other)
-        assert "no round of 3 to 3 hosts formed within 20 s" in stopped, stopped
+        # no world of three forms; or, when the hung host served the rendezvous store and left
+        # first (a loaded machine: before the others' 20 s were up), its store is gone
+        formed = "no round of 3 to 3 hosts formed within 20 s" in stopped
+        assert formed or "is unreachable (its host is gone?)" in stopped, stopped
         assert f"{hung}: node {hung} caused interruption" in stopped and "(hang:" in stopped
         assert "host-b: " in stopped and "No spare host joined" in stopped
     assert f"{hung} is quarantined for run {run_id}" in log_tail(tmp_path, hung)

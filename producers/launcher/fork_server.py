@@ -299,33 +299,28 @@ class ForkedContext(SubprocessContext):
 
 
 class ForkServers:
-    """The launcher's fork server, started ahead (its imports overlap the world forming) and
-    started again when it died or the ranks' import-time variables changed."""
+    """The launcher's fork servers, one per value of the ranks' import-time variables (in
+    practice one): started ahead (their imports overlap the world forming), started again
+    when one died. A server is ended only with the run: its children die with it."""
 
     def __init__(self, preload: Sequence[str], base_env: Mapping[str, str]) -> None:
         self.preload = tuple(m for m in preload if m)
         self.base_env = dict(base_env)
-        self._server: ForkServer | None = None
+        self._servers: dict[tuple[tuple[str, str], ...], ForkServer] = {}
 
     def get(self, rank_env: Mapping[str, str] | None = None) -> ForkServer | None:
         """A live server whose import-time variables are `rank_env`'s (None: no preload)."""
         if not self.preload:
             return None
         wanted = {k: rank_env[k] for k in IMPORT_TIME_ENV if rank_env and k in rank_env}
-        server = self._server
-        if server is not None and (server.gone or _import_env(server.env) != wanted):
-            server.close()
-            server = None
-        if server is None:
+        key = tuple(sorted(wanted.items()))
+        server = self._servers.get(key)
+        if server is None or server.gone:
             env = {k: v for k, v in self.base_env.items() if k not in IMPORT_TIME_ENV}
-            server = self._server = ForkServer(self.preload, {**env, **wanted})
+            server = self._servers[key] = ForkServer(self.preload, {**env, **wanted})
         return server
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-
-
-def _import_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: env[k] for k in IMPORT_TIME_ENV if k in env}
+        for server in self._servers.values():
+            server.close()
+        self._servers.clear()

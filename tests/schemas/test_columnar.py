@@ -144,12 +144,18 @@ def folds(
 ) -> list[tuple[list[bytes], CoreState]]:
     """`fold` in each of the `modes` (``columnar`` True or False) from one simulation of the
     run: every record value goes to one CoreDriver a mode, in lockstep (the simulation costs
-    as much as a fold; its values are the same bytes for every driver)."""
+    as much as a fold; its values are the same bytes for every driver). A record is decoded
+    once for all the drivers where it would decode the same for each (CoreDriver.handle is
+    fold(decode(value)); decoded_still_valid: as a backtest's pass shares one decode among
+    its policies), and folded by each."""
     drivers = [CoreDriver(CorePolicy(), SECRET, columnar=columnar) for columnar in modes]
     outs: list[list[bytes]] = [[] for _ in modes]
     for value in packed_records(scenario, "columnar-run", shard_ranks, packed):
+        decoded = None
         for driver, out in zip(drivers, outs, strict=True):
-            result = driver.handle(value)
+            if decoded is None or not driver.decoded_still_valid(decoded):
+                decoded = driver.decode(value)
+            result = driver.fold(decoded)
             out += [encode(o) for o in (*result.derived, *result.commands)]
             out += [f"{r.reason}: {r.detail}".encode() + r.raw for r in result.rejections]
     return [(out, driver.state) for driver, out in zip(drivers, outs, strict=True)]

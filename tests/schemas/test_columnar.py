@@ -23,7 +23,7 @@ from trainguard.producers.simulator.scenario import Scenario
 from trainguard.schemas import Envelope, RejectReason, StepTiming, decode_batch, encode, encode_batch
 from trainguard.schemas.columnar import encode_step_timings
 
-from ..simulated import packed_records
+from ..simulated import gc_paused, packed_records
 from ..variants import with_slow
 
 SECRET = b"columnar-test-secret-0123456789ab"
@@ -147,17 +147,18 @@ def folds(
     as much as a fold; its values are the same bytes for every driver). A record is decoded
     once for all the drivers where it would decode the same for each (CoreDriver.handle is
     fold(decode(value)); decoded_still_valid: as a backtest's pass shares one decode among
-    its policies), and folded by each."""
+    its policies), and folded by each; the collector paused (gc_paused)."""
     drivers = [CoreDriver(CorePolicy(), SECRET, columnar=columnar) for columnar in modes]
     outs: list[list[bytes]] = [[] for _ in modes]
-    for value in packed_records(scenario, "columnar-run", shard_ranks, packed):
-        decoded = None
-        for driver, out in zip(drivers, outs, strict=True):
-            if decoded is None or not driver.decoded_still_valid(decoded):
-                decoded = driver.decode(value)
-            result = driver.fold(decoded)
-            out += [encode(o) for o in (*result.derived, *result.commands)]
-            out += [f"{r.reason}: {r.detail}".encode() + r.raw for r in result.rejections]
+    with gc_paused():
+        for value in packed_records(scenario, "columnar-run", shard_ranks, packed):
+            decoded = None
+            for driver, out in zip(drivers, outs, strict=True):
+                if decoded is None or not driver.decoded_still_valid(decoded):
+                    decoded = driver.decode(value)
+                result = driver.fold(decoded)
+                out += [encode(o) for o in (*result.derived, *result.commands)]
+                out += [f"{r.reason}: {r.detail}".encode() + r.raw for r in result.rejections]
     return [(out, driver.state) for driver, out in zip(drivers, outs, strict=True)]
 
 

@@ -14,7 +14,7 @@ from trainguard.processors.driver import CoreDriver
 from trainguard.producers.simulator.scenario import Scenario
 from trainguard.schemas import GpuHealth, Heartbeat, StepStats
 
-from ..schemas.test_columnar import fold, same
+from ..schemas.test_columnar import folds, same
 
 #: (scenario, ranks a shard, what it decides, the most of its heartbeats and step stats
 #: that may go through ``step``: a healthy stretch's are quiet; a hang's stalled heartbeats
@@ -36,17 +36,15 @@ def test_quiet_heartbeats_and_step_stats_fold_as_step_folds_them(
     name: str, shard_ranks: int, decided: bytes, most_by_step: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     through_step = {True: 0, False: 0}  # the three kinds' events that ``step`` folded, by mode
-    fold_one, mode = CoreDriver._fold, [True]
+    fold_one = CoreDriver._fold
 
     def counted(self, event, result, hint, shard, shard_ranks):  # type: ignore[no-untyped-def]
-        through_step[mode[0]] += type(event) in (Heartbeat, StepStats, GpuHealth)
+        through_step[self.columnar] += type(event) in (Heartbeat, StepStats, GpuHealth)
         fold_one(self, event, result, hint, shard, shard_ranks)
 
     monkeypatch.setattr(CoreDriver, "_fold", counted)
     scenario = Scenario.builtin(name)
-    as_rows, rows_state = fold(scenario, shard_ranks=shard_ranks)
-    mode[0] = False
-    by_step, step_state = fold(scenario, columnar=False, shard_ranks=shard_ranks)
+    (as_rows, rows_state), (by_step, step_state) = folds(scenario, shard_ranks=shard_ranks)
     assert as_rows == by_step
     assert any(decided in out for out in as_rows), decided  # the fault was decided
     same(rows_state, step_state)

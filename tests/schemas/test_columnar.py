@@ -23,7 +23,7 @@ from trainguard.producers.simulator.scenario import Scenario
 from trainguard.schemas import Envelope, RejectReason, StepTiming, decode_batch, encode, encode_batch
 from trainguard.schemas.columnar import encode_step_timings
 
-from ..simulated import packed_records
+from ..simulated import gc_paused, packed_records
 from ..variants import with_slow
 
 SECRET = b"columnar-test-secret-0123456789ab"
@@ -135,12 +135,31 @@ def fold(
     """Every derived event, command and dead letter the core makes of the run's records,
     and the state it ends in: step timings `packed` as blocks or not, blocks folded as
     columns (`columnar`) or row by row; the run cut in shards of `shard_ranks` ranks."""
-    driver, out = CoreDriver(CorePolicy(), SECRET, columnar=columnar), []
-    for value in packed_records(scenario, "columnar-run", shard_ranks, packed):
-        result = driver.handle(value)
-        out += [encode(o) for o in (*result.derived, *result.commands)]
-        out += [f"{r.reason}: {r.detail}".encode() + r.raw for r in result.rejections]
-    return out, driver.state
+    ((out, state),) = folds(scenario, (columnar,), packed, shard_ranks)
+    return out, state
+
+
+def folds(
+    scenario: Scenario, modes: tuple[bool, ...] = (True, False), packed: bool = True, shard_ranks: int = 4096
+) -> list[tuple[list[bytes], CoreState]]:
+    """`fold` in each of the `modes` (``columnar`` True or False) from one simulation of the
+    run: every record value goes to one CoreDriver a mode, in lockstep (the simulation costs
+    as much as a fold; its values are the same bytes for every driver). A record is decoded
+    once for all the drivers where it would decode the same for each (CoreDriver.handle is
+    fold(decode(value)); decoded_still_valid: as a backtest's pass shares one decode among
+    its policies), and folded by each; the collector paused (gc_paused)."""
+    drivers = [CoreDriver(CorePolicy(), SECRET, columnar=columnar) for columnar in modes]
+    outs: list[list[bytes]] = [[] for _ in modes]
+    with gc_paused():
+        for value in packed_records(scenario, "columnar-run", shard_ranks, packed):
+            decoded = None
+            for driver, out in zip(drivers, outs, strict=True):
+                if decoded is None or not driver.decoded_still_valid(decoded):
+                    decoded = driver.decode(value)
+                result = driver.fold(decoded)
+                out += [encode(o) for o in (*result.derived, *result.commands)]
+                out += [f"{r.reason}: {r.detail}".encode() + r.raw for r in result.rejections]
+    return [(out, driver.state) for driver, out in zip(drivers, outs, strict=True)]
 
 
 #: Work memory, not state: the straggler detector's evaluation buffers (np.empty, so what
@@ -195,7 +214,7 @@ def test_the_core_folds_a_block_as_it_folds_its_rows(name: str) -> None:
     the dead letters and the whole state after the run are those of the same rows folded
     one by one."""
     scenario = Scenario.builtin(name)
-    (as_columns, columns_state), (as_rows, rows_state) = fold(scenario), fold(scenario, columnar=False)
+    (as_columns, columns_state), (as_rows, rows_state) = folds(scenario)
     assert as_columns == as_rows
     assert as_columns or not scenario.faults  # a fault scenario decided something
     same(columns_state, rows_state)
@@ -233,9 +252,8 @@ def test_the_shards_of_a_sharded_run_fold_blocks_as_their_rows(monkeypatch: pyte
     monkeypatch.setattr(CoreDriver, "_fold_block", counted_block)
     monkeypatch.setattr(CoreDriver, "_fold", counted_one)
     scenario = Scenario.builtin("straggler-thermal")
-    as_columns, columns_state = fold(scenario, shard_ranks=16)
-    quiet_on_shards = on_shards["block rows"] - on_shards["one by one"]
+    (as_columns, columns_state), (as_rows, rows_state) = folds(scenario, shard_ranks=16)
+    quiet_on_shards = on_shards["block rows"] - on_shards["one by one"]  # the rows' driver calls neither
     assert quiet_on_shards > 40_000  # most of the ~56,000 step timings of ranks 16-127 were quiet
-    as_rows, rows_state = fold(scenario, columnar=False, shard_ranks=16)
     assert len(columns_state.runs) == 8 and as_columns == as_rows and as_columns
     same(columns_state, rows_state)

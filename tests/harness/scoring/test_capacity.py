@@ -20,6 +20,7 @@ from trainguard.replay.log import Recording
 from trainguard.replay.replay import REPLAY_SECRET, compare, replay, replayed_decisions
 from trainguard.schemas import Command, Derived, InterruptionDecided, RunStarted, decode_batch, encode
 
+from ...simulated import gc_paused
 from ...variants import with_slow
 
 POLICY = load_policy(str(builtin_policy("evaluate")))
@@ -31,7 +32,8 @@ def check(name: str) -> None:
     wait idles ~30 minutes, the shrink trains on at W' and its goodput is far higher."""
     scenario = LIBRARY[name]
     w = scenario.world_size
-    result = compare_capacity(scenario, POLICY)
+    with gc_paused():
+        result = compare_capacity(scenario, POLICY)
     wait, shrink = result.wait, result.shrink
     for run in (wait, shrink):
         assert run.finished and not run.failed, (run.policy, run.score.violations, run.score.false_alarms)

@@ -7,7 +7,7 @@ spare left, two hosts checkpointing to a bucket, the hand-written loop's straggl
 modules), the README example's SIGKILL and the in-process restart across hosts (one test
 each), and the columnar fold
 against the per-event fold on every scenario of the labelled library (up to 16,384 ranks;
-~17 minutes of the total).
+the longest cases: 1-15 minutes of a core each).
 
     .venv/bin/python bench/bench_slow_variants.py            # every test, slow cases included
     .venv/bin/python bench/bench_slow_variants.py -k sigterm  # extra arguments go to pytest

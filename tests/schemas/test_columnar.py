@@ -197,7 +197,7 @@ def same(a: Any, b: Any, where: str = "state") -> None:
 
 #: Issue 20: the whole labelled library folds the same both ways. The suite runs four of
 #: its scenarios (a straggler, a hang, an SDC, a repeated crash); the others, up to 16,384
-#: ranks and 2.2 M events, are slow variants (tests/variants.py: ~10 minutes).
+#: ranks and 2.2 M events, are slow variants (tests/variants.py).
 SUITE = ["straggler-thermal", "hang-allreduce", "sdc-bitflip", "data-fault-repeat"]
 
 

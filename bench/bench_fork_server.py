@@ -1,6 +1,7 @@
-"""What the fork server saves (issue 48): the same job under ``trainguard launch`` with its
-default (ranks forked from a server that imported torch and trainguard's rank side) and
-with ``--preload none`` (a new interpreter per rank, as before), alternately, in one run.
+"""What the fork server saves (issue 48): the same job under ``trainguard launch
+--preload torch,trainguard.torch`` (ranks forked from a server that imported torch and
+trainguard's rank side) and with its default (a new interpreter per rank), alternately,
+in one run.
 
 The README example on 4 gloo ranks, offline, rank 1 SIGKILLed before step ``--kill-step``
 of the first attempt, so each run starts its ranks twice. Per run: R (the script's own
@@ -30,7 +31,8 @@ from restart_compare import restart_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "train_tiny.py"
-VARIANTS = {"fork server (default)": [], "new interpreters (--preload none)": ["--preload", "none"]}
+VARIANTS = {"fork server (--preload torch,trainguard.torch)": ["--preload", "torch,trainguard.torch"],
+            "new interpreters (the default)": []}  # fmt: skip
 
 
 def launch(workdir: Path, steps: int, kill_step: int, flags: list[str]) -> dict[str, float]:
@@ -87,9 +89,7 @@ def main() -> None:
         for v, (name, flags) in enumerate(VARIANTS.items()):  # alternated: load drifts hit both
             runs[name].append(launch(args.workdir / f"run-{i}-{v}", args.steps, args.kill_step, flags))
             print(f"run {i} {name}: {runs[name][-1]}", file=sys.stderr, flush=True)
-    base = {
-        k: statistics.median(r[k] for r in runs["new interpreters (--preload none)"]) for k in ("R", "cpu")
-    }
+    base = {k: statistics.median(r[k] for r in runs["new interpreters (the default)"]) for k in ("R", "cpu")}
     head = ["variant", "R per run (s)", "R median (s)", "restart import (s)", "launch wall (s)"]
     print("| " + " | ".join([*head, "CPU-s per run", "CPU-s median", "CPU / new interpreters"]) + " |")
     print("| --- | --- | ---: | --- | --- | --- | ---: | ---: |")

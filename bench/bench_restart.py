@@ -6,9 +6,9 @@ under
 
 - plain ``torchrun --max-restarts 1`` with torch DCP (bench/restart_torchrun.py: a script a
   user would write, resuming from its newest complete checkpoint itself);
-- ``trainguard launch`` with the full restart (every rank process new: forked from the
-  fork server that imported torch, the default; and with ``--preload ''``, a new
-  interpreter per rank, what it was before issue 48);
+- ``trainguard launch`` with the full restart (every rank process new: a new interpreter,
+  the default; and with ``--preload torch,trainguard.torch``, forked from the fork server
+  that imported them, issue 48);
 - ``trainguard launch --warm-spares 2``: in-process restart, warm spares take the failed
   node's ranks (a node's worth: two);
 
@@ -130,8 +130,8 @@ def compare(args: argparse.Namespace) -> None:
     variants = {
         "torchrun + DCP": None,
         "trainguard, full restart": ["--restart", "full"],
-        # the full restart without the fork server: a new interpreter per rank (issue 48)
-        "trainguard, full restart, new interpreters": ["--restart", "full", "--preload", ""],
+        # the full restart with the ranks forked from the fork server (issue 48)
+        "trainguard, full restart, fork server": ["--restart", "full", "--preload", "torch,trainguard.torch"],
         "trainguard, in-process + warm spares": ["--warm-spares", "2"],
         # the same, every rank restoring from storage: the restore phase, memory vs storage
         "trainguard, in-process + warm spares, restore from storage": ["--warm-spares", "2", "storage"],

@@ -1,5 +1,6 @@
 """Rank processes forked from a process that has already imported torch (issue 48):
-``trainguard launch --preload torch,trainguard.torch`` (the default).
+``trainguard launch --preload torch,trainguard.torch`` (opt-in: a forked rank's ``ps`` line
+and /proc/PID/environ are the server's, not its command's and environment).
 
 Every rank of a Python job imports torch, 2-2.5 s of CPU each, and a full restart waits for
 it again. When the rank program is this interpreter running a script or a module
@@ -8,7 +9,7 @@ launcher keeps one server process (:mod:`.zygote`) that imported the ``--preload
 modules, and each rank is a fork of it turned into that command (its own session, the
 rank's environment, streams, ``sys.argv``, ``__main__``). Anything else (another
 interpreter, a binary, ``python -c``, interpreter options other than ``-u``) is spawned as
-before, a new process per rank (``--preload ''`` always does).
+before, a new process per rank (without --preload, every command is).
 
 The ranks stay under torch elastic's process layer: :class:`ForkedContext` is its
 ``SubprocessContext`` whose handlers fork through the server instead of ``Popen``

@@ -28,15 +28,16 @@ LaunchArchive = Annotated[
         "archive` writes, when an archive is there (none: no node is kept out, nothing is said).",
     ),
 ]
-DEFAULT_PRELOAD = ",".join(PRELOAD)
+DEFAULT_PRELOAD = ""
 Preload = Annotated[
     str,
     typer.Option(
         "--preload",
         envvar="TRAINGUARD_PRELOAD",
-        help="Full restarts of a `python script.py` or `python -m module` command: modules a fork server "
-        "imports once, each rank then forked from it instead of a new interpreter importing them again "
-        "(comma-separated; trainguard.torch: trainguard's rank side; '' or none: a new process per rank).",
+        help="For a `python script.py` or `python -m module` command: modules a fork server imports "
+        "once, each rank then forked from it instead of a new interpreter importing them again "
+        f"(comma-separated, e.g. {','.join(PRELOAD)}: torch and trainguard's rank side). Default: none, "
+        "a new process per rank (a forked rank's ps line and /proc environment are the server's).",
     ),
 ]
 

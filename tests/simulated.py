@@ -5,10 +5,9 @@ tests/processors/test_block.py, tests/replay/test_decoded.py)."""
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterator
-from contextlib import contextmanager
 
+from trainguard.common.collector import old_objects_left_alone
 from trainguard.producers.rank.shipper import pack
 from trainguard.producers.simulator.cluster import SimulatedCluster
 from trainguard.producers.simulator.scenario import Scenario
@@ -34,17 +33,8 @@ def packed_records(
             yield record.value
 
 
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for a long simulated run and its folds, on again
-    after (if it was on). Such a run makes millions of objects and keeps its cores' states
-    alive to the end, so each full collection walks them all again for almost nothing (a
-    run's cycles are few: refcounts free the rest): 10-15% of the CPU of a 16,384-rank
-    run's closed loop and of its folds. What the tests assert does not change."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+#: The cyclic collector off for a long simulated run and its folds (trainguard's own
+#: helper, which replays use): such a run keeps its cores' states alive to the end, so each
+#: full collection walks them all again for almost nothing (10-15% of the CPU of a
+#: 16,384-rank run's closed loop and folds). What the tests assert does not change.
+gc_paused = old_objects_left_alone

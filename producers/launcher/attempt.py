@@ -53,10 +53,10 @@ from ..training.inprocess import RESIZED
 from . import drain
 from .agent_bound import bound
 from .agent_store import AgentStores
-from .config import free_port, rank_program
+from .config import free_port
 from .context import LaunchContext
 from .elastic import should_grow
-from .fork_server import ForkedContext, ForkServer, ForkServers, ServerGone, forkable
+from .fork_server import ForkedContext, ForkServer, ForkServers, ServerGone
 from .hot import HotRanks
 from .journal import ENV_RUN_DIR
 from .plan import Placement
@@ -83,11 +83,12 @@ class AttemptRunner:
         self.resume, self.restarts, self.events, self.clock = ctx.resume, ctx.restarts, ctx.events, ctx.clock
         #: The ranks' lines on the console and in their files (--tee, --redirects).
         self.output = RankOutput(Console(self.config.tee, self.config.redirects))
+        #: --preload: a Python command's ranks forked from a server that imported torch once
+        #: (fork_server.py); without it, or for another command, each rank is a new process.
+        self.forks = ForkServers(
+            self.config.preload, self.config.command, {**os.environ, ENV_RUN_DIR: str(self.run_dir)}
+        )
         #: --restart in-process: the processes that outlive attempts (hot.py).
-        #: A Python command's ranks forked from a server that imported torch once
-        #: (fork_server.py); None when each rank is a new process.
-        self.program = forkable(rank_program(self.config.command)) if self.config.preload else None
-        self.forks = ForkServers(self.config.preload, {**os.environ, ENV_RUN_DIR: str(self.run_dir)})
         in_process = self.config.restart == "in-process"
         self.hot = HotRanks(self.config, self.run_dir, self.output, self.forks) if in_process else None
         self._placement: Placement | None = None  # the last attempt's
@@ -229,7 +230,7 @@ class AttemptRunner:
         restarts, the fork server."""
         if self.hot is not None:
             self.hot.top_up(ranks)
-        elif self.program is not None:
+        else:
             self.forks.get(omp_threads(ranks))
 
     def close(self) -> None:
@@ -259,7 +260,7 @@ class AttemptRunner:
             "envs": dict(enumerate(envs)),
             "logs_specs": RankLogsSpecs(cfg.log_root),  # both streams to files; RankOutput shows them
         }
-        server = self.forks.get(envs[0]) if self.program is not None and envs else None
+        server = self.forks.get(envs[0]) if envs else None
         try:
             ctx = start_processes(**spec) if server is None else self._forked(server, spec)
         finally:
@@ -277,8 +278,8 @@ class AttemptRunner:
         started as start_processes() starts one. A server that died meanwhile: new processes."""
         from torch.distributed.elastic.multiprocessing import start_processes
 
-        assert self.program is not None
-        ctx = ForkedContext(server, self.program, **spec)
+        assert self.forks.program is not None
+        ctx = ForkedContext(server, self.forks.program, **spec)
         try:
             ctx.start()
         except ServerGone as exc:

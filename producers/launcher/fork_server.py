@@ -42,6 +42,7 @@ from torch.distributed.elastic.multiprocessing.api import SubprocessContext
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
 from .agent_bound import bound
+from .config import rank_program
 from .zygote import MAX_MESSAGE
 
 log = logging.getLogger(__name__)
@@ -261,15 +262,13 @@ class ForkedHandler(SubprocessHandler):
         return self._server.spawn(self._program, env, fds, os.getcwd())
 
 
-def start_handler(
-    forks: ForkServers | None, program: Program | None, spec: dict[str, Any]
-) -> SubprocessHandler:
+def start_handler(forks: ForkServers | None, spec: dict[str, Any]) -> SubprocessHandler:
     """torch elastic's handler of one process (`spec`: its arguments), forked by `forks`'
-    server when `program` is forkable, else a new process (also when the server is gone)."""
-    server = forks.get(spec["env"]) if forks is not None and program is not None else None
-    if server is not None and program is not None:
+    server when the command is forkable, else a new process (also when the server is gone)."""
+    server = forks.get(spec["env"]) if forks is not None else None
+    if server is not None and forks is not None and forks.program is not None:
         try:
-            return ForkedHandler(server, program, **spec)
+            return ForkedHandler(server, forks.program, **spec)
         except ServerGone as exc:
             log.warning("%s: a new process instead", exc)
     return SubprocessHandler(**spec)
@@ -300,18 +299,23 @@ class ForkedContext(SubprocessContext):
 
 
 class ForkServers:
-    """The launcher's fork servers, one per value of the ranks' import-time variables (in
-    practice one): started ahead (their imports overlap the world forming), started again
-    when one died. A server is ended only with the run: its children die with it."""
+    """The launcher's fork servers for its rank `command`, one per value of the ranks'
+    import-time variables (in practice one): started ahead (their imports overlap the world
+    forming), started again when one died. A server is ended only with the run: its
+    children die with it. None are started without `preload` or for a command that is not
+    forkable (`program` None)."""
 
-    def __init__(self, preload: Sequence[str], base_env: Mapping[str, str]) -> None:
+    def __init__(self, preload: Sequence[str], command: Sequence[str], base_env: Mapping[str, str]) -> None:
         self.preload = tuple(m for m in preload if m)
+        #: The command as each fork runs it.
+        self.program = forkable(rank_program(command)) if self.preload else None
         self.base_env = dict(base_env)
         self._servers: dict[tuple[tuple[str, str], ...], ForkServer] = {}
 
     def get(self, rank_env: Mapping[str, str] | None = None) -> ForkServer | None:
-        """A live server whose import-time variables are `rank_env`'s (None: no preload)."""
-        if not self.preload:
+        """A live server whose import-time variables are `rank_env`'s (None: no preload, or
+        a command that is not forkable)."""
+        if self.program is None:
             return None
         wanted = {k: rank_env[k] for k in IMPORT_TIME_ENV if rank_env and k in rank_env}
         key = tuple(sorted(wanted.items()))

@@ -62,7 +62,7 @@ from ..training.inprocess import (
 from .agent_bound import bound
 from .agent_store import AgentStores
 from .config import LauncherConfig, rank_program
-from .fork_server import ForkServers, forkable, start_handler
+from .fork_server import ForkServers, start_handler
 from .rank_output import Console, Owner, RankOutput, rank_dir
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,6 @@ class HotRanks:
         #: Workers forked from a server that imported torch (fork_server.py), when the
         #: command is a Python script or module; else each a new process.
         self.forks = forks
-        self.program = forkable(rank_program(config.command)) if forks is not None else None
         self.run_dir = run_dir
         self.output = output or RankOutput(Console(config.tee, config.redirects))
         #: worker -> (attempt, rank, local rank) it serves: where its lines go (rank_output.py).
@@ -295,7 +294,7 @@ class HotRanks:
             "entrypoint": program[0], "args": tuple(program[1:]), "env": dict(env),
             "stdout": str(out), "stderr": str(err), "local_rank_id": 0, "numa_options": None,
         }  # fmt: skip
-        handler = start_handler(self.forks, self.program, spec)
+        handler = start_handler(self.forks, spec)
         self.output.follow(out, Std.OUT, lambda: self._owner(worker))
         self.output.follow(err, Std.ERR, lambda: self._owner(worker))
         return handler

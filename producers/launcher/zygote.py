@@ -34,6 +34,7 @@ import importlib
 import io
 import json
 import os
+import select
 import signal
 import socket
 import sys
@@ -82,15 +83,12 @@ def serve(sock: socket.socket) -> dict[str, Any]:
     children: set[int] = set()
     while True:
         _reap(sock, children)
-        ready = _wait_readable([sock.fileno(), wake_r])
+        ready = select.select([sock.fileno(), wake_r], [], [])[0]  # retried on EINTR (PEP 475)
         if wake_r in ready:
             os.read(wake_r, 4096)
         if sock.fileno() not in ready:
             continue
-        try:
-            data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, STDIO_FDS)
-        except InterruptedError:
-            continue
+        data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, STDIO_FDS)
         if not data:  # the launcher is gone: so are we (the children follow, PDEATHSIG)
             sys.exit(0)
         if len(fds) != STDIO_FDS:
@@ -112,16 +110,6 @@ def serve(sock: socket.socket) -> dict[str, Any]:
             os.close(fd)
         children.add(pid)
         send(sock, {"pid": pid})
-
-
-def _wait_readable(fds: list[int]) -> list[int]:
-    import select
-
-    while True:
-        try:
-            return select.select(fds, [], [])[0]
-        except InterruptedError:
-            continue
 
 
 def _reap(sock: socket.socket, children: set[int]) -> None:

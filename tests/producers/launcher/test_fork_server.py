@@ -143,7 +143,8 @@ def test_the_ranks_thread_count_is_what_torch_reads_at_import(tmp_path: Path) ->
     script = _probe(tmp_path)
     program = forkable([sys.executable, str(script)])
     assert program is not None
-    servers = ForkServers(["torch"], dict(os.environ))
+    servers = ForkServers(["torch"], [sys.executable, str(script)], dict(os.environ))
+    assert servers.program == program
     try:
         for threads in ("1", "2"):
             env = {**os.environ, "PROBE_MODE": "threads", "OMP_NUM_THREADS": threads}

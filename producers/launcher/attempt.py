@@ -22,8 +22,10 @@ What ends an attempt, checked every ``poll_s``:
 - a DrainNode (:mod:`.drain`): in process the ranks leave at a checkpoint boundary they
   agree on, in their processes; under full restarts as an EvictRank;
 - across hosts, a host waiting to join (the world re-forms with it; under elastic training
-  the ranks leave at a checkpoint boundary, in their processes), or this host quarantined
-  (it leaves the world).
+  the ranks leave at a checkpoint boundary, in their processes) unless it is a spare come
+  for a host of this world that stopped beating (that host's loss, a crash, whether or not
+  the ranks here failed yet: :class:`.liveness.LossWatch`), or this host quarantined (it
+  leaves the world).
 
 Every exit after the decision to stop is reported ``requested=True``. The ranks' pids are
 journaled once spawned. Each rank runs in a session of its own but dies with this
@@ -59,11 +61,13 @@ from .elastic import should_grow
 from .fork_server import ForkedContext, ForkServer, ForkServers, ServerGone
 from .hot import HotRanks
 from .journal import ENV_RUN_DIR
+from .liveness import LossWatch
 from .plan import Placement
 from .rank_env import omp_threads, rank_env
 from .rank_output import Console, Owner, RankLogsSpecs, RankOutput
 from .records import LaunchResult, RankEnd, RestartCause, RestartPhases, closed_cleanly, peer_lost_of
 from .startup import Reports, completed_a_step
+from .story import ranks
 from .world import World
 
 #: While an eviction waits for a newer checkpoint, the location is listed at most this
@@ -348,6 +352,7 @@ class _Watch:
         self.live = set(procs)
         self.stopping = False  # exits from now on are requested
         self.held = False  # in-process restart: the survivors were kept for the next attempt
+        self.watch: LossWatch | None = None  # across hosts, while a host waits to join
 
     def until_end(self, spawn_ts: float, pending: RestartPhases | None) -> RestartPhases | None:
         """Poll until every rank is gone; the interruption that ended the attempt, if any."""
@@ -456,17 +461,44 @@ class _Watch:
                             f"{waiting} host(s) waiting to join: attempt {attempt}'s world of "
                             f"{placement.world_size} ranks grows at its next checkpoint"
                         )
-                elif waiting > 0:  # a host joins below MAX: the world re-forms with it
-                    interruption = runner.restarts.interruption(
-                        RestartCause.MEMBERSHIP, f"{waiting} host(s) waiting to join", attempt, now, now
-                    )
-                    self.teardown()
-                    break
+                elif waiting > 0:  # a host joins below MAX (the world re-forms with it), or a
+                    # spare came for a host of this world lost: the loss is the cause
+                    interruption = self._joined_or_lost(waiting, now)
+                    if interruption is not None:
+                        self.teardown()
+                        break
+                else:
+                    self.watch = None
             if pending is not None and not pending.complete and now >= next_phases:
                 next_phases = now + 0.5
                 runner.restarts.progress(pending)
             time.sleep(cfg.poll_s)
         return interruption
+
+    def _joined_or_lost(self, waiting: int, now: float) -> RestartPhases | None:
+        """A host waits to join: a membership change once every other host of this world
+        beat through the watch (liveness.LossWatch); a crash, the lost host's, when one of
+        them stopped beating (its ranks here lost a peer, whether or not they failed yet:
+        their own crash, when it comes first, is taken by the poll as before). None while
+        still watching."""
+        runner, cfg = self.runner, self.runner.config
+        if self.watch is None:
+            others = [n for n in self.placement.nodes if n != cfg.node]
+            self.watch = LossWatch(cfg.shared_dir, others, cfg.host_stale_s)
+        lost = self.watch.lost()
+        if lost is None:
+            return None
+        if not lost:
+            return runner.restarts.interruption(
+                RestartCause.MEMBERSHIP, f"{waiting} host(s) waiting to join", self.attempt, now, now
+            )
+        host, quiet = max(lost.items(), key=lambda item: item[1])
+        here = sorted(self.live)
+        ended = f"{ranks(here)} ended by the agent" if here else "no rank left here"
+        detail = f"{ended} (lost a peer: {host} stopped beating {quiet:.1f} s ago)"
+        return runner.restarts.interruption(
+            RestartCause.CRASH, detail, self.attempt, now - quiet, now, node=host
+        )
 
     def _settle_startup(self) -> None:
         """A rank raised before any rank completed a step: every rank runs the same

@@ -27,6 +27,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 BEAT_NAME = "beat"
+#: How often a host beats (HostBeat's interval).
+BEAT_S = 1.0
 
 
 def hosts_dir(shared_dir: Path) -> Path:
@@ -36,7 +38,7 @@ def hosts_dir(shared_dir: Path) -> Path:
 class HostBeat:
     """This host's beat: a counter rewritten every `interval_s` until stop()."""
 
-    def __init__(self, shared_dir: Path, node: str, interval_s: float = 1.0) -> None:
+    def __init__(self, shared_dir: Path, node: str, interval_s: float = BEAT_S) -> None:
         self.path = hosts_dir(shared_dir) / node / BEAT_NAME
         self.interval_s = interval_s
         self._stop = threading.Event()
@@ -95,6 +97,34 @@ class Liveness:
     def stale(self, nodes: Iterable[str], stale_s: float) -> list[str]:
         """The hosts among `nodes` whose beat has not changed for `stale_s` seconds."""
         return sorted(n for n in nodes if self._observe(n) >= stale_s)
+
+
+class LossWatch:
+    """Across hosts, a host waiting to join below MAX is either a host come to grow the
+    world or a spare called in for a host of this world that stopped beating (a spare
+    joins once it finds one stale). Told apart by watching the world's other hosts'
+    beats, from the poll that first saw a host waiting, for `stale_s` and one beat more:
+    shared storage is read only while a host waits."""
+
+    def __init__(
+        self,
+        shared_dir: Path,
+        nodes: Iterable[str],
+        stale_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.live = Liveness(shared_dir, clock)
+        self.nodes, self.stale_s, self.clock = tuple(nodes), stale_s, clock
+        self.since = clock()
+        self.live.stale(self.nodes, stale_s)  # the first look: each host's counter now
+
+    def lost(self) -> dict[str, float] | None:
+        """The hosts found lost (node -> seconds since its beat last changed); {} once
+        every host beat through the watch (a host joins); None while still watching."""
+        stale = self.live.stale(self.nodes, self.stale_s)
+        if stale:
+            return {n: self.live.quiet_s(n) for n in stale}
+        return {} if self.clock() - self.since >= self.stale_s + BEAT_S else None
 
 
 def newest_world(shared_dir: Path) -> tuple[int, tuple[str, ...], bool]:

@@ -108,9 +108,10 @@ def test_bad_records_at_volume_are_dead_lettered_and_nothing_good_is_lost(
         interruptions = [d for d in recording.derived if isinstance(d, Interruption)]
         assert [(i.cause.value, i.rank) for i in interruptions] == [("crash", 5)]  # from good events only
         # The writer commits an offset only once its rows are durable: no lag, all archived.
+        # (Bounded for a loaded machine: the writer is a new interpreter, started with the test.)
         assert wait_caught_up(
-            processor.bootstrap, archive_group(processor.names), archived_topics(processor.names), 60
-        )
+            processor.bootstrap, archive_group(processor.names), archived_topics(processor.names), 180
+        ), (db.parent / "archive.log").read_text()[-3000:]
     # The oracle: nothing lost, one decision per id, replay = live, archive = log, rank order.
     report = check(recording, load_policy(str(POLICY)), acknowledged=acknowledged, archive=db)
     assert report.ok, str(report)

@@ -11,7 +11,14 @@ from pathlib import Path
 
 from harness.hosts import EXAMPLE, environment
 from trainguard.producers.launcher.config import free_port
-from trainguard.producers.launcher.liveness import HostBeat, Liveness, hosts_dir, newest_world
+from trainguard.producers.launcher.liveness import (
+    BEAT_S,
+    HostBeat,
+    Liveness,
+    LossWatch,
+    hosts_dir,
+    newest_world,
+)
 
 
 def journal(ckpt: Path, node: str, *records: dict[str, object]) -> None:
@@ -37,6 +44,31 @@ def test_a_host_is_gone_once_its_counter_stops_changing_on_the_observers_clock(t
     live.stale(["host-a"], 3.0)  # its last value, seen once more
     now[0] += 3.5
     assert live.stale(["host-a"], 3.0) == ["host-a"]
+
+
+def test_a_host_waiting_to_join_is_told_apart_from_a_spare_come_for_a_lost_host(tmp_path: Path) -> None:
+    """A survivor's agent sees a host waiting below MAX: a membership change only once every
+    other host of its world beat through the watch; the loss of the one that stopped."""
+    now = [0.0]
+    beats = {node: HostBeat(tmp_path, node, interval_s=0.02).start() for node in ("host-a", "host-c")}
+    try:
+        time.sleep(0.1)
+        joining = LossWatch(tmp_path, ["host-a", "host-c"], 3.0, clock=lambda: now[0])
+        for _ in range(4):  # both beat: watched, then judged a join, not before stale_s + a beat
+            time.sleep(0.1)
+            now[0] += 1.0
+            assert joining.lost() == ({} if now[0] >= 3.0 + BEAT_S else None)
+        beats["host-c"].stop()  # host-c is gone: a spare joins for it
+        lost = LossWatch(tmp_path, ["host-a", "host-c"], 3.0, clock=lambda: now[0])
+        for _ in range(2):
+            time.sleep(0.1)
+            now[0] += 1.0
+            assert lost.lost() is None
+        now[0] += 1.5
+        assert lost.lost() == {"host-c": 3.5}  # named with how long it has been quiet
+    finally:
+        for beat in beats.values():
+            beat.stop()
 
 
 def test_the_newest_world_and_its_clean_end_come_from_every_hosts_journal(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
-"""What the fork server saves (issue 48): the same job under ``trainguard launch
---preload torch,trainguard.torch`` (ranks forked from a server that imported torch and
-trainguard's rank side) and with its default (a new interpreter per rank), alternately,
+"""What the fork server saves (issue 48): the same job under ``trainguard launch`` with its
+default (ranks forked from a server that imported torch and trainguard's rank side) and
+with ``--preload none`` (a new interpreter per rank, as torchrun starts them), alternately,
 in one run.
 
 The README example on 4 gloo ranks, offline, rank 1 SIGKILLed before step ``--kill-step``
@@ -31,8 +31,8 @@ from restart_compare import restart_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "train_tiny.py"
-VARIANTS = {"fork server (--preload torch,trainguard.torch)": ["--preload", "torch,trainguard.torch"],
-            "new interpreters (the default)": []}  # fmt: skip
+VARIANTS = {"fork server (the default)": [],
+            "new interpreters (--preload none)": ["--preload", "none"]}  # fmt: skip
 
 
 def launch(workdir: Path, steps: int, kill_step: int, flags: list[str]) -> dict[str, float]:

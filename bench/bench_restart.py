@@ -6,9 +6,9 @@ under
 
 - plain ``torchrun --max-restarts 1`` with torch DCP (bench/restart_torchrun.py: a script a
   user would write, resuming from its newest complete checkpoint itself);
-- ``trainguard launch`` with the full restart (every rank process new: a new interpreter,
-  the default; and with ``--preload torch,trainguard.torch``, forked from the fork server
-  that imported them, issue 48);
+- ``trainguard launch`` with the full restart (every rank process new: forked from the
+  fork server that imported torch, the default, issue 48; and with ``--preload none``, a
+  new interpreter each, as torchrun starts them);
 - ``trainguard launch --warm-spares 2``: in-process restart, warm spares take the failed
   node's ranks (a node's worth: two);
 
@@ -129,9 +129,9 @@ def compare(args: argparse.Namespace) -> None:
     secret = uuid.uuid4().hex * 2
     variants = {
         "torchrun + DCP": None,
-        "trainguard, full restart": ["--restart", "full"],
-        # the full restart with the ranks forked from the fork server (issue 48)
-        "trainguard, full restart, fork server": ["--restart", "full", "--preload", "torch,trainguard.torch"],
+        "trainguard, full restart": ["--restart", "full"],  # ranks forked from the fork server
+        # the full restart with a new interpreter per rank, as torchrun starts them (issue 48)
+        "trainguard, full restart, new interpreters": ["--restart", "full", "--preload", "none"],
         "trainguard, in-process + warm spares": ["--warm-spares", "2"],
         # the same, every rank restoring from storage: the restore phase, memory vs storage
         "trainguard, in-process + warm spares, restore from storage": ["--warm-spares", "2", "storage"],

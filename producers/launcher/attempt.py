@@ -58,7 +58,7 @@ from .agent_store import AgentStores
 from .config import free_port
 from .context import LaunchContext
 from .elastic import should_grow
-from .fork_server import ForkedContext, ForkServer, ForkServers, ServerGone
+from .fork_server import ForkServers, start_context
 from .hot import HotRanks
 from .journal import ENV_RUN_DIR
 from .liveness import LossWatch
@@ -248,7 +248,7 @@ class AttemptRunner:
     def _spawn(self, attempt: int, envs: list[dict[str, str]]) -> Any:
         """One process per environment (in local-rank order), each in a session of its own
         and bound to this launcher (agent_bound.py), its streams to its rank's files."""
-        from torch.distributed.elastic.multiprocessing import Std, start_processes
+        from torch.distributed.elastic.multiprocessing import Std
         from torch.distributed.elastic.multiprocessing.api import SubprocessContext
 
         cfg = self.config
@@ -264,9 +264,8 @@ class AttemptRunner:
             "envs": dict(enumerate(envs)),
             "logs_specs": RankLogsSpecs(cfg.log_root),  # both streams to files; RankOutput shows them
         }
-        server = self.forks.get(envs[0]) if envs else None
         try:
-            ctx = start_processes(**spec) if server is None else self._forked(server, spec)
+            ctx = start_context(self.forks, spec)
         finally:
             for sig, handler in saved.items():
                 signal.signal(sig, handler)
@@ -275,24 +274,6 @@ class AttemptRunner:
             owner = Owner(f"rank{env['RANK']}", int(env["LOCAL_RANK"]))
             self.output.follow(Path(ctx.stdouts[i]), Std.OUT, owner)
             self.output.follow(Path(ctx.stderrs[i]), Std.ERR, owner)
-        return ctx
-
-    def _forked(self, server: ForkServer, spec: dict[str, Any]) -> Any:
-        """torch elastic's process context, its ranks forked by `server` (fork_server.py),
-        started as start_processes() starts one. A server that died meanwhile: new processes."""
-        from torch.distributed.elastic.multiprocessing import start_processes
-
-        assert self.forks.program is not None
-        ctx = ForkedContext(server, self.forks.program, **spec)
-        try:
-            ctx.start()
-        except ServerGone as exc:
-            log.warning("%s: the ranks start as new processes", exc)
-            ctx.close()
-            return start_processes(**spec)
-        except BaseException:
-            ctx.close()
-            raise
         return ctx
 
     def _env(self, rank: int, world: World, port: int, agent_store: bool = False) -> dict[str, str]:
@@ -476,28 +457,22 @@ class _Watch:
         return interruption
 
     def _joined_or_lost(self, waiting: int, now: float) -> RestartPhases | None:
-        """A host waits to join: a membership change once every other host of this world
-        beat through the watch (liveness.LossWatch); a crash, the lost host's, when one of
-        them stopped beating (its ranks here lost a peer, whether or not they failed yet:
-        their own crash, when it comes first, is taken by the poll as before). None while
-        still watching."""
+        """A host waits to join: a membership change once this world's other hosts beat
+        through the watch; a crash, the lost host's, when one stopped (the ranks' own crash,
+        if first, is taken by the poll). None while watching (liveness.LossWatch)."""
         runner, cfg = self.runner, self.runner.config
         if self.watch is None:
-            others = [n for n in self.placement.nodes if n != cfg.node]
-            self.watch = LossWatch(cfg.shared_dir, others, cfg.host_stale_s)
-        lost = self.watch.lost()
-        if lost is None:
+            self.watch = LossWatch(cfg.shared_dir, set(self.placement.nodes) - {cfg.node}, cfg.host_stale_s)
+        if (lost := self.watch.lost()) is None:
             return None
         if not lost:
-            return runner.restarts.interruption(
-                RestartCause.MEMBERSHIP, f"{waiting} host(s) waiting to join", self.attempt, now, now
-            )
+            why = f"{waiting} host(s) waiting to join"
+            return runner.restarts.interruption(RestartCause.MEMBERSHIP, why, self.attempt, now, now)
         host, quiet = max(lost.items(), key=lambda item: item[1])
-        here = sorted(self.live)
-        ended = f"{ranks(here)} ended by the agent" if here else "no rank left here"
-        detail = f"{ended} (lost a peer: {host} stopped beating {quiet:.1f} s ago)"
+        ended = f"{ranks(sorted(self.live))} ended by the agent" if self.live else "no rank left here"
+        why = f"{ended} (lost a peer: {host} stopped beating {quiet:.1f} s ago)"
         return runner.restarts.interruption(
-            RestartCause.CRASH, detail, self.attempt, now - quiet, now, node=host
+            RestartCause.CRASH, why, self.attempt, now - quiet, now, node=host
         )
 
     def _settle_startup(self) -> None:

@@ -16,8 +16,7 @@ from ...common.checkpoint_location import is_url
 from ...home import trainguard_home
 from .rendezvous import RendezvousSpec
 
-#: What --preload names for a job that imports torch and trainguard's rank side (the fork
-#: server is opt-in: a forked rank's `ps` line and /proc/PID/environ are the server's).
+#: --preload's default: the fork server imports torch and trainguard's rank side.
 PRELOAD = ("torch", "trainguard.torch")
 
 
@@ -96,8 +95,8 @@ class LauncherConfig:
     #: --preload: modules a fork server imports once (producers/launcher/fork_server.py);
     #: each rank of a ``python script.py`` or ``python -m module`` command is then forked
     #: from it instead of being a new interpreter that imports them again (full restarts;
-    #: in-process workers and warm spares too). (), the default: a new process per rank.
-    preload: tuple[str, ...] = ()
+    #: in-process workers and warm spares too). (): a new process per rank.
+    preload: tuple[str, ...] = PRELOAD
     #: In-process restart: how long a survivor waits in the store for the next attempt
     #: before it gives up (the launcher ends it sooner when it restarts in full instead).
     restart_wait_s: float = 300.0

@@ -1,6 +1,5 @@
-"""Rank processes forked from a process that has already imported torch (issue 48):
-``trainguard launch --preload torch,trainguard.torch`` (opt-in: a forked rank's ``ps`` line
-and /proc/PID/environ are the server's, not its command's and environment).
+"""Rank processes forked from a process that has already imported torch (issue 48), the
+default (``--preload torch,trainguard.torch``; ``--preload none``: a new process per rank).
 
 Every rank of a Python job imports torch, 2-2.5 s of CPU each, and a full restart waits for
 it again. When the rank program is this interpreter running a script or a module
@@ -9,7 +8,12 @@ launcher keeps one server process (:mod:`.zygote`) that imported the ``--preload
 modules, and each rank is a fork of it turned into that command (its own session, the
 rank's environment, streams, ``sys.argv``, ``__main__``). Anything else (another
 interpreter, a binary, ``python -c``, interpreter options other than ``-u``) is spawned as
-before, a new process per rank (without --preload, every command is).
+before, a new process per rank (with ``--preload none``, every command is).
+
+A forked rank shows its own command line and environment to ``ps``, ``pgrep -f`` and
+/proc/PID/environ, as a spawned one does (:func:`.zygote.present`); where the kernel does
+not let a process do that (no checkpoint/restore support), the server says so once and
+every rank is a new process, with a warning.
 
 The ranks stay under torch elastic's process layer: :class:`ForkedContext` is its
 ``SubprocessContext`` whose handlers fork through the server instead of ``Popen``
@@ -58,6 +62,7 @@ class Program:
     """A rank command this interpreter can run from a fork: a script or a module."""
 
     argv: tuple[str, ...]  # sys.argv as the program sees it
+    command: tuple[str, ...]  # the command line as /proc/PID/cmdline shows it
     script: str | None = None
     module: str | None = None
     unbuffered: bool = False
@@ -75,9 +80,9 @@ def forkable(command: Sequence[str]) -> Program | None:
     while rest and rest[0] == "-u":
         rest, unbuffered = rest[1:], True
     if len(rest) >= 2 and rest[0] == "-m" and not rest[1].startswith("-"):
-        return Program((rest[1], *rest[2:]), module=rest[1], unbuffered=unbuffered)
+        return Program((rest[1], *rest[2:]), tuple(command), module=rest[1], unbuffered=unbuffered)
     if rest and not rest[0].startswith("-") and os.path.isfile(rest[0]):
-        return Program(tuple(rest), script=rest[0], unbuffered=unbuffered)
+        return Program(tuple(rest), tuple(command), script=rest[0], unbuffered=unbuffered)
     return None
 
 
@@ -93,7 +98,8 @@ def _same_interpreter(path: str) -> bool:
 
 
 class ServerGone(RuntimeError):
-    """The fork server ended (killed, or failed to start)."""
+    """The fork server ended (killed, or failed to start), or cannot fork a rank that looks
+    like itself to /proc (:func:`.zygote.present`)."""
 
 
 class ForkServer:
@@ -136,11 +142,12 @@ class ForkServer:
     ) -> ForkedProcess:
         """A child running `program` with exactly `env`, its stdin/stdout/stderr `stdio`."""
         request = {
-            "argv": list(program.argv), "script": program.script, "module": program.module,
-            "unbuffered": program.unbuffered, "env": dict(env), "cwd": cwd,
+            "argv": list(program.argv), "command": list(program.command), "script": program.script,
+            "module": program.module, "unbuffered": program.unbuffered, "env": dict(env), "cwd": cwd,
         }  # fmt: skip
         with self._lock:
-            self.wait_ready()
+            if (why := self.cannot_present()) is not None:
+                raise ServerGone(f"a forked rank could not show its command line and environment ({why})")
             try:
                 socket.send_fds(self._sock, [json.dumps(request).encode()], list(stdio))
             except OSError as exc:
@@ -152,6 +159,12 @@ class ForkServer:
         if "pid" not in reply:
             raise ServerGone(f"the fork server refused a spawn: {reply.get('error')}")
         return ForkedProcess(self, int(reply["pid"]), tuple(program.argv))
+
+    def cannot_present(self, timeout: float = READY_TIMEOUT_S) -> str | None:
+        """Why a child could not show its own command line and environment in /proc (None:
+        it can), once the server's imports are done."""
+        why = self.wait_ready(timeout).get("presents")
+        return None if why is None else str(why)
 
     def returncode(self, pid: int, timeout: float | None = 0) -> int | None:
         """`pid`'s exit status once the server reported it; waits up to `timeout` s."""
@@ -274,6 +287,29 @@ def start_handler(forks: ForkServers | None, spec: dict[str, Any]) -> Subprocess
     return SubprocessHandler(**spec)
 
 
+def start_context(forks: ForkServers, spec: dict[str, Any]) -> Any:
+    """torch elastic's process context for `spec` (start_processes' arguments), started as
+    start_processes() starts one, its ranks forked by `forks`' server when it has one (a
+    server that died meanwhile, or refuses: new processes)."""
+    from torch.distributed.elastic.multiprocessing import start_processes
+
+    envs = spec["envs"]
+    server = forks.get(envs[0]) if envs else None
+    if server is None or forks.program is None:
+        return start_processes(**spec)
+    ctx = ForkedContext(server, forks.program, **spec)
+    try:
+        ctx.start()
+    except ServerGone as exc:
+        log.warning("%s: the ranks start as new processes", exc)
+        ctx.close()
+        return start_processes(**spec)
+    except BaseException:
+        ctx.close()
+        raise
+    return ctx
+
+
 class ForkedContext(SubprocessContext):
     """torch elastic's binary ``PContext``, each rank forked by `server` as `program`."""
 
@@ -303,19 +339,22 @@ class ForkServers:
     import-time variables (in practice one): started ahead (their imports overlap the world
     forming), started again when one died. A server is ended only with the run: its
     children die with it. None are started without `preload` or for a command that is not
-    forkable (`program` None)."""
+    forkable (`program` None), and none used once one found that a fork could not show its
+    command line and environment (:func:`.zygote.present`): new processes, as before."""
 
     def __init__(self, preload: Sequence[str], command: Sequence[str], base_env: Mapping[str, str]) -> None:
         self.preload = tuple(m for m in preload if m)
         #: The command as each fork runs it.
         self.program = forkable(rank_program(command)) if self.preload else None
         self.base_env = dict(base_env)
+        #: Why forked ranks cannot look like spawned ones here (then none is forked).
+        self.refused: str | None = None
         self._servers: dict[tuple[tuple[str, str], ...], ForkServer] = {}
 
     def get(self, rank_env: Mapping[str, str] | None = None) -> ForkServer | None:
         """A live server whose import-time variables are `rank_env`'s (None: no preload, or
         a command that is not forkable)."""
-        if self.program is None:
+        if self.program is None or self.refused is not None:
             return None
         wanted = {k: rank_env[k] for k in IMPORT_TIME_ENV if rank_env and k in rank_env}
         key = tuple(sorted(wanted.items()))
@@ -323,6 +362,11 @@ class ForkServers:
         if server is None or server.gone:
             env = {k: v for k, v in self.base_env.items() if k not in IMPORT_TIME_ENV}
             server = self._servers[key] = ForkServer(self.preload, {**env, **wanted})
+        if server.ready is not None and (why := server.ready.get("presents")) is not None:
+            self.refused = str(why)
+            log.warning("fork server: a forked rank could not show its own command line and environment "
+                        "in /proc (%s): every rank is a new process", why)  # fmt: skip
+            return None
         return server
 
     def close(self) -> None:

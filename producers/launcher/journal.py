@@ -243,11 +243,14 @@ def alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
-def _parent(pid: int) -> int | None:
+def _alive_child_of(pid: int, parent: int) -> bool | None:
+    """From one read of /proc/PID/stat: None when `pid` is gone or a zombie, else whether
+    `parent` is its parent."""
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return None if fields[0] in ("Z", "X") else int(fields[1]) == parent
     except (OSError, ValueError, IndexError):
-        return None
+        return None if not alive(pid) else False
 
 
 def _environ(pid: int) -> dict[str, str] | None:
@@ -267,16 +270,16 @@ def rank_processes(run_dir: Path, candidates: dict[int, int] | None = None) -> d
     """pid -> attempt of every live process started by a launcher of `run_dir`: the
     `candidates` (pid -> attempt, journaled) that still carry its environment, and any
     other process under /proc that does. Never this process, its parent or its own
-    children (its fork server, started while the world forms). A rank forked by a fork
-    server shows the server's environment (/proc shows the one a process was exec'd
-    with): the run dir, but no attempt, which the journal then gives (else -1)."""
+    children (its fork server, started while the world forms). A process with the run dir
+    but no attempt in its environment (a fork server of an earlier launcher of the run)
+    takes its attempt from the journal, else -1."""
     want = str(run_dir)
     mine = {os.getpid(), os.getppid()}
     found: dict[int, int] = {}
 
     def check(pid: int) -> int | None:
         env = _environ(pid)
-        if env is None or env.get(ENV_RUN_DIR) != want or not alive(pid) or _parent(pid) == os.getpid():
+        if env is None or env.get(ENV_RUN_DIR) != want or _alive_child_of(pid, os.getpid()) is not False:
             return None
         try:
             return int(env[ENV_ATTEMPT]) if ENV_ATTEMPT in env else (candidates or {}).get(pid, -1)

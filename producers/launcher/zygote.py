@@ -6,15 +6,19 @@ Run by :mod:`.fork_server` as ``python -m trainguard.producers.launcher.zygote F
 ``SOCK_SEQPACKET`` pair: one JSON message per packet, the rank's stdin, stdout and stderr
 passed beside a spawn request (``SCM_RIGHTS``).
 
-- in: ``{"argv": [...], "script": path | null, "module": name | null, "env": {...},
-  "cwd": dir, "unbuffered": bool}`` with three descriptors;
-- out: ``{"ready": [modules imported], "failed": {module: error}, "import_s": s}`` once,
+- in: ``{"argv": [...], "command": [...], "script": path | null, "module": name | null,
+  "env": {...}, "cwd": dir, "unbuffered": bool}`` with three descriptors;
+- out: ``{"ready": [modules imported], "failed": {module: error}, "import_s": s,
+  "presents": null | why not}`` once,
   ``{"pid": p}`` for each spawn, ``{"exit": p, "status": rc}`` when a child ends (``rc`` as
   ``Popen.returncode``: negative for a signal).
 
 A child becomes what a fresh interpreter running the command would be: its own session,
 bound to this process (``PR_SET_PDEATHSIG``: it dies with the server, which dies with the
-launcher), the rank's streams on 0/1/2, exactly the rank's environment, the launcher's
+launcher), the rank's command line and environment where ``ps`` and /proc/PID/environ read
+them (``PR_SET_MM_MAP``, unprivileged where the kernel has checkpoint/restore: the server
+checks it once and says so in its "ready" message; without it the launcher forks
+nothing), the rank's streams on 0/1/2, exactly the rank's environment, the launcher's
 working directory, ``sys.argv``, ``sys.path[0]``, ``__main__``, stdio buffering (``-u``),
 and fresh random state; the script then runs at module level of this file, so the
 interpreter's own exit runs its ``atexit`` hooks, joins its threads and reports its exit
@@ -47,6 +51,60 @@ STDIO_FDS = 3
 MAX_MESSAGE = 1 << 20
 #: linux/prctl.h
 PR_SET_PDEATHSIG = 1
+PR_SET_MM, PR_SET_MM_MAP = 35, 14
+
+
+class _MMMap(ctypes.Structure):
+    """linux/prctl.h's struct prctl_mm_map."""
+
+    _fields_ = [
+        *((name, ctypes.c_uint64) for name in (
+            "start_code", "end_code", "start_data", "end_data", "start_brk", "brk", "start_stack",
+            "arg_start", "arg_end", "env_start", "env_end", "auxv",
+        )),
+        ("auxv_size", ctypes.c_uint32),
+        ("exe_fd", ctypes.c_uint32),
+    ]  # fmt: skip
+
+
+#: /proc/self/stat's fields (1-based, man 5 proc) that PR_SET_MM_MAP takes back unchanged.
+_STAT_FIELDS = {
+    "start_code": 26, "end_code": 27, "start_stack": 28, "start_data": 45, "end_data": 46,
+    "start_brk": 47,
+}  # fmt: skip
+#: The presented command line and environment: their memory must outlive the process.
+_PRESENTED: list[ctypes.Array[ctypes.c_char]] = []
+
+
+def present(command: list[str], env: dict[str, str]) -> str | None:
+    """Make /proc/self/cmdline and /proc/self/environ (what ``ps``, ``pgrep -f`` and psutil
+    read) `command` and `env`, as they are for a process exec'd with them: the kernel's
+    pointers to both moved to new memory (``PR_SET_MM_MAP``, no privilege needed). None
+    once done, else why not (the kernel's error)."""
+    encode = os.fsencode
+    blocks = [
+        ctypes.create_string_buffer(b"".join(encode(a) + b"\0" for a in command), None),
+        ctypes.create_string_buffer(b"".join(encode(f"{k}={v}") + b"\0" for k, v in env.items()), None),
+    ]
+    try:
+        raw = open("/proc/self/stat", "rb").read()  # noqa: SIM115 - read at once
+    except OSError as exc:
+        return f"/proc/self/stat: {exc.strerror}"
+    fields = raw[raw.rindex(b")") + 2 :].split()  # the first is field 3
+    values = {name: int(fields[n - 3]) for name, n in _STAT_FIELDS.items()}
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.sbrk.restype = ctypes.c_void_p
+    (args, argsize), (envs, envsize) = ((ctypes.addressof(b), ctypes.sizeof(b) - 1) for b in blocks)
+    mm = _MMMap(
+        **values, brk=libc.sbrk(0) or values["start_brk"], arg_start=args, arg_end=args + argsize,
+        env_start=envs, env_end=envs + envsize, auxv=0, auxv_size=0, exe_fd=0xFFFFFFFF,
+    )  # fmt: skip
+    if libc.prctl(PR_SET_MM, PR_SET_MM_MAP, ctypes.byref(mm), ctypes.sizeof(mm), 0) != 0:
+        return f"prctl(PR_SET_MM_MAP): {os.strerror(ctypes.get_errno())}"
+    _PRESENTED[:] = blocks
+    return None
+
+
 #: A preloaded name that stands for trainguard's whole rank side (every module behind
 #: trainguard.torch's public names, which that module itself imports lazily).
 TRAINGUARD_TORCH = "trainguard.torch"
@@ -138,6 +196,7 @@ def _become(request: dict[str, Any], fds: list[int], sock: socket.socket, server
         os.close(fd)
     os.environ.clear()
     os.environ.update(request["env"])
+    present(request["command"], request["env"])  # checked by the server: it forks only if it can
     os.chdir(request["cwd"])
     sys.argv = list(request["argv"])
     script = request.get("script")
@@ -203,7 +262,10 @@ def main(argv: list[str]) -> dict[str, Any]:
     gc.collect()
     gc.freeze()  # the preloaded objects out of the collector's way: fewer copied pages per child
     gc.disable()
-    send(sock, {"ready": done, "failed": failed, "import_s": round(time.monotonic() - start, 3)})
+    with open("/proc/self/cmdline", "rb") as own:  # the check: this process as it is
+        presents = present([os.fsdecode(a) for a in own.read().split(b"\0")[:-1]], dict(os.environ))
+    ready = {"ready": done, "failed": failed, "import_s": round(time.monotonic() - start, 3)}
+    send(sock, {**ready, "presents": presents})
     return serve(sock)
 
 

@@ -28,7 +28,7 @@ LaunchArchive = Annotated[
         "archive` writes, when an archive is there (none: no node is kept out, nothing is said).",
     ),
 ]
-DEFAULT_PRELOAD = ""
+DEFAULT_PRELOAD = ",".join(PRELOAD)
 Preload = Annotated[
     str,
     typer.Option(
@@ -36,8 +36,9 @@ Preload = Annotated[
         envvar="TRAINGUARD_PRELOAD",
         help="For a `python script.py` or `python -m module` command: modules a fork server imports "
         "once, each rank then forked from it instead of a new interpreter importing them again "
-        f"(comma-separated, e.g. {','.join(PRELOAD)}: torch and trainguard's rank side). Default: none, "
-        "a new process per rank (a forked rank's ps line and /proc environment are the server's).",
+        "(comma-separated; default: torch and trainguard's rank side). none: a new process per rank, as "
+        "torchrun starts them. A forked rank shows its own command line and environment in ps and /proc "
+        "(where the kernel cannot let it, every rank is a new process, with a warning).",
     ),
 ]
 

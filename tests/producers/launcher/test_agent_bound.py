@@ -57,11 +57,11 @@ def running(proc: psutil.Process) -> bool:
 @pytest.mark.parametrize(  # the rank processes (a warm spare too), and the fork server they were
     ("flags", "processes", "servers"),  # forked from (producers/launcher/fork_server.py), if any
     [
-        ([], 2, 0),
-        (["--preload", "torch,trainguard.torch"], 2, 1),
+        (["--preload", "none"], 2, 0),
+        ([], 2, 1),  # the default: forked
         (["--restart", "in-process", "--warm-spares", "1", "--preload", "torch"], 3, 1),
     ],
-    ids=["full", "full-forked", "in-process-warm-spare-forked"],
+    ids=["full-spawned", "full", "in-process-warm-spare-forked"],
 )
 def test_killing_only_the_agent_leaves_no_rank_running_after_5_s(
     tmp_path: Path, flags: list[str], processes: int, servers: int

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.producers.launcher.fork_server import ForkServer, ForkServers, Program, forkable
-from trainguard.producers.launcher.journal import ENV_RUN_DIR, alive, rank_processes
+from trainguard.producers.launcher.fork_server import ForkServer, ForkServers, Program, ServerGone, forkable
+from trainguard.producers.launcher.journal import ENV_ATTEMPT, ENV_RUN_DIR, alive, rank_processes
 
 PROBE = textwrap.dedent(
     """
@@ -31,7 +31,12 @@ PROBE = textwrap.dedent(
         "stdout": [sys.stdout.line_buffering, sys.stdout.write_through, sys.stdout.encoding],
         "stderr": [sys.stderr.line_buffering, sys.stderr.write_through, sys.stderr.errors],
         "own_session": os.getsid(0) == os.getpid(), "stdin_tty": sys.stdin.isatty(),
+        # what ps, pgrep -f and an operator's /proc lookup read
+        "proc_cmdline": open("/proc/self/cmdline", "rb").read().split(b"\\0")[:-1],
+        "proc_environ": sorted(open("/proc/self/environ", "rb").read().split(b"\\0")[:-1]),
     }
+    seen["proc_cmdline"] = [a.decode() for a in seen["proc_cmdline"]]
+    seen["proc_environ"] = [a.decode() for a in seen["proc_environ"]]
     if mode == "numpy":
         import numpy
         seen = {"draw": numpy.random.randint(1 << 30)}
@@ -93,7 +98,29 @@ def _both(
 def test_a_forked_rank_sees_what_a_new_interpreter_sees(server: ForkServer, tmp_path: Path) -> None:
     fresh, forked = _both(server, tmp_path, "report")
     assert fresh[0] == forked[0] == 0, (fresh[2], forked[2])
-    assert json.loads(forked[1]) == json.loads(fresh[1])  # argv, __main__, env, stdio, session
+    seen = json.loads(forked[1])
+    assert seen == json.loads(fresh[1])  # argv, __main__, env, stdio, session, /proc's view
+    assert seen["proc_cmdline"] == [sys.executable, "-u", str(tmp_path / "probe.py"), "--lr", "3e-4"]
+    assert "PROBE_MODE=report" in seen["proc_environ"]
+
+
+def test_a_server_that_cannot_show_a_ranks_command_line_forks_none(tmp_path: Path) -> None:
+    """Where the kernel refuses PR_SET_MM_MAP, the server's ready message says why, and no
+    rank is forked: each is a new process (this kernel allows it: the answer is replaced)."""
+    script = _probe(tmp_path)
+    servers = ForkServers(["json"], [sys.executable, str(script)], dict(os.environ))
+    try:
+        srv = servers.get({})
+        assert srv is not None and srv.cannot_present() is None  # this kernel lets a fork present itself
+        assert srv.ready is not None
+        srv.ready["presents"] = "prctl(PR_SET_MM_MAP): Operation not permitted"  # as a refusing kernel says
+        assert servers.get({}) is None and servers.refused is not None
+        program = servers.program
+        assert program is not None
+        with pytest.raises(ServerGone, match="could not show its command line"):
+            srv.spawn(program, dict(os.environ), [0, 1, 2], os.getcwd())
+    finally:
+        servers.close()
 
 
 def test_a_module_run_with_dash_m_is_the_same_too(server: ForkServer, tmp_path: Path) -> None:
@@ -163,12 +190,18 @@ def test_the_ranks_die_with_the_server_and_the_launcher_is_told(tmp_path: Path) 
     srv = ForkServer(["json"], {**os.environ, ENV_RUN_DIR: run_dir})
     program = forkable([sys.executable, str(_probe(tmp_path))])
     assert program is not None
+    env = {**os.environ, "PROBE_MODE": "sleep", ENV_RUN_DIR: run_dir}
     procs = [
-        srv.spawn(program, {**os.environ, "PROBE_MODE": "sleep"}, [0, 1, 2], os.getcwd()) for _ in range(2)
+        srv.spawn(program, env | attempt, [0, 1, 2], os.getcwd()) for attempt in ({ENV_ATTEMPT: "4"}, {})
     ]
-    # a relaunched launcher's recovery finds them by the run dir, their attempt from its
-    # journal; not the server, this process's own child (as a relaunched launcher's own is)
-    assert rank_processes(Path(run_dir), {procs[0].pid: 4}) == {procs[0].pid: 4, procs[1].pid: -1}
+    deadline = time.monotonic() + 10  # a child shows its own environment once it made itself the rank
+    while not all(b"PROBE_MODE" in Path(f"/proc/{p.pid}/environ").read_bytes() for p in procs):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    # a relaunched launcher's recovery finds them by their environment, as spawned ones (the
+    # attempt from the journal where the environment has none); not the server, this
+    # process's own child (as a relaunched launcher's own is)
+    assert rank_processes(Path(run_dir), {procs[1].pid: 3}) == {procs[0].pid: 4, procs[1].pid: 3}
     assert procs[0].poll() is None
     os.kill(srv.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
@@ -181,11 +214,12 @@ def test_the_ranks_die_with_the_server_and_the_launcher_is_told(tmp_path: Path) 
 
 def test_only_this_interpreter_running_a_script_or_a_module_is_forked(tmp_path: Path) -> None:
     script = str(_probe(tmp_path))
-    assert forkable([sys.executable, script, "--x"]) == Program((script, "--x"), script=script)
-    assert forkable([sys.executable, "-u", script]) == Program((script,), script=script, unbuffered=True)
-    assert forkable([sys.executable, "-m", "pkg.train", "a"]) == Program(
-        ("pkg.train", "a"), module="pkg.train"
-    )
+    command = (sys.executable, script, "--x")
+    assert forkable(command) == Program((script, "--x"), command, script=script)
+    command = (sys.executable, "-u", script)
+    assert forkable(command) == Program((script,), command, script=script, unbuffered=True)
+    command = (sys.executable, "-m", "pkg.train", "a")
+    assert forkable(command) == Program(("pkg.train", "a"), command, module="pkg.train")
     other = tmp_path / "venv" / "bin"
     other.mkdir(parents=True)
     (other / "python").symlink_to(os.path.realpath(sys.executable))  # the same binary, another environment

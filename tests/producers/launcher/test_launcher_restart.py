@@ -170,8 +170,8 @@ def launch(
     argv += ["--decision-wait-s", str(decision_wait_s), "--grace-s", "1"]
     argv += ["--self-test", "off"]  # spares join untested: the restart's timing is what is tested here
     argv += ["--bootstrap", broker[0], "--topic-prefix", broker[1]] if broker else ["--offline"]
-    if script is not None:  # the example's ranks forked from a fork server: a relaunched
-        argv += ["--preload", "torch,trainguard.torch"]  # launcher's recovery meets them too
+    if script is None:  # the fake ranks import nothing: a fork server importing torch is all cost
+        argv += ["--preload", "none"]  # (the example's are forked, the default: recovery meets them)
     argv += ["--", sys.executable, str(script or run.workdir / "rank.py")]
     full = {**os.environ, "FAKE_OUT": str(run.out), "FAKE_STEPS": str(STEPS), "TRAINGUARD_SECRET": SECRET}
     full.pop("TRAINGUARD_SECRET_FILE", None)

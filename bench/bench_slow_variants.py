@@ -1,19 +1,13 @@
-"""The end-to-end tests' slow variants, which the suite leaves out to stay well under 30
-minutes on 2 cores (tests/variants.py): the broker stopped with SIGTERM for 30 s under
-load, a processor worker recovering from a snapshot behind its commit, a whole node of 4
-ranks restoring from its peers, the chaos soak's 75 s of three runs, and two workers
-sharing six runs with one SIGKILLed and restarted, a host lost and then a hang with no
-spare left, two hosts checkpointing to a bucket, the hand-written loop's straggler (whole
-modules), the README example's SIGKILL and the in-process restart across hosts (one test
-each), and the columnar fold
-against the per-event fold on every scenario of the labelled library (up to 16,384 ranks;
-the longest cases: 1-15 minutes of a core each).
+"""The scale cases the suite leaves out (tests/variants.py): the columnar fold against the
+per-event fold on every scenario of the labelled library (up to 16,384 ranks and 2.2 M
+events; the longest: 1-15 minutes of a core each), and capacity's shrink-or-wait on the
+16,384-rank elastic scenario. Every end-to-end test is in the suite.
 
-    .venv/bin/python bench/bench_slow_variants.py            # every test, slow cases included
-    .venv/bin/python bench/bench_slow_variants.py -k sigterm  # extra arguments go to pytest
+    .venv/bin/python bench/bench_slow_variants.py                     # every case
+    .venv/bin/python bench/bench_slow_variants.py -k 16k -n 2 --dist loadgroup  # extra arguments go to pytest
 
-Runs pytest on the modules that have slow variants with TRAINGUARD_SLOW_VARIANTS=1, on the
-broker named by TRAINGUARD_BOOTSTRAP or one the session starts; exit status is pytest's.
+Runs pytest on the modules that have slow variants with TRAINGUARD_SLOW_VARIANTS=1; exit
+status is pytest's.
 """
 
 from __future__ import annotations
@@ -24,19 +18,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = [
-    "tests/kafka/test_broker_outage.py",
-    "tests/processors/test_processor_kill_broker.py",
-    "tests/producers/checkpoint/test_peer_replica.py",
-    "tests/harness/devtools/test_soak_broker.py",
-    "tests/processors/test_rebalance_broker.py",  # whole modules (tests/variants.py: SLOW_MODULES)
-    "tests/producers/launcher/test_multihost_hang_broker.py",
-    "tests/producers/launcher/test_multihost_bucket.py",
-    "tests/producers/test_supervised_straggler.py",
-    "tests/producers/test_supervised_faults.py",  # the README example's SIGKILL (one test)
-    "tests/producers/launcher/test_multihost_broker.py",  # in-process across hosts (one test)
-    "tests/schemas/test_columnar.py",
-]
+MODULES = ["tests/schemas/test_columnar.py", "tests/harness/scoring/test_capacity.py"]
 
 
 def main(argv: list[str]) -> int:

@@ -42,7 +42,6 @@ from trainguard.schemas import Derived, Interruption, StragglerFlagged, decode
 from trainguard.schemas.codec import DERIVED
 
 from ..readers import TopicReader
-from ..variants import with_slow
 from .workers import Workers, workers_on
 
 pytestmark = pytest.mark.broker
@@ -69,15 +68,7 @@ CASES = {
 }
 
 
-#: The suite recovers from a snapshot ahead of the commit (C must skip up to it) and from
-#: the log alone; a snapshot behind the commit is the slow variant (tests/variants.py).
-SUITE = with_slow(
-    [pytest.param(CASES[n], id=n) for n in ("snapshot-ahead-of-commit", "no-snapshots")],
-    [pytest.param(CASES["snapshot-behind-commit"], id="snapshot-behind-commit")],
-)
-
-
-@pytest.fixture(params=SUITE)
+@pytest.fixture(params=[pytest.param(case, id=name) for name, case in CASES.items()])
 def case(request: pytest.FixtureRequest) -> Case:
     return request.param  # type: ignore[no-any-return]
 

@@ -86,7 +86,9 @@ def test_step_never_blocks_when_the_broker_dies(tmp_path: Path) -> None:
     # the next flush (2 s here) every 500 calls, and one that waited for the broker would
     # take seconds (message.timeout.ms is 3 s).
     assert slow <= len(durations) // 200
-    assert max_ms < 1000
+    # Nor a bound on the longest call (one preemption took 1.2 s at a load of 9): a call that
+    # blocked would take a flush interval or a broker timeout (2-3 s), every 500 calls.
+    assert sum(d >= 1_500_000_000 for d in durations) <= 3
     assert stats.submitted == 10 + 2 * CALLS
     assert stats.submitted == stats.delivered + stats.dropped + stats.failed
     assert stats.delivered == delivered_before

@@ -70,7 +70,6 @@ from trainguard.schemas import (
 from trainguard.sinks.archive_store import Archive, timeline
 
 from ..pipeline import Processor, running_processor
-from ..variants import slow_variants
 from .supervised_runs import Run, assert_bitwise, decisions, launch_env, telemetry
 
 torch = pytest.importorskip("torch")
@@ -177,26 +176,21 @@ def test_the_uninterrupted_run_is_never_interrupted(pipeline: Processor, clean: 
     assert not [c for c in commands if isinstance(c, Abort | EvictRank | QuarantineNode | Rollback)]
 
 
-# A slow variant (tests/variants.py; bench/bench_slow_variants.py): test_frameworks_launch.py
-# SIGKILLs a rank of Lightning, HF Trainer and FSDP runs with the same assertions (exact lost
-# work, the recovery's count, bitwise), and test_example_job.py this example offline.
-if slow_variants():
-
-    def test_sigkill_of_one_rank_restarts_and_ends_bitwise(
-        pipeline: Processor, clean: Run, tmp_path: Path
-    ) -> None:
-        run = launch(pipeline, tmp_path, fault="kill:3:57:0")
-        assert run.done.returncode == 0, run.explain()
-        (restart,) = run.restarts()
-        assert (restart["cause"], restart["rank"], restart["signal"]) == ("crash", 3, 9)
-        resumed = restart["resumed_from_step"]
-        assert isinstance(resumed, int) and resumed < 57 and run.validated(resumed)
-        derived, commands = decisions(pipeline, run.run_id)
-        (crash,) = [d for d in derived if isinstance(d, Interruption)]
-        assert (crash.cause, crash.rank) == (InterruptionCause.CRASH, 3)
-        assert [c.node for c in commands if isinstance(c, QuarantineNode)] == [crash.node]
-        assert_lost_work_exact(pipeline, run, derived, crash, killed_before=57)
-        assert_bitwise(run, clean)
+def test_sigkill_of_one_rank_restarts_and_ends_bitwise(
+    pipeline: Processor, clean: Run, tmp_path: Path
+) -> None:
+    run = launch(pipeline, tmp_path, fault="kill:3:57:0")
+    assert run.done.returncode == 0, run.explain()
+    (restart,) = run.restarts()
+    assert (restart["cause"], restart["rank"], restart["signal"]) == ("crash", 3, 9)
+    resumed = restart["resumed_from_step"]
+    assert isinstance(resumed, int) and resumed < 57 and run.validated(resumed)
+    derived, commands = decisions(pipeline, run.run_id)
+    (crash,) = [d for d in derived if isinstance(d, Interruption)]
+    assert (crash.cause, crash.rank) == (InterruptionCause.CRASH, 3)
+    assert [c.node for c in commands if isinstance(c, QuarantineNode)] == [crash.node]
+    assert_lost_work_exact(pipeline, run, derived, crash, killed_before=57)
+    assert_bitwise(run, clean)
 
 
 def named_as_cause(text: str) -> set[int]:

@@ -1,9 +1,7 @@
-"""A slow variant of test_supervised_faults.py (tests/variants.py: SLOW_MODULES; run by
-bench/bench_slow_variants.py, 40 s): the README's example with one rank slowed before the
-collective (its own fault knob, a sleep inside the compute): flagged as a straggler,
-diagnosed, evicted at the next checkpoint boundary, and the run finishes. The suite
-covers the same path three times, through the chaos knob, in test_frameworks_launch.py
-(Lightning, the HF Trainer, FSDP): flag, diagnosis, eviction at the boundary."""
+"""The README's example with one rank slowed before the collective (its own fault knob, a
+sleep inside the compute): flagged as a straggler, diagnosed, evicted at the next
+checkpoint boundary, and the run finishes (test_frameworks_launch.py does the same for
+Lightning, the HF Trainer and FSDP, through the chaos knob)."""
 
 from __future__ import annotations
 

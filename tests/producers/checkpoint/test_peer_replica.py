@@ -24,7 +24,6 @@ from trainguard.producers.checkpoint.peer_replica import (
     unpack,
 )
 
-from ...variants import with_slow
 from .checkpoint_fixtures import Loop, make_state, next_randoms, params
 from .test_checkpoint import _free_port
 
@@ -255,8 +254,7 @@ def spawn(fn, *args: object, nprocs: int) -> None:  # type: ignore[no-untyped-de
         sys.path.remove(repo)
 
 
-# A whole node of 4 ranks replaced is the slow variant (tests/variants.py).
-@pytest.mark.parametrize(("world", "restarted"), with_slow([(2, [1])], [(4, [0, 1])]))
+@pytest.mark.parametrize(("world", "restarted"), [(2, [1]), (4, [0, 1])])  # a rank; a whole node of 4
 def test_replaced_ranks_restore_from_their_peers_bitwise(
     tmp_path: Path, world: int, restarted: list[int]
 ) -> None:

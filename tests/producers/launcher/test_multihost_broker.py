@@ -8,11 +8,9 @@ through the real broker by a real processor (one for the module):
   processor names the lost host (never a survivor, whose ranks died of the lost peer
   first) and quarantines it alone, the host is refused when it comes back, and the run
   ends bitwise equal to an uninterrupted run of the same world size;
-- the same loss under --restart in-process: the survivors keep their processes (a slow
-  variant, below).
+- the same loss under --restart in-process: the survivors keep their processes.
 
-The same loss followed by a hang with no spare left is a slow variant
-(test_multihost_hang_broker.py, run by bench/bench_slow_variants.py).
+The same loss followed by a hang with no spare left: test_multihost_hang_broker.py.
 """
 
 from __future__ import annotations
@@ -45,7 +43,6 @@ from trainguard.schemas import (
 from trainguard.schemas.codec import COMMANDS, DERIVED, decode_batch
 
 from ...pipeline import Processor, running_processor
-from ...variants import slow_variants
 from ..test_inprocess_restart import assert_same_tensors
 
 torch = pytest.importorskip("torch")
@@ -213,61 +210,56 @@ def test_a_lost_host_is_replaced_by_a_spare_named_by_the_processor_and_the_run_e
     assert {c.node for c in commands if isinstance(c, QuarantineNode)} == {"host-b"}
 
 
-# A slow variant (tests/variants.py; bench/bench_slow_variants.py): the in-process restart is
-# test_inprocess_restart.py's on one host, the lost host and its spare the test above;
-# the store's loss at the run's end that it once hit is test_rendezvous.py's.
-if slow_variants():
+def test_in_process_across_hosts_the_survivors_keep_their_processes_and_a_spare_host_takes_the_lost_ranks(
+    pipeline: Processor, clean: Path, tmp_path: Path
+) -> None:
+    """Issue 18 across hosts: the same whole-host loss under --restart in-process with a
+    warm spare per host. host-a's and host-c's ranks leave the attempt alive (their
+    collectives fail on the lost peer) and wait in their processes; their agents report
+    each leaving as a RankExit of a lost peer, so the processor names host-b, not them;
+    spare-1, its workers imported while it waited, takes host-b's place and ranks 2 and 3
+    (torch numbers the round's hosts afresh: the plan keeps the survivors' group ranks),
+    restoring them from their holders' memory on host-a and host-c. The run ends bitwise
+    equal to the uninterrupted one."""
+    run_id = f"hot-hosts-{uuid.uuid4().hex[:8]}"
+    env, flags = supervised(pipeline, STEPS, TRAIN_EVENTS_FILE=str(tmp_path / "events.jsonl"))
+    ckpt = tmp_path / "ckpt"
+    start = starter(ckpt, tmp_path, env, "3:4", run_id, *flags, "--warm-spares", "1")
 
-    def test_in_process_across_hosts_the_survivors_keep_their_processes_and_a_spare_host_takes_the_lost_ranks(
-        pipeline: Processor, clean: Path, tmp_path: Path
-    ) -> None:
-        """Issue 18 across hosts: the same whole-host loss under --restart in-process with a
-        warm spare per host. host-a's and host-c's ranks leave the attempt alive (their
-        collectives fail on the lost peer) and wait in their processes; their agents report
-        each leaving as a RankExit of a lost peer, so the processor names host-b, not them;
-        spare-1, its workers imported while it waited, takes host-b's place and ranks 2 and 3
-        (torch numbers the round's hosts afresh: the plan keeps the survivors' group ranks),
-        restoring them from their holders' memory on host-a and host-c. The run ends bitwise
-        equal to the uninterrupted one."""
-        run_id = f"hot-hosts-{uuid.uuid4().hex[:8]}"
-        env, flags = supervised(pipeline, STEPS, TRAIN_EVENTS_FILE=str(tmp_path / "events.jsonl"))
-        ckpt = tmp_path / "ckpt"
-        start = starter(ckpt, tmp_path, env, "3:4", run_id, *flags, "--warm-spares", "1")
+    agents: dict[str, subprocess.Popen[str]] = {}
+    try:
+        lose_host_b_with_a_spare_waiting(agents, start, ckpt, tmp_path, "--spare")
+        for name in ("host-a", "host-c", "spare-1"):
+            assert agents[name].wait(300) == 0, log_tail(tmp_path, name)
+    finally:
+        for proc in agents.values():
+            kill_tree(proc)
 
-        agents: dict[str, subprocess.Popen[str]] = {}
-        try:
-            lose_host_b_with_a_spare_waiting(agents, start, ckpt, tmp_path, "--spare")
-            for name in ("host-a", "host-c", "spare-1"):
-                assert agents[name].wait(300) == 0, log_tail(tmp_path, name)
-        finally:
-            for proc in agents.values():
-                kill_tree(proc)
+    for name in ("host-a", "host-c"):
+        restarts = ckpt / ".trainguard" / "hosts" / name / "restarts.jsonl"
+        (restart,) = [json.loads(line) for line in restarts.open()]
+        assert (restart["cause"], restart["path"]) == ("crash", "in-process"), restart
+        assert "left the attempt alive (lost a peer: " in restart["detail"], restart
+        assert restart["restore_from"] == {"own": 2} and restart["complete"], restart
+    (taken,) = [r for r in journal(ckpt, "spare-1") if r["op"] == "attempt"]
+    assert taken["ranks"] == [2, 3] and taken["nodes"] == ["host-a", "spare-1", "host-c"], taken
 
-        for name in ("host-a", "host-c"):
-            restarts = ckpt / ".trainguard" / "hosts" / name / "restarts.jsonl"
-            (restart,) = [json.loads(line) for line in restarts.open()]
-            assert (restart["cause"], restart["path"]) == ("crash", "in-process"), restart
-            assert "left the attempt alive (lost a peer: " in restart["detail"], restart
-            assert restart["restore_from"] == {"own": 2} and restart["complete"], restart
-        (taken,) = [r for r in journal(ckpt, "spare-1") if r["op"] == "attempt"]
-        assert taken["ranks"] == [2, 3] and taken["nodes"] == ["host-a", "spare-1", "host-c"], taken
+    first_steps: dict[int, dict[int, int]] = {}  # attempt -> rank -> pid, by the script's account
+    for line in (tmp_path / "events.jsonl").read_text().splitlines():
+        event = json.loads(line)
+        if event["event"] == "first_step":
+            first_steps.setdefault(event["attempt"], {})[event["rank"]] = event["pid"]
+    before, after = first_steps[0], first_steps[max(first_steps)]
+    assert all(before[r] == after[r] for r in (0, 1, 4, 5)), (before, after)
+    assert not {before[2], before[3]} & {after[2], after[3]}
 
-        first_steps: dict[int, dict[int, int]] = {}  # attempt -> rank -> pid, by the script's account
-        for line in (tmp_path / "events.jsonl").read_text().splitlines():
-            event = json.loads(line)
-            if event["event"] == "first_step":
-                first_steps.setdefault(event["attempt"], {})[event["rank"]] = event["pid"]
-        before, after = first_steps[0], first_steps[max(first_steps)]
-        assert all(before[r] == after[r] for r in (0, 1, 4, 5)), (before, after)
-        assert not {before[2], before[3]} & {after[2], after[3]}
+    (weights, optimizer), (clean_weights, clean_optimizer) = final_state(ckpt), final_state(clean)
+    assert_same_tensors(clean_weights, weights)
+    assert_same_tensors(clean_optimizer, optimizer)
 
-        (weights, optimizer), (clean_weights, clean_optimizer) = final_state(ckpt), final_state(clean)
-        assert_same_tensors(clean_weights, weights)
-        assert_same_tensors(clean_optimizer, optimizer)
-
-        derived, commands, exits = outputs(pipeline, run_id)
-        left = [e for e in exits if e.attempt == 0 and not e.requested and e.exit_code is None]
-        assert left and all(e.peer_lost and e.node in ("host-a", "host-c") for e in left), left
-        (interruption,) = [d for d in derived if isinstance(d, Interruption)]
-        assert (interruption.node, interruption.reason.code) == ("host-b", ReasonCode.HOST_LOST)
-        assert {q.node for q in derived if isinstance(q, Quarantine)} == {"host-b"}
+    derived, commands, exits = outputs(pipeline, run_id)
+    left = [e for e in exits if e.attempt == 0 and not e.requested and e.exit_code is None]
+    assert left and all(e.peer_lost and e.node in ("host-a", "host-c") for e in left), left
+    (interruption,) = [d for d in derived if isinstance(d, Interruption)]
+    assert (interruption.node, interruption.reason.code) == ("host-b", ReasonCode.HOST_LOST)
+    assert {q.node for q in derived if isinstance(q, Quarantine)} == {"host-b"}

@@ -1,10 +1,6 @@
-"""A slow variant (tests/variants.py: SLOW_MODULES; bench/bench_slow_variants.py, 45 s):
-`trainguard launch` across two hosts on this machine, offline, checkpointing to a bucket
+"""`trainguard launch` across two hosts on this machine, offline, checkpointing to a bucket
 (a local S3 endpoint, tests/producers/s3_server.py) with the launchers' shared state in
---state-dir. The suite keeps the bucket path under `trainguard launch` on one host
-(tests/producers/test_example_job.py) and --state-dir's refusal across hosts
-(tests/cli/test_errors.py); the files in --state-dir are the ones test_multihost*.py
-exercise beside the checkpoints."""
+--state-dir."""
 
 from __future__ import annotations
 

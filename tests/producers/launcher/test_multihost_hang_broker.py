@@ -1,10 +1,7 @@
-"""A slow variant of test_multihost_broker.py (tests/variants.py: SLOW_MODULES; run by
-bench/bench_slow_variants.py, 70 s): after the spare took a lost host's ranks, a hang on
+"""After test_multihost_broker.py's loss (the spare took a lost host's ranks), a hang on
 another host with no spare left. The processor names the hung host from the stacks and
 quarantines it, and the run stops with a message naming the host, the cause and the
-missing spare. The suite keeps the pieces: the loss and the spare
-(test_multihost_broker.py), the stop with no spare left (test_multihost.py), hangs named
-from the stacks (tests/producers/test_supervised_faults.py)."""
+missing spare."""
 
 from __future__ import annotations
 

@@ -31,8 +31,8 @@ from restart_compare import restart_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "train_tiny.py"
-VARIANTS = {"fork server (the default)": [],
-            "new interpreters (--preload none)": ["--preload", "none"]}  # fmt: skip
+NEW = "new interpreters (--preload none)"  # the baseline: as torchrun starts ranks
+VARIANTS = {"fork server (the default)": [], NEW: ["--preload", "none"]}
 
 
 def launch(workdir: Path, steps: int, kill_step: int, flags: list[str]) -> dict[str, float]:
@@ -89,7 +89,7 @@ def main() -> None:
         for v, (name, flags) in enumerate(VARIANTS.items()):  # alternated: load drifts hit both
             runs[name].append(launch(args.workdir / f"run-{i}-{v}", args.steps, args.kill_step, flags))
             print(f"run {i} {name}: {runs[name][-1]}", file=sys.stderr, flush=True)
-    base = {k: statistics.median(r[k] for r in runs["new interpreters (the default)"]) for k in ("R", "cpu")}
+    base = {k: statistics.median(r[k] for r in runs[NEW]) for k in ("R", "cpu")}
     head = ["variant", "R per run (s)", "R median (s)", "restart import (s)", "launch wall (s)"]
     print("| " + " | ".join([*head, "CPU-s per run", "CPU-s median", "CPU / new interpreters"]) + " |")
     print("| --- | --- | ---: | --- | --- | --- | ---: | ---: |")

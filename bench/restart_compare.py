@@ -45,6 +45,7 @@ def _free_port() -> int:
 def run_torchrun(workdir: Path, steps: int, kill: str, nproc: int = 4) -> dict[str, Any]:
     """One plain torchrun run, rank ``kill`` = "rank:step" SIGKILLed: whether it ended 0,
     R, and the slowest rank's moments after the kill (seconds from it)."""
+    workdir = workdir.resolve()  # torchrun runs in it: its files' paths must not be relative
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     events = workdir / "events.jsonl"

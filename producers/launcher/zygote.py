@@ -32,6 +32,7 @@ standard library is imported here before the preload.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import gc
 import importlib
@@ -205,6 +206,11 @@ def _become(request: dict[str, Any], fds: list[int], sock: socket.socket, server
     _reseed()
     importlib.invalidate_caches()  # files written since the server started
     gc.enable()
+    # The preloaded objects, frozen in the server, collectable again at exit (registered
+    # first, it runs after the program's own atexit hooks): a fresh interpreter frees them
+    # there, and extensions that count their objects (triton's, under torch._dynamo) would
+    # report the frozen ones as leaked on the rank's stderr.
+    atexit.register(gc.unfreeze)
 
 
 def _stdio(unbuffered: bool) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.producers.launcher.config import PRELOAD
 from trainguard.producers.launcher.fork_server import ForkServer, ForkServers, Program, ServerGone, forkable
 from trainguard.producers.launcher.journal import ENV_ATTEMPT, ENV_RUN_DIR, alive, rank_processes
 
@@ -63,8 +64,8 @@ PROBE = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ForkServer]:
-    srv = ForkServer(["torch", "trainguard.torch"], {**os.environ, "OMP_NUM_THREADS": "1"})
-    assert srv.wait_ready()["ready"] == ["torch", "trainguard.torch"]
+    srv = ForkServer(list(PRELOAD), {**os.environ, "OMP_NUM_THREADS": "1"})
+    assert srv.wait_ready()["ready"] == list(PRELOAD)
     yield srv
     srv.close()
 
@@ -144,6 +145,8 @@ def test_exits_as_a_new_interpreter_exits(server: ForkServer, tmp_path: Path, mo
     assert forked[0] == fresh[0] == {"exit3": 3, "raise": 1, "interrupt": -signal.SIGINT,
                                      "kill": -signal.SIGKILL, "shutdown": 0}[mode]  # fmt: skip
     assert forked[1].splitlines()[1:] == fresh[1].splitlines()[1:]  # "thread done" before "atexit"
+    if mode in ("exit3", "shutdown"):  # nothing on stderr (no extension's warnings at exit either)
+        assert forked[2] == fresh[2] == ""
     if mode == "raise":  # the traceback on stderr, as python prints it
         assert forked[2].strip().endswith("ValueError: the probe's own error")
         assert f'File "{tmp_path / "probe.py"}"' in forked[2]

@@ -132,6 +132,7 @@ class AttemptRunner:
             resumed_from_step=resume,
             spares=self._spares(placement),
         )
+        self.events.ship_soon()  # ahead of the ranks' first steps: the core's view of the attempt
         log.info("attempt %d: ranks %s of %d on %s, resume step %d", attempt, list(world.local_ranks),
                  placement.world_size, placement.nodes, resume)  # fmt: skip
         spawn_ts = self.clock()

@@ -79,8 +79,14 @@ class LauncherEvents:
             peer_lost=not end.requested
             and (end.left or (bool(info.get("peer_lost")) and end.signal is None)),
         )
-        if not end.requested and (wake := getattr(self.sink, "wake", None)) is not None:
-            wake()  # the processor decides on it while the launcher waits
+        if not end.requested:
+            self.ship_soon()  # the processor decides on it while the launcher waits
+
+    def ship_soon(self) -> None:
+        """What is queued goes out at once (the shipper's next poll), not at its next flush;
+        nothing waits for the delivery."""
+        if (wake := getattr(self.sink, "wake", None)) is not None:
+            wake()
 
     def restart_phases(self, rec: RestartPhases) -> None:
         """The restart's phases as a RestartPhases telemetry event (once per interruption;

@@ -15,42 +15,35 @@ import pytest
 from harness.devtools.suite_durations import UNKNOWN_S
 from trainguard.kafka.topics import TopicNames, delete_topics, ensure_topics, topic_names
 
-from .variants import SLOW_MARK
-
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Groups for parallel workers (scripts/test: pytest-xdist ``--dist loadgroup
-    --no-loadscope-reorder``): a module's tests run on one worker (its module-scoped
-    processors and launches made once), except each slow variant's case, a group of its
-    own. The groups are handed out longest first, by their last measured length
-    (tests/durations.json, harness/devtools/suite_durations.py), so that the last to end
-    is a short one."""
+    """The order parallel workers take modules in (scripts/test: pytest-xdist ``--dist
+    loadfile --no-loadscope-reorder``, a module's tests on one worker, its module-scoped
+    processors and launches made once): longest first, by their last measured length
+    (tests/durations.json, harness/devtools/suite_durations.py), so that the last to end is
+    a short one. (xdist's ``loadgroup`` would group by marks, but with pytest 9 its marks
+    never reach the node ids: every test was its own group, each worker making the
+    module fixtures again.)"""
     here = Path(__file__).parent
     known = _durations(here / "durations.json")
-
-    def group(item: pytest.Item) -> str:
-        if item.get_closest_marker(SLOW_MARK) is not None:
-            return item.nodeid
-        return str(item.path.relative_to(here))
-
-    # A module's measured total, less its long cases that are not in its group this time
-    # (each slow variant is a group of its own, or not collected).
+    # A module's measured total, less its long cases not collected this time (the slow variants).
     seconds: dict[str, float] = {}
     for module, total in known.items():
         if "::" not in module:
             cases = [v for k, v in known.items() if k.startswith(f"tests/{module}::")]
             seconds[module] = total - sum(cases)
     for item in items:
-        name = group(item)
-        if name == item.nodeid:
-            seconds[name] = known.get(name, UNKNOWN_S)
-        else:
-            seconds[name] = seconds.get(name, 0.0) + known.get(
-                item.nodeid, 0.0 if name in known else UNKNOWN_S
-            )
-        item.add_marker(pytest.mark.xdist_group(name))
-    position = {name: i for i, name in enumerate(dict.fromkeys(group(item) for item in items))}
-    items.sort(key=lambda item: (-seconds[group(item)], position[group(item)]))
+        module = str(item.path.relative_to(here))
+        seconds[module] = seconds.get(module, 0.0) + known.get(
+            item.nodeid, 0.0 if module in known else UNKNOWN_S
+        )
+    position = {m: i for i, m in enumerate(dict.fromkeys(str(item.path.relative_to(here)) for item in items))}
+    items.sort(
+        key=lambda item: (
+            -seconds[str(item.path.relative_to(here))],
+            position[str(item.path.relative_to(here))],
+        )
+    )
 
 
 def _durations(path: Path) -> dict[str, float]:

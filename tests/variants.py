@@ -20,8 +20,7 @@ def slow_variants() -> bool:
     return os.environ.get(ENV) == "1"
 
 
-#: The mark of a slow variant's case: each is scheduled as a group of its own, ahead of the
-#: rest (tests/conftest.py), so that the longest cases start first on parallel workers.
+#: The mark of a slow variant's case (`-m "not slow_variant"` leaves them out of a run).
 SLOW_MARK = "slow_variant"
 
 

@@ -16,10 +16,11 @@ from ...common.checkpoint_location import is_url
 from ...home import trainguard_home
 from .rendezvous import RendezvousSpec
 
-#: --preload's default: the fork server imports torch, what DistributedDataParallel and
-#: FSDP import when first built (torch._dynamo: 1.3 s of CPU in each rank otherwise), and
-#: trainguard's rank side.
-PRELOAD = ("torch", "torch._dynamo", "trainguard.torch")
+#: --preload's default: the fork server imports torch and trainguard's rank side. (Not
+#: torch._dynamo, which DistributedDataParallel imports when first built, 1.3 s of CPU per
+#: rank: with it preloaded, spares were ready early enough to change what a drain test saw,
+#: and it is not yet measured; `--preload torch,torch._dynamo,trainguard.torch` adds it.)
+PRELOAD = ("torch", "trainguard.torch")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Rank processes forked from a process that has already imported torch (issue 48), the
-default (``--preload torch,torch._dynamo,trainguard.torch``; ``--preload none``: a new
-process per rank).
+default (``--preload torch,trainguard.torch``; ``--preload none``: a new process per
+rank).
 
 Every rank of a Python job imports torch, 2-2.5 s of CPU each, and a full restart waits for
 it again. When the rank program is this interpreter running a script or a module

@@ -206,11 +206,6 @@ def _become(request: dict[str, Any], fds: list[int], sock: socket.socket, server
     _reseed()
     importlib.invalidate_caches()  # files written since the server started
     gc.enable()
-    # The preloaded objects, frozen in the server, collectable again at exit (registered
-    # first, it runs after the program's own atexit hooks): a fresh interpreter frees them
-    # there, and extensions that count their objects (triton's, under torch._dynamo) would
-    # report the frozen ones as leaked on the rank's stderr.
-    atexit.register(gc.unfreeze)
 
 
 def _stdio(unbuffered: bool) -> None:
@@ -268,6 +263,11 @@ def main(argv: list[str]) -> dict[str, Any]:
     gc.collect()
     gc.freeze()  # the preloaded objects out of the collector's way: fewer copied pages per child
     gc.disable()
+    # Collectable again at exit, in the server and in every child (inherited; registered
+    # first, it runs after a program's own atexit hooks): a fresh interpreter frees them
+    # there, and extensions that count their objects (triton's, under torch._dynamo) report
+    # frozen ones as leaked on stderr (the rank's, or the launcher's for the server).
+    atexit.register(gc.unfreeze)
     with open("/proc/self/cmdline", "rb") as own:  # the check: this process as it is
         presents = present([os.fsdecode(a) for a in own.read().split(b"\0")[:-1]], dict(os.environ))
     ready = {"ready": done, "failed": failed, "import_s": round(time.monotonic() - start, 3)}

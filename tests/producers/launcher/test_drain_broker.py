@@ -93,7 +93,7 @@ def test_with_no_spare_ready_a_drain_shrinks_the_world_and_it_grows_back(
     """Elastic training (--min-nproc 2, no warm spare), docs/examples/train_elastic.py:
     node-0001 drained 1 s after the command; ranks 0 and 1 go on at world 2 from exactly
     that step in their processes (their own memory copies); the processes started for ranks
-    2 and 3 become ready and the world grows back to 4 at step 250's checkpoint
+    2 and 3 become ready and the world grows back to 4 at step 250's checkpoint at the latest
     (TRAIN_GROW_AT: the smaller world waits there for the resize) on spare-0000. Every sample
     of every epoch is trained once; the weights are within 1e-6 of an uninterrupted run's
     (the shards' gradients summed in another order at world 2)."""
@@ -128,9 +128,10 @@ def test_with_no_spare_ready_a_drain_shrinks_the_world_and_it_grows_back(
     assert f"drained at the checkpoint of step {boundary}:" in drain["detail"], drain
     assert all(run.progress(0, r) == boundary for r in range(4)), "a rank trained past the boundary"
     assert drain["restore_from"] == {"own": 2} and drain["new_ranks"] == drain["warm_ranks"] == [], drain
-    assert (grow["cause"], grow["decision"], grow["world_size"], grow["resumed_from_step"]) == (
-        "resize", "grow", 4, 250,
-    ), grow  # fmt: skip
+    assert (grow["cause"], grow["decision"], grow["world_size"]) == ("resize", "grow", 4), grow
+    # at step 250 at the latest (the smaller world waits there); sooner when the new processes
+    # were ready before it (forked from the fork server, they may be)
+    assert boundary < grow["resumed_from_step"] <= 250, grow
     assert run.quarantined() == ["node-0001"]
     assert run.nodes() == {0: ["node-0000", "node-0001"], 1: ["node-0000"], 2: ["node-0000", "spare-0000"]}
     pids = run.pids()

@@ -32,18 +32,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "::" not in module:
             cases = [v for k, v in known.items() if k.startswith(f"tests/{module}::")]
             seconds[module] = total - sum(cases)
+    modules = {item.nodeid: str(item.path.relative_to(here)) for item in items}
     for item in items:
-        module = str(item.path.relative_to(here))
-        seconds[module] = seconds.get(module, 0.0) + known.get(
-            item.nodeid, 0.0 if module in known else UNKNOWN_S
-        )
-    position = {m: i for i, m in enumerate(dict.fromkeys(str(item.path.relative_to(here)) for item in items))}
-    items.sort(
-        key=lambda item: (
-            -seconds[str(item.path.relative_to(here))],
-            position[str(item.path.relative_to(here))],
-        )
-    )
+        module = modules[item.nodeid]
+        missing = 0.0 if module in known else UNKNOWN_S
+        seconds[module] = seconds.get(module, 0.0) + known.get(item.nodeid, missing)
+    position = {m: i for i, m in enumerate(dict.fromkeys(modules.values()))}
+    items.sort(key=lambda item: (-seconds[modules[item.nodeid]], position[modules[item.nodeid]]))
 
 
 def _durations(path: Path) -> dict[str, float]:

@@ -1,15 +1,15 @@
 """The suite's groups' durations (tests/durations.json), from a run's JUnit XML.
 
-tests/conftest.py hands the longest test groups to the parallel workers first (longest
-processing time first: none is left running alone at the end), and a group's length is
+tests/conftest.py hands the longest test modules to the parallel workers first (longest
+processing time first: none is left running alone at the end), and a module's length is
 what this file says. Regenerate it after a full run when the suite changes much:
 
     scripts/test --junitxml=/tmp/suite.xml
     .venv/bin/python -m harness.devtools.suite_durations /tmp/suite.xml > tests/durations.json
 
-A group is a test module (its tests share module-scoped fixtures on one worker), or, for
-a case of its own (a slow variant), its node id. A test missing from the file counts as
-`UNKNOWN_S`."""
+Each module's total, and each test of ten seconds or more by node id (a slow variant left
+out of a run is taken off its module's total). A module missing from the file counts
+`UNKNOWN_S` a test."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
-#: What a group without a measurement counts for.
+#: What a test of a module without a measurement counts for.
 UNKNOWN_S = 1.0
 
 
@@ -33,7 +33,7 @@ def module_of(classname: str) -> str:
 
 def durations(junit: Path) -> dict[str, float]:
     """Seconds per module (every test of it) and per test (node id, the cases of ten
-    seconds or more: a slow variant runs as a group of its own)."""
+    seconds or more)."""
     out: dict[str, float] = defaultdict(float)
     for case in ET.parse(junit).getroot().iter("testcase"):
         seconds = float(case.get("time") or 0.0)

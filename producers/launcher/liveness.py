@@ -89,14 +89,16 @@ class Liveness:
             return 0.0
         return now - last[1]
 
-    def quiet_s(self, node: str) -> float:
-        """Seconds since `node`'s counter last changed, on this observer's clock: how long
-        ago a host found stale was last alive, at most one beat interval before it died."""
-        return self._observe(node)
-
     def stale(self, nodes: Iterable[str], stale_s: float) -> list[str]:
         """The hosts among `nodes` whose beat has not changed for `stale_s` seconds."""
-        return sorted(n for n in nodes if self._observe(n) >= stale_s)
+        return sorted(self.gone(nodes, stale_s))
+
+    def gone(self, nodes: Iterable[str], stale_s: float) -> dict[str, float]:
+        """The stale hosts among `nodes`, each with the seconds since its beat last changed on
+        this observer's clock (how long ago it was last alive, at most one beat interval
+        before it died); one read of each beat."""
+        quiet = {n: self._observe(n) for n in nodes}
+        return {n: s for n, s in sorted(quiet.items()) if s >= stale_s}
 
 
 class LossWatch:
@@ -121,9 +123,8 @@ class LossWatch:
     def lost(self) -> dict[str, float] | None:
         """The hosts found lost (node -> seconds since its beat last changed); {} once
         every host beat through the watch (a host joins); None while still watching."""
-        stale = self.live.stale(self.nodes, self.stale_s)
-        if stale:
-            return {n: self.live.quiet_s(n) for n in stale}
+        if gone := self.live.gone(self.nodes, self.stale_s):
+            return gone
         return {} if self.clock() - self.since >= self.stale_s + BEAT_S else None
 
 

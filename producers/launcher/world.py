@@ -254,11 +254,11 @@ class HostWorld:
                 raise NoWorld(
                     f"spare {self.node} not needed: run {self.config.run_id} finished", False, status="ok"
                 )
-            stale = live.stale(nodes, self.config.host_stale_s)
+            quiet = live.gone(nodes, self.config.host_stale_s)
             listed = self.shared.nodes()
-            out = [n for n in nodes if n in listed and n not in stale] + self._shrunk_without(nodes, listed)
-            if attempt >= 0 and (stale or out):
-                now, quiet = time.time(), {n: live.quiet_s(n) for n in stale}
+            out = [n for n in nodes if n in listed and n not in quiet] + self._shrunk_without(nodes, listed)
+            if attempt >= 0 and (quiet or out):
+                now = time.time()
                 lost = {
                     n: f"host lost: its beat stopped {s:.1f} s ago, in attempt {attempt}"
                     for n, s in quiet.items()

@@ -73,8 +73,21 @@ _STAT_FIELDS = {
     "start_code": 26, "end_code": 27, "start_stack": 28, "start_data": 45, "end_data": 46,
     "start_brk": 47,
 }  # fmt: skip
-#: The presented command line and environment: their memory must outlive the process.
-_PRESENTED: list[ctypes.Array[ctypes.c_char]] = []
+
+
+def _outliving(data: bytes) -> tuple[int, int]:
+    """`data` (strings, each ended by a NUL) in memory that is never freed: (its address,
+    len(data)). The kernel reads /proc/PID/cmdline and environ from it until the process
+    is gone, and a Python object's buffer is freed while the interpreter shuts down (a
+    rank's last seconds then showed malloc's own pointers as its command line)."""
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    address = libc.malloc(max(1, len(data)))
+    if not address:
+        raise MemoryError("malloc failed")
+    ctypes.memmove(address, data, len(data))
+    return int(address), len(data)
 
 
 def present(command: list[str], env: dict[str, str]) -> str | None:
@@ -83,10 +96,8 @@ def present(command: list[str], env: dict[str, str]) -> str | None:
     pointers to both moved to new memory (``PR_SET_MM_MAP``, no privilege needed). None
     once done, else why not (the kernel's error)."""
     encode = os.fsencode
-    blocks = [
-        ctypes.create_string_buffer(b"".join(encode(a) + b"\0" for a in command), None),
-        ctypes.create_string_buffer(b"".join(encode(f"{k}={v}") + b"\0" for k, v in env.items()), None),
-    ]
+    args, argsize = _outliving(b"".join(encode(a) + b"\0" for a in command))
+    envs, envsize = _outliving(b"".join(encode(f"{k}={v}") + b"\0" for k, v in env.items()))
     try:
         raw = open("/proc/self/stat", "rb").read()  # noqa: SIM115 - read at once
     except OSError as exc:
@@ -95,14 +106,12 @@ def present(command: list[str], env: dict[str, str]) -> str | None:
     values = {name: int(fields[n - 3]) for name, n in _STAT_FIELDS.items()}
     libc = ctypes.CDLL(None, use_errno=True)
     libc.sbrk.restype = ctypes.c_void_p
-    (args, argsize), (envs, envsize) = ((ctypes.addressof(b), ctypes.sizeof(b) - 1) for b in blocks)
     mm = _MMMap(
         **values, brk=libc.sbrk(0) or values["start_brk"], arg_start=args, arg_end=args + argsize,
         env_start=envs, env_end=envs + envsize, auxv=0, auxv_size=0, exe_fd=0xFFFFFFFF,
     )  # fmt: skip
     if libc.prctl(PR_SET_MM, PR_SET_MM_MAP, ctypes.byref(mm), ctypes.sizeof(mm), 0) != 0:
         return f"prctl(PR_SET_MM_MAP): {os.strerror(ctypes.get_errno())}"
-    _PRESENTED[:] = blocks
     return None
 
 

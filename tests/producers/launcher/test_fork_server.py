@@ -235,3 +235,27 @@ def test_only_this_interpreter_running_a_script_or_a_module_is_forked(tmp_path: 
         [sys.executable],
     ):
         assert forkable(command) is None, command
+
+
+def test_a_presented_command_line_outlives_the_objects_that_made_it() -> None:
+    """A rank's /proc/PID/cmdline and environ stay its own while its interpreter shuts down
+    and frees its objects (they were Python buffers once: `ps` then showed freed memory
+    for a rank's last seconds). Here: every object of the zygote module freed, the memory
+    used again, then read."""
+    probe = textwrap.dedent(
+        """
+        import gc, sys
+        from trainguard.producers.launcher import zygote
+        assert zygote.present(["tg-probe", "--lr", "3e-4"], {"PROBE": "outlives"}) is None
+        zygote.__dict__.clear()
+        del sys.modules["trainguard.producers.launcher.zygote"], zygote
+        gc.collect()
+        reuse = [bytes(k) for k in range(1, 4000) for _ in range(3)]
+        print(open("/proc/self/cmdline", "rb").read().hex(), open("/proc/self/environ", "rb").read().hex())
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    cmdline, environ = (bytes.fromhex(part) for part in done.stdout.split())
+    assert cmdline == b"tg-probe\0--lr\x003e-4\0"
+    assert environ == b"PROBE=outlives\0"

@@ -31,11 +31,16 @@ class MissingToolError(BrokerError):
     """`java` (17+) or `mvn` is not installed."""
 
 
+def cache_root() -> Path:
+    """The development tooling's cache, shared by every clone on the machine:
+    `$TRAINGUARD_CACHE`, else `~/.cache/trainguard`."""
+    base = os.environ.get("TRAINGUARD_CACHE")
+    return Path(base) if base else Path.home() / ".cache" / "trainguard"
+
+
 def default_cache_dir() -> Path:
     """`$TRAINGUARD_CACHE/kafka-4.1.1`, else `~/.cache/trainguard/kafka-4.1.1`."""
-    base = os.environ.get("TRAINGUARD_CACHE")
-    root = Path(base) if base else Path.home() / ".cache" / "trainguard"
-    return root / f"kafka-{KAFKA_VERSION}"
+    return cache_root() / f"kafka-{KAFKA_VERSION}"
 
 
 def parse_java_major(version_output: str) -> int:

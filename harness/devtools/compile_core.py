@@ -12,11 +12,17 @@ each package's _compiled/. Each package is its own mypyc group, built by its own
 (its modules call another package's as Python). About 35 s on two cores; needs mypy
 (the dev extra) and a C compiler. A build that fails leaves no build: that package runs
 as Python.
+
+Builds are kept in the machine's cache (`$TRAINGUARD_CACHE`, else ~/.cache/trainguard,
+under compiled/), keyed by what makes one valid (the stamp: interpreter, platform,
+sources) and by what made it (mypy's version, the project's mypy settings): a fresh clone
+of the same sources copies its build from there instead of compiling for a minute.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -26,6 +32,9 @@ import time
 from pathlib import Path
 
 os.environ["TRAINGUARD_PURE_PYTHON"] = "1"  # the builder itself runs the Python (no stale-build warning)
+from mypy.version import __version__ as MYPY_VERSION  # noqa: E402
+
+from harness.devtools.broker_jars import cache_root  # noqa: E402
 from trainguard.compiled_build import CompiledBuild  # noqa: E402
 from trainguard.processors.core import compiled as core_compiled  # noqa: E402
 from trainguard.schemas import compiled as schemas_compiled  # noqa: E402
@@ -84,6 +93,49 @@ def install(target: CompiledBuild, built: Path) -> int:
     return len(extensions)
 
 
+def cached(target: CompiledBuild) -> Path:
+    """Where `target`'s build for the current sources is kept in the machine's cache."""
+    made_by = {"stamp": target.stamp(), "mypy": MYPY_VERSION, "settings": _digest(ROOT / "pyproject.toml")}
+    key = hashlib.sha256(json.dumps(made_by, sort_keys=True).encode()).hexdigest()[:20]
+    return cache_root() / "compiled" / f"{target.package}-{key}"
+
+
+def restore(target: CompiledBuild) -> bool:
+    """`target`'s build copied from the machine's cache; False when it has none (or the copy
+    is not current after all: then nothing is left in place)."""
+    kept = cached(target)
+    if not (kept / "stamp.json").is_file():
+        return False
+    staged = target.folder.with_name("_compiled.new")
+    shutil.rmtree(staged, ignore_errors=True)
+    shutil.copytree(kept, staged)
+    shutil.rmtree(target.folder, ignore_errors=True)
+    staged.rename(target.folder)
+    if target.is_current():
+        return True
+    shutil.rmtree(target.folder, ignore_errors=True)
+    return False
+
+
+def keep(target: CompiledBuild) -> None:
+    """A new build into the machine's cache (written aside, then renamed: a clone that reads
+    the cache meanwhile sees a whole build or none)."""
+    kept = cached(target)
+    staged = kept.with_name(f"{kept.name}.{os.getpid()}")
+    try:
+        shutil.rmtree(staged, ignore_errors=True)
+        shutil.copytree(target.folder, staged)
+        shutil.rmtree(kept, ignore_errors=True)
+        staged.rename(kept)
+    except OSError as exc:  # the cache is a convenience: a read-only home loses nothing
+        shutil.rmtree(staged, ignore_errors=True)
+        print(f"the build of {target.package} was not kept in {kept.parent}: {exc}", file=sys.stderr)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--force", action="store_true", help="build even what is up to date")
@@ -91,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     todo = [target for target in BUILDS if args.force or not target.is_current()]
     for target in (target for target in BUILDS if target not in todo):
         print(f"the compiled build in {target.folder} is up to date", file=sys.stderr)
+    for target in [target for target in todo if not args.force and restore(target)]:
+        print(f"the compiled build of {target.package} copied from {cached(target)}", file=sys.stderr)
+        todo.remove(target)
     if todo:
         link_tree()
     failed = 0
@@ -99,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(target.folder, ignore_errors=True)  # a failed build leaves the Python in use
         try:
             count = install(target, build(target))
+            keep(target)
         except (subprocess.CalledProcessError, OSError) as exc:
             print(f"compiling {target.package} failed ({exc}): it runs as Python", file=sys.stderr)
             failed += 1

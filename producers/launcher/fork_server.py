@@ -351,18 +351,20 @@ class ForkServers:
         #: Why forked ranks cannot look like spawned ones here (then none is forked).
         self.refused: str | None = None
         self._servers: dict[tuple[tuple[str, str], ...], ForkServer] = {}
+        self._lock = threading.Lock()
 
     def get(self, rank_env: Mapping[str, str] | None = None) -> ForkServer | None:
         """A live server whose import-time variables are `rank_env`'s (None: no preload, or
         a command that is not forkable)."""
         if self.program is None or self.refused is not None:
             return None
-        wanted = {k: rank_env[k] for k in IMPORT_TIME_ENV if rank_env and k in rank_env}
+        wanted = _import_time(rank_env)
         key = tuple(sorted(wanted.items()))
-        server = self._servers.get(key)
-        if server is None or server.gone:
-            env = {k: v for k, v in self.base_env.items() if k not in IMPORT_TIME_ENV}
-            server = self._servers[key] = ForkServer(self.preload, {**env, **wanted})
+        with self._lock:  # the ranks' thread and a spare's self-test may ask at once
+            server = self._servers.get(key)
+            if server is None or server.gone:
+                env = {k: v for k, v in self.base_env.items() if k not in IMPORT_TIME_ENV}
+                server = self._servers[key] = ForkServer(self.preload, {**env, **wanted})
         if server.ready is not None and (why := server.ready.get("presents")) is not None:
             self.refused = str(why)
             log.warning("fork server: a forked rank could not show its own command line and environment "
@@ -370,7 +372,75 @@ class ForkServers:
             return None
         return server
 
+    def popen(self, command: Sequence[str], env: Mapping[str, str]) -> ForkedCommand | None:
+        """`command` (not a rank: the node self-test's workers) forked from the server already
+        started for `env`'s import-time variables, its output captured as ``Popen(...,
+        stdout=PIPE, stderr=PIPE, text=True)`` captures it; None when there is no such
+        server, or it cannot fork `command` (then a new process runs it, as before)."""
+        program = forkable(command)
+        with self._lock:
+            server = self._servers.get(tuple(sorted(_import_time(env).items())))
+        if program is None or server is None or server.gone or self.refused is not None:
+            return None
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            process = server.spawn(program, env, [0, out_w, err_w], os.getcwd())
+        except ServerGone as exc:
+            log.warning("%s: a new process instead", exc)
+            os.close(out_r)
+            os.close(err_r)
+            return None
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        return ForkedCommand(process, out_r, err_r)
+
     def close(self) -> None:
-        for server in self._servers.values():
+        with self._lock:
+            servers, self._servers = list(self._servers.values()), {}
+        for server in servers:
             server.close()
-        self._servers.clear()
+
+
+def _import_time(env: Mapping[str, str] | None) -> dict[str, str]:
+    """`env`'s variables that a server's imports read (its key among a launcher's servers)."""
+    return {k: env[k] for k in IMPORT_TIME_ENV if env and k in env}
+
+
+class ForkedCommand:
+    """A forked command whose stdout and stderr are pipes to this process, answering as the
+    ``Popen(..., stdout=PIPE, stderr=PIPE, text=True)`` the self-test would otherwise start."""
+
+    def __init__(self, process: ForkedProcess, stdout: int, stderr: int) -> None:
+        self.process = process
+        self._pipes = {stdout: bytearray(), stderr: bytearray()}
+        self._order = (stdout, stderr)
+        self._open = {stdout, stderr}
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.poll()
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Both streams to their end and the exit status, within `timeout` s
+        (subprocess.TimeoutExpired after it, as Popen's: call again to go on)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._open:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(list(self.process.args), timeout or 0)
+            for fd in select.select(list(self._open), [], [], left)[0]:
+                chunk = os.read(fd, 65536)
+                if chunk:
+                    self._pipes[fd] += chunk
+                else:
+                    os.close(fd)
+                    self._open.discard(fd)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        self.process.wait(left)
+        out, err = (self._pipes[fd].decode(errors="replace") for fd in self._order)
+        return out, err
+
+    def kill(self) -> None:
+        self.process.kill()

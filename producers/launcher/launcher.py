@@ -140,6 +140,7 @@ class Launcher:
             config, self.run_dir, self.pool, state, self.resume, self.restarts, self.events, clock
         )
         self.attempts = AttemptRunner(self.context)
+        self.spares.forks = self.attempts.forks  # a spare's self-test forks its workers there too
         #: Across hosts the other agents' start-up failures are read from their run dirs.
         hosts = self.run_dir.parent if config.rendezvous is not None and config.run_dir is None else None
         self.startup = StartupFailures(self.run_dir, hosts)
@@ -274,12 +275,13 @@ class Launcher:
     def run(self) -> LaunchResult:
         result = LaunchResult("failed", "", 0)
         state = self.state
-        # A restart onto a proven spare waits for nothing. Across hosts the spares are agents
-        # of their own (--spare), each proving its host while it waits (world.py).
-        if self.config.self_test_spares == "ahead" and self.config.rendezvous is None:
-            threading.Thread(target=self.spares.pretest, name="selftest-spares", daemon=True).start()
         try:
+            # The fork server first: a spare's self-test forks its workers from it.
             self.attempts.prewarm(self.config.ranks_per_node if self.config.rendezvous else self.config.nproc)
+            # A restart onto a proven spare waits for nothing. Across hosts the spares are
+            # agents of their own (--spare), each proving its host while it waits (world.py).
+            if self.config.self_test_spares == "ahead" and self.config.rendezvous is None:
+                threading.Thread(target=self.spares.pretest, name="selftest-spares", daemon=True).start()
             self._run(result)
         finally:
             state.ended.set()  # a node still waiting for its self-test is free now

@@ -32,7 +32,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,9 +226,12 @@ def run_node_self_test(
     timeout_s: float = 120.0,
     env: Mapping[str, str] | None = None,
     master_addr: str = "127.0.0.1",
+    fork: Fork | None = None,
 ) -> NodeSelfTestReport:
     """Run `tests` on `nproc` devices of `node` (one worker process per local rank) and wait
-    at most `timeout_s`; a worker that fails to report counts as a failure."""
+    at most `timeout_s`; a worker that fails to report counts as a failure. `fork` (the
+    launcher's fork server, :meth:`.fork_server.ForkServers.popen`) starts a worker from a
+    process that imported torch already, when it can; else each is a new process."""
     unknown = [t for t in tests if t not in SELF_TESTS]
     if unknown or not tests or nproc < 1:
         raise ValueError(f"tests must be some of {SELF_TESTS} and nproc >= 1 (got {list(tests)}, {nproc})")
@@ -241,8 +244,11 @@ def run_node_self_test(
         MASTER_ADDR=master_addr,
         MASTER_PORT=str(_free_port(master_addr)),
         TRAINGUARD_SELFTEST_TIMEOUT_S=str(timeout_s),
-        OMP_NUM_THREADS=base.get("OMP_NUM_THREADS", "1"),
     )
+    # torchrun's thread rule, as the node's ranks have it (rank_env.omp_threads): so a
+    # worker may be forked from the server that imported torch for those ranks.
+    if "OMP_NUM_THREADS" not in base and nproc > 1:
+        base["OMP_NUM_THREADS"] = "1"
     argv = [
         sys.executable,
         "-m",
@@ -251,16 +257,7 @@ def run_node_self_test(
         "--tests",
         ",".join(tests),
     ]
-    procs = [
-        subprocess.Popen(
-            argv,
-            env={**base, "LOCAL_RANK": str(r), "RANK": str(r)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(nproc)
-    ]
+    procs = [_start(argv, {**base, "LOCAL_RANK": str(r), "RANK": str(r)}, fork) for r in range(nproc)]
     deadline = start + timeout_s
     for r, proc in enumerate(procs):
         try:
@@ -279,6 +276,19 @@ def run_node_self_test(
             report.results.append(CheckResult(**item))
     report.wall_s = time.monotonic() - start
     return report
+
+
+#: Starts a worker from a process that imported torch: (argv, env) -> a Popen-like object
+#: (communicate, kill, returncode), or None when it cannot.
+Fork = Callable[[list[str], dict[str, str]], Any]
+
+
+def _start(argv: list[str], env: dict[str, str], fork: Fork | None) -> Any:
+    """One worker: forked by `fork` when it can, else a new process; output captured (text)."""
+    forked = fork(argv, env) if fork is not None else None
+    if forked is not None:
+        return forked
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def default_nproc(environ: Mapping[str, str] = os.environ) -> int:

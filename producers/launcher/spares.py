@@ -23,6 +23,7 @@ from typing import Any
 
 from .config import LauncherConfig
 from .events import LauncherEvents
+from .fork_server import ForkServers
 from .node_selftest import SELF_TESTS, NodeSelfTestReport, run_node_self_test
 from .plan import NodePool, PoolExhausted, plan, quarantine_effect
 from .run_state import LauncherState
@@ -51,11 +52,17 @@ class SpareAdmission:
         #: Set while no restart is in progress (the launcher's RestartRecorder keeps it).
         self.settled = threading.Event()
         self.settled.set()
+        #: The ranks' fork servers (the launcher's attempts own them): a self-test's workers
+        #: are forked from one when it is up, instead of importing torch each.
+        self.forks: ForkServers | None = None
 
     def _run_self_test(self, node: str, devices: int, tests: Any) -> NodeSelfTestReport:
         """The real test: one worker process per device of `node`, with the ranks' extra
-        environment (so a fire drill's TRAINGUARD_INJECT_WRONG_DEVICE reaches it)."""
-        return run_node_self_test(node, devices, tests, self.config.self_test_timeout_s, self.config.env)
+        environment (so a fire drill's TRAINGUARD_INJECT_WRONG_DEVICE reaches it), forked
+        from the ranks' fork server when it is up."""
+        fork = self.forks.popen if self.forks is not None else None
+        timeout_s = self.config.self_test_timeout_s
+        return run_node_self_test(node, devices, tests, timeout_s, self.config.env, fork=fork)
 
     def free(self, node: str) -> bool:
         """No live rank is on `node`: between attempts, after the run, or not in the placement."""

@@ -4,7 +4,9 @@ all-reduce, the chaos knob's wrong device failing it, and `trainguard selftest`.
 from __future__ import annotations
 
 import json
+import os
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,6 +19,8 @@ from trainguard.producers.chaos.device_fault import (
     uninstall_wrong_device,
 )
 from trainguard.producers.launcher import node_selftest as selftest
+from trainguard.producers.launcher.config import PRELOAD
+from trainguard.producers.launcher.fork_server import ForkServers
 from trainguard.producers.launcher.node_selftest import (
     GEMM_SHAPES,
     CheckResult,
@@ -50,10 +54,28 @@ def test_gemm_is_exact_on_a_right_device_and_fails_on_a_deterministically_wrong_
     assert wrong.detail.startswith("float32 64x64x64: ") and "entries wrong, max error" in wrong.detail
 
 
-def test_two_workers_one_struck_by_the_chaos_knob_fail_gemm_there_only() -> None:
-    """Real worker processes, as the launcher starts them: gloo all-reduce across both."""
+@pytest.mark.parametrize("started", ["new", "forked"])
+def test_two_workers_one_struck_by_the_chaos_knob_fail_gemm_there_only(started: str) -> None:
+    """Real worker processes, as the launcher starts them (new interpreters, or forked from
+    the ranks' fork server, the launcher's default): gloo all-reduce across both."""
     knob = {ENV_WRONG_DEVICE: "node=node-0001,local_rank=1,from_step=40,bias=1e-3"}
-    report = run_node_self_test("node-0001", 2, env=knob, timeout_s=240)
+    if started == "new":
+        report = run_node_self_test("node-0001", 2, env=knob, timeout_s=240)
+    else:
+        servers = ForkServers(PRELOAD, [sys.executable, "-m", "json.tool"], dict(os.environ))
+        forked: list[Any] = []
+
+        def fork(argv: list[str], env: dict[str, str]) -> Any:
+            forked.append(servers.popen(argv, env))
+            return forked[-1]
+
+        try:
+            server = servers.get({"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+            assert server is not None
+            report = run_node_self_test("node-0001", 2, env=knob, timeout_s=240, fork=fork)
+        finally:
+            servers.close()
+        assert len(forked) == 2 and all(w is not None and w.process.server is server for w in forked)
     by = {(r.test, r.local_rank): r for r in report.results}
     assert set(by) == {("gemm", 0), ("gemm", 1), ("collective", 0), ("collective", 1)}, report.errors
     assert by[("gemm", 0)].passed and not by[("gemm", 1)].passed

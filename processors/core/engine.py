@@ -504,13 +504,18 @@ def _undeclared_restart(run: RunState, event: Envelope) -> Interruption:
     saw. Either way it is recorded, so the timeline stays complete. A smaller world growing
     back to full size is planned too (decisions/capacity.py)."""
     stopped = min(max((r.last_seen_ts for r in run.ranks.values()), default=event.ts), event.ts)
+    # The launcher's record names the checkpoint the new attempt resumed from: its lost work
+    # is counted back to that one (a planned stop is at a boundary: none), also when the
+    # boundary's validation lands after the record (it runs in the background).
+    resumed = event.resumed_from_step if type(event) is RunStarted else None
 
     def planned(
         cause: InterruptionCause, by: str, cause_id: str, culprit: int, reason: Reason
     ) -> Interruption:
         return _interruption(
-            run, cause=cause, detected_by=by, cause_id=cause_id, at=stopped, culprit=culprit, reason=reason
-        )
+            run, cause=cause, detected_by=by, cause_id=cause_id, at=stopped, culprit=culprit, reason=reason,
+            checkpoint=resumed,
+        )  # fmt: skip
 
     grown = capacity.take_grow(run.capacity)
     if grown:
@@ -559,6 +564,7 @@ def _undeclared_restart(run: RunState, event: Envelope) -> Interruption:
             code=ReasonCode.INTERRUPTION,
             text=f"attempt {event.attempt} started while attempt {run.attempt} had no detected interruption",
         ),
+        checkpoint=resumed,
     )
 
 
@@ -769,10 +775,13 @@ def _interruption(
     culprit: int,
     reason: Reason,
     detect_s: float = 0.0,
+    checkpoint: int | None = None,
 ) -> Interruption:
     """Declare an interruption (id derived from the event that revealed it). Its step is
-    the newest any rank completed; its lost steps, those after the checkpoint it resumes from."""
-    checkpoint = max(run.last_validated_step, run.resumed_from_step)
+    the newest any rank completed; its lost steps, those after the checkpoint it resumes
+    from: `checkpoint` when known (the next attempt started), else the newest the core knows."""
+    if checkpoint is None:
+        checkpoint = max(run.last_validated_step, run.resumed_from_step)
     completed = completed_step(run)
     lost = lost_steps(completed, checkpoint)
     event_id = derived_id("interruption", cause_id)

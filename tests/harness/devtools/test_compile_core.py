@@ -5,6 +5,9 @@ other sources, and a cached copy whose stamp does not hold is not left in place.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,3 +67,20 @@ def test_a_cached_copy_whose_stamp_does_not_hold_is_not_left_in_place(tmp_path: 
     clone = _package(tmp_path / "clone")
     assert not compile_core.restore(clone)
     assert not clone.folder.exists()  # the Python runs, as with no build
+
+
+def test_importing_the_builder_leaves_which_build_runs_as_it_is() -> None:
+    """The builder imports the packages it builds; a process that imports it first (a test
+    worker) goes on running their compiled modules when the build is current (it once ran
+    everything after as Python: every later compiled-vs-Python check in that worker failed)."""
+    probe = (
+        "import os, harness.devtools.compile_core\n"
+        "from trainguard.schemas import block_check, compiled\n"
+        "print(os.environ.get('TRAINGUARD_PURE_PYTHON'), block_check.__file__.endswith('.py'),"
+        " compiled.BUILD.is_current())"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRAINGUARD_PURE_PYTHON"}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    setting, python, current = done.stdout.split()
+    assert setting == "None" and python == str(current == "False")

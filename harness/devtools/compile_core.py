@@ -152,9 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     todo = [target for target in BUILDS if args.force or not target.is_current()]
     for target in (target for target in BUILDS if target not in todo):
         print(f"the compiled build in {target.folder} is up to date", file=sys.stderr)
-    for target in [target for target in todo if not args.force and restore(target)]:
-        print(f"the compiled build of {target.package} copied from {cached(target)}", file=sys.stderr)
-        todo.remove(target)
+    for target in [] if args.force else list(todo):
+        if restore(target):
+            print(f"the compiled build of {target.package} copied from {cached(target)}", file=sys.stderr)
+            todo.remove(target)
     if todo:
         link_tree()
     failed = 0

@@ -245,10 +245,12 @@ def run_node_self_test(
         MASTER_PORT=str(_free_port(master_addr)),
         TRAINGUARD_SELFTEST_TIMEOUT_S=str(timeout_s),
     )
-    # torchrun's thread rule, as the node's ranks have it (rank_env.omp_threads): so a
-    # worker may be forked from the server that imported torch for those ranks.
-    if "OMP_NUM_THREADS" not in base and nproc > 1:
-        base["OMP_NUM_THREADS"] = "1"
+    # torchrun's thread rule, the node's ranks' own, so that a worker may be forked from the
+    # server that imported torch for them (imported here: the workers need none of rank_env).
+    from .rank_env import omp_threads
+
+    if "OMP_NUM_THREADS" not in base:
+        base.update(omp_threads(nproc))
     argv = [
         sys.executable,
         "-m",

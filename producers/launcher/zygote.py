@@ -75,12 +75,11 @@ _STAT_FIELDS = {
 }  # fmt: skip
 
 
-def _outliving(data: bytes) -> tuple[int, int]:
+def _outliving(libc: ctypes.CDLL, data: bytes) -> tuple[int, int]:
     """`data` (strings, each ended by a NUL) in memory that is never freed: (its address,
     len(data)). The kernel reads /proc/PID/cmdline and environ from it until the process
     is gone, and a Python object's buffer is freed while the interpreter shuts down (a
     rank's last seconds then showed malloc's own pointers as its command line)."""
-    libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p
     libc.malloc.argtypes = [ctypes.c_size_t]
     address = libc.malloc(max(1, len(data)))
@@ -96,15 +95,15 @@ def present(command: list[str], env: dict[str, str]) -> str | None:
     pointers to both moved to new memory (``PR_SET_MM_MAP``, no privilege needed). None
     once done, else why not (the kernel's error)."""
     encode = os.fsencode
-    args, argsize = _outliving(b"".join(encode(a) + b"\0" for a in command))
-    envs, envsize = _outliving(b"".join(encode(f"{k}={v}") + b"\0" for k, v in env.items()))
+    libc = ctypes.CDLL(None, use_errno=True)
+    args, argsize = _outliving(libc, b"".join(encode(a) + b"\0" for a in command))
+    envs, envsize = _outliving(libc, b"".join(encode(f"{k}={v}") + b"\0" for k, v in env.items()))
     try:
         raw = open("/proc/self/stat", "rb").read()  # noqa: SIM115 - read at once
     except OSError as exc:
         return f"/proc/self/stat: {exc.strerror}"
     fields = raw[raw.rindex(b")") + 2 :].split()  # the first is field 3
     values = {name: int(fields[n - 3]) for name, n in _STAT_FIELDS.items()}
-    libc = ctypes.CDLL(None, use_errno=True)
     libc.sbrk.restype = ctypes.c_void_p
     mm = _MMMap(
         **values, brk=libc.sbrk(0) or values["start_brk"], arg_start=args, arg_end=args + argsize,

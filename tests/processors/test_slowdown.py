@@ -7,11 +7,13 @@ and one flag per rank."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from harness.slowdown_streams import NoisyJob, SlowUnit, WindowHarness
+from harness.slowdown_streams import NoisyJob, SlowUnit, WindowHarness, trigger
 from harness.straggler_streams import HealthFault, Slow, SyncJob, of_kind
 from trainguard.processors.core import CorePolicy, CoreState, step
+from trainguard.processors.core.detectors import slowdown
 from trainguard.processors.core.detectors.slowdown import z_threshold
 from trainguard.processors.core.detectors.slowdown_state import NODE, RANK, SlowdownPolicy
 from trainguard.processors.core.outputs import Forward
@@ -258,3 +260,33 @@ def test_through_the_engine_a_rank_flagged_by_both_rules_is_flagged_once() -> No
     assert flags[0].step < 40 + 100  # before the per-step rule's streak could complete
     assert len(of_kind(outputs, StragglerDiagnosed)) == 1
     assert [d.decision for d in of_kind(outputs, EvictionDecision)] == [EvictionVerdict.EVICT]
+
+
+def test_a_block_too_thinly_reported_for_min_units_is_skipped_without_sorting_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run-level stream (only rank 0 reports: producers/simulator/longrun.py) cannot give
+    min_units ranks a median: its blocks are skipped before the block is sorted; a block
+    half the ranks report in full is judged, with the medians of those that reported."""
+    policy = SlowdownPolicy()
+    h = WindowHarness(NoisyJob(seed=3), policy)
+    run = h.runs[0]
+    blocks = 3
+    with monkeypatch.context() as patched:
+        patched.setattr(slowdown, "_row_medians", lambda *_: pytest.fail("a thin block was sorted"))
+        for _ in range(blocks * policy.block_steps):
+            values = h.job.next_step()
+            values[1:] = np.nan  # rank 0 alone reported
+            slowdown.on_step(run.slowdown, run, h.job.step, values, 1, trigger(run.run_id, h.job.step),
+                             policy, h.eviction)  # fmt: skip
+    assert (run.slowdown.judged, run.slowdown.skipped) == (0, blocks)
+    half = h.job.world_size // 2
+    for _ in range(policy.block_steps):
+        values = h.job.next_step()
+        values[half:] = np.nan
+        slowdown.on_step(run.slowdown, run, h.job.step, values, half, trigger(run.run_id, h.job.step),
+                         policy, h.eviction)  # fmt: skip
+    assert (run.slowdown.judged, run.slowdown.skipped) == (1, blocks)
+    column = (run.slowdown.pos - 1) % run.slowdown.ring[RANK].shape[1]
+    judged = np.isfinite(run.slowdown.ring[RANK][:, column])
+    assert judged[:half].all() and not judged[half:].any()

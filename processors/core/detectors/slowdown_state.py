@@ -138,6 +138,7 @@ class SlowdownState:
     first_step: int = -1  # its first evaluated step
     columns: int = 0  # steps recorded in it
     holes: bool = False  # a rank did not report a step of it
+    reports: int = 0  # reports recorded in it (at most: a step's count is the run's)
     #: (local ranks, block_steps) compute seconds of the block being filled (NaN: no report).
     buf: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
     #: Rings of the last blocks' log excess (rank's block median over the block's median rank),

@@ -296,8 +296,8 @@ def _track_absence(
             state.any_absent = False
     else:
         seen, absent = np.frombuffer(p.seen, np.bool_)[lo:n], state.absent[lo:n]
-        absent[seen] = 0
-        absent[~seen] += 1
+        absent += 1
+        absent *= ~seen  # a rank that reported back to 0 (whole-array passes: no mask indexing)
         state.any_absent = True
         newly = (np.flatnonzero(absent == policy.missing_after_steps) + lo).tolist()
     returned: list[int] = []

@@ -350,10 +350,13 @@ def test_ddp_compute_time_is_measured_before_the_all_reduce(monkeypatch: pytest.
     # with a broadcast, where the fast rank waits for the slow one): judged from step 2.
     fast, slow = results[0][0][2:], results[1][0][2:]
     for (c0, t0), (c1, t1) in zip(fast, slow, strict=True):
-        assert c1 - c0 > 0.8 * SLOW_S  # the straggler's compute stands out...
-        # ...while its step takes as long as everyone's (a loaded 2-core box delays one
-        # rank's wake-up from the all-reduce by tens of ms: far under the compute gap).
-        assert abs(t1 - t0) < 0.3 * SLOW_S
+        # The straggler's compute holds its sleep (a lower bound whatever the load) and
+        # stands out; the fast rank's may be stretched by preemption on a loaded 2-core box
+        # (68 ms seen), far under the gap a compute timed after the all-reduce would close.
+        assert c1 >= SLOW_S and c1 - c0 > 0.5 * SLOW_S
+        # ...while its step takes as long as everyone's (a loaded box delays one rank's
+        # wake-up from the all-reduce by tens of ms: far under a whole SLOW_S).
+        assert abs(t1 - t0) < 0.5 * SLOW_S
         assert c0 < 0.5 * t0  # the fast rank spent most of its step waiting in the all-reduce
     # Step 3: non-finite on both (NaN grads after the all-reduce). Step 4: the skip only rank 1
     # was told of is agreed by both, so the replicas stay bitwise equal.

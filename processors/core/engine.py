@@ -152,7 +152,7 @@ def step(
     if run.pending_hang is not None:
         open_window(run.pending_hang, event, run.last_ts)
         outputs += _maybe_conclude_hang(run, event.ts, policy)
-    if run.pending_crash is not None and peer_loss.due(run, policy.crash):
+    if run.pending_crash is not None and run.pending_hang is None and peer_loss.due(run, policy.crash):
         outputs += peer_loss.conclude(run, None, _interruption)
     outputs += baseline.on_time(run.baseline, run, event, policy.baseline)
     if hazard.due(run.hazard, ts, policy.prediction):
@@ -666,6 +666,11 @@ def _on_exit(run: RunState, rank: RankState, event: RankExit) -> list[Output]:
     rank.requested_exit = rank.requested_exit or event.requested
     if event.stack_signature:  # the launcher's report of the same exit may come without it
         rank.stack_signature = event.stack_signature
+    if run.pending_hang is not None and event.peer_lost and not event.requested:
+        # A rank that died of a lost peer while a hang's stacks are collected: a host lost
+        # whole looks like a hang to the watchdog when its ranks stop before the others'
+        # collectives fail (a loaded machine). Kept: _maybe_conclude_hang may need it.
+        peer_loss.on_exit(run, event)
     if (
         run.phase in (RunPhase.INTERRUPTED, RunPhase.FINISHED)
         or run.pending_hang is not None
@@ -748,6 +753,12 @@ def _maybe_conclude_hang(run: RunState, now_ts: float, policy: CorePolicy) -> li
         return []
     culprit, reason = hang_culprit(answered, {r: s.phase for r, s in run.ranks.items() if s.phase}, expected)
     run.pending_hang = None
+    if culprit < 0 and run.pending_crash is not None and peer_loss.silent_hosts(run, None):
+        # The stacks name nobody, ranks died of a lost peer and a host's ranks all went
+        # silent: a lost host, seen first as a hang. The peer-loss wait names it, as it would
+        # have without the hang: when the next world forms without it or its window ends
+        # (a launcher slow to report is in the next world: not a lost host).
+        return []
     return [
         _interruption(
             run,

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from harness.streams import Job
 from trainguard.processors.core import CorePolicy, HangPolicy, run_all
 from trainguard.processors.core.policy import CrashPolicy
-from trainguard.schemas import Interruption, InterruptionCause, QuarantineNode, ReasonCode, Tick
+from trainguard.schemas import HangDetected, Interruption, InterruptionCause, QuarantineNode, ReasonCode, Tick
 
 POLICY = CorePolicy(hang=HangPolicy(min_samples=20, floor_s=2.0), crash=CrashPolicy(peer_loss_window_s=10.0))
 
@@ -122,3 +124,40 @@ def test_a_host_whose_ranks_this_state_never_heard_is_placed_by_the_run_started(
     tick(job, 11.0)
     (interruption,), (command,) = decided(job)
     assert (interruption.rank, interruption.node, command.node) == (12, "node-003", "node-003")
+
+
+@pytest.mark.parametrize("named_by", ["next world", "window"])
+def test_a_lost_host_the_watchdog_saw_first_as_a_hang_is_still_named(named_by: str) -> None:
+    """node-002 is lost and its ranks stop; on a loaded machine the survivors' collectives
+    fail late, so the watchdog declares a hang first and asks for stacks. The survivors then
+    die of the lost peer (no dump): the stacks name nobody, node-002 stayed silent, and the
+    peer-loss wait names it (the next world forms without it, or its window ends)."""
+    lost = "node-002"
+    job = Job().start().steps(25)
+    job.stall(8.0, alive=[r for r in range(job.world_size) if job.node(r) != lost])
+    survivors_die(job, {lost})
+    if named_by == "next world":
+        job.replace(lost)
+        job.restart(resumed_from_step=20, delay_s=4.0).steps(3)
+    else:
+        tick(tick(job, 1.0), POLICY.hang.stack_collect_s)  # the processor's ticks: the windows end
+    _, outputs = run_all(job.events, POLICY)
+    assert len([o for o in outputs if isinstance(o, HangDetected)]) == 1
+    (interruption,) = [o for o in outputs if isinstance(o, Interruption)]
+    (command,) = [o for o in outputs if isinstance(o, QuarantineNode)]
+    assert interruption.reason.code == ReasonCode.HOST_LOST and interruption.cause == InterruptionCause.CRASH
+    assert interruption.node == command.node == lost
+
+
+def test_a_hang_whose_stacks_name_the_culprit_stays_a_hang_when_survivors_died_of_the_teardown() -> None:
+    """Rank 5 hangs in its forward; tearing the attempt down, ranks 0 and 9 die of the lost
+    peer before they dump. Every host reports, the stacks name rank 5: a hang, rank 5's."""
+    job = Job().start().steps(25).stall(8.0, stuck={5: "forward"})
+    for r in (0, 9):
+        job.exit(r, exit_code=1, peer_lost=True)
+    job.abort_all(culprit=5)
+    (interruption,), (command,) = decided(job)
+    assert (interruption.cause, interruption.rank, interruption.reason.code) == (
+        InterruptionCause.HANG, 5, ReasonCode.ODD_STACK
+    )  # fmt: skip
+    assert command.node == job.node(5)

@@ -17,6 +17,13 @@ producers/training/peer_loss.py) names nobody. It opens a wait, which ends with:
 - every rank reported, each of a lost peer (a network partition, a switch): culprit
   unknown, nothing quarantined.
 
+A lost host can reach the core as a hang first: its ranks stop, and on a loaded machine the
+watchdog fires before the survivors' collectives fail. Their peer-lost exits during the
+hang's stack window open this wait all the same; when the window closes with no culprit in
+the stacks and a host silent, the hang hands over to this wait (engine._maybe_conclude_hang),
+which names the host as above; stacks that name a culprit keep the hang's verdict. No new
+hang is declared while the wait is open (watchdog.is_hung): the attempt has ended.
+
 A rank's host is the one it reported from, else the attempt's placement (RunStarted);
 silence alone never names a host unless other ranks' exits said a peer was lost, and a
 host in the next world is alive: a slow launcher is not a lost host.

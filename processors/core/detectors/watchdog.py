@@ -33,8 +33,10 @@ def stall_s(rank: RankState, now_ts: float) -> float:
 
 
 def is_hung(run: RunState, rank: RankState, now_ts: float, policy: HangPolicy) -> float | None:
-    """The timeout that was exceeded, or None. Only a live, non-exited rank can show a hang."""
-    if rank.exited or run.pending_hang is not None:
+    """The timeout that was exceeded, or None. Only a live, non-exited rank can show a hang,
+    and none while ranks' deaths of a lost peer are being judged (peer_loss.py: the attempt
+    has ended; a survivor still stalled in its collective is part of that)."""
+    if rank.exited or run.pending_hang is not None or run.pending_crash is not None:
         return None
     stalled = stall_s(rank, now_ts)
     if stalled <= min(policy.floor_s, policy.default_timeout_s, policy.startup_timeout_s):

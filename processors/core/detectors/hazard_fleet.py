@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from .hazard_levels import drift as level_drift
+from .hazard_levels import fleet_means
 from .hazard_state import COUNTERS, FLAGS, HazardState, PredictionPolicy
 from .hazard_stats import ACTIVE_P, active_level
 
@@ -48,6 +49,8 @@ def window_counts(state: HazardState, ts: float, policy: PredictionPolicy) -> di
     every = policy.check_every_s
     oldest = state.checked_ts - policy.window_s  # the window's closed buckets: [oldest, checked_ts)
     out: dict[str, NodeCounts] = {}
+    means = {name: fleet_means(buckets) for name, buckets in state.fleet_levels.items()}
+    power = state.fleet_levels.get("power_w", {})
     for rank, track in state.gpus.items():
         if track.last_ts < ts - policy.window_s:
             continue  # gone quiet: left the run
@@ -69,12 +72,9 @@ def window_counts(state: HazardState, ts: float, policy: PredictionPolicy) -> di
                     per[bucket] = per.get(bucket, 0.0) + value
                     top = counts.top.setdefault(name, {})
                     top[rank] = top.get(rank, 0.0) + value
-        power = state.fleet_levels.get("power_w", {})
         for name in track.levels:
             frozen = (track.node, name) in state.episodes
-            drift = level_drift(
-                track, name, state.fleet_levels.get(name, {}), power, frozen, state.checked_ts, policy
-            )
+            drift = level_drift(track, name, means.get(name, {}), power, frozen, state.checked_ts, policy)
             if drift is not None:
                 counts.rises.setdefault(name, []).append((*drift, rank))
     return out

@@ -13,7 +13,7 @@ from .hazard_stats import decayed_add, robust
 def drift(
     track: GpuTrack,
     name: str,
-    fleet: Mapping[float, list[float]],
+    fleet: Mapping[float, float],
     power: Mapping[float, list[float]],
     frozen: bool,
     checked_ts: float,
@@ -27,31 +27,40 @@ def drift(
     warms with the fleet's load, or from idle up to the fleet's level, has not drifted; nor
     has one that always runs warmer; one that keeps warming past its own usual has. The
     usual is the GPU's at the fleet's load (loaded): a spare idling for hours, then
-    joining, is not judged against its idle self."""
+    joining, is not judged against its idle self. `fleet`: the fleet's mean level by bucket
+    (:func:`fleet_means`, once per evaluation for every GPU)."""
     sums = track.levels[name]
     if len(sums) < 4 or sums[-1][0] - sums[0][0] < policy.window_s / 2:
         return None
     residuals = []
-    closed: tuple[float, float] | None = None  # the latest closed bucket, its residual
+    closed: float | None = None  # the latest closed bucket
+    closed_residual = 0.0  # its residual
     for bucket, total, n in sums:
         across = fleet.get(bucket)
-        if across is not None and across[1] > 0:
-            residuals.append(total / n - across[0] / across[1])
+        if across is not None:
+            residual = total / n - across
+            residuals.append(residual)
             if bucket < checked_ts:
-                closed = (bucket, residuals[-1])
+                closed, closed_residual = bucket, residual
     if len(residuals) < 4:
         return None
     usual = track.usual.setdefault(name, [0.0, 0.0])
     known, mean = usual[1] >= policy.window_s, usual[0] / usual[1] if usual[1] > 0 else 0.0
-    if closed is not None and not frozen and loaded(track, closed[0], power):
+    if closed is not None and not frozen and loaded(track, closed, power):
         every = policy.check_every_s
-        usual[0], usual[1] = decayed_add(usual[0], usual[1], closed[1] * every, every, policy.own_history_s)
+        added = closed_residual * every
+        usual[0], usual[1] = decayed_add(usual[0], usual[1], added, every, policy.own_history_s)
     if not known:
         return None
     quarter = max(1, len(residuals) // 4)
     head, tail = residuals[:quarter], residuals[-quarter:]
     now = sum(tail) / quarter
     return now - sum(head) / quarter, now - mean
+
+
+def fleet_means(fleet: Mapping[float, list[float]]) -> dict[float, float]:
+    """The fleet's mean level by bucket (its [sum, count] by bucket), buckets with a report."""
+    return {bucket: total / n for bucket, (total, n) in fleet.items() if n > 0}
 
 
 def loaded(track: GpuTrack, bucket: float, fleet_power: Mapping[float, list[float]]) -> bool:

@@ -666,7 +666,8 @@ def _on_exit(run: RunState, rank: RankState, event: RankExit) -> list[Output]:
     rank.requested_exit = rank.requested_exit or event.requested
     if event.stack_signature:  # the launcher's report of the same exit may come without it
         rank.stack_signature = event.stack_signature
-    if run.pending_hang is not None and event.peer_lost and not event.requested:
+    lost_peer = event.peer_lost and not event.requested and run.no_checkpoint_attempt != run.attempt
+    if run.pending_hang is not None and lost_peer:
         # A rank that died of a lost peer while a hang's stacks are collected: a host lost
         # whole looks like a hang to the watchdog when its ranks stop before the others'
         # collectives fail (a loaded machine). Kept: _maybe_conclude_hang may need it.

@@ -684,7 +684,7 @@ def _on_exit(run: RunState, rank: RankState, event: RankExit) -> list[Output]:
         if run.world_size and sum(r.exited for r in run.ranks.values()) >= run.world_size:
             run.move_to(RunPhase.FINISHED)
         return []
-    if event.peer_lost and run.no_checkpoint_attempt != run.attempt:  # evidence about another rank
+    if lost_peer:  # evidence about another rank
         peer_loss.on_exit(run, event)
         return []
     how = f"signal {event.signal}" if event.signal is not None else f"exit code {event.exit_code}"

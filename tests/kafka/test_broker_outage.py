@@ -100,9 +100,6 @@ class CollectorClock:
             self.longest_ns = max(self.longest_ns, spent)
 
 
-COLLECTOR = CollectorClock()
-
-
 @dataclass
 class Phase:
     name: str
@@ -130,6 +127,8 @@ class Load(threading.Thread):
     def __init__(self, agents: list[RankAgent], shippers: list[RecordingShipper]) -> None:
         super().__init__(name="outage-load", daemon=True)
         self.agents, self.shippers = agents, shippers
+        #: This run's collections (registered in gc.callbacks by the test while it runs).
+        self.collector = CollectorClock()
         self.stop_event = threading.Event()
         self.phases: list[Phase] = []
         self._lock = threading.Lock()
@@ -163,11 +162,11 @@ class Load(threading.Thread):
             self.step += 1
             timings, own = [], []
             for agent in self.agents:
-                collected = COLLECTOR.total_ns
+                collected = self.collector.total_ns
                 start = time.perf_counter_ns()
                 agent.step(self.step, compute_s=0.7 * STEP_S, total_s=STEP_S, loss=2.0, grad_norm=0.5)
                 timings.append(time.perf_counter_ns() - start)
-                own.append(timings[-1] - (COLLECTOR.total_ns - collected))
+                own.append(timings[-1] - (self.collector.total_ns - collected))
             for shipper in self.shippers:
                 shipper.sample()
             with self._lock:
@@ -275,9 +274,9 @@ def test_broker_down_for_30_s_under_load_loses_nothing_acknowledged(how: str, tm
                        step=-1, ts=time.time(), world_size=WORLD, ranks_per_node=RANKS_PER_NODE, nodes=nodes)
         )  # fmt: skip
         launcher.flush_now()
-        gc.callbacks.append(COLLECTOR)
-        stack.callback(gc.callbacks.remove, COLLECTOR)
         load = Load(agents, shippers)
+        gc.callbacks.append(load.collector)
+        stack.callback(gc.callbacks.remove, load.collector)
         load.enter("before")
         load.start()
         assert wait_for(lambda: processed(url) > 0, 60), (tmp_path / "processor.log").read_text()[-3000:]
@@ -340,7 +339,7 @@ def test_broker_down_for_30_s_under_load_loses_nothing_acknowledged(how: str, tm
     of_rank = Counter(e.rank for e in logged_events.values() if not e.event_id.startswith(run_id))
     report = check(recording, load_policy(str(POLICY)), acknowledged=acknowledged, archive=db)
     phases = {p.name: p for p in load.phases}
-    print_figures(how, phases, total, stats, times, len(logged), metrics, report, shippers)
+    print_figures(how, phases, total, stats, times, len(logged), metrics, report, shippers, load.collector)
 
     # No emit call blocked a step. A blocked call would take seconds (a flush interval,
     # librdkafka's message.timeout.ms); on this shared 2-core machine a call can still be
@@ -349,7 +348,7 @@ def test_broker_down_for_30_s_under_load_loses_nothing_acknowledged(how: str, tm
     # Net of the collector: a full collection of this worker's heap (torch, every event the
     # test records) took one call to 1.4 s in two of five runs; a training process has its
     # own collector's pauses whatever it emits through.
-    assert max(during.own_ns) / 1e6 < 1000, (max(during.latencies_ns) / 1e6, COLLECTOR.longest_ns / 1e6)
+    assert max(during.own_ns) / 1e6 < 1000, (max(during.latencies_ns) / 1e6, load.collector.longest_ns / 1e6)
     assert during.steps >= 0.5 * OUTAGE_S / STEP_S, during.steps  # the job kept stepping
     # The shippers' accounting is exact, and none held more than its bound. Nothing was
     # lost below the bound (librdkafka's message timeout outlasts the outage); beyond it,
@@ -382,6 +381,7 @@ def print_figures(
     metrics: dict[str, float],
     report: object,
     shippers: list[RecordingShipper],
+    collector: CollectorClock,
 ) -> None:
     print(f"\nbroker {how}: {times}")
     for p in phases.values():
@@ -390,7 +390,7 @@ def print_figures(
             f"({p.rate:.0f}/s), emit p99 {p.quantile_ms(0.99) * 1000:.0f} µs, "
             f"max {max(p.latencies_ns) / 1e6:.2f} ms, less garbage collection {max(p.own_ns) / 1e6:.2f} ms"
         )
-    print(f"longest garbage collection: {COLLECTOR.longest_ns / 1e6:.1f} ms")
+    print(f"longest garbage collection: {collector.longest_ns / 1e6:.1f} ms")
     print(f"total: {total}")
     print(f"per rank: {[(s.delivered, s.dropped, s.failed) for s in stats]}")
     bound = shippers[0].config.max_queued_events

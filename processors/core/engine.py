@@ -132,8 +132,7 @@ def step(
         outputs += baseline.on_time(run.baseline, run, event, policy.baseline)
         return state, _consequences(run, outputs, policy)  # a crash concluded by the next world
     if event.attempt > run.attempt:  # the launcher's record is late or lost
-        if run.pending_crash is not None:
-            outputs += peer_loss.conclude(run, None, _interruption)
+        outputs += _attempt_over(run, None, policy)
         outputs += _begin_attempt(run, event, resumed_from_step=run.last_validated_step)
     rank = _rank(run, event)
     if type(event) is Heartbeat:
@@ -153,7 +152,7 @@ def step(
         open_window(run.pending_hang, event, run.last_ts)
         outputs += _maybe_conclude_hang(run, event.ts, policy)
     if run.pending_crash is not None and run.pending_hang is None and peer_loss.due(run, policy.crash):
-        outputs += peer_loss.conclude(run, None, _interruption)
+        outputs += _conclude_peer_loss(run, None)
     outputs += baseline.on_time(run.baseline, run, event, policy.baseline)
     if hazard.due(run.hazard, ts, policy.prediction):
         outputs += _predictions(run, event, policy)
@@ -461,8 +460,8 @@ def _rank(run: RunState, event: Envelope) -> RankState | None:
 
 def _on_run_started(run: RunState, event: RunStarted, policy: CorePolicy) -> list[Output]:
     outputs: list[Output] = []
-    if run.pending_crash is not None and event.attempt > run.attempt:  # the next world names its hosts
-        outputs += peer_loss.conclude(run, set(event.nodes), _interruption)
+    if event.attempt > run.attempt:  # the next world names its hosts
+        outputs += _attempt_over(run, set(event.nodes), policy)
     opened = run.open_interruption
     if opened is not None and event.attempt > run.attempt and opened.launched_ts is None:
         opened.launched_ts = event.ts  # the restart's reschedule phase ends here
@@ -479,6 +478,28 @@ def _on_run_started(run: RunState, event: RunStarted, policy: CorePolicy) -> lis
         if restart:  # after: an undeclared restart's interruption is declared by _begin_attempt
             _resumes_from(run, event.resumed_from_step)
     return outputs
+
+
+def _attempt_over(run: RunState, next_nodes: set[str] | None, policy: CorePolicy) -> list[Output]:
+    """The next attempt's first event: a hang still collecting stacks, and a wait for the
+    culprit of a lost peer, conclude now on the evidence in hand and the next world's hosts
+    (None: not known). Its ranks are gone: no more stacks or exits will come."""
+    outputs: list[Output] = []
+    if run.pending_hang is not None:
+        outputs += _maybe_conclude_hang(run, run.last_ts, policy, attempt_over=True)
+    if run.pending_crash is not None:
+        outputs += _conclude_peer_loss(run, next_nodes)
+    return outputs
+
+
+def _conclude_peer_loss(run: RunState, next_nodes: set[str] | None) -> list[Output]:
+    """End the wait for a lost peer's culprit (detectors/peer_loss.py); a hang that opened
+    it keeps its own verdict when no host was lost."""
+    hang = peer_loss.hang_stands(run, next_nodes)
+    if hang is None:
+        return peer_loss.conclude(run, next_nodes, _interruption)
+    run.pending_crash = None
+    return [_hang_interruption(run, hang, *_hang_culprit(run))]
 
 
 def _begin_attempt(run: RunState, event: Envelope, resumed_from_step: int) -> list[Output]:
@@ -745,33 +766,48 @@ def _roll_back(run: RunState, found: SdcMismatch, found_now: list[SdcMismatch]) 
     return [interruption.model_copy(update=update), *decided]
 
 
-def _maybe_conclude_hang(run: RunState, now_ts: float, policy: CorePolicy) -> list[Output]:
+def _maybe_conclude_hang(
+    run: RunState, now_ts: float, policy: CorePolicy, attempt_over: bool = False
+) -> list[Output]:
+    """The hang's verdict once its stack window closes (or the next attempt started:
+    `attempt_over`), from the stacks and phases in hand."""
     pending = run.pending_hang
     assert pending is not None
     expected = run.world_size or len(run.ranks)
     answered = {r: s.stack_signature for r, s in run.ranks.items() if s.exited}
-    if not window_closed(pending, answered, expected, now_ts, policy.hang):
+    if not attempt_over and not window_closed(pending, answered, expected, now_ts, policy.hang):
         return []
-    culprit, reason = hang_culprit(answered, {r: s.phase for r, s in run.ranks.items() if s.phase}, expected)
+    culprit, reason = _hang_culprit(run)
     run.pending_hang = None
-    if culprit < 0 and run.pending_crash is not None and peer_loss.silent_hosts(run, None):
-        # The stacks name nobody, ranks died of a lost peer and a host's ranks all went
-        # silent: a lost host, seen first as a hang. The peer-loss wait names it, as it would
-        # have without the hang: when the next world forms without it or its window ends
-        # (a launcher slow to report is in the next world: not a lost host).
+    if culprit < 0 and answered and peer_loss.silent_hosts(run, None):
+        # The stacks name nobody, and while other hosts' ranks answered, one host's ranks all
+        # went silent: a lost host, seen first as a hang. The peer-loss wait names it, as it
+        # would have without the hang: when the next world forms without it or its window
+        # ends (a launcher slow to report is in the next world: not a lost host, and the
+        # hang's verdict stands).
+        peer_loss.after_hang(run, pending)
         return []
-    return [
-        _interruption(
-            run,
-            cause=InterruptionCause.HANG,
-            detected_by="progress_watchdog",
-            cause_id=pending.event_id,
-            at=pending.detected_ts,
-            culprit=culprit,
-            reason=reason,
-            detect_s=pending.stalled_s,
-        )
-    ]
+    return [_hang_interruption(run, pending, culprit, reason)]
+
+
+def _hang_culprit(run: RunState) -> tuple[int, Reason]:
+    """The hung rank named by the stacks of the ranks that exited, else their phases."""
+    expected = run.world_size or len(run.ranks)
+    answered = {r: s.stack_signature for r, s in run.ranks.items() if s.exited}
+    return hang_culprit(answered, {r: s.phase for r, s in run.ranks.items() if s.phase}, expected)
+
+
+def _hang_interruption(run: RunState, pending: PendingHang, culprit: int, reason: Reason) -> Interruption:
+    return _interruption(
+        run,
+        cause=InterruptionCause.HANG,
+        detected_by="progress_watchdog",
+        cause_id=pending.event_id,
+        at=pending.detected_ts,
+        culprit=culprit,
+        reason=reason,
+        detect_s=pending.stalled_s,
+    )
 
 
 # --------------------------------------------------------------------------- outputs

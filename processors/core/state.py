@@ -102,8 +102,12 @@ class PendingCrash:
     core waits for the culprit's own exit or for the window to show which hosts went silent
     (processors/core/detectors/peer_loss.py)."""
 
-    event_id: str  # the first such exit
+    event_id: str  # the first such exit, or the hang that handed over
     first_ts: float
+    #: The hang that opened this wait (engine._maybe_conclude_hang: its stacks named nobody
+    #: and a host went silent); None: a peer-lost exit opened it. When no host turns out
+    #: lost, the hang's verdict stands, not a lost peer's (no rank said it lost one).
+    hang: PendingHang | None = None
 
 
 @mypyc_attr(serializable=True)  # compiled: pickled by snapshots

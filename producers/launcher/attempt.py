@@ -335,6 +335,7 @@ class _Watch:
         self.stopping = False  # exits from now on are requested
         self.held = False  # in-process restart: the survivors were kept for the next attempt
         self.watch: LossWatch | None = None  # across hosts, while a host waits to join
+        self.dying: set[int] = set()  # ranks that noted a lost peer: their ends are their own
 
     def until_end(self, spawn_ts: float, pending: RestartPhases | None) -> RestartPhases | None:
         """Poll until every rank is gone; the interruption that ended the attempt, if any."""
@@ -407,6 +408,11 @@ class _Watch:
                 request = evict
                 with state.lock:
                     state.request = evict
+            if interruption is None and request is not None and request.cause is RestartCause.ABORT:
+                interruption = self._dying_of_a_lost_peer(now)  # the fault came first
+                if interruption is not None:
+                    self.teardown()
+                    break
             if interruption is None and request is not None:
                 interruption = runner.restarts.interruption(
                     request.cause, request.detail, attempt, request.issued_ts, request.received_ts,
@@ -475,6 +481,27 @@ class _Watch:
         return runner.restarts.interruption(
             RestartCause.CRASH, why, self.attempt, now - quiet, now, node=host
         )
+
+    def _dying_of_a_lost_peer(self, now: float) -> RestartPhases | None:
+        """Full restarts, an Abort arrives: a rank here noted that it is dying of a lost peer
+        (its error, in its phases file: training/exit_hooks.py) and has not exited yet (its
+        telemetry's flush at exit, the interpreter's teardown: seconds on a loaded machine).
+        The processor saw the stall that the lost peer caused as a hang: the crash came
+        first and is the cause (a lost host's survivors say so, not "abort"), and the dying
+        ranks' ends are their own (their RankExits: a lost peer's evidence). Not before a
+        step: a failed start-up is read as a whole (_settle_startup)."""
+        run_dir, attempt = self.runner.run_dir, self.attempt
+        if self.runner.hot is not None or not completed_a_step(run_dir, attempt, self.world.local_ranks):
+            return None
+        noted = {r: why for r in sorted(self.live) if (why := peer_lost_of(run_dir, attempt, r))}
+        if not noted or any(self.procs[r].poll() is not None for r in self.live):
+            return None  # a rank here ended: the next poll judges whose crash it was
+        self.dying = set(noted)
+        r = min(noted)
+        return self.runner.restarts.interruption(
+            RestartCause.CRASH, f"rank {r} is ending (lost a peer: {noted[r]})", attempt, now, now,
+            rank=r, node=self.placement.node_of(r),
+        )  # fmt: skip
 
     def _settle_startup(self) -> None:
         """A rank raised before any rank completed a step: every rank runs the same
@@ -580,8 +607,11 @@ class _Watch:
                 # tensors when the interpreter finalizes aborts the process (pytorch#179291).
                 teardown, rc = -rc, 0
                 log.warning("rank %d: signal %d after its Supervisor closed with 0: clean", r, teardown)
-            node = self.placement.node_of(r)
-            self.exit(RankEnd(self.attempt, r, node, rc, now, self.stopping, teardown_signal=teardown))
+            node, dying = self.placement.node_of(r), r in self.dying  # a dying rank's end is its own
+            requested = self.stopping and not dying
+            self.exit(
+                RankEnd(self.attempt, r, node, rc, now, requested, teardown_signal=teardown, dying=dying)
+            )
             ended.append((r, rc))
         return ended
 
@@ -591,7 +621,8 @@ class _Watch:
         now = self.runner.clock()
         self.reap(now)
         for r in sorted(self.live):  # unkillable (D-state): abandoned by close()
-            self.exit(RankEnd(self.attempt, r, self.placement.node_of(r), None, now, True))
+            dying = r in self.dying
+            self.exit(RankEnd(self.attempt, r, self.placement.node_of(r), None, now, not dying, dying=dying))
         self.live.clear()
 
     def exit(self, end: RankEnd) -> None:

@@ -77,7 +77,7 @@ class LauncherEvents:
             stack_signature=str(info.get("stack_signature", ""))[:2000],
             job_step=max(-1, job_step),
             peer_lost=not end.requested
-            and (end.left or (bool(info.get("peer_lost")) and end.signal is None)),
+            and (end.left or end.dying or (bool(info.get("peer_lost")) and end.signal is None)),
         )
         if not end.requested:
             self.ship_soon()  # the processor decides on it while the launcher waits

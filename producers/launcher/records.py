@@ -50,6 +50,9 @@ class RankEnd:
     #: The signal the process died of after its Supervisor closed with 0 (the interpreter's
     #: teardown, not the run's: `returncode` is 0 then); None otherwise.
     teardown_signal: int | None = None
+    #: The rank had noted that it was dying of a lost peer when the launcher ended it
+    #: (attempt._dying_of_a_lost_peer): its end is the lost peer's, whatever signal ended it.
+    dying: bool = False
 
     @property
     def signal(self) -> int | None:

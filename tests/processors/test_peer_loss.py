@@ -161,3 +161,66 @@ def test_a_hang_whose_stacks_name_the_culprit_stays_a_hang_when_survivors_died_o
         InterruptionCause.HANG, 5, ReasonCode.ODD_STACK
     )  # fmt: skip
     assert command.node == job.node(5)
+
+
+def aborted(job: Job, ranks: list[int]) -> Job:
+    """What `ranks` do on the hang's Abort: dump their stack (waiting in the all-reduce) and
+    end as asked; none says it lost a peer."""
+    job.t += 0.2
+    for r in ranks:
+        job.exit(r, signal=15, requested=True, stack_signature="collective:allreduce", stack_dump_ref=f"{r}")
+    return job
+
+
+def survivors_aborted(job: Job, lost: str) -> Job:
+    """The hang's Abort reached the survivors before their collectives failed."""
+    return aborted(job, [r for r in range(job.world_size) if job.node(r) != lost])
+
+
+@pytest.mark.parametrize("named_by", ["next world, stacks still due", "next world", "window"])
+def test_a_lost_host_seen_as_a_hang_is_named_when_the_abort_ended_the_survivors_first(named_by: str) -> None:
+    """node-002 is lost; the watchdog's hang Abort ends the survivors before any of them
+    reports the lost peer. The stacks name nobody, node-002 never answered: it is named
+    (the next world forms without it, even while its stacks are still awaited; or the
+    wait's window ends), and it alone is quarantined."""
+    lost = "node-002"
+    job = Job().start().steps(25)
+    job.stall(8.0, alive=[r for r in range(job.world_size) if job.node(r) != lost])
+    survivors_aborted(job, lost)
+    if named_by == "window":
+        tick(tick(job, POLICY.hang.stack_collect_s), POLICY.crash.peer_loss_window_s)
+    else:
+        if named_by == "next world":
+            tick(job, POLICY.hang.stack_collect_s)  # the stack window closes first
+        job.replace(lost)
+        job.restart(resumed_from_step=20, delay_s=1.0).steps(3)
+    (interruption,), commands = decided(job)
+    assert (interruption.cause, interruption.reason.code) == (InterruptionCause.CRASH, ReasonCode.HOST_LOST)
+    assert interruption.node == lost and "answered the hang's stack dump" in interruption.reason.text
+    assert [c.node for c in commands] == [lost]
+
+
+def test_a_hang_whose_stacks_name_nobody_stays_a_hang_when_the_silent_host_was_only_slow() -> None:
+    """Every rank waits in the all-reduce (the stacks name nobody); node-002's launcher has
+    not reported its ranks' ends when the next world forms, with node-002 in it: not lost.
+    The hang's verdict stands (no rank reported a lost peer) and nobody is quarantined."""
+    job = Job().start().steps(25).stall(8.0)
+    survivors_aborted(job, "node-002")
+    job.restart(resumed_from_step=20, delay_s=2.0).steps(3)
+    (interruption,), commands = decided(job)
+    assert (interruption.cause, interruption.rank, interruption.detected_by) == (
+        InterruptionCause.HANG, -1, "progress_watchdog",
+    )  # fmt: skip
+    assert commands == []
+
+
+def test_a_next_attempt_that_starts_while_a_hangs_stacks_are_collected_keeps_the_hangs_verdict() -> None:
+    """The launchers restart before the hang's stack window closes (rank 5's stack never
+    came): the next attempt's start concludes the hang on the stacks in hand (rank 5's
+    phase names it), never an undeclared restart that names nobody."""
+    job = Job().start().steps(25).stall(8.0, stuck={5: "forward"})
+    aborted(job, [r for r in range(job.world_size) if r != 5])
+    job.restart(resumed_from_step=20, delay_s=1.0).steps(3)
+    (interruption,), (command,) = decided(job)
+    assert (interruption.cause, interruption.rank) == (InterruptionCause.HANG, 5)
+    assert command.node == job.node(5)

@@ -21,8 +21,11 @@ A lost host can reach the core as a hang first: its ranks stop, and on a loaded 
 watchdog fires before the survivors' collectives fail. Their peer-lost exits during the
 hang's stack window open this wait all the same; when the window closes with no culprit in
 the stacks and a host silent, the hang hands over to this wait (engine._maybe_conclude_hang),
-which names the host as above; stacks that name a culprit keep the hang's verdict. No new
-hang is declared while the wait is open (watchdog.is_hung): the attempt has ended.
+which names the host as above; stacks that name a culprit keep the hang's verdict. The
+survivors may never report a lost peer (the hang's Abort ended them first): the hang opens
+the wait then, and if no host turns out lost, its own verdict stands. The next attempt's
+start closes a hang's stack window still open (its ranks are gone). No new hang is declared
+while the wait is open (watchdog.is_hung): the attempt has ended.
 
 A rank's host is the one it reported from, else the attempt's placement (RunStarted);
 silence alone never names a host unless other ranks' exits said a peer was lost, and a
@@ -38,13 +41,30 @@ from ....schemas import Derived, InterruptionCause, RankExit, Reason, ReasonCode
 from ..decisions.quarantine import take_out
 from ..outputs import abort_for
 from ..policy import CrashPolicy
-from ..state import PendingCrash, RunState
+from ..state import PendingCrash, PendingHang, RunState
 
 
 def on_exit(run: RunState, event: RankExit) -> None:
     """A rank died of a lost peer: the wait opens with the first such exit."""
     if run.pending_crash is None:
         run.pending_crash = PendingCrash(event.event_id, event.ts)
+
+
+def after_hang(run: RunState, hang: PendingHang) -> None:
+    """A hang's stacks named nobody while a host went silent (engine._maybe_conclude_hang):
+    the wait opens with the hang, if no peer-lost exit opened it first. The survivors may
+    never say they lost a peer: the hang's Abort can end them before their collectives fail."""
+    if run.pending_crash is None:
+        run.pending_crash = PendingCrash(hang.event_id, hang.detected_ts, hang=hang)
+
+
+def hang_stands(run: RunState, next_nodes: Collection[str] | None) -> PendingHang | None:
+    """The hang that opened the wait, when the wait ends with no host lost: its verdict
+    stands (conclude would blame a lost peer that no rank reported)."""
+    pending = run.pending_crash
+    if pending is None or pending.hang is None or silent_hosts(run, next_nodes):
+        return None
+    return pending.hang
 
 
 def due(run: RunState, policy: CrashPolicy) -> bool:
@@ -102,7 +122,11 @@ def conclude(
             Reason(
                 code=ReasonCode.HOST_LOST,
                 text=f"host lost: {hosts}: none of its ranks reported an exit while {len(peers)} ranks "
-                f"of other hosts died of a lost peer"
+                + (
+                    "of other hosts died of a lost peer"
+                    if pending.hang is None
+                    else "of other hosts answered the hang's stack dump"
+                )
                 + (" and the next world formed without it" if next_nodes is not None else ""),
             ),
         )

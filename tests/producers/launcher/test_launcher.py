@@ -58,8 +58,9 @@ from ...readers import TopicReader
 #: FAKE_REJECT_ALL=attempt makes rank 0 mark every checkpoint REJECTED at its third step
 #: of that attempt and exit 1 (what ranks that find nothing valid left to resume from
 #: do). FAKE_ABORT_AT_EXIT=rank makes that rank abort (SIGABRT) after its last step, having
-#: noted the Supervisor's close with FAKE_CLOSED's exit code if set. It writes the phases
-#: and progress files the Supervisor would write.
+#: noted the Supervisor's close with FAKE_CLOSED's exit code if set. FAKE_PEER_LOST=
+#: "rank:attempt" makes that rank note a lost peer at its second step and take its time to
+#: exit (a flush at exit). It writes the phases and progress files the Supervisor would write.
 FAKE_RANK = textwrap.dedent(
     """
     import json, os, signal, sys, time
@@ -94,6 +95,10 @@ FAKE_RANK = textwrap.dedent(
         time.sleep(0.02)
         while env.get("FAKE_LOCKSTEP") and min(map(done, range(int(env["WORLD_SIZE"])))) < step - 1:
             time.sleep(0.005)  # as in a collective: no rank runs ahead of a dead one
+        if env.get("FAKE_PEER_LOST") == "%d:%d" % (rank, attempt) and step == resume + 2:
+            phases["peer_lost"] = "Read error [127.0.0.1]:6061: Connection reset by peer"
+            write_phases()
+            time.sleep(3600)
         if env.get("FAKE_HANG") == str(attempt) and step == resume + 2:
             time.sleep(3600)
         if kill and kill.split(":") == [str(rank), str(step), str(attempt)]:
@@ -464,12 +469,18 @@ def test_gloo_smoke_two_real_torch_ranks(tmp_path: Path) -> None:
 
 
 @pytest.mark.broker
+@pytest.mark.parametrize("dying", [False, True], ids=["hang", "a rank dying of a lost peer"])
 def test_real_broker_events_reach_telemetry_and_a_signed_abort_restarts_the_group(
-    bootstrap: str, topics: TopicNames, tmp_path: Path
+    bootstrap: str, topics: TopicNames, tmp_path: Path, dying: bool
 ) -> None:
+    """The ranks hang and the processor's Abort ends the attempt. With `dying`, rank 1 had
+    already noted a lost peer and is slow to exit when the Abort comes (a whole host lost
+    elsewhere, seen as a hang first): the crash is the cause, and rank 1's end is its own,
+    a lost peer's (the processor's evidence), not one the launcher asked for."""
     secret = b"s" * 32
     shipper = TelemetryShipper(ShipperConfig(bootstrap, topics.telemetry, flush_interval_s=0.2), "rb1", 4)
-    launcher = make_launcher(tmp_path, shipper, {"FAKE_HANG": "0"}, run_id="rb1")
+    env = {"FAKE_HANG": "0"} | ({"FAKE_PEER_LOST": "1:0"} if dying else {})
+    launcher = make_launcher(tmp_path, shipper, env, run_id="rb1")
     actuator = make_actuator(launcher, bootstrap, topics.commands, topics.acks, secret)
     acks = TopicReader(bootstrap, topics.acks)
     telemetry = TopicReader(bootstrap, topics.telemetry)
@@ -480,6 +491,10 @@ def test_real_broker_events_reach_telemetry_and_a_signed_abort_restarts_the_grou
         runner.start()
         deadline = time.monotonic() + 30
         while not (tmp_path / "out" / "env-0-3.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        phases = Path(json.loads((tmp_path / "out" / "env-0-1.json").read_text())["TRAINGUARD_PHASES_FILE"])
+        while dying and "peer_lost" not in (phases.read_text() if phases.exists() else ""):
+            assert time.monotonic() < deadline, "rank 1 never noted its lost peer"
             time.sleep(0.05)
         abort = Abort(
             command_id="abort-1", run_id="rb1", attempt=0, issued_ts=time.time(),
@@ -493,7 +508,12 @@ def test_real_broker_events_reach_telemetry_and_a_signed_abort_restarts_the_grou
         runner.join(60)
     shipper.close()
     assert outcome and outcome[0].status == "ok", outcome
-    assert [r.cause for r in outcome[0].restarts] == [RestartCause.ABORT]
+    (restart,) = outcome[0].restarts
+    if dying:
+        assert (restart.cause, restart.rank) == (RestartCause.CRASH, 1), restart
+        assert "rank 1 is ending (lost a peer: Read error" in restart.detail, restart.detail
+    else:
+        assert restart.cause == RestartCause.ABORT
     seen = acks.until(lambda s: len(s) >= 1, 30)
     ack = decode(seen[0].value, ACKS)
     assert isinstance(ack, Ack)
@@ -507,7 +527,8 @@ def test_real_broker_events_reach_telemetry_and_a_signed_abort_restarts_the_grou
     assert sorted(e.attempt for e in got if isinstance(e, RunStarted)) == [0, 1]
     exits = [e for e in got if isinstance(e, RankExit)]
     assert len(exits) == 8
-    assert all(e.requested for e in exits if e.attempt == 0)
+    ended = {e.rank: (e.requested, e.peer_lost) for e in exits if e.attempt == 0}
+    assert ended == {r: (False, True) if dying and r == 1 else (True, False) for r in range(4)}, ended
     assert all(e.exit_code == 0 and not e.requested for e in exits if e.attempt == 1)
     acks.close()
     telemetry.close()

@@ -95,6 +95,10 @@ __all__ = ["CheckpointError", "CheckpointManager", "CheckpointReporter", "SaveHa
 
 log = logging.getLogger(__name__)
 
+#: Waits before validating again after a storage error (validate.py's `storage_error`): a
+#: transient outage of an object store passes; a longer one leaves the step unvalidated.
+VALIDATE_RETRY_S = (0.5, 2.0, 8.0)
+
 # dcp warns on every single-process save/load that it assumes a single process: it does.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
 
@@ -392,8 +396,16 @@ class CheckpointManager:
         directory = self.step_dir(step)
         try:
             result = validate(directory, norm_band=self._band)
+            for wait_s in VALIDATE_RETRY_S:  # the store failed, not the checkpoint: again
+                if not result.storage_error or self._abandoned:
+                    break
+                log.warning("checkpoint step %d: %s; validating again in %.1f s", step, result.reason, wait_s)
+                time.sleep(wait_s)
+                result = validate(directory, norm_band=self._band)
             self.results[step] = result
-            if result.ok:
+            if result.storage_error:  # no verdict: neither marker; not resumable until validated
+                self._report_failed(step, f"validation could not finish: {result.reason}")
+            elif result.ok:
                 marker = {"step": step, "validated_at": time.time(), "last_verified_step": last_verified_step}
                 self.catalog.mark_validated(step, marker)
                 self._band.add(result.norms)

@@ -141,11 +141,21 @@ class CheckpointStore:
         except FileNotFoundError as exc:
             raise OSError(str(exc)) from exc
 
-    def read_json(self, *parts: str) -> dict[str, Any] | None:
-        """A JSON object, or None when the file is missing or unreadable."""
+    def read_json(self, *parts: str, strict: bool = False) -> dict[str, Any] | None:
+        """A JSON object, or None when the file is missing or unreadable. `strict`: a
+        storage error other than the file's absence (an object store's 5xx, a timeout) is
+        raised, not taken for a missing file."""
         try:
-            payload = json.loads(self.fs.cat_file(self.path(*parts)))
-        except (OSError, ValueError):
+            raw = self.fs.cat_file(self.path(*parts))
+        except FileNotFoundError:
+            return None
+        except OSError:
+            if strict:
+                raise
+            return None
+        try:
+            payload = json.loads(raw)
+        except ValueError:
             return None
         return payload if isinstance(payload, dict) else None
 

@@ -13,7 +13,10 @@ place (written last, atomically, by :mod:`.manager`). :func:`validate` checks, i
    (:class:`NormBand`).
 
 The verdict is recorded next to the checkpoint in a marker written atomically: ``VALIDATED``
-or ``REJECTED`` (json with the reason). Resume only considers ``VALIDATED`` ones.
+or ``REJECTED`` (json with the reason). Resume only considers ``VALIDATED`` ones. A storage
+error other than a missing file in steps 1-3 (an object store's 5xx, a timeout) is no
+verdict: the result says ``storage_error`` and the manager validates again later; a good
+checkpoint is never rejected for the store's hiccup.
 
 Norm band rule. Per model tensor the band works on the RMS (norm / sqrt(numel)), so
 tensors of any size compare alike. Over the last ``history`` validated checkpoints a
@@ -26,6 +29,7 @@ moving. With no history (the first checkpoint) only finiteness is checked.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import deque
@@ -65,8 +69,9 @@ Norms = dict[str, tuple[float, int]]
 Location = Path | str | CheckpointStore
 
 
-def read_manifest(directory: Location) -> dict[str, Any] | None:
-    return CheckpointStore.of(directory).read_json(MANIFEST)
+def read_manifest(directory: Location, strict: bool = False) -> dict[str, Any] | None:
+    """The manifest (None: missing or unreadable); `strict`: a storage error is raised."""
+    return CheckpointStore.of(directory).read_json(MANIFEST, strict=strict)
 
 
 def write_marker(directory: Location, ok: bool, payload: dict[str, Any]) -> None:
@@ -142,6 +147,9 @@ class ValidationResult:
     step: int
     norms: Norms = field(default_factory=dict)
     seconds: float = 0.0
+    #: The store failed, not the checkpoint (an error other than a missing file while
+    #: reading the manifest or a shard's size or digest): validate again, never reject.
+    storage_error: bool = False
 
 
 def verify_files(directory: Location, manifest: dict[str, Any]) -> str | None:
@@ -215,14 +223,20 @@ def validate(directory: Location, *, norm_band: NormBand | None = None) -> Valid
     def fail(reason: str) -> ValidationResult:
         return ValidationResult(False, reason, step, seconds=time.perf_counter() - t0)
 
-    manifest = read_manifest(directory)
-    if manifest is None:
-        return fail("no readable manifest: the checkpoint was never committed")
-    step = int(manifest.get("step", step))
-    if reason := _expected_shards(manifest):
-        return fail(reason)
-    if reason := verify_files(directory, manifest):
-        return fail(reason)
+    try:
+        manifest = read_manifest(directory, strict=True)
+        if manifest is None:
+            return fail("no readable manifest: the checkpoint was never committed")
+        step = int(manifest.get("step", step))
+        if reason := _expected_shards(manifest):
+            return fail(reason)
+        if reason := verify_files(directory, manifest):
+            return fail(reason)
+    except FileNotFoundError as exc:  # a shard listed, then gone: the checkpoint's fault
+        return fail(f"missing file: {exc}"[:2000])
+    except OSError as exc:  # the store's (a 5xx, a timeout): not a verdict on the checkpoint
+        result = fail(f"storage error while validating: {type(exc).__name__}: {exc}"[:2000])
+        return dataclasses.replace(result, storage_error=True)
     try:
         loaded = test_load(directory)
     except (Exception, CheckpointException) as exc:  # any failure to deserialize is a reason to reject

@@ -36,6 +36,9 @@ Each rank's stdout and stderr go to its files, ``attempt-N/rank-R/{stdout,stderr
 under the log root, beside torch elastic's error file (TORCHELASTIC_ERROR_FILE): what a
 failed rank reported, for :mod:`.startup`; :mod:`.rank_output` copies their lines to the
 console, prefixed by rank (torchrun's ``--tee``).
+
+One file (past 600 lines): the watch (``_Watch``) reads and drives the runner's state on
+every poll; apart, the two modules would import each other (a cycle, even for types).
 """
 
 from __future__ import annotations

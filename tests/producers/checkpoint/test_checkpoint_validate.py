@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from trainguard.producers.checkpoint import manager as manager_module
 from trainguard.producers.checkpoint.manager import CheckpointManager
 from trainguard.producers.checkpoint.storage import CheckpointStore
 from trainguard.producers.checkpoint.validate import (
@@ -164,3 +168,33 @@ def test_manifest_norms_match_the_stored_weights(tmp_path: Path) -> None:
     for name, (norm, numel) in expected.items():
         assert manifest["param_norms"][name] == pytest.approx([norm, numel])
         assert stored[name] == pytest.approx((norm, numel))
+
+
+@pytest.mark.parametrize("failures", [2, 100], ids=["transient", "lasting"])
+def test_a_storage_error_while_validating_is_retried_and_never_rejects(
+    monkeypatch: pytest.MonkeyPatch, failures: int
+) -> None:
+    """The store fails to serve the manifest (EIO: an object store's 503, a timeout) while
+    a good checkpoint is validated: the manager validates again and the checkpoint is
+    VALIDATED; while the store keeps failing, it stays unvalidated, and is never REJECTED."""
+    root = f"memory://ckpt-{uuid.uuid4().hex[:8]}"
+    fs_class = type(CheckpointStore(root).fs)
+    real_cat = fs_class.cat_file
+    left = [failures]
+
+    def flaky(self: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        if str(path).endswith(MANIFEST) and left[0] > 0:
+            left[0] -= 1
+            raise OSError(errno.EIO, "503 Slow Down")
+        return real_cat(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(fs_class, "cat_file", flaky)
+    monkeypatch.setattr(manager_module, "VALIDATE_RETRY_S", (0.01, 0.01, 0.01))
+    rec = Recorder()
+    with CheckpointManager(root, make_state(0), rank=0, world_size=1, run_id="r", reporter=rec) as mgr:
+        Loop(mgr.state).steps(3)
+        mgr.save(3)
+        mgr.wait_validated()
+        assert mgr.validated_steps() == ([3] if failures == 2 else [])
+        assert not mgr.step_dir(3).exists(REJECTED)
+        assert mgr.results[3].storage_error == (failures != 2), mgr.results[3]

@@ -157,10 +157,16 @@ class Job:
         self.events.append(RankExit(**self._env(rank), **fields))
         return self
 
-    def abort_all(self, culprit: int | None = None, culprit_stack: str = "compute:matmul") -> Job:
-        """What ranks do on an Abort(stack_dump): dump, report, exit."""
+    def abort_all(
+        self,
+        culprit: int | None = None,
+        culprit_stack: str = "compute:matmul",
+        ranks: list[int] | None = None,
+    ) -> Job:
+        """What ranks do on an Abort(stack_dump): dump, report, exit (`ranks`: those that
+        still can; every rank by default)."""
         self.t += 0.2
-        for r in range(self.world_size):
+        for r in range(self.world_size) if ranks is None else ranks:
             sig = culprit_stack if r == culprit else "collective:allreduce"
             self.exit(r, signal=15, requested=True, stack_signature=sig, stack_dump_ref=f"dump/{r}")
         return self

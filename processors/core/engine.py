@@ -499,7 +499,7 @@ def _conclude_peer_loss(run: RunState, next_nodes: set[str] | None) -> list[Outp
     if hang is None:
         return peer_loss.conclude(run, next_nodes, _interruption)
     run.pending_crash = None
-    return [_hang_interruption(run, hang, *_hang_culprit(run))]
+    return [_hang_interruption(run, hang, *_hang_culprit(run, _answered_stacks(run)))]
 
 
 def _begin_attempt(run: RunState, event: Envelope, resumed_from_step: int) -> list[Output]:
@@ -774,10 +774,10 @@ def _maybe_conclude_hang(
     pending = run.pending_hang
     assert pending is not None
     expected = run.world_size or len(run.ranks)
-    answered = {r: s.stack_signature for r, s in run.ranks.items() if s.exited}
+    answered = _answered_stacks(run)
     if not attempt_over and not window_closed(pending, answered, expected, now_ts, policy.hang):
         return []
-    culprit, reason = _hang_culprit(run)
+    culprit, reason = _hang_culprit(run, answered)
     run.pending_hang = None
     if culprit < 0 and answered and peer_loss.silent_hosts(run, None):
         # The stacks name nobody, and while other hosts' ranks answered, one host's ranks all
@@ -790,10 +790,14 @@ def _maybe_conclude_hang(
     return [_hang_interruption(run, pending, culprit, reason)]
 
 
-def _hang_culprit(run: RunState) -> tuple[int, Reason]:
-    """The hung rank named by the stacks of the ranks that exited, else their phases."""
+def _answered_stacks(run: RunState) -> dict[int, str]:
+    """The stack signature of each rank that exited (its answer to the hang's dump)."""
+    return {r: s.stack_signature for r, s in run.ranks.items() if s.exited}
+
+
+def _hang_culprit(run: RunState, answered: dict[int, str]) -> tuple[int, Reason]:
+    """The hung rank named by the `answered` stacks, else the ranks' phases."""
     expected = run.world_size or len(run.ranks)
-    answered = {r: s.stack_signature for r, s in run.ranks.items() if s.exited}
     return hang_culprit(answered, {r: s.phase for r, s in run.ranks.items() if s.phase}, expected)
 
 

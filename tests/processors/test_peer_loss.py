@@ -163,18 +163,10 @@ def test_a_hang_whose_stacks_name_the_culprit_stays_a_hang_when_survivors_died_o
     assert command.node == job.node(5)
 
 
-def aborted(job: Job, ranks: list[int]) -> Job:
-    """What `ranks` do on the hang's Abort: dump their stack (waiting in the all-reduce) and
-    end as asked; none says it lost a peer."""
-    job.t += 0.2
-    for r in ranks:
-        job.exit(r, signal=15, requested=True, stack_signature="collective:allreduce", stack_dump_ref=f"{r}")
-    return job
-
-
 def survivors_aborted(job: Job, lost: str) -> Job:
-    """The hang's Abort reached the survivors before their collectives failed."""
-    return aborted(job, [r for r in range(job.world_size) if job.node(r) != lost])
+    """The hang's Abort reached the survivors before their collectives failed: each dumps its
+    stack (waiting in the all-reduce) and ends as asked; none says it lost a peer."""
+    return job.abort_all(ranks=[r for r in range(job.world_size) if job.node(r) != lost])
 
 
 @pytest.mark.parametrize("named_by", ["next world, stacks still due", "next world", "window"])
@@ -219,7 +211,7 @@ def test_a_next_attempt_that_starts_while_a_hangs_stacks_are_collected_keeps_the
     came): the next attempt's start concludes the hang on the stacks in hand (rank 5's
     phase names it), never an undeclared restart that names nobody."""
     job = Job().start().steps(25).stall(8.0, stuck={5: "forward"})
-    aborted(job, [r for r in range(job.world_size) if r != 5])
+    job.abort_all(ranks=[r for r in range(job.world_size) if r != 5])
     job.restart(resumed_from_step=20, delay_s=1.0).steps(3)
     (interruption,), (command,) = decided(job)
     assert (interruption.cause, interruption.rank) == (InterruptionCause.HANG, 5)

@@ -153,8 +153,12 @@ class Job:
         self.events.append(GpuHealth(**self._env(rank), present=True, **fields))
         return self
 
-    def exit(self, rank: int, **fields: object) -> Job:
-        self.events.append(RankExit(**self._env(rank), **fields))
+    def exit(self, rank: int, stamped_at: float | None = None, **fields: object) -> Job:
+        """Rank `rank` ends; `stamped_at`: when it did, for a report delivered only now."""
+        env = self._env(rank, **fields)
+        if stamped_at is not None:
+            env["ts"] = stamped_at + self.skew.get(self.node(rank), 0.0)
+        self.events.append(RankExit(**env))
         return self
 
     def abort_all(

@@ -693,6 +693,10 @@ def _on_exit(run: RunState, rank: RankState, event: RankExit) -> list[Output]:
         # whole looks like a hang to the watchdog when its ranks stop before the others'
         # collectives fail (a loaded machine). Kept: _maybe_conclude_hang may need it.
         peer_loss.on_exit(run, event)
+    if _died_before_the_hang(run, rank, event, lost_peer):
+        run.pending_hang = None  # the hang's Abort is out: the crash needs no second one
+        late = "; its report came after the stall it caused was seen as a hang"
+        return [_crash(run, event, late)]
     if (
         run.phase in (RunPhase.INTERRUPTED, RunPhase.FINISHED)
         or run.pending_hang is not None
@@ -725,7 +729,14 @@ def _on_exit(run: RunState, rank: RankState, event: RankExit) -> list[Output]:
                 ),
             )
         ]
-    interruption = _interruption(
+    interruption = _crash(run, event)
+    return [interruption, abort_for(run, interruption, stack_dump=False)]
+
+
+def _crash(run: RunState, event: RankExit, why: str = "") -> Interruption:
+    """Rank `event.rank` died on its own: the crash that interrupted the attempt."""
+    how = f"signal {event.signal}" if event.signal is not None else f"exit code {event.exit_code}"
+    return _interruption(
         run,
         cause=InterruptionCause.CRASH,
         detected_by="rank_exit",
@@ -734,10 +745,24 @@ def _on_exit(run: RunState, rank: RankState, event: RankExit) -> list[Output]:
         culprit=event.rank,
         reason=Reason(
             code=ReasonCode.RANK_EXITED,
-            text=f"rank {event.rank} on {event.node} died ({how}) after step {completed_step(run)}",
+            text=f"rank {event.rank} on {event.node} died ({how}) after step {completed_step(run)}{why}",
         ),
     )
-    return [interruption, abort_for(run, interruption, stack_dump=False)]
+
+
+def _died_before_the_hang(run: RunState, rank: RankState, event: RankExit, lost_peer: bool) -> bool:
+    """A rank's own death (not requested, not of a lost peer, not a clean end) reported while
+    a hang's stacks are collected, that came before the stall reached the length at which the
+    watchdog fired: the crash was the stall's cause, its report merely late (a loaded
+    launcher or broker). Measured on the rank's own clock (its exit against its last step:
+    the rank and its launcher share a host), so skew between hosts cannot move it. A death
+    after that (a collective's own timeout ending the waiting ranks) is the hang's consequence."""
+    pending = run.pending_hang
+    if pending is None or event.requested or lost_peer or run.no_checkpoint_attempt == run.attempt:
+        return False
+    if event.exit_code == 0 and event.signal is None:
+        return False
+    return rank.progress_ts is not None and event.ts - rank.progress_ts <= pending.stalled_s
 
 
 def _roll_back(run: RunState, found: SdcMismatch, found_now: list[SdcMismatch]) -> list[Output]:

@@ -266,6 +266,50 @@ def test_crash_is_an_interruption_naming_rank_and_node_and_aborts_survivors() ->
     assert not abort.stack_dump
 
 
+@pytest.mark.parametrize("skew", [{}, {"node-002": 45.0, "node-000": -20.0}], ids=["in-sync", "skewed"])
+def test_a_crash_reported_after_the_watchdog_saw_its_stall_is_the_crash(skew: dict[str, float]) -> None:
+    """Rank 9 dies; the other ranks stall in the collective and heartbeat, and the crash's
+    report comes only after the watchdog called the stall a hang (a loaded launcher or
+    broker): the interruption is rank 9's crash, its node quarantined, not a hang naming
+    nobody. Whatever the hosts' clocks say."""
+    job = Job(skew=skew).start().steps(25)
+    died_at = job.t + 0.1
+    job.stall(5.0, alive=[r for r in range(16) if r != 9])
+    state, outputs = run_all(job.events, POLICY)
+    assert kinds(outputs) == ["hang_detected", "abort"]
+    n = len(job.events)
+    job.exit(9, stamped_at=died_at, signal=9)
+    _, outputs = run_all(job.events[n:], POLICY, state)
+    assert kinds(outputs) == [
+        "interruption",
+        "mtbf_update",
+        "quarantine",
+        "quarantine_node",
+        "interruption_decided",
+    ]  # no second Abort: the hang's is out
+    interruption, command = outputs[0], outputs[3]
+    assert isinstance(interruption, Interruption) and interruption.cause == InterruptionCause.CRASH
+    assert (interruption.rank, interruption.node) == (9, "node-002")
+    assert "signal 9" in interruption.reason.text and "seen as a hang" in interruption.reason.text
+    assert isinstance(command, QuarantineNode) and command.node == "node-002"
+
+
+def test_a_rank_that_dies_after_the_hang_was_seen_is_its_consequence_not_its_cause() -> None:
+    """A waiting rank ended by its collective's own timeout once the hang was seen: the hang's
+    verdict stands (rank 11's odd stack), the dead rank's node is not quarantined."""
+    job = Job().start().steps(25).stall(5.0)
+    state, outputs = run_all(job.events, POLICY)
+    assert kinds(outputs) == ["hang_detected", "abort"]
+    n = len(job.events)
+    job.t += 0.5
+    job.exit(4, signal=6)
+    job.abort_all(culprit=11, ranks=[r for r in range(16) if r != 4])
+    _, outputs = run_all(job.events[n:], POLICY, state)
+    interruption = next(o for o in outputs if isinstance(o, Interruption))
+    assert interruption.cause == InterruptionCause.HANG and interruption.rank == 11
+    assert [o.node for o in outputs if isinstance(o, QuarantineNode)] == ["node-002"]
+
+
 def test_restart_closes_the_interruption_with_restart_seconds_and_ignores_stale_attempt() -> None:
     job = Job().start().steps(25).exit(9, signal=9).abort_all()
     old_attempt_heartbeat = Heartbeat(**job._env(3))

@@ -63,10 +63,11 @@ from .context import LaunchContext
 from .elastic import should_grow
 from .fork_server import ForkServers, start_context
 from .hot import HotRanks
+from .import_env import omp_threads
 from .journal import ENV_RUN_DIR
 from .liveness import LossWatch
 from .plan import Placement
-from .rank_env import omp_threads, rank_env
+from .rank_env import rank_env
 from .rank_output import Console, Owner, RankLogsSpecs, RankOutput
 from .records import LaunchResult, RankEnd, RestartCause, RestartPhases, closed_cleanly, peer_lost_of
 from .startup import Reports, completed_a_step

@@ -16,6 +16,12 @@ A forked rank shows its own command line and environment to ``ps``, ``pgrep -f``
 not let a process do that (no checkpoint/restore support), the server says so once and
 every rank is a new process, with a warning.
 
+The first server is the launcher's own fork (:func:`prefork`): `trainguard launch` imports
+torch with the ranks' import-time variables (:mod:`.import_env`) and forks before it starts a
+thread, so that server imports only the rest of the preload (about 1 CPU-s, not 3.5) and
+is ready sooner; a server started later (another OMP_NUM_THREADS, the first one died) is a
+new process, as before.
+
 The ranks stay under torch elastic's process layer: :class:`ForkedContext` is its
 ``SubprocessContext`` whose handlers fork through the server instead of ``Popen``
 (its log files, error files, ``close`` escalating SIGTERM to SIGKILL: unchanged), and
@@ -48,14 +54,13 @@ from torch.distributed.elastic.multiprocessing.subprocess_handler import Subproc
 
 from .agent_bound import bound
 from .config import rank_program
-from .zygote import MAX_MESSAGE
+from .import_env import IMPORT_TIME_ENV, import_time, torch_imported_with
+from .zygote import MAX_MESSAGE, exit_as_program, forked_server
 
 log = logging.getLogger(__name__)
 
 #: How long a spawn waits for the server to finish its imports (then: a new process).
 READY_TIMEOUT_S = 120.0
-#: The variables the server starts with as the ranks get them: read when torch is imported.
-IMPORT_TIME_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 @dataclass(frozen=True)
@@ -106,19 +111,27 @@ class ServerGone(RuntimeError):
 class ForkServer:
     """The launcher's end of one :mod:`.zygote` process: spawn requests, exit statuses."""
 
-    def __init__(self, preload: Sequence[str], env: Mapping[str, str]) -> None:
+    def __init__(
+        self, preload: Sequence[str], env: Mapping[str, str], forked: tuple[socket.socket, int] | None = None
+    ) -> None:
+        """A new server process (`forked`: the one :func:`prefork` made, its socket and pid)."""
         self.preload = tuple(preload)
         #: The server's environment: the launcher's, and the ranks' import-time variables.
         self.env = dict(env)
         self._lock = threading.RLock()
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._sock = mine
-        program = bound([sys.executable, "-m", __package__ + ".zygote", str(theirs.fileno()), *self.preload])
-        self._proc = subprocess.Popen(
-            program, env=self.env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
-        theirs.close()
+        self._proc: subprocess.Popen[bytes] | _Child
+        if forked is not None:
+            self._sock, pid = forked
+            self._proc = _Child(pid)
+        else:
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self._sock = mine
+            self._proc = subprocess.Popen(
+                bound(server_command(theirs.fileno(), self.preload)), env=self.env,
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
+            theirs.close()
         self.pid = self._proc.pid
         self.ready: dict[str, Any] | None = None
         self._exits: dict[int, int] = {}
@@ -225,6 +238,77 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+
+
+def server_command(fd: int, preload: Sequence[str]) -> list[str]:
+    """The server's command line (what ``ps`` shows of it, a forked one included)."""
+    return [sys.executable, "-m", __package__ + ".zygote", str(fd), *preload]
+
+
+class _Child:
+    """The server :func:`prefork` forked, as the ``Popen`` a spawned one has."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        return self._wait(os.WNOHANG)
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(["fork server"], timeout or 0)
+            time.sleep(0.01)
+        return code
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+    def _wait(self, flags: int) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, flags)
+            except ChildProcessError:  # reaped elsewhere
+                pid, status = self.pid, 255 << 8
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+#: The server this launcher forked from itself (:func:`prefork`), until a ForkServers takes it.
+_preforked: dict[tuple[tuple[str, str], ...], ForkServer] = {}
+
+
+def prefork(preload: Sequence[str], command: Sequence[str], env: Mapping[str, str]) -> ForkServer | None:
+    """The launcher's fork server as its own fork, made before the launcher starts a thread:
+    torch is imported already (:func:`.import_env.importing_as_ranks`), so the server only
+    imports the rest of `preload` (about 1 CPU-s, not 3.5 for a new interpreter), and is
+    ready sooner. Its key is the ranks' import-time variables torch was imported with; the
+    first :class:`ForkServers` that asks for that key takes it. None (a new process is
+    started when asked, as before) when `command` is not forkable, nothing is preloaded,
+    torch was not imported that way, or a thread is already running (a fork of a threaded
+    process may inherit a held lock)."""
+    imported_with = torch_imported_with()
+    preload = tuple(m for m in preload if m)
+    if not preload or forkable(rank_program(command)) is None or imported_with is None:
+        return None
+    if not sys.platform.startswith("linux") or threading.active_count() > 1:
+        return None
+    env = {**{k: v for k, v in env.items() if k not in IMPORT_TIME_ENV}, **imported_with}
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the server; its children return here, each to run its rank's program
+        mine.close()
+        exit_as_program(forked_server(theirs, list(preload), server_command(theirs.fileno(), preload), env))
+    theirs.close()
+    server = ForkServer(preload, env, forked=(mine, pid))
+    _preforked[tuple(sorted(imported_with.items()))] = server
+    return server
 
 
 class ForkedProcess:
@@ -358,13 +442,16 @@ class ForkServers:
         a command that is not forkable)."""
         if self.program is None or self.refused is not None:
             return None
-        wanted = _import_time(rank_env)
+        wanted = import_time(rank_env)
         key = tuple(sorted(wanted.items()))
         with self._lock:  # the ranks' thread and a spare's self-test may ask at once
             server = self._servers.get(key)
             if server is None or server.gone:
-                env = {k: v for k, v in self.base_env.items() if k not in IMPORT_TIME_ENV}
-                server = self._servers[key] = ForkServer(self.preload, {**env, **wanted})
+                server = _preforked.pop(key, None)
+                if server is None or server.gone or server.preload != self.preload:
+                    env = {k: v for k, v in self.base_env.items() if k not in IMPORT_TIME_ENV}
+                    server = ForkServer(self.preload, {**env, **wanted})
+                self._servers[key] = server
         if server.ready is not None and (why := server.ready.get("presents")) is not None:
             self.refused = str(why)
             log.warning("fork server: a forked rank could not show its own command line and environment "
@@ -379,7 +466,7 @@ class ForkServers:
         server, or it cannot fork `command` (then a new process runs it, as before)."""
         program = forkable(command)
         with self._lock:
-            server = self._servers.get(tuple(sorted(_import_time(env).items())))
+            server = self._servers.get(tuple(sorted(import_time(env).items())))
         if program is None or server is None or server.gone or self.refused is not None:
             return None
         out_r, out_w = os.pipe()
@@ -401,11 +488,6 @@ class ForkServers:
             servers, self._servers = list(self._servers.values()), {}
         for server in servers:
             server.close()
-
-
-def _import_time(env: Mapping[str, str] | None) -> dict[str, str]:
-    """`env`'s variables that a server's imports read (its key among a launcher's servers)."""
-    return {k: env[k] for k in IMPORT_TIME_ENV if env and k in env}
 
 
 class ForkedCommand:

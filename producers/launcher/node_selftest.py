@@ -247,7 +247,7 @@ def run_node_self_test(
     )
     # torchrun's thread rule, the node's ranks' own, so that a worker may be forked from the
     # server that imported torch for them (imported here: the workers need none of rank_env).
-    from .rank_env import omp_threads
+    from .import_env import omp_threads
 
     if "OMP_NUM_THREADS" not in base:
         base.update(omp_threads(nproc))

@@ -21,6 +21,7 @@ from pathlib import Path
 from ..training.elastic import ENV_SHARDS
 from .agent_bound import ENV_AGENT_PID
 from .config import LauncherConfig
+from .import_env import omp_threads
 from .plan import Placement
 from .records import phases_path, progress_path
 
@@ -39,14 +40,6 @@ def host_layout(cfg: LauncherConfig, placement: Placement, rank: int) -> tuple[i
     rpn = placement.ranks_per_node
     node = placement.node_of(rank)
     return rank % rpn, len(placement.ranks_of(node)), rank // rpn, len(placement.nodes)
-
-
-def omp_threads(local_world: int) -> dict[str, str]:
-    """torchrun's OMP_NUM_THREADS: the launcher's own if set, else 1 when a host runs
-    more than one rank (so N ranks do not each start a thread per core), else unset."""
-    if "OMP_NUM_THREADS" in os.environ:
-        return {"OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"]}
-    return {"OMP_NUM_THREADS": "1"} if local_world > 1 else {}
 
 
 def _full_world(cfg: LauncherConfig) -> int:

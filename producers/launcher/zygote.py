@@ -43,8 +43,9 @@ import select
 import signal
 import socket
 import sys
+import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 #: Beside a spawn request: the child's stdin, stdout and stderr.
 STDIO_FDS = 3
@@ -266,8 +267,39 @@ def run(request: dict[str, Any]) -> None:
 
 def main(argv: list[str]) -> dict[str, Any]:
     sock = socket.socket(fileno=int(argv[0]))
+    with open("/proc/self/cmdline", "rb") as own:  # the check: this process as it is
+        command = [os.fsdecode(a) for a in own.read().split(b"\0")[:-1]]
+    return _serve_preloaded(sock, argv[1:], command, dict(os.environ))
+
+
+def forked_server(
+    sock: socket.socket, modules: list[str], command: list[str], env: dict[str, str]
+) -> dict[str, Any]:
+    """The server as the launcher's own fork (:func:`.fork_server.prefork`: torch already
+    imported, with the ranks' import-time variables), made the process `command` with `env`
+    would be: its own session, bound to the launcher, /dev/null for stdin and stdout, and
+    `command` and `env` in /proc. Returns only in a child, with its request (then
+    :func:`exit_as_program`)."""
+    launcher = os.getppid()
+    os.setsid()
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != launcher:  # the launcher died before the prctl: as if it fired
+        os.kill(os.getpid(), signal.SIGKILL)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.excepthook = sys.__excepthook__  # the launcher's CLI may have set its own
+    return _serve_preloaded(sock, modules, command, env)
+
+
+def _serve_preloaded(
+    sock: socket.socket, modules: list[str], command: list[str], env: dict[str, str]
+) -> dict[str, Any]:
     start = time.monotonic()
-    done, failed = preload(argv[1:])
+    done, failed = preload(modules)
     gc.collect()
     gc.freeze()  # the preloaded objects out of the collector's way: fewer copied pages per child
     gc.disable()
@@ -276,11 +308,38 @@ def main(argv: list[str]) -> dict[str, Any]:
     # there, and extensions that count their objects (triton's, under torch._dynamo) report
     # frozen ones as leaked on stderr (the rank's, or the launcher's for the server).
     atexit.register(gc.unfreeze)
-    with open("/proc/self/cmdline", "rb") as own:  # the check: this process as it is
-        presents = present([os.fsdecode(a) for a in own.read().split(b"\0")[:-1]], dict(os.environ))
+    presents = present(command, env)  # the check (and, in a fork, what /proc shows of it)
     ready = {"ready": done, "failed": failed, "import_s": round(time.monotonic() - start, 3)}
     send(sock, {**ready, "presents": presents})
     return serve(sock)
+
+
+def exit_as_program(request: dict[str, Any]) -> NoReturn:
+    """Run the rank's program in a child of a forked server (:func:`forked_server`), deep in
+    the launcher's call stack, and end as the interpreter ends a program: SystemExit with
+    its status through to the interpreter's own exit (atexit hooks, threads joined), an
+    uncaught exception's traceback from the program's frames on (as ``python`` prints it:
+    none of the launcher's), then status 1."""
+    try:
+        run(request)
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code is not run.__code__:
+            tb = tb.tb_next
+        if tb is not None:
+            exc.__traceback__ = tb.tb_next
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        if isinstance(exc, KeyboardInterrupt):  # python ends as usual, then by SIGINT itself
+            threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's own steps
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        raise SystemExit(1) from None
+    raise SystemExit(0)
 
 
 if __name__ == "__main__":

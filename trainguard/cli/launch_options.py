@@ -1,6 +1,7 @@
 """Parts of `trainguard launch` kept apart from pipeline.py (which holds the command): the
 lemon-node options (issue 46; docs/prediction.md, "Lemon nodes"), the fork server's
-(--preload) and the line the command prints for each interruption at the end."""
+(--preload), the checkpoint location's check and the line the command prints for each
+interruption at the end."""
 
 from __future__ import annotations
 
@@ -92,3 +93,15 @@ def restart_line(rec: RestartPhases) -> str:
     restart = f"{rec.restart_s:.2f}" if rec.restart_s is not None else "?"
     attempts = f"attempt {rec.from_attempt}->{rec.to_attempt}"
     return f"{rec.cause} ({rec.detail}) {attempts}, {resumed}, restart {restart} s"
+
+
+def checkpoint_dir_location(given: str) -> Path | str:
+    """A local or shared-filesystem checkpoint directory (absolute), or an fsspec URL whose
+    package is installed here; anything else is refused in one line."""
+    from ..common.checkpoint_location import LocationError, checkpoint_location, is_url
+
+    try:
+        location = checkpoint_location(given)
+    except LocationError as exc:
+        fail(f"--checkpoint-dir {exc}")
+    return location if is_url(location) else Path(location).resolve()

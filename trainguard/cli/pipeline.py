@@ -29,6 +29,7 @@ from .launch_options import (
     LemonDays,
     LemonFailures,
     Preload,
+    checkpoint_dir_location,
     lemon_settings,
     preload_modules,
     restart_line,
@@ -127,18 +128,6 @@ def archive(
         metrics.serve(metrics_port, metrics_addr)
     writer.run(stop_on_signals())
     writer.close()
-
-
-def _checkpoint_location(given: str) -> Path | str:
-    """A local or shared-filesystem checkpoint directory (absolute), or an fsspec URL whose
-    package is installed here; anything else is refused in one line."""
-    from ..common.checkpoint_location import LocationError, checkpoint_location, is_url
-
-    try:
-        location = checkpoint_location(given)
-    except LocationError as exc:
-        fail(f"--checkpoint-dir {exc}")
-    return location if is_url(location) else Path(location).resolve()
 
 
 def _host_agent(state: Path | None, ckpt: str | None, node: str, run_id: str, elastic: bool) -> None:
@@ -416,16 +405,23 @@ def launch(
     if restart not in ("full", "in-process") or warm_spares < 0:
         console.print(f"[red]--restart must be full or in-process (got {restart!r}); --warm-spares >= 0")
         raise typer.Exit(2)
-    from ..home import trainguard_home
-    from ..producers.chaos import FAULT_ENV
-    from ..producers.launcher.config import LauncherConfig, default_run_id, rank_program
-    from ..producers.launcher.launcher import Launcher
-    from ..producers.launcher.rank_output import parse_std
-    from ..producers.launcher.rendezvous import RendezvousSpec, parse_conf, parse_nnodes
-    from ..producers.launcher.wiring import install_signal_handlers, make_actuator
-    from ..producers.rank.agent import MemorySink
+    from ..producers.launcher.import_env import importing_as_ranks
 
     across_hosts = bool(nnodes or rdzv_endpoint)
+    # torch imported as the ranks import it (their OMP_NUM_THREADS), so that the fork
+    # server can be this process's own fork, with torch already in it (fork_server.prefork)
+    with importing_as_ranks(nproc_per_node if across_hosts else nproc or nproc_per_node):
+        from ..home import trainguard_home
+        from ..producers.chaos import FAULT_ENV
+        from ..producers.launcher.config import LauncherConfig, default_run_id, rank_program
+        from ..producers.launcher.fork_server import prefork
+        from ..producers.launcher.journal import ENV_RUN_DIR
+        from ..producers.launcher.launcher import Launcher
+        from ..producers.launcher.rank_output import parse_std
+        from ..producers.launcher.rendezvous import RendezvousSpec, parse_conf, parse_nnodes
+        from ..producers.launcher.wiring import install_signal_handlers, make_actuator
+        from ..producers.rank.agent import MemorySink
+
     run_id = run_id or rdzv_id
     if not run_id and across_hosts:
         fail("across hosts, --run-id (or torchrun's --rdzv-id) is required: every host's agent names one run")
@@ -471,7 +467,7 @@ def launch(
     default_dir = trainguard_home().resolve() / "runs" / run_id
     if checkpoint_dir is None:  # one host: its launcher files beside them, not inside
         state_dir = state_dir or default_dir
-    location = _checkpoint_location(checkpoint_dir or str(default_dir / "checkpoints"))
+    location = checkpoint_dir_location(checkpoint_dir or str(default_dir / "checkpoints"))
     if isinstance(location, str) and rendezvous is not None and state_dir is None:
         fail(
             f"--checkpoint-dir {location} is an object store: across hosts, --state-dir must name a "
@@ -528,6 +524,8 @@ def launch(
         )
     logs = f"rank logs in {config.log_root}/attempt-N/rank-R/ (stdout.log, stderr.log)"
     console.print(logs, markup=False, soft_wrap=True)
+    # Before the launcher's first thread (its shipper's, its actuator's): a fork is safe now.
+    prefork(config.preload, config.command, {**os.environ, ENV_RUN_DIR: str(config.resolved_run_dir)})
     if offline:
         launcher = Launcher(config, MemorySink())
         install_signal_handlers(launcher)

@@ -152,6 +152,73 @@ def test_exits_as_a_new_interpreter_exits(server: ForkServer, tmp_path: Path, mo
         assert f'File "{tmp_path / "probe.py"}"' in forked[2]
 
 
+#: The launcher's side of a preforked server, as `trainguard launch` does it: torch imported
+#: as the ranks import it, then the server forked before any thread; each probe mode run
+#: once by a fork of it, its (returncode, stdout, stderr) and the server's /proc printed.
+PREFORK_DRIVER = textwrap.dedent(
+    """
+    import json, os, sys, threading
+    from trainguard.producers.launcher.import_env import importing_as_ranks
+    with importing_as_ranks(2):
+        from trainguard.producers.launcher.config import PRELOAD
+        from trainguard.producers.launcher.fork_server import ForkServers, forkable, prefork
+    command, modes, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+    env = {**os.environ, "TRAINGUARD_RUN_DIR": out}
+    server = prefork(PRELOAD, command, env)
+    assert server is not None and threading.active_count() == 1
+    servers = ForkServers(PRELOAD, command, env)
+    assert servers.get({**os.environ, "OMP_NUM_THREADS": "1"}) is server  # the preforked one, taken
+    ready = server.wait_ready()
+    seen = {"ready": ready["ready"], "presents": ready["presents"], "import_s": ready["import_s"],
+            "cmdline": open(f"/proc/{server.pid}/cmdline", "rb").read().decode().split(chr(0))[:-1],
+            "environ": open(f"/proc/{server.pid}/environ", "rb").read().decode().split(chr(0))[:-1]}
+    for mode in modes:
+        with open(f"{out}/{mode}.out", "w") as o, open(f"{out}/{mode}.err", "w") as e:
+            child = server.spawn(forkable(command), {**os.environ, "PROBE_MODE": mode, "RANK": "1",
+                                 "OMP_NUM_THREADS": "1"}, [0, o.fileno(), e.fileno()], os.getcwd())
+            seen[mode] = child.wait(60)
+    servers.close()
+    print(json.dumps(seen))
+    """
+)
+PREFORK_MODES = ["report", "threads", "exit3", "raise", "interrupt", "kill", "shutdown"]
+
+
+def test_a_rank_forked_by_the_launchers_own_fork_is_what_a_new_interpreter_is(tmp_path: Path) -> None:
+    """The server `trainguard launch` forks from itself (torch imported already, the launcher's
+    CLI on its stack) serves ranks that are what a new interpreter is: the same view of
+    argv, __main__, environment, stdio and /proc, torch's thread count, exits, tracebacks
+    (the program's frames, none of the launcher's), atexit and thread joins. And the server
+    shows its own command line and the run dir in /proc, as a spawned one."""
+    command = [sys.executable, "-u", str(_probe(tmp_path)), "--lr", "3e-4"]
+    out = tmp_path / "preforked"
+    out.mkdir()
+    driver = tmp_path / "driver.py"
+    driver.write_text(PREFORK_DRIVER)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # the user's usual launcher
+    done = subprocess.run(
+        [sys.executable, str(driver), json.dumps(command), json.dumps(PREFORK_MODES), str(out)],
+        capture_output=True, text=True, timeout=180, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["ready"] == list(PRELOAD) and seen["presents"] is None
+    assert seen["cmdline"][:3] == [sys.executable, "-m", "trainguard.producers.launcher.zygote"]
+    assert f"{ENV_RUN_DIR}={out}" in seen["environ"] and "OMP_NUM_THREADS=1" in seen["environ"]
+    for mode in PREFORK_MODES:
+        fresh = (tmp_path / "fresh.out", tmp_path / "fresh.err")
+        with fresh[0].open("w") as o, fresh[1].open("w") as e:
+            probe_env = {**os.environ, "PROBE_MODE": mode, "RANK": "1", "OMP_NUM_THREADS": "1"}
+            rc = subprocess.Popen(command, env=probe_env, stdout=o, stderr=e, start_new_session=True).wait(60)
+        stdout, stderr = (out / f"{mode}.out").read_text(), (out / f"{mode}.err").read_text()
+        assert seen[mode] == rc, (mode, stderr)
+        if mode in ("report", "threads"):
+            assert json.loads(stdout) == json.loads(fresh[0].read_text()), mode
+        else:
+            assert stdout.splitlines()[1:] == fresh[0].read_text().splitlines()[1:], mode
+            assert stderr == fresh[1].read_text(), mode  # a traceback exactly as python prints it
+
+
 def test_each_fork_draws_its_own_random_numbers(server: ForkServer, tmp_path: Path) -> None:
     script = _probe(tmp_path)
     program = forkable([sys.executable, str(script)])

@@ -115,6 +115,14 @@ def present(command: list[str], env: dict[str, str]) -> str | None:
     return None
 
 
+#: Extensions that count their objects and report those still alive at exit as leaked
+#: (triton's nanobind, under torch._dynamo). When the preload imported one, the frozen
+#: objects are collectable again at exit. Otherwise they stay frozen: unfreezing makes the
+#: exit's collection walk, and copy page by page, the whole preloaded heap (0.7 CPU-s of
+#: every rank's and self-test worker's exit, against 0.35 left frozen), and Python does not
+#: promise finalizers at exit for objects still alive (none of them is the program's own).
+COUNT_THEIR_OBJECTS = ("triton",)
+
 #: A preloaded name that stands for trainguard's whole rank side (every module behind
 #: trainguard.torch's public names, which that module itself imports lazily).
 TRAINGUARD_TORCH = "trainguard.torch"
@@ -303,11 +311,11 @@ def _serve_preloaded(
     gc.collect()
     gc.freeze()  # the preloaded objects out of the collector's way: fewer copied pages per child
     gc.disable()
-    # Collectable again at exit, in the server and in every child (inherited; registered
-    # first, it runs after a program's own atexit hooks): a fresh interpreter frees them
-    # there, and extensions that count their objects (triton's, under torch._dynamo) report
-    # frozen ones as leaked on stderr (the rank's, or the launcher's for the server).
-    atexit.register(gc.unfreeze)
+    if any(name in sys.modules for name in COUNT_THEIR_OBJECTS):
+        # Collectable again at exit, in the server and in every child (inherited; registered
+        # first, it runs after a program's own atexit hooks), or such an extension reports
+        # the frozen ones as leaked on stderr (the rank's, or the launcher's for the server).
+        atexit.register(gc.unfreeze)
     presents = present(command, env)  # the check (and, in a fork, what /proc shows of it)
     ready = {"ready": done, "failed": failed, "import_s": round(time.monotonic() - start, 3)}
     send(sock, {**ready, "presents": presents})

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from importlib.metadata import entry_points
 
-from . import admin, pager, pipeline, replay, reports  # noqa: F401  (each registers its commands)
+from . import admin, ending, pager, pipeline, replay, reports  # noqa: F401  (each registers its commands)
 from .app import app
 
 ENTRY_POINT_GROUP = "trainguard.cli"
@@ -33,7 +33,12 @@ PLUGINS = load_plugins()
 
 def main() -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    app()
+    try:
+        app()
+    except SystemExit as done:
+        if ending.worth_it():  # torch imported: its teardown, ~0.9 CPU-s, shows nobody anything
+            ending.end(done.code)
+        raise
 
 
 __all__ = ["PLUGINS", "app", "main"]

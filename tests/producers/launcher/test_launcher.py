@@ -75,7 +75,9 @@ FAKE_RANK = textwrap.dedent(
     keys = [k for k in env if k.startswith("TRAINGUARD_") or k in (
         "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")]
     seen = {**{k: env[k] for k in keys}, "PID": os.getpid()}
-    (out / f"env-{attempt}-{rank}.json").write_text(json.dumps(seen))
+    seen_file = out / f"env-{attempt}-{rank}.json"  # whole or absent: a rank may be ended mid-write
+    seen_file.with_suffix(".tmp").write_text(json.dumps(seen))
+    os.replace(seen_file.with_suffix(".tmp"), seen_file)
     phases = {"start_ts": start, "checkpoint_load_s": 0.01, "pg_init_s": 0.02}
     def write_phases():
         tmp = phases_file.with_suffix(".tmp")

@@ -79,7 +79,9 @@ FAKE_RANK = textwrap.dedent(
     ckpt, out = Path(env["TRAINGUARD_CHECKPOINT_DIR"]), Path(env["FAKE_OUT"])
     phases_file = Path(env["TRAINGUARD_PHASES_FILE"])
     seen = {k: env[k] for k in env if k.startswith("TRAINGUARD_") or k == "RANK"}
-    (out / f"env-{attempt}-{rank}.json").write_text(json.dumps({**seen, "PID": os.getpid()}))
+    seen_file = out / f"env-{attempt}-{rank}.json"  # whole or absent: a rank may be ended mid-write
+    seen_file.with_suffix(".tmp").write_text(json.dumps({**seen, "PID": os.getpid()}))
+    os.replace(seen_file.with_suffix(".tmp"), seen_file)
     phases = {"start_ts": start, "checkpoint_load_s": 0.01, "pg_init_s": 0.01}
     def write_phases():
         tmp = phases_file.with_suffix(".tmp")

@@ -34,6 +34,7 @@ and its children (journal.rank_processes).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -265,7 +266,8 @@ class _Child:
 
     def kill(self) -> None:
         if self.poll() is None:
-            os.kill(self.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
 
     def _wait(self, flags: int) -> int | None:
         if self.returncode is None:
@@ -337,8 +339,11 @@ class ForkedProcess:
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
+        """As ``Popen.send_signal``: nothing once it ended, also when it ended after the poll
+        (the server reaps it the moment it exits; its report may still be on the way)."""
         if self.poll() is None:
-            os.kill(self.pid, sig)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
@@ -358,6 +363,17 @@ class ForkedHandler(SubprocessHandler):
         stdio: list[IO[Any] | int] = [0, self._stdout or 1, self._stderr or 2]
         fds = [s if isinstance(s, int) else s.fileno() for s in stdio]
         return self._server.spawn(self._program, env, fds, os.getcwd())
+
+    def close(self, death_sig: signal.Signals | None = None) -> None:
+        """As torch elastic closes a rank it started: its session signalled, its files closed.
+        A forked rank that ended since the caller's poll is reaped by the server at once (a
+        spawned one stays a zombie until waited for, its group signalable): nothing to signal."""
+        try:
+            super().close(death_sig)
+        except ProcessLookupError:
+            for stream in (self._stdout, self._stderr):
+                if stream:
+                    stream.close()
 
 
 def start_handler(forks: ForkServers | None, spec: dict[str, Any]) -> SubprocessHandler:

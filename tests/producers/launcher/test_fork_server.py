@@ -18,7 +18,14 @@ from pathlib import Path
 import pytest
 
 from trainguard.producers.launcher.config import PRELOAD
-from trainguard.producers.launcher.fork_server import ForkServer, ForkServers, Program, ServerGone, forkable
+from trainguard.producers.launcher.fork_server import (
+    ForkedHandler,
+    ForkServer,
+    ForkServers,
+    Program,
+    ServerGone,
+    forkable,
+)
 from trainguard.producers.launcher.journal import ENV_ATTEMPT, ENV_RUN_DIR, alive, rank_processes
 
 PROBE = textwrap.dedent(
@@ -234,6 +241,27 @@ def test_a_preloaded_extension_that_counts_its_objects_reports_no_leak_at_a_rank
         srv.close()
     assert forked[0] == fresh[0] == 0
     assert forked[2] == fresh[2] == ""
+
+
+def test_closing_a_rank_that_ended_since_the_last_poll_is_not_an_error(
+    server: ForkServer, tmp_path: Path
+) -> None:
+    """torch elastic closes a rank it polled alive by signalling its session: a forked rank
+    that ended meanwhile is already reaped by the server (a spawned one would be a zombie,
+    still signalable), and the close must not fail the launcher (a fresh-clone run:
+    ProcessLookupError out of `trainguard launch`)."""
+    script = _probe(tmp_path)
+    handler = ForkedHandler(
+        server, forkable([sys.executable, str(script)]), entrypoint=sys.executable, args=(str(script),),
+        env={**os.environ, "PROBE_MODE": "exit3"}, stdout=str(tmp_path / "out"), stderr=str(tmp_path / "err"),
+        local_rank_id=0, numa_options=None,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while alive(handler.proc.pid):  # ended and reaped, its exit not yet read by this side
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    handler.close(signal.SIGTERM)
+    assert handler.proc.wait(10) == 3 and (tmp_path / "out").read_text().startswith("{")
 
 
 def test_each_fork_draws_its_own_random_numbers(server: ForkServer, tmp_path: Path) -> None:

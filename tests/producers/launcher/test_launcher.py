@@ -492,9 +492,10 @@ def test_real_broker_events_reach_telemetry_and_a_signed_abort_restarts_the_grou
         runner = threading.Thread(target=lambda: outcome.append(launcher.run()))
         runner.start()
         deadline = time.monotonic() + 30
-        while not (tmp_path / "out" / "env-0-3.json").exists() and time.monotonic() < deadline:
+        started = [tmp_path / "out" / f"env-0-{r}.json" for r in range(4)]  # each rank writes its own
+        while not all(p.exists() for p in started) and time.monotonic() < deadline:
             time.sleep(0.05)
-        phases = Path(json.loads((tmp_path / "out" / "env-0-1.json").read_text())["TRAINGUARD_PHASES_FILE"])
+        phases = Path(json.loads(started[1].read_text())["TRAINGUARD_PHASES_FILE"])
         while dying and "peer_lost" not in (phases.read_text() if phases.exists() else ""):
             assert time.monotonic() < deadline, "rank 1 never noted its lost peer"
             time.sleep(0.05)
@@ -546,7 +547,8 @@ def test_cli_sigterm_tears_the_group_down_cleanly(tmp_path: Path) -> None:
     env = {**os.environ, "FAKE_OUT": str(tmp_path / "out"), "FAKE_HANG": "0"}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 30
-    while not (tmp_path / "out" / "env-0-1.json").exists() and time.monotonic() < deadline:
+    while not all((tmp_path / "out" / f"env-0-{r}.json").exists() for r in range(2)):
+        assert time.monotonic() < deadline, "the ranks did not start"
         time.sleep(0.05)
     time.sleep(0.3)
     proc.send_signal(signal.SIGTERM)

@@ -33,12 +33,7 @@ PLUGINS = load_plugins()
 
 def main() -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    try:
-        app()
-    except SystemExit as done:
-        if ending.worth_it():  # torch imported: its teardown, ~0.9 CPU-s, shows nobody anything
-            ending.end(done.code)
-        raise
+    ending.run_to_end(app)  # torch imported: its teardown, ~0.9 CPU-s, shows nobody anything
 
 
 __all__ = ["PLUGINS", "app", "main"]

@@ -2,8 +2,9 @@
 that anyone can see (non-daemon threads joined, atexit hooks, every open file and stream
 flushed, the status), without its module-by-module teardown, which frees torch's ~2,000
 modules one by one: ~0.9 CPU-s at the end of every `trainguard launch`, for nothing a
-user sees. Only the console entry point (:func:`trainguard.cli.main`) ends this way: a
-command invoked in-process (typer's CliRunner in tests) returns as before."""
+user sees. Only the console entry point (:func:`trainguard.cli.main`) ends this way, and only its own
+process: a command invoked in-process (typer's CliRunner in tests) returns as before, and a
+rank forked below the CLI (the launcher's own fork server) ends as a new interpreter does."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import io
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import NoReturn
 
 #: The classes of a file opened for writing (open()'s text, buffered and raw files).
@@ -23,8 +25,17 @@ _WRITERS = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom, io.FileIO)
 HEAVY = "torch"
 
 
-def worth_it() -> bool:
-    return HEAVY in sys.modules
+def run_to_end(command: Callable[[], object]) -> None:
+    """Run `command` (the app); when it exits with torch imported, end this process now
+    (:func:`end`). Not in a process forked below it (a rank of the launcher's own fork
+    server returns through here): a user's program ends as python ends it, teardown and all."""
+    pid = os.getpid()
+    try:
+        command()
+    except SystemExit as done:
+        if os.getpid() == pid and HEAVY in sys.modules:
+            end(done.code)
+        raise
 
 
 def end(status: object) -> NoReturn:

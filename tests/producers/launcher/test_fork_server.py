@@ -65,6 +65,11 @@ PROBE = textwrap.dedent(
         threading.Thread(target=lambda: (time.sleep(0.3), print("thread done", flush=True))).start()
     if mode == "sleep":
         time.sleep(60)
+    if mode == "finalizer":  # a global's finalizer, run by the interpreter's teardown
+        class Last:
+            def __del__(self):
+                print("finalized", flush=True)
+        last = Last()
     """
 )
 
@@ -165,30 +170,33 @@ def test_exits_as_a_new_interpreter_exits(server: ForkServer, tmp_path: Path, mo
 PREFORK_DRIVER = textwrap.dedent(
     """
     import json, os, sys, threading
+    from trainguard.cli.ending import run_to_end
     from trainguard.producers.launcher.import_env import importing_as_ranks
     with importing_as_ranks(2):
         from trainguard.producers.launcher.config import PRELOAD
         from trainguard.producers.launcher.fork_server import ForkServers, forkable, prefork
-    command, modes, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
-    env = {**os.environ, "TRAINGUARD_RUN_DIR": out}
-    server = prefork(PRELOAD, command, env)
-    assert server is not None and threading.active_count() == 1
-    servers = ForkServers(PRELOAD, command, env)
-    assert servers.get({**os.environ, "OMP_NUM_THREADS": "1"}) is server  # the preforked one, taken
-    ready = server.wait_ready()
-    seen = {"ready": ready["ready"], "presents": ready["presents"], "import_s": ready["import_s"],
-            "cmdline": open(f"/proc/{server.pid}/cmdline", "rb").read().decode().split(chr(0))[:-1],
-            "environ": open(f"/proc/{server.pid}/environ", "rb").read().decode().split(chr(0))[:-1]}
-    for mode in modes:
-        with open(f"{out}/{mode}.out", "w") as o, open(f"{out}/{mode}.err", "w") as e:
-            child = server.spawn(forkable(command), {**os.environ, "PROBE_MODE": mode, "RANK": "1",
-                                 "OMP_NUM_THREADS": "1"}, [0, o.fileno(), e.fileno()], os.getcwd())
-            seen[mode] = child.wait(60)
-    servers.close()
-    print(json.dumps(seen))
+    def launch():  # under the CLI's ending, as `trainguard launch` runs
+      command, modes, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+      env = {**os.environ, "TRAINGUARD_RUN_DIR": out}
+      server = prefork(PRELOAD, command, env)
+      assert server is not None and threading.active_count() == 1
+      servers = ForkServers(PRELOAD, command, env)
+      assert servers.get({**os.environ, "OMP_NUM_THREADS": "1"}) is server  # the preforked one, taken
+      ready = server.wait_ready()
+      seen = {"ready": ready["ready"], "presents": ready["presents"], "import_s": ready["import_s"],
+              "cmdline": open(f"/proc/{server.pid}/cmdline", "rb").read().decode().split(chr(0))[:-1],
+              "environ": open(f"/proc/{server.pid}/environ", "rb").read().decode().split(chr(0))[:-1]}
+      for mode in modes:
+          with open(f"{out}/{mode}.out", "w") as o, open(f"{out}/{mode}.err", "w") as e:
+              child = server.spawn(forkable(command), {**os.environ, "PROBE_MODE": mode, "RANK": "1",
+                                   "OMP_NUM_THREADS": "1"}, [0, o.fileno(), e.fileno()], os.getcwd())
+              seen[mode] = child.wait(60)
+      servers.close()
+      print(json.dumps(seen))
+    run_to_end(launch)
     """
 )
-PREFORK_MODES = ["report", "threads", "exit3", "raise", "interrupt", "kill", "shutdown"]
+PREFORK_MODES = ["report", "threads", "exit3", "raise", "interrupt", "kill", "shutdown", "finalizer"]
 
 
 def test_a_rank_forked_by_the_launchers_own_fork_is_what_a_new_interpreter_is(tmp_path: Path) -> None:

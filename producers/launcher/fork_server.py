@@ -55,7 +55,7 @@ from torch.distributed.elastic.multiprocessing.subprocess_handler import Subproc
 
 from .agent_bound import bound
 from .config import rank_program
-from .import_env import IMPORT_TIME_ENV, import_time, torch_imported_with
+from .import_env import import_time, torch_imported_with, with_import_time
 from .zygote import MAX_MESSAGE, exit_as_program, forked_server
 
 log = logging.getLogger(__name__)
@@ -299,7 +299,7 @@ def prefork(preload: Sequence[str], command: Sequence[str], env: Mapping[str, st
         return None
     if not sys.platform.startswith("linux") or threading.active_count() > 1:
         return None
-    env = {**{k: v for k, v in env.items() if k not in IMPORT_TIME_ENV}, **imported_with}
+    env = with_import_time(env, imported_with)
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -465,8 +465,9 @@ class ForkServers:
             if server is None or server.gone:
                 server = _preforked.pop(key, None)
                 if server is None or server.gone or server.preload != self.preload:
-                    env = {k: v for k, v in self.base_env.items() if k not in IMPORT_TIME_ENV}
-                    server = ForkServer(self.preload, {**env, **wanted})
+                    if server is not None:  # not this launcher's to use: ended, not left behind
+                        server.close()
+                    server = ForkServer(self.preload, with_import_time(self.base_env, wanted))
                 self._servers[key] = server
         if server.ready is not None and (why := server.ready.get("presents")) is not None:
             self.refused = str(why)

@@ -33,6 +33,11 @@ def import_time(env: Mapping[str, str] | None) -> dict[str, str]:
     return {k: env[k] for k in IMPORT_TIME_ENV if env and k in env}
 
 
+def with_import_time(env: Mapping[str, str], wanted: Mapping[str, str]) -> dict[str, str]:
+    """`env` with `wanted` as its import-time variables (a fork server's environment)."""
+    return {**{k: v for k, v in env.items() if k not in IMPORT_TIME_ENV}, **wanted}
+
+
 @contextmanager
 def importing_as_ranks(local_world: int) -> Iterator[None]:
     """Within: torch, when this imports it, is imported with the import-time variables of
